@@ -1,0 +1,33 @@
+# make demo  - set up .venv and record a demo training run (report rendered by later issues)
+# make test  - set up .venv and run lint, types and the test suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The CPU build of torch, pinned: never let a dependency pull a CUDA build.
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[torch,dev,gpu]"
+	$(PY) -c "import torch, sys; sys.exit('a CUDA build of torch was installed' if torch.version.cuda else 0)"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/otelprof demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check otelprof tests benchmarks
+	$(VENV)/bin/mypy
+
+test: $(STAMP) lint
+	$(VENV)/bin/pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) otelprof-runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,31 @@
+"""otelprof: training-job profiling and bottleneck alerting on OpenTelemetry and Prometheus.
+
+>>> import otelprof
+>>> with otelprof.init(job_name="resnet"):
+...     for batch in loader:
+...         with otelprof.step():
+...             with otelprof.annotate("forward"):
+...                 loss = model(batch)
+...             otelprof.record("loss", loss)
+"""
+
+from otelprof._version import __version__
+from otelprof.hotpath import annotate, annotation_begin, annotation_end, phase, record, step
+from otelprof.config import Config, ConfigError
+from otelprof.session import Session, get_session, init, shutdown
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Session",
+    "__version__",
+    "annotate",
+    "annotation_begin",
+    "annotation_end",
+    "get_session",
+    "init",
+    "phase",
+    "record",
+    "shutdown",
+    "step",
+]

@@ -1,0 +1,286 @@
+"""The frozen :class:`Config`, built once in ``init()``: explicit argument > env var > default.
+
+Bad values never raise into a training job: :meth:`Config.from_env` warns once and
+keeps the default. The CLI builds it with ``strict=True`` and turns
+:class:`ConfigError` into a clear message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from otelprof import environment_variables as ev
+from otelprof._log import warn_once
+
+EXPORTERS_TRACES = ("otlp", "console", "none")
+EXPORTERS_METRICS = ("otlp", "prometheus", "console", "none")
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+class ConfigError(ValueError):
+    """A setting has a value otelprof cannot use."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of one otelprof session. Field names are ``init()``'s keyword arguments."""
+
+    disabled: bool = False
+    job_name: str = "training"
+    run_id: str = ""
+    record: bool = True
+    record_dir: str = "otelprof-runs"
+    flush_interval: float = 0.5
+    shutdown_timeout: float = 3.0
+    queue_size: int = 65536
+    traces_exporters: tuple[str, ...] = ()
+    metrics_exporters: tuple[str, ...] = ()
+    otlp_protocol: str = "http/protobuf"
+    metric_export_interval: float = 10.0
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: int = 9464
+    span_budget: float = 0.005
+    span_first_steps: int = 10
+    span_every: int = 0
+    span_windows: tuple[tuple[int, int], ...] = ()
+    outlier_sigma: float = 3.0
+    outlier_min_steps: int = 20
+    max_label_values: int = 64
+    handle_sigterm: bool = True
+    pod_name: str = ""
+    pod_namespace: str = ""
+    node_name: str = ""
+    container_name: str = ""
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def prometheus_rank_port(self) -> int:
+        """The port this process serves ``/metrics`` on: base port + local rank."""
+        return self.prometheus_port + self.local_rank
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly view (the recording's manifest keeps it)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        strict: bool = False,
+        **overrides: Any,
+    ) -> Config:
+        """Build the config from ``overrides`` > ``env`` (default ``os.environ``) > defaults."""
+        env = os.environ if env is None else env
+        builder = _Builder(env, strict)
+        values = builder.build()
+        known = {f.name for f in fields(cls)}
+        for key, value in overrides.items():
+            if key not in known:
+                builder.problem(key, f"init() got an unknown setting {key!r}; ignored")
+                continue
+            if value is None:
+                continue
+            try:
+                values[key] = _coerce_override(key, value)
+            except (TypeError, ValueError) as exc:
+                builder.problem(key, f"init({key}={value!r}) is invalid ({exc}); using {values[key]!r}")
+        return cls(**values)
+
+
+def _coerce_override(key: str, value: Any) -> Any:
+    parser = _PARSERS.get(key)
+    if parser is not None and isinstance(value, str):
+        return parser(value)
+    if key in ("traces_exporters", "metrics_exporters") and not isinstance(value, str):
+        return _parse_exporters(",".join(value), EXPORTERS_METRICS if key == "metrics_exporters" else EXPORTERS_TRACES)
+    if key == "span_windows" and not isinstance(value, str):
+        return tuple((int(a), int(b)) for a, b in value)
+    default = getattr(Config, key, None)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise TypeError("expected a bool")
+        return value
+    if isinstance(default, float):
+        value = float(value)
+    elif isinstance(default, int):
+        value = int(value)
+    check = _CHECKS.get(key)
+    if check is not None:
+        check(value)
+    return value
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _ranged(kind: Callable[[str], Any], low: float, high: float) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text.strip())
+        _in_range(value, low, high)
+        return value
+
+    return parse
+
+
+def _in_range(value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{value} is outside {low:g}..{high:g}")
+
+
+def _parse_exporters(text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
+    bad = [n for n in names if n not in allowed]
+    if bad:
+        raise ValueError(f"unknown exporter {', '.join(bad)} (allowed: {', '.join(allowed)})")
+    return tuple(n for n in names if n != "none")
+
+
+def _parse_windows(text: str) -> tuple[tuple[int, int], ...]:
+    windows = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        start, sep, count = part.partition(":")
+        if not sep:
+            raise ValueError(f"window {part!r} is not start_step:num_steps")
+        window = (int(start), int(count))
+        if window[0] < 0 or window[1] < 1:
+            raise ValueError(f"window {part!r} needs start >= 0 and num_steps >= 1")
+        windows.append(window)
+    return tuple(windows)
+
+
+def _parse_protocol(text: str) -> str:
+    value = text.strip().lower()
+    if value == "http/json":
+        raise ValueError("http/json is not supported by the Python exporters; use grpc or http/protobuf")
+    if value not in OTLP_PROTOCOLS:
+        raise ValueError(f"expected one of {', '.join(OTLP_PROTOCOLS)}")
+    return value
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "disabled": _parse_bool,
+    "record": _parse_bool,
+    "handle_sigterm": _parse_bool,
+    "flush_interval": _ranged(float, 0.05, 10.0),
+    "shutdown_timeout": _ranged(float, 0.1, 60.0),
+    "queue_size": _ranged(int, 64, 10_000_000),
+    "traces_exporters": lambda t: _parse_exporters(t, EXPORTERS_TRACES),
+    "metrics_exporters": lambda t: _parse_exporters(t, EXPORTERS_METRICS),
+    "otlp_protocol": _parse_protocol,
+    "metric_export_interval": lambda t: _ranged(float, 1000, 600_000)(t) / 1000.0,
+    "prometheus_port": _ranged(int, 1, 65535),
+    "span_budget": _ranged(float, 0.0, 1.0),
+    "span_first_steps": _ranged(int, 0, 1_000_000),
+    "span_every": _ranged(int, 0, 1_000_000_000),
+    "span_windows": _parse_windows,
+    "outlier_sigma": _ranged(float, 0.0, 100.0),
+    "outlier_min_steps": _ranged(int, 2, 1_000_000),
+    "max_label_values": _ranged(int, 1, 10_000),
+    "rank": _ranged(int, 0, 1_000_000),
+    "local_rank": _ranged(int, 0, 65535),
+    "world_size": _ranged(int, 1, 1_000_000),
+}
+
+_CHECKS: dict[str, Callable[[Any], None]] = {
+    "flush_interval": lambda v: _in_range(v, 0.05, 10.0),
+    "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),
+    "queue_size": lambda v: _in_range(v, 64, 10_000_000),
+    "metric_export_interval": lambda v: _in_range(v, 1.0, 600.0),
+    "prometheus_port": lambda v: _in_range(v, 1, 65535),
+    "span_budget": lambda v: _in_range(v, 0.0, 1.0),
+    "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
+    "max_label_values": lambda v: _in_range(v, 1, 10_000),
+}
+
+
+class _Builder:
+    """Reads every variable of :data:`ENV_VARS` that maps to a field, with documented fallbacks."""
+
+    def __init__(self, env: Mapping[str, str], strict: bool) -> None:
+        self.env = env
+        self.strict = strict
+
+    def problem(self, key: str, message: str) -> None:
+        if self.strict:
+            raise ConfigError(message)
+        warn_once(f"config:{key}", "otelprof: %s", message)
+
+    def build(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for var in ev.ENV_VARS:
+            if var.field is None or var.field not in _PARSERS:
+                continue
+            raw = self.env.get(var.name)
+            if raw is None or raw.strip() == "":
+                continue
+            try:
+                values[var.field] = _PARSERS[var.field](raw)
+            except ValueError as exc:
+                default = getattr(Config, var.field)
+                self.problem(var.field, f"{var.name}={raw!r} is invalid ({exc}); using the default {default!r}")
+        env = self.env
+        in_k8s = bool(env.get(ev.KUBERNETES_SERVICE_HOST))
+        values["job_name"] = (
+            env.get(ev.OTELPROF_JOB_NAME) or env.get(ev.OTEL_SERVICE_NAME) or _script_name() or "training"
+        )
+        values["run_id"] = env.get(ev.OTELPROF_RUN_ID) or _torchelastic_run_id(env) or ""
+        if env.get(ev.OTELPROF_RECORD_DIR):
+            values["record_dir"] = env[ev.OTELPROF_RECORD_DIR]
+        otlp_endpoint = any(
+            env.get(name)
+            for name in (
+                ev.OTEL_EXPORTER_OTLP_ENDPOINT,
+                ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+                ev.OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
+            )
+        )
+        if "traces_exporters" not in values:
+            values["traces_exporters"] = ("otlp",) if otlp_endpoint else ()
+        if "metrics_exporters" not in values:
+            values["metrics_exporters"] = (("prometheus",) if in_k8s else ()) + (("otlp",) if otlp_endpoint else ())
+        values["prometheus_host"] = env.get(ev.OTEL_EXPORTER_PROMETHEUS_HOST) or ("0.0.0.0" if in_k8s else "127.0.0.1")
+        values["pod_name"] = (
+            env.get(ev.OTELPROF_POD_NAME)
+            or env.get("OTEL_RESOURCE_ATTRIBUTES_POD_NAME")
+            or (env.get("HOSTNAME", "") if in_k8s else "")
+        )
+        values["pod_namespace"] = env.get(ev.OTELPROF_POD_NAMESPACE) or (_namespace_file() if in_k8s else "")
+        values["node_name"] = env.get(ev.OTELPROF_NODE_NAME) or env.get("OTEL_RESOURCE_ATTRIBUTES_NODE_NAME") or ""
+        values["container_name"] = env.get(ev.OTELPROF_CONTAINER_NAME, "")
+        return values
+
+
+def _script_name() -> str:
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if not argv0 or argv0 == "-c":
+        return ""
+    name = Path(argv0).name
+    return name[:-3] if name.endswith(".py") else name
+
+
+def _torchelastic_run_id(env: Mapping[str, str]) -> str:
+    value = env.get(ev.TORCHELASTIC_RUN_ID, "")
+    return "" if value in ("", "none") else value
+
+
+def _namespace_file() -> str:
+    try:
+        return Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
+    except OSError:
+        return ""

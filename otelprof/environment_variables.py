@@ -1,0 +1,136 @@
+"""Every environment variable otelprof reads, in one place.
+
+Standard ``OTEL_*`` variables keep their OpenTelemetry meaning; otelprof's own
+settings all start with ``OTELPROF_``. ``otelprof env`` and the README's
+configuration table are generated from :data:`ENV_VARS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable: its name, the Config field it sets, default and meaning."""
+
+    name: str
+    field: str | None
+    default: str
+    description: str
+
+
+OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
+OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
+OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+OTEL_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
+OTEL_METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
+OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+OTEL_EXPORTER_OTLP_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT"
+OTEL_METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
+OTEL_EXPORTER_PROMETHEUS_HOST = "OTEL_EXPORTER_PROMETHEUS_HOST"
+OTEL_EXPORTER_PROMETHEUS_PORT = "OTEL_EXPORTER_PROMETHEUS_PORT"
+
+OTELPROF_JOB_NAME = "OTELPROF_JOB_NAME"
+OTELPROF_RUN_ID = "OTELPROF_RUN_ID"
+OTELPROF_RECORD = "OTELPROF_RECORD"
+OTELPROF_RECORD_DIR = "OTELPROF_RECORD_DIR"
+OTELPROF_FLUSH_INTERVAL = "OTELPROF_FLUSH_INTERVAL"
+OTELPROF_SHUTDOWN_TIMEOUT = "OTELPROF_SHUTDOWN_TIMEOUT"
+OTELPROF_QUEUE_SIZE = "OTELPROF_QUEUE_SIZE"
+OTELPROF_SPAN_BUDGET = "OTELPROF_SPAN_BUDGET"
+OTELPROF_SPAN_FIRST_STEPS = "OTELPROF_SPAN_FIRST_STEPS"
+OTELPROF_SPAN_EVERY = "OTELPROF_SPAN_EVERY"
+OTELPROF_SPAN_WINDOWS = "OTELPROF_SPAN_WINDOWS"
+OTELPROF_OUTLIER_SIGMA = "OTELPROF_OUTLIER_SIGMA"
+OTELPROF_OUTLIER_MIN_STEPS = "OTELPROF_OUTLIER_MIN_STEPS"
+OTELPROF_MAX_LABEL_VALUES = "OTELPROF_MAX_LABEL_VALUES"
+OTELPROF_HANDLE_SIGTERM = "OTELPROF_HANDLE_SIGTERM"
+OTELPROF_POD_NAME = "OTELPROF_POD_NAME"
+OTELPROF_POD_NAMESPACE = "OTELPROF_POD_NAMESPACE"
+OTELPROF_NODE_NAME = "OTELPROF_NODE_NAME"
+OTELPROF_CONTAINER_NAME = "OTELPROF_CONTAINER_NAME"
+
+# Read, never written: torchrun's process-group variables and Kubernetes' in-cluster marker.
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar(OTEL_SDK_DISABLED, "disabled", "false",
+           "`true` turns every otelprof call into a no-op (nothing recorded or exported)."),
+    EnvVar(OTELPROF_JOB_NAME, "job_name", "(script name)",
+           "Training job name: `service.name` and the `job_name` label. Falls back to "
+           "`OTEL_SERVICE_NAME`, then the script's file name."),
+    EnvVar(OTEL_SERVICE_NAME, None, "",
+           "Standard OpenTelemetry service name; used as the job name when `OTELPROF_JOB_NAME` is unset."),
+    EnvVar(OTEL_RESOURCE_ATTRIBUTES, None, "",
+           "Extra resource attributes, `key=value,...` (e.g. `k8s.pod.name=...`); they win over detected values."),
+    EnvVar(OTELPROF_RUN_ID, "run_id", "(TORCHELASTIC_RUN_ID or a new id)",
+           "Identifies one run; shared by all ranks. torchrun's `TORCHELASTIC_RUN_ID` is used when set."),
+    EnvVar(OTELPROF_RECORD, "record", "true",
+           "Write the local run recording (the embedded default, needs no server)."),
+    EnvVar(OTELPROF_RECORD_DIR, "record_dir", "./otelprof-runs",
+           "Where recordings go: `<dir>/<run-id>/rank-<rank>/`."),
+    EnvVar(OTELPROF_FLUSH_INTERVAL, "flush_interval", "0.5",
+           "Seconds between background flushes of the recording (a SIGKILL loses at most this much); 0.05-10."),
+    EnvVar(OTELPROF_SHUTDOWN_TIMEOUT, "shutdown_timeout", "3",
+           "Upper bound in seconds on `shutdown()` (exporters that are still busy are abandoned); 0.1-60."),
+    EnvVar(OTELPROF_QUEUE_SIZE, "queue_size", "65536",
+           "Most step/annotation records waiting for the background thread; beyond it records are dropped "
+           "and counted. Also bounds the OTLP export queues."),
+    EnvVar(OTEL_TRACES_EXPORTER, "traces_exporters", "(otlp if an OTLP endpoint is set, else none)",
+           "Comma list of `otlp`, `console`, `none`. The local recording is controlled by `OTELPROF_RECORD`."),
+    EnvVar(OTEL_METRICS_EXPORTER, "metrics_exporters",
+           "(prometheus in Kubernetes; plus otlp if an OTLP endpoint is set; else none)",
+           "Comma list of `otlp`, `prometheus`, `console`, `none`."),
+    EnvVar(OTEL_EXPORTER_OTLP_PROTOCOL, "otlp_protocol", "http/protobuf",
+           "`grpc` or `http/protobuf`. Endpoint, headers, TLS, compression and timeout follow the "
+           "standard `OTEL_EXPORTER_OTLP_*` variables."),
+    EnvVar(OTEL_EXPORTER_OTLP_ENDPOINT, None, "",
+           "OTLP endpoint (collector). Setting it (or a per-signal endpoint) turns OTLP export on by default."),
+    EnvVar(OTEL_METRIC_EXPORT_INTERVAL, "metric_export_interval", "10000",
+           "Milliseconds between OTLP metric exports and metric snapshots in the recording "
+           "(the spec's default is 60000; training problems need fresher data); 1000-600000."),
+    EnvVar(OTEL_EXPORTER_PROMETHEUS_HOST, "prometheus_host",
+           "(0.0.0.0 in Kubernetes, else 127.0.0.1)",
+           "Address `/metrics` binds to. In a pod Prometheus scrapes the pod IP, so all interfaces; "
+           "on a laptop loopback keeps the endpoint private."),
+    EnvVar(OTEL_EXPORTER_PROMETHEUS_PORT, "prometheus_port", "9464",
+           "Base port of `/metrics`; each process listens on base + `LOCAL_RANK`, so ranks in one pod "
+           "never collide. A port in use gives one warning and no endpoint for that process."),
+    EnvVar(OTELPROF_SPAN_BUDGET, "span_budget", "0.005",
+           "Share of step time the background thread may spend building spans for sampled steps "
+           "(0-1). First steps, every-Kth steps, windows and outliers are always traced."),
+    EnvVar(OTELPROF_SPAN_FIRST_STEPS, "span_first_steps", "10",
+           "The first N steps of each phase always become spans."),
+    EnvVar(OTELPROF_SPAN_EVERY, "span_every", "0",
+           "Every K-th step becomes a span (0 = off; the budget samples instead)."),
+    EnvVar(OTELPROF_SPAN_WINDOWS, "span_windows", "",
+           "Profiling windows whose every step becomes a span: `start_step:num_steps[,...]`, e.g. `100:20`."),
+    EnvVar(OTELPROF_OUTLIER_SIGMA, "outlier_sigma", "3",
+           "A step slower than mean + sigma x stddev of the recent steps of its phase is an outlier: "
+           "counted and traced retroactively. 0 turns outlier detection off."),
+    EnvVar(OTELPROF_OUTLIER_MIN_STEPS, "outlier_min_steps", "20",
+           "Steps of a phase needed before outliers are judged."),
+    EnvVar(OTELPROF_MAX_LABEL_VALUES, "max_label_values", "64",
+           "Distinct phase / annotation names kept as metric labels; further names are counted as `other`."),
+    EnvVar(OTELPROF_HANDLE_SIGTERM, "handle_sigterm", "true",
+           "Flush the recording on SIGTERM (pod deletion), then let the signal take its usual course."),
+    EnvVar(OTELPROF_POD_NAME, "pod_name", "(HOSTNAME in Kubernetes)",
+           "`k8s.pod.name`; set from the downward API `metadata.name`."),
+    EnvVar(OTELPROF_POD_NAMESPACE, "pod_namespace", "(service-account namespace file)",
+           "`k8s.namespace.name`; set from the downward API `metadata.namespace`."),
+    EnvVar(OTELPROF_NODE_NAME, "node_name", "(host name)",
+           "`k8s.node.name` and the `node` label; set from the downward API `spec.nodeName`."),
+    EnvVar(OTELPROF_CONTAINER_NAME, "container_name", "",
+           "`k8s.container.name`; the downward API cannot give it, set it literally."),
+    EnvVar(RANK, "rank", "0", "Global rank (set by torchrun)."),
+    EnvVar(LOCAL_RANK, "local_rank", "0", "Rank within the node (set by torchrun); offsets the /metrics port."),
+    EnvVar(WORLD_SIZE, "world_size", "1", "Number of ranks (set by torchrun)."),
+)

@@ -1,0 +1,237 @@
+"""The hot path: ``step()``, ``phase()``, ``annotate()``, ``annotation_begin/end()``, ``record()``.
+
+Each call reads a monotonic clock and appends a tuple to a list or a bounded
+queue; everything else (histograms, spans, the recording) happens in the
+recorder's background thread. With no active session every call is a no-op.
+Nothing here raises into user code: user exceptions pass through untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from time import perf_counter_ns
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from otelprof.recorder import Recorder
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_PHASE = "train"
+
+# Record tags understood by Recorder.process().
+STEP = "s"
+ANNOTATION = "a"
+SCALAR = "x"
+PHASE = "p"
+
+_active: Recorder | None = None
+_tls = threading.local()
+_phase: list[str] = [DEFAULT_PHASE]
+_step_numbers: dict[str, int] = {}
+_open_regions: dict[str, tuple[int, StepContext | None]] = {}
+
+
+def _activate(recorder: Recorder | None) -> None:
+    """Route the hot path to ``recorder`` (None: everything becomes a no-op)."""
+    global _active
+    _active = recorder
+    _tls.__dict__.clear()
+    _phase[0] = DEFAULT_PHASE
+    _step_numbers.clear()
+    _open_regions.clear()
+
+
+def current_phase() -> str:
+    return _phase[0]
+
+
+class StepContext:
+    """One training step; use as ``with otelprof.step(): ...``."""
+
+    __slots__ = ("phase", "number", "start_ns", "annotations", "scalars", "closed", "_previous", "_depth")
+
+    def __init__(self, phase: str | None, number: int | None) -> None:
+        self.phase = phase or _phase[0]
+        if number is None:
+            number = _step_numbers.get(self.phase, 0)
+        _step_numbers[self.phase] = number + 1
+        self.number = number
+        self.annotations: list[tuple[str, int, int, int, str | None]] = []
+        self.scalars: dict[str, Any] | None = None
+        self.closed = False
+        self.start_ns = 0
+
+    def __enter__(self) -> StepContext:
+        tls = _tls
+        self._previous = getattr(tls, "step", None)
+        self._depth = getattr(tls, "depth", 0)
+        tls.step = self
+        tls.depth = 0
+        self.start_ns = perf_counter_ns()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        end_ns = perf_counter_ns()
+        self.closed = True
+        tls = _tls
+        tls.step = self._previous
+        tls.depth = self._depth
+        recorder = _active
+        if recorder is not None:
+            recorder.submit((STEP, self.phase, self.number, self.start_ns, end_ns, self.annotations,
+                             self.scalars, exc_type.__name__ if exc_type is not None else None))
+
+
+class _NoopStep:
+    """What ``step()`` returns with no session: same shape, no work."""
+
+    phase = DEFAULT_PHASE
+    number = 0
+
+    def __enter__(self) -> _NoopStep:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NOOP_STEP = _NoopStep()
+
+
+def step(phase: str | None = None, number: int | None = None) -> Any:
+    """Mark one training step. ``phase`` defaults to the current phase ("train");
+    ``number`` defaults to the next number of that phase (from 0)."""
+    if _active is None:
+        return _NOOP_STEP
+    return StepContext(phase, number)
+
+
+class _Region:
+    """``annotate(name)``: a context manager, and a decorator that annotates each call."""
+
+    __slots__ = ("name", "start_ns", "_step", "_depth")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> _Region:
+        tls = _tls
+        self._step = getattr(tls, "step", None)
+        depth = getattr(tls, "depth", 0)
+        self._depth = depth
+        tls.depth = depth + 1
+        self.start_ns = perf_counter_ns()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        end_ns = perf_counter_ns()
+        _tls.depth = self._depth
+        error = exc_type.__name__ if exc_type is not None else None
+        _close_region(self.name, self.start_ns, end_ns, self._step, self._depth, error)
+
+    def __call__(self, func: F) -> F:
+        name = self.name
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _active is None:
+                return func(*args, **kwargs)
+            with _Region(name):
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def _close_region(name: str, start_ns: int, end_ns: int, step: StepContext | None, depth: int,
+                  error: str | None) -> None:
+    if step is not None and not step.closed:
+        step.annotations.append((name, start_ns, end_ns, depth, error))
+        return
+    recorder = _active
+    if recorder is not None:
+        recorder.submit((ANNOTATION, name, _phase[0] if step is not None else None, start_ns, end_ns, error))
+
+
+def annotate(name: str) -> _Region:
+    """Time a region: ``with otelprof.annotate("forward"): ...`` or ``@otelprof.annotate("load")``.
+
+    Inside a step the region becomes a child of the step; outside steps
+    (initialization, checkpointing) it is recorded on its own."""
+    return _Region(str(name))
+
+
+def annotation_begin(name: str) -> None:
+    """Start a region that does not nest lexically; close it with :func:`annotation_end`."""
+    if _active is None:
+        return
+    _open_regions[name] = (perf_counter_ns(), getattr(_tls, "step", None))
+
+
+def annotation_end(name: str) -> None:
+    """Close the region opened by ``annotation_begin(name)``; an unknown name is ignored (one warning)."""
+    end_ns = perf_counter_ns()
+    if _active is None:
+        return
+    opened = _open_regions.pop(name, None)
+    if opened is None:
+        from otelprof._log import warn_once
+
+        warn_once(f"annotation_end:{name}", "otelprof: annotation_end(%r) without annotation_begin; ignored", name)
+        return
+    _close_region(name, opened[0], end_ns, opened[1], 0, None)
+
+
+def record(name: str, value: Any) -> None:
+    """Record a training scalar: ``loss``, ``learning_rate`` (or ``lr``), ``grad_norm``,
+    ``samples`` and ``tokens`` (per step; their rate is throughput), or any other name
+    (kept in spans and the recording). Tensors are converted off the hot path."""
+    recorder = _active
+    if recorder is None:
+        return
+    current = getattr(_tls, "step", None)
+    if current is not None:
+        if current.scalars is None:
+            current.scalars = {}
+        current.scalars[name] = value
+    else:
+        recorder.submit((SCALAR, name, value, _phase[0], perf_counter_ns()))
+
+
+class _PhaseContext:
+    __slots__ = ("_previous",)
+
+    def __init__(self, previous: str) -> None:
+        self._previous = previous
+
+    def __enter__(self) -> _PhaseContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _set_phase(self._previous)
+
+
+def _set_phase(name: str) -> None:
+    if _phase[0] == name:
+        return
+    _phase[0] = name
+    recorder = _active
+    if recorder is not None:
+        recorder.submit((PHASE, name, perf_counter_ns()))
+
+
+def phase(name: str) -> _PhaseContext:
+    """Switch the current phase (train, eval, ...) for the steps that follow.
+
+    As a context manager (``with otelprof.phase("eval"):``) the previous phase
+    comes back on exit; as a plain call the switch stays."""
+    previous = _phase[0]
+    _set_phase(str(name))
+    return _PhaseContext(previous)

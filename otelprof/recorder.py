@@ -1,0 +1,334 @@
+"""Turns closed step and annotation records into aggregates, recording lines and spans.
+
+Runs off the hot path: a background thread drains the queue every flush
+interval, and a scrape or export drains it first so it always sees fresh data.
+Only one thread processes at a time (``_drain_lock``).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+
+from otelprof import hotpath as hot
+from otelprof import semconv as sc
+from otelprof._log import logger, warn_once
+from otelprof.config import Config
+from otelprof.metrics import MetricRegistry
+from otelprof.recording import schema
+from otelprof.recording.writer import RecordingWriter
+from otelprof.sampling import OutlierDetector, SpanSelector
+
+SpanSink = Callable[[Sequence[ReadableSpan]], None]
+
+
+class LabelCap:
+    """Keeps at most ``limit`` distinct label values; later ones become ``other`` (one warning)."""
+
+    def __init__(self, label: str, limit: int) -> None:
+        self.label = label
+        self.limit = limit
+        self.known: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self.known:
+            return value
+        if len(self.known) < self.limit:
+            self.known.add(value)
+            return value
+        warn_once(f"labelcap:{self.label}", "otelprof: more than %d distinct %s names; further ones are "
+                  "labelled %r on metrics (OTELPROF_MAX_LABEL_VALUES)", self.limit, self.label, sc.OTHER_LABEL_VALUE)
+        return sc.OTHER_LABEL_VALUE
+
+
+class Recorder:
+    """The per-process aggregation stage between the hot path and the exporters."""
+
+    def __init__(
+        self,
+        config: Config,
+        registry: MetricRegistry,
+        tracer_provider: TracerProvider,
+        span_sinks: Sequence[SpanSink],
+        writer: RecordingWriter | None,
+        lifecycle: dict[str, float | None],
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.writer = writer
+        self.lifecycle = lifecycle
+        self.capacity = config.queue_size
+        self.queue: deque[tuple[Any, ...]] = deque()
+        self.queue_dropped = 0
+        self._reported_dropped = 0
+        # perf_counter_ns() + offset = Unix time in ns
+        self.offset_ns = time.time_ns() - time.perf_counter_ns()
+        self._drain_lock = threading.RLock()
+        self._span_sinks = list(span_sinks)
+        self._collected: list[ReadableSpan] = []
+        tracer_provider.add_span_processor(_CollectSpans(self._collected))
+        self._tracer = tracer_provider.get_tracer("otelprof")
+        self._selector = SpanSelector.from_config(config)
+        self._outliers: dict[str, OutlierDetector] = {}
+        self._seen: dict[str, int] = {}
+        self._phase_label = LabelCap(sc.LABEL_PHASE, config.max_label_values)
+        self._annotation_label = LabelCap(sc.LABEL_ANNOTATION, config.max_label_values)
+        self._current_phase: str | None = None
+
+        r = registry
+        self.step_duration = r.histogram(sc.STEP_DURATION)
+        self.steps = r.counter(sc.STEPS)
+        self.step_outliers = r.counter(sc.STEP_OUTLIERS)
+        self.step_last = r.gauge(sc.STEP_LAST_TIMESTAMP)
+        self.step_first = r.gauge(sc.STEP_FIRST_TIMESTAMP)
+        self.step_number = r.gauge(sc.STEP_NUMBER)
+        self.phase_active = r.gauge(sc.PHASE_ACTIVE)
+        self.annotation_duration = r.histogram(sc.ANNOTATION_DURATION)
+        self.nonfinite = r.counter(sc.NONFINITE)
+        self.dropped = r.counter(sc.EXPORTER_DROPPED)
+        self.spans_built = r.counter(sc.SPANS_BUILT)
+        self.span_build_time = r.counter(sc.SPAN_BUILD_TIME)
+        self.recording_bytes = r.counter(sc.RECORDING_BYTES)
+        self.scalar_gauges = {name: r.gauge(spec) for name, spec in sc.SCALAR_GAUGES.items()}
+        self.scalar_counters = {name: r.counter(spec) for name, spec in sc.SCALAR_COUNTERS.items()}
+        r.gauge(sc.PROCESS_START_TIME).set(lifecycle.get("process_start") or time.time())
+        self.dropped.add(0, ("queue",))
+        registry.before_collect(self.drain)
+
+    # ------------------------------------------------------------------ hot path entry
+    def submit(self, item: tuple[Any, ...]) -> None:
+        """Queue one record; when the queue is full the record is dropped and counted."""
+        queue = self.queue
+        if len(queue) < self.capacity:
+            queue.append(item)
+        else:
+            self.queue_dropped += 1
+
+    # ------------------------------------------------------------------ background
+    def count_dropped(self, exporter: str, amount: int) -> None:
+        with self.registry.lock:
+            self.dropped.add(amount, (exporter,))
+
+    def drain(self) -> None:
+        """Process every queued record. Safe from any thread; never raises."""
+        with self._drain_lock:
+            try:
+                self._drain()
+            except Exception:  # a bug here must not stop telemetry for good, nor reach the job
+                logger.exception("otelprof: internal error while processing records")
+
+    def _drain(self) -> None:
+        queue = self.queue
+        with self.registry.lock:
+            if self.queue_dropped != self._reported_dropped:
+                self.dropped.add(self.queue_dropped - self._reported_dropped, ("queue",))
+                self._reported_dropped = self.queue_dropped
+                warn_once("queue-full", "otelprof: record queue full (OTELPROF_QUEUE_SIZE=%d); "
+                          "records are dropped and counted", self.capacity)
+            while queue:
+                item = queue.popleft()
+                kind = item[0]
+                if kind == hot.STEP:
+                    self._step(*item[1:])
+                elif kind == hot.ANNOTATION:
+                    self._annotation(*item[1:])
+                elif kind == hot.SCALAR:
+                    self._scalar_alone(*item[1:])
+                elif kind == hot.PHASE:
+                    self._phase(*item[1:])
+        if self._collected:
+            spans = self._collected[:]
+            self._collected.clear()
+            for sink in self._span_sinks:
+                sink(spans)
+
+    def _unix_ns(self, perf_ns: int) -> int:
+        return perf_ns + self.offset_ns
+
+    def _phase(self, phase: str, at_ns: int) -> None:
+        label = self._phase_label(phase)
+        if self._current_phase is not None and self._current_phase != label:
+            self.phase_active.set(0, (self._current_phase,))
+        self._current_phase = label
+        self.phase_active.set(1, (label,))
+        if self.writer is not None:
+            self.writer.add_json(schema.STEPS, {"k": schema.KIND_PHASE, "ph": phase, "t": self._unix_ns(at_ns)})
+
+    def _step(
+        self,
+        phase: str,
+        number: int,
+        start_ns: int,
+        end_ns: int,
+        annotations: list[tuple[str, int, int, int, str | None]],
+        scalars: dict[str, Any] | None,
+        error: str | None,
+    ) -> None:
+        label = self._phase_label(phase)
+        if self._current_phase != label:
+            self._phase(phase, start_ns)
+        labels = (label,)
+        duration = (end_ns - start_ns) / 1e9
+        start_unix = self._unix_ns(start_ns)
+        end_unix = self._unix_ns(end_ns)
+        self.step_duration.observe(duration, labels)
+        self.steps.add(1, labels)
+        self.step_last.set(end_unix / 1e9, labels)
+        self.step_number.set(number, labels)
+        if self.lifecycle.get("first_step_start") is None:
+            self.lifecycle["first_step_start"] = start_unix / 1e9
+            self.step_first.set(start_unix / 1e9)
+            if self.writer is not None:
+                self.writer.update_manifest(lifecycle=dict(self.lifecycle))
+        self.lifecycle["last_step_end"] = end_unix / 1e9
+        for name, a_start, a_end, _depth, _err in annotations:
+            self.annotation_duration.observe((a_end - a_start) / 1e9, (label, self._annotation_label(name)))
+        values = self._scalars(scalars, label) if scalars else None
+        detector = self._outliers.get(phase)
+        if detector is None:
+            detector = self._outliers[phase] = OutlierDetector(self.config.outlier_sigma,
+                                                               self.config.outlier_min_steps)
+        outlier = detector.observe(duration)
+        if outlier:
+            self.step_outliers.add(1, labels)
+        seen = self._seen.get(phase, 0)
+        self._seen[phase] = seen + 1
+        if self.writer is not None:
+            record: dict[str, Any] = {"k": schema.KIND_STEP, "ph": phase, "n": number, "t": start_unix,
+                                      "d": end_ns - start_ns}
+            if annotations:
+                record["a"] = [[name, a0 - start_ns, a1 - a0, depth] for name, a0, a1, depth, _ in annotations]
+            if values:
+                record["x"] = values
+            if error:
+                record["err"] = error
+            self.writer.add_json(schema.STEPS, record)
+        reason = self._selector.select(seen, number, duration, outlier, 1 + len(annotations))
+        if reason is not None:
+            self._build_step_spans(reason, phase, number, start_ns, end_ns, annotations, values, error, outlier)
+
+    def _scalars(self, scalars: dict[str, Any], label: str) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for name, raw in scalars.items():
+            value = _to_float(name, raw)
+            if value is None:
+                continue
+            values[name] = value
+            self._scalar_metric(name, value, label)
+        return values
+
+    def _scalar_metric(self, name: str, value: float, label: str) -> None:
+        finite = math.isfinite(value)
+        if name in sc.NONFINITE_CHECKED and not finite:
+            self.nonfinite.add(1, (label, name))
+        gauge = self.scalar_gauges.get(name)
+        if gauge is not None and finite:
+            gauge.set(value, (label,))
+        counter = self.scalar_counters.get(name)
+        if counter is not None and finite and value >= 0:
+            counter.add(value, (label,))
+
+    def _scalar_alone(self, name: str, raw: Any, phase: str, at_ns: int) -> None:
+        value = _to_float(name, raw)
+        if value is None:
+            return
+        self._scalar_metric(name, value, self._phase_label(phase))
+        if self.writer is not None:
+            self.writer.add_json(schema.STEPS, {"k": schema.KIND_SCALAR, "name": name,
+                                                "v": value if math.isfinite(value) else str(value),
+                                                "ph": phase, "t": self._unix_ns(at_ns)})
+
+    def _annotation(self, name: str, phase: str | None, start_ns: int, end_ns: int, error: str | None) -> None:
+        label = self._phase_label(phase) if phase is not None else sc.NO_PHASE
+        self.annotation_duration.observe((end_ns - start_ns) / 1e9, (label, self._annotation_label(name)))
+        if self.writer is not None:
+            self.writer.add_json(schema.STEPS, {"k": schema.KIND_ANNOTATION, "name": name, "ph": phase,
+                                                "t": self._unix_ns(start_ns), "d": end_ns - start_ns})
+        began = time.perf_counter()
+        span = self._tracer.start_span(name, start_time=self._unix_ns(start_ns), attributes={
+            sc.ATTR_ANNOTATION: True, sc.ATTR_SPAN_REASON: "annotation"})
+        if error:
+            span.set_attribute(sc.ATTR_ERROR, error)
+        span.end(end_time=self._unix_ns(end_ns))
+        cost = time.perf_counter() - began
+        self.spans_built.add(1, ("annotation",))
+        self.span_build_time.add(cost)
+
+    def _build_step_spans(
+        self,
+        reason: str,
+        phase: str,
+        number: int,
+        start_ns: int,
+        end_ns: int,
+        annotations: list[tuple[str, int, int, int, str | None]],
+        values: dict[str, float] | None,
+        error: str | None,
+        outlier: bool,
+    ) -> None:
+        began = time.perf_counter()
+        attributes: dict[str, Any] = {sc.ATTR_STEP_NUMBER: number, sc.ATTR_STEP_PHASE: phase,
+                                      sc.ATTR_SPAN_REASON: reason, sc.ATTR_STEP_OUTLIER: outlier}
+        if values:
+            for name, value in values.items():
+                attributes[sc.ATTR_SCALAR_PREFIX + name] = value
+        if error:
+            attributes[sc.ATTR_ERROR] = error
+        root = self._tracer.start_span(sc.SPAN_STEP, context=trace.set_span_in_context(trace.INVALID_SPAN),
+                                       start_time=self._unix_ns(start_ns), attributes=attributes)
+        # Nesting: an annotation's parent is the innermost enclosing annotation one level up.
+        parents: list[Any] = [root]
+        for name, a_start, a_end, depth, a_error in sorted(annotations, key=lambda a: (a[1], a[3])):
+            del parents[depth + 1:]
+            parent = parents[min(depth, len(parents) - 1)]
+            child = self._tracer.start_span(name, context=trace.set_span_in_context(parent),
+                                            start_time=self._unix_ns(a_start), attributes={sc.ATTR_ANNOTATION: True})
+            if a_error:
+                child.set_attribute(sc.ATTR_ERROR, a_error)
+            child.end(end_time=self._unix_ns(a_end))
+            parents.append(child)
+        root.end(end_time=self._unix_ns(end_ns))
+        cost = time.perf_counter() - began
+        count = 1 + len(annotations)
+        self._selector.spent(cost, count)
+        self.spans_built.add(count, (reason,))
+        self.span_build_time.add(cost)
+
+
+class _CollectSpans:
+    """SpanProcessor that hands ended spans to the recorder, which forwards them to the sinks."""
+
+    def __init__(self, into: list[ReadableSpan]) -> None:
+        self._into = into
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        return None
+
+    def _on_ending(self, span: Any) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._into.append(span)
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _to_float(name: str, raw: Any) -> float | None:
+    try:
+        if hasattr(raw, "item"):  # torch / numpy scalars; resolved here, off the hot path
+            raw = raw.item()
+        return float(raw)
+    except (TypeError, ValueError, RuntimeError):
+        warn_once(f"scalar:{name}", "otelprof: record(%r, ...) got a value that is not a number; ignored", name)
+        return None

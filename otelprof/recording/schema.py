@@ -1,0 +1,43 @@
+"""Layout and line formats of a run recording (the one place the reader and writer agree on).
+
+::
+
+    <record_dir>/<run-id>/rank-<rank>/
+        manifest.json   schema version, run id, resource, effective config, lifecycle times
+        steps.jsonl     one compact timing record per step (exact percentiles offline)
+        spans.jsonl     OTLP-JSON ExportTraceServiceRequest, one per line
+        metrics.jsonl   OTLP-JSON ExportMetricsServiceRequest snapshots, one per line
+
+``steps.jsonl`` records (times are integers in nanoseconds; ``t`` is Unix time):
+
+* step: ``{"k":"s","ph":phase,"n":number,"t":start,"d":duration,"a":[[name,offset,duration,depth],...],
+  "x":{scalar:value},"err":exception_type}`` (``a``, ``x``, ``err`` only when present)
+* annotation outside steps: ``{"k":"a","name":...,"ph":phase_or_null,"t":start,"d":duration}``
+* scalar outside steps: ``{"k":"x","name":...,"v":value,"ph":phase,"t":time}``
+* phase switch: ``{"k":"p","ph":phase,"t":time}``
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = "1.0"
+SCHEMA_MAJOR = 1
+
+MANIFEST = "manifest.json"
+STEPS = "steps.jsonl"
+SPANS = "spans.jsonl"
+METRICS = "metrics.jsonl"
+
+KIND_STEP = "s"
+KIND_ANNOTATION = "a"
+KIND_SCALAR = "x"
+KIND_PHASE = "p"
+
+STATUS_RUNNING = "running"
+STATUS_FINISHED = "finished"
+
+LIFECYCLE_EVENTS = ("process_start", "init", "first_step_start", "last_step_end", "shutdown")
+"""Keys of ``manifest["lifecycle"]``: Unix times in seconds (null until they happen)."""
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"rank-{rank}"

@@ -1,0 +1,108 @@
+"""Writes one rank's run recording. Never raises: a full disk costs records, not the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from otelprof._log import warn_once
+from otelprof.recording import schema
+
+
+class RecordingWriter:
+    """Buffers lines per file and appends them on :meth:`flush` (called every flush interval).
+
+    ``on_dropped(n)`` is told about lines that could not be written, ``on_written(bytes)``
+    about bytes that were."""
+
+    def __init__(
+        self,
+        directory: Path,
+        manifest: dict[str, Any],
+        on_dropped: Callable[[int], None],
+        on_written: Callable[[int], None],
+    ) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self._on_dropped = on_dropped
+        self._on_written = on_written
+        self._buffers: dict[str, list[str]] = {schema.STEPS: [], schema.SPANS: [], schema.METRICS: []}
+        self._files: dict[str, IO[str]] = {}
+        self._lock = threading.Lock()
+        self._ok = self._open()
+
+    def _open(self) -> bool:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._write_manifest()
+            for name in self._buffers:
+                self._files[name] = open(self.directory / name, "a", encoding="utf-8")  # noqa: SIM115
+            return True
+        except OSError as exc:
+            warn_once("recording:open", "otelprof: cannot write the run recording in %s (%s); "
+                      "training goes on without it", self.directory, exc)
+            return False
+
+    def add(self, file: str, line: str) -> None:
+        """Queue one line for ``file`` (a schema file name)."""
+        self._buffers[file].append(line)
+
+    def add_json(self, file: str, record: dict[str, Any]) -> None:
+        self._buffers[file].append(json.dumps(record, separators=(",", ":")))
+
+    def flush(self) -> None:
+        """Append buffered lines to disk. Lines that cannot be written are dropped and counted."""
+        with self._lock:
+            for name, lines in self._buffers.items():
+                if not lines:
+                    continue
+                batch = lines[:]
+                lines.clear()
+                if not self._ok:
+                    self._on_dropped(len(batch))
+                    continue
+                text = "\n".join(batch) + "\n"
+                try:
+                    handle = self._files[name]
+                    handle.write(text)
+                    handle.flush()
+                except (OSError, ValueError) as exc:
+                    self._on_dropped(len(batch))
+                    warn_once("recording:write", "otelprof: writing the run recording failed (%s); "
+                              "records are dropped and counted, training goes on", exc)
+                    continue
+                self._on_written(len(text.encode("utf-8")))
+
+    def update_manifest(self, **changes: Any) -> None:
+        """Merge ``changes`` into the manifest and rewrite it atomically."""
+        with self._lock:
+            self.manifest.update(changes)
+            if not self._ok:
+                return
+            try:
+                self._write_manifest()
+            except OSError as exc:
+                warn_once("recording:manifest", "otelprof: cannot update %s (%s)", schema.MANIFEST, exc)
+
+    def _write_manifest(self) -> None:
+        path = self.directory / schema.MANIFEST
+        tmp = path.with_suffix(".json.tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(self.manifest, handle, indent=2, sort_keys=True, default=str)
+            handle.write("\n")
+        os.replace(tmp, path)
+
+    def close(self) -> None:
+        self.flush()
+        with self._lock:
+            for handle in self._files.values():
+                try:
+                    handle.close()
+                except OSError:
+                    pass
+            self._files.clear()
+            self._ok = False

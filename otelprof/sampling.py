@@ -1,0 +1,95 @@
+"""Which steps become spans: first steps, every K-th, profiling windows, outliers, and a cost budget.
+
+Building a span costs tens of microseconds, so only selected steps get them.
+The budget lets span building use at most ``span_budget`` of step time: each
+step earns ``span_budget x duration`` of credit, each traced step spends its
+measured build cost. Forced reasons (first, every, window, outlier) spend too,
+so they pause budget sampling rather than exceed it for long.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from otelprof.config import Config
+
+
+class OutlierDetector:
+    """One phase's recent step durations; flags a step above mean + sigma x stddev (population)."""
+
+    def __init__(self, sigma: float, min_steps: int, window: int = 256) -> None:
+        self.sigma = sigma
+        self.min_steps = min_steps
+        self.window: deque[float] = deque(maxlen=window)
+        self._sum = 0.0
+        self._sumsq = 0.0
+        self._since_resum = 0
+
+    def threshold(self) -> float | None:
+        """Current outlier threshold in seconds, or None while there are too few steps."""
+        n = len(self.window)
+        if self.sigma <= 0 or n < self.min_steps:
+            return None
+        mean = self._sum / n
+        variance = max(self._sumsq / n - mean * mean, 0.0)
+        return mean + self.sigma * math.sqrt(variance)
+
+    def observe(self, duration: float) -> bool:
+        """Judge ``duration`` against the steps before it, then add it; True if it is an outlier."""
+        limit = self.threshold()
+        is_outlier = limit is not None and duration > limit
+        if len(self.window) == self.window.maxlen:
+            old = self.window[0]
+            self._sum -= old
+            self._sumsq -= old * old
+        self.window.append(duration)
+        self._sum += duration
+        self._sumsq += duration * duration
+        self._since_resum += 1
+        if self._since_resum >= 4096:  # bound floating-point drift of the running sums
+            self._sum = math.fsum(self.window)
+            self._sumsq = math.fsum(d * d for d in self.window)
+            self._since_resum = 0
+        return is_outlier
+
+
+@dataclass
+class SpanSelector:
+    """Decides, per closed step, whether (and why) it becomes spans."""
+
+    budget: float
+    first_steps: int
+    every: int
+    windows: tuple[tuple[int, int], ...]
+    cost_per_span: float = 50e-6  # seconds; replaced by a moving average of measured cost
+    credit: float = 0.0
+
+    @classmethod
+    def from_config(cls, config: Config) -> SpanSelector:
+        return cls(config.span_budget, config.span_first_steps, config.span_every, config.span_windows)
+
+    def in_window(self, number: int) -> bool:
+        return any(start <= number < start + count for start, count in self.windows)
+
+    def select(self, seen_in_phase: int, number: int, duration: float, outlier: bool, spans: int) -> str | None:
+        """The reason to trace this step, or None. ``spans`` = spans the step would produce."""
+        self.credit = min(self.credit + self.budget * duration, max(4 * spans * self.cost_per_span, 1e-3))
+        if seen_in_phase < self.first_steps:
+            return "first"
+        if outlier:
+            return "outlier"
+        if self.windows and self.in_window(number):
+            return "window"
+        if self.every and number % self.every == 0:
+            return "every"
+        if self.budget > 0 and self.credit >= spans * self.cost_per_span:
+            return "budget"
+        return None
+
+    def spent(self, seconds: float, spans: int) -> None:
+        """Account for ``spans`` built in ``seconds``."""
+        self.credit -= seconds
+        if spans:
+            self.cost_per_span += 0.1 * (seconds / spans - self.cost_per_span)

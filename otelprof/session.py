@@ -1,0 +1,308 @@
+"""One otelprof session per process: wires config -> resource -> recorder -> exporters.
+
+Owns the background thread, the lifecycle times, and the process hooks
+(atexit, SIGTERM, fork). Nothing here raises into the training job.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import secrets
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otelprof import hotpath as hot
+from otelprof._log import logger, reset_warnings, warn_once
+from otelprof._version import __version__
+from otelprof.config import Config
+from otelprof.export import otlp
+from otelprof.export.prometheus import PrometheusEndpoint
+from otelprof.metrics import MetricRegistry
+from otelprof.recorder import Recorder, SpanSink
+from otelprof.recording import otlp_json, schema
+from otelprof.recording.writer import RecordingWriter
+from otelprof.resource import build_resource, identity_labels
+
+_session: Session | None = None
+_session_lock = threading.Lock()
+_fork_hook_installed = False
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def _process_start_time() -> float:
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:
+        return time.time()
+
+
+class Session:
+    """A running otelprof session. Use ``otelprof.init()`` rather than building one directly."""
+
+    def __init__(self, config: Config) -> None:
+        if not config.run_id:
+            config = dataclasses.replace(config, run_id=new_run_id())
+        self.config = config
+        self._pid = os.getpid()
+        self._closed = False
+        self._stop = threading.Event()
+        self.lifecycle: dict[str, float | None] = dict.fromkeys(schema.LIFECYCLE_EVENTS)
+        self.lifecycle["process_start"] = _process_start_time()
+        self.lifecycle["init"] = time.time()
+        self.resource = build_resource(config)
+        self.registry = MetricRegistry(identity_labels(self.resource))
+        self.run_dir: Path | None = None
+        self.writer: RecordingWriter | None = None
+        if config.record:
+            self.run_dir = Path(config.record_dir) / config.run_id / schema.rank_dir_name(config.rank)
+            self.writer = RecordingWriter(self.run_dir, self._manifest(), self._writer_dropped, self._writer_bytes)
+
+        self._span_exporters: list[otlp.BackgroundExporter] = []
+        for kind in config.traces_exporters:
+            name = "otlp_traces" if kind == "otlp" else "console_traces"
+            self._span_exporters.append(otlp.span_exporter(
+                otlp.make_span_exporter(kind, config.otlp_protocol), name, config.queue_size, self._count_dropped))
+        self._metric_exporters: list[otlp.BackgroundExporter] = []
+        for kind in config.metrics_exporters:
+            if kind == "prometheus":
+                continue
+            name = "otlp_metrics" if kind == "otlp" else "console_metrics"
+            self._metric_exporters.append(otlp.metric_exporter(
+                otlp.make_metric_exporter(kind, config.otlp_protocol), name, self._count_dropped,
+                timeout=min(config.metric_export_interval, 10.0)))
+
+        sinks: list[SpanSink] = [exporter.offer for exporter in self._span_exporters]
+        if self.writer is not None:
+            sinks.append(self._record_spans)
+        self.tracer_provider = TracerProvider(resource=self.resource)
+        self.recorder = Recorder(config, self.registry, self.tracer_provider, sinks, self.writer, self.lifecycle)
+        self.prometheus: PrometheusEndpoint | None = None
+        if "prometheus" in config.metrics_exporters:
+            self.prometheus = PrometheusEndpoint(self.registry, dict(self.resource.attributes))
+            if not self.prometheus.start(config.prometheus_host, config.prometheus_rank_port):
+                self.prometheus = None
+        self._thread = threading.Thread(target=self._run, name="otelprof-recorder", daemon=True)
+        self._thread.start()
+        hot._activate(self.recorder)
+
+    # ------------------------------------------------------------------ recording helpers
+    def _manifest(self) -> dict[str, Any]:
+        return {
+            "schema_version": schema.SCHEMA_VERSION,
+            "otelprof_version": __version__,
+            "run_id": self.config.run_id,
+            "rank": self.config.rank,
+            "local_rank": self.config.local_rank,
+            "world_size": self.config.world_size,
+            "status": schema.STATUS_RUNNING,
+            "resource": {k: v for k, v in self.resource.attributes.items()},
+            "config": self.config.as_dict(),
+            "lifecycle": dict(self.lifecycle),
+            "files": {"steps": schema.STEPS, "spans": schema.SPANS, "metrics": schema.METRICS},
+        }
+
+    def _record_spans(self, spans: Any) -> None:
+        assert self.writer is not None
+        self.writer.add(schema.SPANS, otlp_json.spans_to_json(spans))
+
+    def _count_dropped(self, exporter: str, amount: int) -> None:
+        self.recorder.count_dropped(exporter, amount)
+
+    def _writer_dropped(self, amount: int) -> None:
+        self.recorder.count_dropped("recording", amount)
+
+    def _writer_bytes(self, amount: int) -> None:
+        with self.registry.lock:
+            self.recorder.recording_bytes.add(amount)
+
+    # ------------------------------------------------------------------ background loop
+    def _run(self) -> None:
+        next_export = time.monotonic() + self.config.metric_export_interval
+        while not self._stop.wait(self.config.flush_interval):
+            try:
+                self.recorder.drain()
+                if time.monotonic() >= next_export:
+                    next_export = time.monotonic() + self.config.metric_export_interval
+                    self._export_metrics()
+                if self.writer is not None:
+                    self.writer.flush()
+            except Exception:
+                logger.exception("otelprof: internal error in the background thread")
+
+    def metrics_data(self) -> MetricsData:
+        """A snapshot of every metric (pending records processed first)."""
+        scope = InstrumentationScope("otelprof", __version__)
+        metrics = self.registry.collect()
+        return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(scope, metrics, "")], "")])
+
+    def _export_metrics(self) -> None:
+        data = self.metrics_data()
+        for exporter in self._metric_exporters:
+            exporter.offer([data])
+        if self.writer is not None:
+            self.writer.add(schema.METRICS, otlp_json.metrics_to_json(data))
+
+    # ------------------------------------------------------------------ public
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """(host, port) of ``/metrics``, or None when this process serves none."""
+        return self.prometheus.address if self.prometheus is not None else None
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Process pending records, write the recording and push queued exports (bounded wait)."""
+        if self._closed or os.getpid() != self._pid:
+            return
+        try:
+            self.recorder.drain()
+            self._export_metrics()
+            if self.writer is not None:
+                self.writer.flush()
+            deadline = time.monotonic() + (self.config.shutdown_timeout if timeout is None else timeout)
+            for exporter in self._span_exporters + self._metric_exporters:
+                exporter.flush(max(deadline - time.monotonic(), 0.0))
+        except Exception:
+            logger.exception("otelprof: internal error during flush")
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Flush everything and stop, within ``timeout`` seconds (default ``OTELPROF_SHUTDOWN_TIMEOUT``)."""
+        global _session
+        if self._closed or os.getpid() != self._pid:
+            return
+        self._closed = True
+        deadline = time.monotonic() + (self.config.shutdown_timeout if timeout is None else timeout)
+        try:
+            hot._activate(None) if hot._active is self.recorder else None
+            self._stop.set()
+            self._thread.join(max(min(1.0, deadline - time.monotonic()), 0.0))
+            self.lifecycle["shutdown"] = time.time()
+            self._export_metrics()  # drains first, so the snapshot includes the last steps
+            if self.writer is not None:
+                self.writer.flush()
+                self.writer.update_manifest(status=schema.STATUS_FINISHED, lifecycle=dict(self.lifecycle),
+                                            dropped=self._dropped_summary())
+                self.writer.close()
+            for exporter in self._span_exporters + self._metric_exporters:
+                exporter.shutdown(deadline)
+            if self.prometheus is not None:
+                self.prometheus.stop()
+        except Exception:
+            logger.exception("otelprof: internal error during shutdown")
+        finally:
+            with _session_lock:
+                if _session is self:
+                    _session = None
+
+    def _dropped_summary(self) -> dict[str, float]:
+        with self.registry.lock:
+            return {labels[0]: value for labels, value in self.recorder.dropped.values.items()}
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+class _DisabledSession:
+    """What ``init()`` returns when ``OTEL_SDK_DISABLED=true``: every method is a no-op."""
+
+    run_dir = None
+    metrics_address = None
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def flush(self, timeout: float | None = None) -> None:
+        return None
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        return None
+
+    def __enter__(self) -> _DisabledSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def init(**overrides: Any) -> Session | _DisabledSession:
+    """Start otelprof for this process (idempotent: a second call returns the running session)."""
+    global _session, _fork_hook_installed
+    try:
+        with _session_lock:
+            if _session is not None:
+                warn_once("init:twice", "otelprof: init() called while a session is running; keeping it")
+                return _session
+            reset_warnings()
+            config = Config.from_env(**overrides)
+            if config.disabled:
+                return _DisabledSession(config)
+            session = Session(config)
+            _session = session
+            if not _fork_hook_installed:
+                os.register_at_fork(after_in_child=_after_fork_in_child)
+                _fork_hook_installed = True
+            atexit.register(session.shutdown)
+            if config.handle_sigterm:
+                _install_sigterm(session)
+            return session
+    except Exception:
+        logger.exception("otelprof: init() failed; training goes on without otelprof")
+        return _DisabledSession(Config())
+
+
+def shutdown(timeout: float | None = None) -> None:
+    """Flush and stop the running session (no-op when none runs)."""
+    session = _session
+    if session is not None:
+        session.shutdown(timeout)
+
+
+def get_session() -> Session | None:
+    return _session
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (DataLoader worker) records nothing and runs no exporter threads."""
+    global _session
+    hot._activate(None)
+    _session = None
+
+
+def _install_sigterm(session: Session) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+    except (ValueError, OSError):
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        session.shutdown()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_IGN:
+            return
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except (ValueError, OSError):
+        pass
