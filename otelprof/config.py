@@ -62,8 +62,8 @@ class Config:
 
     @property
     def prometheus_rank_port(self) -> int:
-        """The port this process serves ``/metrics`` on: base port + local rank."""
-        return self.prometheus_port + self.local_rank
+        """The port this process serves ``/metrics`` on: base port + local rank (0: any free port)."""
+        return self.prometheus_port + self.local_rank if self.prometheus_port else 0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly view (the recording's manifest keeps it)."""
@@ -91,7 +91,7 @@ class Config:
             try:
                 values[key] = _coerce_override(key, value)
             except (TypeError, ValueError) as exc:
-                builder.problem(key, f"init({key}={value!r}) is invalid ({exc}); using {values[key]!r}")
+                builder.problem(key, f"init({key}={value!r}) is invalid ({exc}); using {values.get(key, getattr(cls, key))!r}")
         return cls(**values)
 
 
@@ -184,7 +184,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "metrics_exporters": lambda t: _parse_exporters(t, EXPORTERS_METRICS),
     "otlp_protocol": _parse_protocol,
     "metric_export_interval": lambda t: _ranged(float, 1000, 600_000)(t) / 1000.0,
-    "prometheus_port": _ranged(int, 1, 65535),
+    "prometheus_port": _ranged(int, 0, 65535),
     "span_budget": _ranged(float, 0.0, 1.0),
     "span_first_steps": _ranged(int, 0, 1_000_000),
     "span_every": _ranged(int, 0, 1_000_000_000),
@@ -202,7 +202,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),
     "queue_size": lambda v: _in_range(v, 64, 10_000_000),
     "metric_export_interval": lambda v: _in_range(v, 1.0, 600.0),
-    "prometheus_port": lambda v: _in_range(v, 1, 65535),
+    "prometheus_port": lambda v: _in_range(v, 0, 65535),
     "span_budget": lambda v: _in_range(v, 0.0, 1.0),
     "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
     "max_label_values": lambda v: _in_range(v, 1, 10_000),

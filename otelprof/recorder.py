@@ -76,6 +76,7 @@ class Recorder:
         tracer_provider.add_span_processor(_CollectSpans(self._collected))
         self._tracer = tracer_provider.get_tracer("otelprof")
         self._selector = SpanSelector.from_config(config)
+        self._span_seconds = 0.0  # build + export time of spans not yet settled with the selector
         self._outliers: dict[str, OutlierDetector] = {}
         self._seen: dict[str, int] = {}
         self._phase_label = LabelCap(sc.LABEL_PHASE, config.max_label_values)
@@ -144,10 +145,16 @@ class Recorder:
                 elif kind == hot.PHASE:
                     self._phase(*item[1:])
         if self._collected:
+            began = time.perf_counter()
             spans = self._collected[:]
             self._collected.clear()
             for sink in self._span_sinks:
                 sink(spans)
+            self._span_seconds += time.perf_counter() - began
+            with self.registry.lock:
+                self.span_build_time.add(self._span_seconds)
+            self._selector.settle(self._span_seconds, len(spans))
+            self._span_seconds = 0.0
 
     def _unix_ns(self, perf_ns: int) -> int:
         return perf_ns + self.offset_ns
@@ -257,9 +264,8 @@ class Recorder:
         if error:
             span.set_attribute(sc.ATTR_ERROR, error)
         span.end(end_time=self._unix_ns(end_ns))
-        cost = time.perf_counter() - began
+        self._span_seconds += time.perf_counter() - began
         self.spans_built.add(1, ("annotation",))
-        self.span_build_time.add(cost)
 
     def _build_step_spans(
         self,
@@ -295,11 +301,8 @@ class Recorder:
             child.end(end_time=self._unix_ns(a_end))
             parents.append(child)
         root.end(end_time=self._unix_ns(end_ns))
-        cost = time.perf_counter() - began
-        count = 1 + len(annotations)
-        self._selector.spent(cost, count)
-        self.spans_built.add(count, (reason,))
-        self.span_build_time.add(cost)
+        self._span_seconds += time.perf_counter() - began
+        self.spans_built.add(1 + len(annotations), (reason,))
 
 
 class _CollectSpans:

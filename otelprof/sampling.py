@@ -1,9 +1,9 @@
 """Which steps become spans: first steps, every K-th, profiling windows, outliers, and a cost budget.
 
 Building a span costs tens of microseconds, so only selected steps get them.
-The budget lets span building use at most ``span_budget`` of step time: each
-step earns ``span_budget x duration`` of credit, each traced step spends its
-measured build cost. Forced reasons (first, every, window, outlier) spend too,
+The budget lets span building and encoding use at most ``span_budget`` of step
+time: each step earns ``span_budget x duration`` of credit, each traced step
+spends its measured cost. Forced reasons (first, every, window, outlier) spend too,
 so they pause budget sampling rather than exceed it for long.
 """
 
@@ -65,6 +65,7 @@ class SpanSelector:
     windows: tuple[tuple[int, int], ...]
     cost_per_span: float = 50e-6  # seconds; replaced by a moving average of measured cost
     credit: float = 0.0
+    charged: float = 0.0
 
     @classmethod
     def from_config(cls, config: Config) -> SpanSelector:
@@ -74,22 +75,31 @@ class SpanSelector:
         return any(start <= number < start + count for start, count in self.windows)
 
     def select(self, seen_in_phase: int, number: int, duration: float, outlier: bool, spans: int) -> str | None:
-        """The reason to trace this step, or None. ``spans`` = spans the step would produce."""
-        self.credit = min(self.credit + self.budget * duration, max(4 * spans * self.cost_per_span, 1e-3))
-        if seen_in_phase < self.first_steps:
-            return "first"
-        if outlier:
-            return "outlier"
-        if self.windows and self.in_window(number):
-            return "window"
-        if self.every and number % self.every == 0:
-            return "every"
-        if self.budget > 0 and self.credit >= spans * self.cost_per_span:
-            return "budget"
-        return None
+        """The reason to trace this step, or None. ``spans`` = spans the step would produce.
 
-    def spent(self, seconds: float, spans: int) -> None:
-        """Account for ``spans`` built in ``seconds``."""
-        self.credit -= seconds
+        A selected step is charged its estimated cost at once; :meth:`settle` corrects
+        the estimate with the measured cost later."""
+        estimate = spans * self.cost_per_span
+        self.credit = min(self.credit + self.budget * duration, max(4 * estimate, 1e-3))
+        reason: str | None = None
+        if seen_in_phase < self.first_steps:
+            reason = "first"
+        elif outlier:
+            reason = "outlier"
+        elif self.windows and self.in_window(number):
+            reason = "window"
+        elif self.every and number % self.every == 0:
+            reason = "every"
+        elif self.budget > 0 and self.credit >= estimate:
+            reason = "budget"
+        if reason is not None:
+            self.credit -= estimate
+            self.charged += estimate
+        return reason
+
+    def settle(self, seconds: float, spans: int) -> None:
+        """Replace the estimates charged so far with the measured cost of ``spans`` spans."""
+        self.credit += self.charged - seconds
+        self.charged = 0.0
         if spans:
-            self.cost_per_span += 0.1 * (seconds / spans - self.cost_per_span)
+            self.cost_per_span += 0.2 * (seconds / spans - self.cost_per_span)

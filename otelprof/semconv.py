@@ -186,7 +186,7 @@ SPANS_BUILT = MetricSpec(
     "otelprof.spans", Kind.COUNTER, "{span}", "Spans built, by the reason they were selected.", (LABEL_REASON,))
 SPAN_BUILD_TIME = MetricSpec(
     "otelprof.span.build_time", Kind.COUNTER, "s",
-    "Background-thread time spent building spans (what the span budget limits).")
+    "Background-thread time spent building and exporting spans (what the span budget limits).")
 RECORDING_BYTES = MetricSpec(
     "otelprof.recording.bytes", Kind.COUNTER, "By", "Bytes written to the local run recording.")
 

@@ -1,0 +1,5 @@
+import sys
+
+from otelprof.cli import main
+
+sys.exit(main())

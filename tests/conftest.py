@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import otelprof
+from otelprof import environment_variables as ev
+
+# Variables that would change what a test's init() does.
+_ISOLATE = [v.name for v in ev.ENV_VARS] + [
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "TORCHELASTIC_RUN_ID",
+    "KUBERNETES_SERVICE_HOST", "OTEL_RESOURCE_ATTRIBUTES_POD_NAME", "OTEL_RESOURCE_ATTRIBUTES_NODE_NAME",
+]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in _ISOLATE:
+        monkeypatch.delenv(name, raising=False)
+    yield
+    otelprof.shutdown()
+
+
+@pytest.fixture
+def record_dir(tmp_path: Path) -> Path:
+    return tmp_path / "runs"
