@@ -74,6 +74,23 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from otelprof.generate import generate
+
+    root = Path(args.root)
+    if not (root / "README.md").is_file():
+        print(f"otelprof: {root} has no README.md (run from the repository root or pass --root)", file=sys.stderr)
+        return EXIT_USAGE
+    changed = generate(root)
+    for path in changed:
+        print(f"updated {path}")
+    if not changed:
+        print("generated files are up to date")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otelprof",
@@ -95,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
                              description="List every metric: Prometheus name, kind, unit and meaning.")
     catalog.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
     catalog.set_defaults(func=_cmd_catalog)
+
+    generate = sub.add_parser("generate", help="regenerate the repository's generated files",
+                              description="Rewrite generated files (the README's configuration and metric "
+                                          "tables) from the catalog and the settings module.")
+    generate.add_argument("--root", default=".", help="repository root (default: current directory)")
+    generate.set_defaults(func=_cmd_generate)
 
     demo = sub.add_parser("demo", help="train a small model on synthetic data and record it locally",
                           description="Train a small model (PyTorch if installed) on synthetic data on the CPU "

@@ -1,0 +1,38 @@
+"""Generated artifacts, kept in the repository and checked for staleness by the tests.
+
+Today: the README's configuration and metric tables. ``otelprof generate`` rewrites them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _sections() -> dict[str, Callable[[], str]]:
+    from otelprof.cli import catalog_markdown, env_markdown
+
+    return {"env": env_markdown, "catalog": catalog_markdown}
+
+
+def render_readme(text: str) -> str:
+    """``text`` with every ``<!-- BEGIN name -->...<!-- END name -->`` block regenerated."""
+    for name, render in _sections().items():
+        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.DOTALL)
+        if not pattern.search(text):
+            raise ValueError(f"README has no <!-- BEGIN {name} --> block")
+        text = pattern.sub(lambda m, r=render: m.group(1) + r() + "\n" + m.group(2), text)  # type: ignore[misc]
+    return text
+
+
+def generate(root: Path) -> list[Path]:
+    """Rewrite the generated files under ``root``; return the ones that changed."""
+    changed = []
+    readme = root / "README.md"
+    old = readme.read_text(encoding="utf-8")
+    new = render_readme(old)
+    if new != old:
+        readme.write_text(new, encoding="utf-8")
+        changed.append(readme)
+    return changed

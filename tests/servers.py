@@ -1,0 +1,95 @@
+"""Real Prometheus for tests: Debian's binary on 127.0.0.1, its own port and temp dir.
+
+In CI (``CI`` set) a missing binary is a failure, never a skip: CI installs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is not installed; .ci/run must install it")
+        pytest.skip(f"{name} not installed (Debian package prometheus / prometheus-alertmanager)")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Prometheus:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        return list(body["data"]["result"])
+
+    def wait_for(self, promql: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = self.query(promql)
+            if result:
+                return result
+            time.sleep(0.5)
+        raise AssertionError(f"no result for {promql} within {timeout} s")
+
+
+@contextmanager
+def prometheus(tmp_path: Path, targets: list[str], scrape_interval: str = "1s") -> Iterator[Prometheus]:
+    binary = require_binary("prometheus")
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(json.dumps({
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": [{"job_name": "training", "static_configs": [{"targets": targets}]}],
+    }))
+    log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115
+    process = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/-/ready", timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("prometheus did not start:\n" + (tmp_path / "prometheus.log").read_text())
+            time.sleep(0.2)
+        yield Prometheus(url)
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()

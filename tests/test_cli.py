@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from otelprof import environment_variables as ev
+from otelprof.cli import main
+
+
+def test_help_lists_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("env", "catalog", "demo", "generate"):
+        assert command in out
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "usage" in capsys.readouterr().out
+
+
+def test_env_prints_every_variable_with_current_value(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ev.OTELPROF_SPAN_BUDGET, "0.02")
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    for var in ev.ENV_VARS:
+        assert var.name in out
+    assert "= 0.02" in out
+
+
+def test_invalid_configuration_exits_2_with_a_clear_message(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ev.OTEL_EXPORTER_OTLP_PROTOCOL, "carrier-pigeon")
+    assert main(["env"]) == 2
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL" in capsys.readouterr().err
+
+
+def test_bad_arguments_exit_2() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--duration", "-1"])
+    assert exit_info.value.code == 2
+
+
+def test_demo_records_a_run_and_prints_where(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "otelprof", "demo", "--duration", "3", "--record-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    [run_dir] = list(tmp_path.iterdir())
+    assert str(run_dir) in result.stdout
+    assert "train:" in result.stdout
+    from otelprof.recording.reader import read_recording
+
+    rank = read_recording(run_dir).ranks[0]
+    assert len(rank.steps) > 10
+    assert {"data", "forward", "backward", "optimizer"} <= {a.name for a in rank.steps[0].annotations}
+    assert {a.name for a in rank.annotations} >= {"initialization", "checkpoint"}
+    assert rank.manifest["status"] == "finished"
