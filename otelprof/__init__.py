@@ -10,8 +10,8 @@
 """
 
 from otelprof._version import __version__
-from otelprof.hotpath import annotate, annotation_begin, annotation_end, phase, record, step
 from otelprof.config import Config, ConfigError
+from otelprof.hotpath import annotate, annotation_begin, annotation_end, phase, record, step
 from otelprof.session import Session, get_session, init, shutdown
 
 __all__ = [

@@ -91,7 +91,8 @@ class Config:
             try:
                 values[key] = _coerce_override(key, value)
             except (TypeError, ValueError) as exc:
-                builder.problem(key, f"init({key}={value!r}) is invalid ({exc}); using {values.get(key, getattr(cls, key))!r}")
+                fallback = values.get(key, getattr(cls, key))
+                builder.problem(key, f"init({key}={value!r}) is invalid ({exc}); using {fallback!r}")
         return cls(**values)
 
 

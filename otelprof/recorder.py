@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
@@ -305,26 +305,14 @@ class Recorder:
         self.spans_built.add(1 + len(annotations), (reason,))
 
 
-class _CollectSpans:
+class _CollectSpans(SpanProcessor):
     """SpanProcessor that hands ended spans to the recorder, which forwards them to the sinks."""
 
     def __init__(self, into: list[ReadableSpan]) -> None:
         self._into = into
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        return None
-
-    def _on_ending(self, span: Any) -> None:
-        return None
-
     def on_end(self, span: ReadableSpan) -> None:
         self._into.append(span)
-
-    def shutdown(self) -> None:
-        return None
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
 
 
 def _to_float(name: str, raw: Any) -> float | None:

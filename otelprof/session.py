@@ -7,6 +7,7 @@ Owns the background thread, the lifecycle times, and the process hooks
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -302,7 +303,5 @@ def _install_sigterm(session: Session) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 
-    try:
+    with contextlib.suppress(ValueError, OSError):
         signal.signal(signal.SIGTERM, on_sigterm)
-    except (ValueError, OSError):
-        pass

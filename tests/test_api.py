@@ -265,5 +265,5 @@ def test_reader_rejects_unknown_schema_and_non_recordings(tmp_path: Path) -> Non
     rank_dir = tmp_path / "run" / "rank-0"
     rank_dir.mkdir(parents=True)
     (rank_dir / schema.MANIFEST).write_text(json.dumps({"schema_version": "2.0"}))
-    with pytest.raises(RecordingError, match="schema 2.0"):
+    with pytest.raises(RecordingError, match=r"schema 2\.0"):
         read_recording(tmp_path / "run")

@@ -17,6 +17,8 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+)
+from prometheus_client.core import (
     Metric as PromMetric,
 )
 from prometheus_client.registry import Collector
@@ -55,7 +57,8 @@ def translate(metric: Metric) -> PromMetric | None:
                 cumulative += count
                 buckets.append((_format(bound), cumulative))
             family.add_metric(_values(point.attributes), buckets, point.sum)
-        return family
+        histogram: PromMetric = family
+        return histogram
     if isinstance(data, Sum) and data.is_monotonic:
         family = CounterMetricFamily(prometheus_name(metric.name, unit, Kind.COUNTER), doc, labels=keys)
     elif isinstance(data, (Gauge, Sum)):
@@ -64,7 +67,8 @@ def translate(metric: Metric) -> PromMetric | None:
         return None
     for point in points:
         family.add_metric(_values(point.attributes), point.value)
-    return family
+    number: PromMetric = family
+    return number
 
 
 def _values(attributes: Mapping[str, Any] | None) -> list[str]:

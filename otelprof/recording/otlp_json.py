@@ -58,9 +58,11 @@ def parse_traces(line: str) -> ExportTraceServiceRequest:
     """Parse a spans.jsonl line back into the OTLP protobuf message."""
     data = json.loads(line)
     _walk_ids(data, _hex_to_b64)
-    return json_format.ParseDict(data, ExportTraceServiceRequest())
+    request: ExportTraceServiceRequest = json_format.ParseDict(data, ExportTraceServiceRequest())
+    return request
 
 
 def parse_metrics(line: str) -> ExportMetricsServiceRequest:
     """Parse a metrics.jsonl line back into the OTLP protobuf message."""
-    return json_format.ParseDict(json.loads(line), ExportMetricsServiceRequest())
+    request: ExportMetricsServiceRequest = json_format.ParseDict(json.loads(line), ExportMetricsServiceRequest())
+    return request

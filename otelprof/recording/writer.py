@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -100,9 +101,7 @@ class RecordingWriter:
         self.flush()
         with self._lock:
             for handle in self._files.values():
-                try:
+                with contextlib.suppress(OSError):
                     handle.close()
-                except OSError:
-                    pass
             self._files.clear()
             self._ok = False
