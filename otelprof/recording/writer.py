@@ -33,7 +33,7 @@ class RecordingWriter:
         self._on_written = on_written
         self._buffers: dict[str, list[str]] = {schema.STEPS: [], schema.SPANS: [], schema.METRICS: []}
         self._files: dict[str, IO[str]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a SIGTERM flush may interrupt a flush
         self._ok = self._open()
 
     def _open(self) -> bool:

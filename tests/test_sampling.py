@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from otelprof.sampling import OutlierDetector, SpanSelector
+
+
+def test_outlier_threshold_is_mean_plus_sigma_population_stddev() -> None:
+    detector = OutlierDetector(sigma=3.0, min_steps=5)
+    durations = [0.10, 0.11, 0.09, 0.10, 0.12, 0.08]
+    for d in durations:
+        assert detector.observe(d) is False
+    expected = statistics.fmean(durations) + 3 * statistics.pstdev(durations)
+    assert detector.threshold() == pytest.approx(expected)
+    assert detector.observe(expected * 0.99) is False
+    assert detector.observe(1.0) is True
+
+
+def test_outliers_need_min_steps_and_sigma_zero_disables() -> None:
+    detector = OutlierDetector(sigma=3.0, min_steps=20)
+    assert not any(detector.observe(d) for d in [0.1] * 19 + [5.0])
+    off = OutlierDetector(sigma=0.0, min_steps=2)
+    assert not any(off.observe(d) for d in [0.1] * 50 + [5.0])
+
+
+def test_running_sums_stay_exact_over_a_long_window() -> None:
+    detector = OutlierDetector(sigma=3.0, min_steps=5, window=16)
+    for i in range(10_000):
+        detector.observe(0.1 + (i % 7) * 1e-3)
+    window = list(detector.window)
+    expected = statistics.fmean(window) + 3 * statistics.pstdev(window)
+    assert detector.threshold() == pytest.approx(expected, rel=1e-9)
+
+
+def test_budget_spends_at_most_its_share_of_step_time() -> None:
+    selector = SpanSelector(budget=0.01, first_steps=0, every=0, windows=())
+    step, cost_per_span, spans = 0.010, 50e-6, 5
+    traced = 0
+    for number in range(10_000):
+        if selector.select(number, number, step, outlier=False, spans=spans) is not None:
+            traced += 1
+            selector.settle(cost_per_span * spans, spans)
+    spent = traced * cost_per_span * spans
+    assert spent <= 0.01 * 10_000 * step * 1.05
+    assert spent >= 0.01 * 10_000 * step * 0.5  # and it does use the budget
+
+
+def test_forced_reasons_win_over_budget() -> None:
+    selector = SpanSelector(budget=0.0, first_steps=2, every=5, windows=((7, 2),))
+    reasons = [selector.select(n, n, 0.1, outlier=(n == 11), spans=1) for n in range(13)]
+    assert reasons == ["first", "first", None, None, None, "every", None, "window", "window", None,
+                       "every", "outlier", None]
