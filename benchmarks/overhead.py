@@ -87,7 +87,8 @@ class SmallCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc(x.flatten(1))
+        logits: torch.Tensor = self.fc(x.flatten(1))
+        return logits
 
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -121,7 +122,7 @@ class Workload:
             for i in range(steps):
                 x, y = batches[i % count]
                 loss = loss_fn(model(x), y)
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             return perf_counter_ns() - start
@@ -133,7 +134,7 @@ class Workload:
                 with otelprof.annotate("forward"):
                     loss = loss_fn(model(x), y)
                 with otelprof.annotate("backward"):
-                    loss.backward()
+                    loss.backward()  # type: ignore[no-untyped-call]
                 with otelprof.annotate("optimizer"):
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
@@ -438,8 +439,8 @@ def micro_benchmarks(rounds: int, calls: int, tmp: Path) -> dict[str, dict[str, 
 def recorder_cost(rounds: int, steps: int, tmp: Path) -> dict[str, dict[str, float]]:
     """The background work per step, measured by draining on this thread after ``steps`` empty-body steps.
 
-    ``span build`` is what the recorder charges to ``span_budget`` (its span_build_time counter);
-    the rest is aggregation, steps.jsonl lines, and encoding spans to OTLP-JSON for spans.jsonl."""
+    Split into the recorder's own ``otelprof.span.build_time`` counter (span work, what it charges to
+    ``span_budget``) and the rest (aggregation into metrics, steps.jsonl lines)."""
     results: dict[str, dict[str, float]] = {}
     for label, settings in ((OTEL, {}), (OTEL_SPANS, {"span_every": 1})):
         session = start_session(tmp, f"recorder-{len(results)}", **{"flush_interval": 10.0, **settings})
@@ -470,12 +471,13 @@ def progress(message: str) -> None:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
-    lines = ["  " + "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
-    lines.append("  " + "  ".join("-" * w for w in widths))
-    for row in rows:
-        lines.append("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-    return "\n".join(lines)
+    """Plain-text table: first column left-aligned, the others right-aligned."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
+
+    def line(cells: list[str]) -> str:
+        return "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)])
 
 
 def verdict(value: float, target: float) -> str:
@@ -537,7 +539,7 @@ def print_micro(micro: dict[str, dict[str, float]], recorder: dict[str, dict[str
           f"drains of {first['steps']:g} steps)")
     rows = [[name, f"{r['us_per_step']:.1f}", f"{r['span_build_us_per_step']:.1f}",
              f"{r['us_per_step'] - r['span_build_us_per_step']:.1f}"] for name, r in recorder.items()]
-    print(table(["settings", "us/step", "span build (charged to budget)", "rest"], rows))
+    print(table(["settings", "us/step", "otelprof.span.build_time (span_budget)", "rest"], rows))
 
 
 def targets(tiny: dict[str, Any], cnn: dict[str, Any], micro: dict[str, dict[str, float]],

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from otelprof import environment_variables as ev
+from otelprof import thresholds
 from otelprof._log import warn_once
 
 EXPORTERS_TRACES = ("otlp", "console", "none")
@@ -52,6 +53,13 @@ class Config:
     outlier_min_steps: int = 20
     max_label_values: int = 64
     handle_sigterm: bool = True
+    system_metrics: bool = True
+    sample_interval: float = 0.5
+    node_sampler_local_rank: int = 0
+    gpu_metrics: bool = True
+    cpu_high_threshold: float = thresholds.CPU_HIGH
+    gpu_low_threshold: float = thresholds.GPU_LOW
+    iowait_high_threshold: float = thresholds.IOWAIT_HIGH
     pod_name: str = ""
     pod_namespace: str = ""
     node_name: str = ""
@@ -59,6 +67,11 @@ class Config:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+
+    @property
+    def samples_node(self) -> bool:
+        """Whether this process samples the node-wide series (host, container, GPUs)."""
+        return self.node_sampler_local_rank in (-1, self.local_rank)
 
     @property
     def prometheus_rank_port(self) -> int:
@@ -193,6 +206,13 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "outlier_sigma": _ranged(float, 0.0, 100.0),
     "outlier_min_steps": _ranged(int, 2, 1_000_000),
     "max_label_values": _ranged(int, 1, 10_000),
+    "system_metrics": _parse_bool,
+    "gpu_metrics": _parse_bool,
+    "sample_interval": lambda t: _ranged(float, 100, 60_000)(t) / 1000.0,
+    "node_sampler_local_rank": _ranged(int, -1, 65535),
+    "cpu_high_threshold": _ranged(float, 0.0, 1.0),
+    "gpu_low_threshold": _ranged(float, 0.0, 1.0),
+    "iowait_high_threshold": _ranged(float, 0.0, 1.0),
     "rank": _ranged(int, 0, 1_000_000),
     "local_rank": _ranged(int, 0, 65535),
     "world_size": _ranged(int, 1, 1_000_000),
@@ -207,6 +227,10 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "span_budget": lambda v: _in_range(v, 0.0, 1.0),
     "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
     "max_label_values": lambda v: _in_range(v, 1, 10_000),
+    "sample_interval": lambda v: _in_range(v, 0.1, 60.0),
+    "cpu_high_threshold": lambda v: _in_range(v, 0.0, 1.0),
+    "gpu_low_threshold": lambda v: _in_range(v, 0.0, 1.0),
+    "iowait_high_threshold": lambda v: _in_range(v, 0.0, 1.0),
 }
 
 

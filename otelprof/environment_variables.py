@@ -49,6 +49,13 @@ OTELPROF_OUTLIER_SIGMA = "OTELPROF_OUTLIER_SIGMA"
 OTELPROF_OUTLIER_MIN_STEPS = "OTELPROF_OUTLIER_MIN_STEPS"
 OTELPROF_MAX_LABEL_VALUES = "OTELPROF_MAX_LABEL_VALUES"
 OTELPROF_HANDLE_SIGTERM = "OTELPROF_HANDLE_SIGTERM"
+OTELPROF_SYSTEM_METRICS = "OTELPROF_SYSTEM_METRICS"
+OTELPROF_SAMPLE_INTERVAL_MS = "OTELPROF_SAMPLE_INTERVAL_MS"
+OTELPROF_NODE_SAMPLER_LOCAL_RANK = "OTELPROF_NODE_SAMPLER_LOCAL_RANK"
+OTELPROF_GPU_METRICS = "OTELPROF_GPU_METRICS"
+OTELPROF_CPU_HIGH_THRESHOLD = "OTELPROF_CPU_HIGH_THRESHOLD"
+OTELPROF_GPU_LOW_THRESHOLD = "OTELPROF_GPU_LOW_THRESHOLD"
+OTELPROF_IOWAIT_HIGH_THRESHOLD = "OTELPROF_IOWAIT_HIGH_THRESHOLD"
 OTELPROF_POD_NAME = "OTELPROF_POD_NAME"
 OTELPROF_POD_NAMESPACE = "OTELPROF_POD_NAMESPACE"
 OTELPROF_NODE_NAME = "OTELPROF_NODE_NAME"
@@ -122,6 +129,22 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Distinct phase / annotation names kept as metric labels; further names are counted as `other`."),
     EnvVar(OTELPROF_HANDLE_SIGTERM, "handle_sigterm", "true",
            "Flush the recording on SIGTERM (pod deletion), then let the signal take its usual course."),
+    EnvVar(OTELPROF_SYSTEM_METRICS, "system_metrics", "true",
+           "Sample host, container, process and GPU telemetry on a background thread."),
+    EnvVar(OTELPROF_SAMPLE_INTERVAL_MS, "sample_interval", "500",
+           "Milliseconds between telemetry samples, 100-60000 (out of range: a warning and the default)."),
+    EnvVar(OTELPROF_NODE_SAMPLER_LOCAL_RANK, "node_sampler_local_rank", "0",
+           "The local rank that samples node-wide series (host, container, GPUs), so a multi-rank pod does "
+           "not count them twice; -1 = every rank. Every rank samples its own process."),
+    EnvVar(OTELPROF_GPU_METRICS, "gpu_metrics", "true",
+           "Read GPUs through NVML (nvidia-ml-py) when available. Honours `CUDA_VISIBLE_DEVICES` and "
+           "`NVIDIA_VISIBLE_DEVICES`."),
+    EnvVar(OTELPROF_CPU_HIGH_THRESHOLD, "cpu_high_threshold", "0.9",
+           "A CPU busier than this ratio counts as high in the CPU-bottleneck coincidence counter."),
+    EnvVar(OTELPROF_GPU_LOW_THRESHOLD, "gpu_low_threshold", "0.1",
+           "A GPU below this utilization ratio counts as low in the coincidence counters."),
+    EnvVar(OTELPROF_IOWAIT_HIGH_THRESHOLD, "iowait_high_threshold", "0.5",
+           "A CPU with more iowait than this ratio counts as waiting in the I/O-bottleneck counter."),
     EnvVar(OTELPROF_POD_NAME, "pod_name", "(HOSTNAME in Kubernetes)",
            "`k8s.pod.name`; set from the downward API `metadata.name`."),
     EnvVar(OTELPROF_POD_NAMESPACE, "pod_namespace", "(service-account namespace file)",

@@ -52,6 +52,10 @@ class Counter(_Instrument):
     def add(self, amount: float, labels: LabelValues = ()) -> None:
         self.values[labels] = self.values.get(labels, 0) + amount
 
+    def set_total(self, total: float, labels: LabelValues = ()) -> None:
+        """Mirror a cumulative count kept elsewhere (the kernel's, NVML's)."""
+        self.values[labels] = total
+
     def data(self, base: Mapping[str, str], start_ns: int, now_ns: int) -> Metric | None:
         if not self.values:
             return None
@@ -72,6 +76,10 @@ class GaugeInstrument(_Instrument):
 
     def set(self, value: float, labels: LabelValues = ()) -> None:
         self.values[labels] = value
+
+    def remove(self, labels: LabelValues = ()) -> None:
+        """Make the series absent (its source stopped answering): missing must never look healthy."""
+        self.values.pop(labels, None)
 
     def data(self, base: Mapping[str, str], start_ns: int, now_ns: int) -> Metric | None:
         if not self.values:

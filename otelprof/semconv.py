@@ -35,6 +35,15 @@ LABEL_ANNOTATION = "annotation"
 LABEL_SCALAR = "scalar"
 LABEL_EXPORTER = "exporter"
 LABEL_REASON = "reason"
+LABEL_GPU = "gpu"
+LABEL_HW_ID = "hw.id"
+LABEL_CPU = "cpu.logical_number"
+LABEL_CPU_MODE = "cpu.mode"
+LABEL_DISK_DIRECTION = "disk.io.direction"
+LABEL_NETWORK_DIRECTION = "network.io.direction"
+LABEL_ERROR_TYPE = "error.type"
+LABEL_SOURCE = "source"
+GPU_LABELS: tuple[str, ...] = (LABEL_GPU, LABEL_HW_ID)
 
 OTHER_LABEL_VALUE = "other"
 """Value of ``phase``/``annotation`` once ``OTELPROF_MAX_LABEL_VALUES`` names are in use."""
@@ -109,7 +118,16 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(LABEL_ANNOTATION, "metric", "Annotated region name; bounded by `OTELPROF_MAX_LABEL_VALUES`."),
     AttributeSpec(LABEL_SCALAR, "metric", "Which recorded scalar (loss, grad_norm)."),
     AttributeSpec(LABEL_EXPORTER, "metric", "queue, otlp_traces, otlp_metrics, recording."),
-    AttributeSpec(LABEL_REASON, "metric", "Why a span was built (see `otelprof.span.reason`)."),
+    AttributeSpec(LABEL_REASON, "metric", "Why a span was built; on otelprof.sampler.errors the error; "
+                  "on otelprof.gpu.throttle the clock-event reason."),
+    AttributeSpec(LABEL_GPU, "metric", "GPU index as NVML numbers them in the container."),
+    AttributeSpec(LABEL_HW_ID, "metric", "GPU UUID (OTel hw.id)."),
+    AttributeSpec(LABEL_CPU, "metric", "Logical CPU number (0-based)."),
+    AttributeSpec(LABEL_CPU_MODE, "metric", "user, nice, system, idle, iowait, interrupt, steal."),
+    AttributeSpec(LABEL_DISK_DIRECTION, "metric", "read or write."),
+    AttributeSpec(LABEL_NETWORK_DIRECTION, "metric", "receive or transmit."),
+    AttributeSpec(LABEL_ERROR_TYPE, "metric", "corrected or uncorrected (GPU ECC errors)."),
+    AttributeSpec(LABEL_SOURCE, "metric", "Telemetry source of a sampler error: psutil, cgroup, nvml."),
 )
 
 # ---------------------------------------------------------------- metrics
@@ -119,6 +137,9 @@ DURATION_BUCKETS: tuple[float, ...] = (
     0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )
 """Explicit buckets in seconds, 100 us to 10 min (the SDK's defaults assume milliseconds)."""
+
+RATIO_BUCKETS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
+"""Utilization buckets 0.05 ... 1.0: exact at every threshold the rules use (0.1, 0.5, 0.7, 0.9)."""
 
 
 @dataclass(frozen=True)
@@ -190,10 +211,127 @@ SPAN_BUILD_TIME = MetricSpec(
 RECORDING_BYTES = MetricSpec(
     "otelprof.recording.bytes", Kind.COUNTER, "By", "Bytes written to the local run recording.")
 
+# ---- system telemetry, sampled every OTELPROF_SAMPLE_INTERVAL_MS. Node-wide series (host, container,
+# GPUs, coincidences) come from one process per node; process series from every rank.
+CPU_MODES: tuple[str, ...] = ("user", "nice", "system", "idle", "iowait", "interrupt", "steal")
+
+SYSTEM_CPU_UTILIZATION = MetricSpec(
+    "system.cpu.utilization", Kind.GAUGE, "1", "Share of the last sample interval each logical CPU spent "
+    "in each mode.", (LABEL_CPU, LABEL_CPU_MODE))
+NODE_CPU_UTILIZATION = MetricSpec(
+    "otelprof.node.cpu.utilization", Kind.HISTOGRAM, "1",
+    "Per sample: busy share averaged over all logical CPUs (not idle, not iowait).", (), RATIO_BUCKETS)
+CPU_AVAILABLE = MetricSpec(
+    "otelprof.cpu.available", Kind.GAUGE, "{cpu}",
+    "CPUs this container may use: the cgroup quota if set, else the CPUs in the affinity mask.")
+SYSTEM_MEMORY_USAGE = MetricSpec("system.memory.usage", Kind.GAUGE, "By", "Host memory in use.")
+SYSTEM_MEMORY_LIMIT = MetricSpec("system.memory.limit", Kind.GAUGE, "By", "Host memory in total.")
+SYSTEM_MEMORY_UTILIZATION = MetricSpec("system.memory.utilization", Kind.GAUGE, "1", "Host memory in use, ratio.")
+SYSTEM_DISK_IO = MetricSpec(
+    "system.disk.io", Kind.COUNTER, "By", "Bytes read from and written to all disks.", (LABEL_DISK_DIRECTION,))
+SYSTEM_DISK_OPERATIONS = MetricSpec(
+    "system.disk.operations", Kind.COUNTER, "{operation}", "Disk reads and writes.", (LABEL_DISK_DIRECTION,))
+SYSTEM_NETWORK_IO = MetricSpec(
+    "system.network.io", Kind.COUNTER, "By", "Bytes received and transmitted on all interfaces but loopback.",
+    (LABEL_NETWORK_DIRECTION,))
+CONTAINER_CPU_LIMIT = MetricSpec(
+    "otelprof.container.cpu.limit", Kind.GAUGE, "{cpu}", "The container's CPU quota in cores (absent: no quota).")
+CONTAINER_CPU_TIME = MetricSpec("container.cpu.time", Kind.COUNTER, "s", "CPU time used by the container (cgroup).")
+CONTAINER_CPU_PERIODS = MetricSpec(
+    "otelprof.container.cpu.periods", Kind.COUNTER, "{period}", "CFS enforcement periods elapsed (cgroup).")
+CONTAINER_CPU_THROTTLED_PERIODS = MetricSpec(
+    "otelprof.container.cpu.throttled_periods", Kind.COUNTER, "{period}",
+    "CFS periods in which the container was throttled: its CPU limit was hit.")
+CONTAINER_CPU_THROTTLED_TIME = MetricSpec(
+    "otelprof.container.cpu.throttled_time", Kind.COUNTER, "s", "Time the container spent throttled.")
+CONTAINER_MEMORY_LIMIT = MetricSpec(
+    "otelprof.container.memory.limit", Kind.GAUGE, "By", "The container's memory limit (absent: no limit).")
+CONTAINER_MEMORY_USAGE = MetricSpec("container.memory.usage", Kind.GAUGE, "By", "Memory charged to the container.")
+PROCESS_CPU_TIME = MetricSpec(
+    "process.cpu.time", Kind.COUNTER, "s", "CPU time of this training process.", (LABEL_CPU_MODE,))
+PROCESS_CPU_UTILIZATION = MetricSpec(
+    "process.cpu.utilization", Kind.GAUGE, "1",
+    "CPU used by this process over the last interval, divided by the CPUs available to the container.")
+PROCESS_MEMORY_USAGE = MetricSpec("process.memory.usage", Kind.GAUGE, "By", "Resident memory of this process.")
+PROCESS_THREAD_COUNT = MetricSpec("process.thread.count", Kind.GAUGE, "{thread}", "Threads of this process.")
+PROCESS_GPU_MEMORY = MetricSpec(
+    "otelprof.process.gpu.memory", Kind.GAUGE, "By", "GPU memory used by this process, per GPU (NVML).",
+    GPU_LABELS)
+GPU_UTILIZATION = MetricSpec(
+    "hw.gpu.utilization", Kind.GAUGE, "1", "Share of the last sample period a kernel ran on the GPU (NVML).",
+    GPU_LABELS)
+GPU_MEMORY_COPY_UTILIZATION = MetricSpec(
+    "otelprof.gpu.memory_copy.utilization", Kind.GAUGE, "1", "Share of time GPU memory was read or written.",
+    GPU_LABELS)
+GPU_MEMORY_USAGE = MetricSpec("hw.gpu.memory.usage", Kind.GAUGE, "By", "GPU memory in use.", GPU_LABELS)
+GPU_MEMORY_LIMIT = MetricSpec("hw.gpu.memory.limit", Kind.GAUGE, "By", "GPU memory in total.", GPU_LABELS)
+GPU_MEMORY_UTILIZATION = MetricSpec(
+    "hw.gpu.memory.utilization", Kind.GAUGE, "1", "GPU memory in use, ratio of total.", GPU_LABELS)
+GPU_POWER = MetricSpec("otelprof.gpu.power", Kind.GAUGE, "W", "GPU power draw.", GPU_LABELS)
+GPU_POWER_LIMIT = MetricSpec("otelprof.gpu.power.limit", Kind.GAUGE, "W", "GPU enforced power limit.", GPU_LABELS)
+GPU_TEMPERATURE = MetricSpec("otelprof.gpu.temperature", Kind.GAUGE, "Cel", "GPU core temperature.", GPU_LABELS)
+GPU_SM_CLOCK = MetricSpec("otelprof.gpu.sm.clock", Kind.GAUGE, "Hz", "GPU SM clock.", GPU_LABELS)
+GPU_PCIE_THROUGHPUT = MetricSpec(
+    "otelprof.gpu.pcie.throughput", Kind.GAUGE, "By/s", "PCIe traffic of the GPU.",
+    (*GPU_LABELS, LABEL_NETWORK_DIRECTION))
+GPU_THROTTLE = MetricSpec(
+    "otelprof.gpu.throttle", Kind.GAUGE, "", "1 while the GPU's clocks are held down for the reason, else 0.",
+    (*GPU_LABELS, LABEL_REASON))
+GPU_ERRORS = MetricSpec(
+    "hw.errors", Kind.COUNTER, "{error}", "GPU ECC memory errors since the driver loaded (volatile).",
+    (*GPU_LABELS, LABEL_ERROR_TYPE))
+GPU_SM_ACTIVE = MetricSpec(
+    "otelprof.gpu.sm.active", Kind.GAUGE, "1", "Share of SMs busy (NVML GPM, Hopper and newer).", GPU_LABELS)
+GPU_SM_OCCUPANCY = MetricSpec(
+    "otelprof.gpu.sm.occupancy", Kind.GAUGE, "1", "Warp occupancy of the SMs (NVML GPM).", GPU_LABELS)
+GPU_TENSOR_ACTIVE = MetricSpec(
+    "otelprof.gpu.tensor.active", Kind.GAUGE, "1", "Share of time tensor cores were busy (NVML GPM).", GPU_LABELS)
+GPU_UTILIZATION_DISTRIBUTION = MetricSpec(
+    "otelprof.gpu.utilization", Kind.HISTOGRAM, "1", "Per sample: GPU utilization (distribution between scrapes).",
+    GPU_LABELS, RATIO_BUCKETS)
+GPU_MEMORY_UTILIZATION_DISTRIBUTION = MetricSpec(
+    "otelprof.gpu.memory.utilization", Kind.HISTOGRAM, "1", "Per sample: GPU memory in use, ratio.",
+    GPU_LABELS, RATIO_BUCKETS)
+SAMPLER_SAMPLES = MetricSpec(
+    "otelprof.sampler.samples", Kind.COUNTER, "{sample}", "Node samples taken (denominator of the coincidence "
+    "counters).")
+SAMPLER_HIGH_CPU = MetricSpec(
+    "otelprof.sampler.high_cpu", Kind.COUNTER, "{sample}", "Samples where some CPU was busier than the CPU "
+    "threshold.")
+SAMPLER_LOW_GPU = MetricSpec(
+    "otelprof.sampler.low_gpu", Kind.COUNTER, "{sample}", "Samples where some GPU was below the GPU threshold.")
+SAMPLER_CPU_BOTTLENECK = MetricSpec(
+    "otelprof.sampler.cpu_bottleneck", Kind.COUNTER, "{sample}",
+    "Samples where some CPU was above the CPU threshold while some GPU was below the GPU threshold.")
+SAMPLER_IO_BOTTLENECK = MetricSpec(
+    "otelprof.sampler.io_bottleneck", Kind.COUNTER, "{sample}",
+    "Samples where some CPU's iowait was above the I/O threshold while some GPU was below the GPU threshold.")
+SAMPLER_ERRORS = MetricSpec(
+    "otelprof.sampler.errors", Kind.COUNTER, "{error}", "Failed telemetry reads, by source and reason.",
+    (LABEL_SOURCE, LABEL_REASON))
+SAMPLER_OVERRUNS = MetricSpec(
+    "otelprof.sampler.overruns", Kind.COUNTER, "{sample}", "Sample ticks skipped because a sample overran its "
+    "interval.")
+SAMPLER_TIME = MetricSpec(
+    "otelprof.sampler.time", Kind.COUNTER, "s", "Time spent taking samples; its rate is the sampler's CPU share.")
+
+SYSTEM_METRICS: tuple[MetricSpec, ...] = (
+    SYSTEM_CPU_UTILIZATION, NODE_CPU_UTILIZATION, CPU_AVAILABLE, SYSTEM_MEMORY_USAGE, SYSTEM_MEMORY_LIMIT,
+    SYSTEM_MEMORY_UTILIZATION, SYSTEM_DISK_IO, SYSTEM_DISK_OPERATIONS, SYSTEM_NETWORK_IO, CONTAINER_CPU_LIMIT,
+    CONTAINER_CPU_TIME, CONTAINER_CPU_PERIODS, CONTAINER_CPU_THROTTLED_PERIODS, CONTAINER_CPU_THROTTLED_TIME,
+    CONTAINER_MEMORY_LIMIT, CONTAINER_MEMORY_USAGE, PROCESS_CPU_TIME, PROCESS_CPU_UTILIZATION,
+    PROCESS_MEMORY_USAGE, PROCESS_THREAD_COUNT, PROCESS_GPU_MEMORY, GPU_UTILIZATION, GPU_MEMORY_COPY_UTILIZATION,
+    GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT, GPU_MEMORY_UTILIZATION, GPU_POWER, GPU_POWER_LIMIT, GPU_TEMPERATURE,
+    GPU_SM_CLOCK, GPU_PCIE_THROUGHPUT, GPU_THROTTLE, GPU_ERRORS, GPU_SM_ACTIVE, GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVE,
+    GPU_UTILIZATION_DISTRIBUTION, GPU_MEMORY_UTILIZATION_DISTRIBUTION, SAMPLER_SAMPLES, SAMPLER_HIGH_CPU,
+    SAMPLER_LOW_GPU, SAMPLER_CPU_BOTTLENECK, SAMPLER_IO_BOTTLENECK, SAMPLER_ERRORS, SAMPLER_OVERRUNS, SAMPLER_TIME,
+)
+
 METRICS: tuple[MetricSpec, ...] = (
     STEP_DURATION, STEPS, STEP_OUTLIERS, STEP_LAST_TIMESTAMP, STEP_FIRST_TIMESTAMP, STEP_NUMBER,
     PROCESS_START_TIME, PHASE_ACTIVE, ANNOTATION_DURATION, SAMPLES, TOKENS, LOSS, LEARNING_RATE,
     GRAD_NORM, NONFINITE, EXPORTER_DROPPED, SPANS_BUILT, SPAN_BUILD_TIME, RECORDING_BYTES,
+    *SYSTEM_METRICS,
 )
 
 # record(name, value): names with a metric of their own. Other names go to spans and the recording only.

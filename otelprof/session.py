@@ -25,6 +25,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otelprof import hotpath as hot
 from otelprof._log import logger, reset_warnings, warn_once
 from otelprof._version import __version__
+from otelprof.collectors.sampler import Sampler
 from otelprof.config import Config
 from otelprof.export import otlp
 from otelprof.export.prometheus import PrometheusEndpoint
@@ -97,6 +98,10 @@ class Session:
             self.prometheus = PrometheusEndpoint(self.registry, dict(self.resource.attributes))
             if not self.prometheus.start(config.prometheus_host, config.prometheus_rank_port):
                 self.prometheus = None
+        self.sampler: Sampler | None = None
+        if config.system_metrics:
+            self.sampler = Sampler(config, self.registry, self.writer)
+            self.sampler.start()
         self._thread = threading.Thread(target=self._run, name="otelprof-recorder", daemon=True)
         self._thread.start()
         hot._activate(self.recorder)
@@ -114,7 +119,8 @@ class Session:
             "resource": {k: v for k, v in self.resource.attributes.items()},
             "config": self.config.as_dict(),
             "lifecycle": dict(self.lifecycle),
-            "files": {"steps": schema.STEPS, "spans": schema.SPANS, "metrics": schema.METRICS},
+            "files": {"steps": schema.STEPS, "spans": schema.SPANS, "metrics": schema.METRICS,
+                      "samples": schema.SAMPLES},
         }
 
     def _record_spans(self, spans: Any) -> None:
@@ -190,6 +196,8 @@ class Session:
             hot._activate(None) if hot._active is self.recorder else None
             self._stop.set()
             self._thread.join(max(min(1.0, deadline - time.monotonic()), 0.0))
+            if self.sampler is not None:
+                self.sampler.stop(max(min(1.0, deadline - time.monotonic()), 0.0))
             self.lifecycle["shutdown"] = time.time()
             self._export_metrics()  # drains first, so the snapshot includes the last steps
             if self.writer is not None:

@@ -20,7 +20,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 import otelprof
 from otelprof import semconv as sc
 from otelprof.recording.reader import read_recording
-from otlp_receiver import OTLPReceiver, ReceivedMetric, attributes
+from tests.otlp_receiver import OTLPReceiver, ReceivedMetric, attributes
 
 PROTOCOLS = ["grpc", "http/protobuf"]
 RUN_ID = "otlp-test-run"

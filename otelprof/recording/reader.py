@@ -102,6 +102,17 @@ class RankRecording:
                             {a.key: _any_value(a.value) for a in span.attributes},
                         )
 
+    def samples(self) -> Iterator[dict[str, Any]]:
+        """Raw telemetry samples of samples.jsonl (format in :mod:`otelprof.recording.schema`)."""
+        for line in _lines(self.path / schema.SAMPLES):
+            try:
+                sample = json.loads(line)
+                int(sample["t"])
+            except (ValueError, KeyError, TypeError):
+                self.skipped_lines += 1
+                continue
+            yield sample
+
     def metric_snapshots(self) -> Iterator[Any]:
         """ExportMetricsServiceRequest messages of metrics.jsonl, oldest first."""
         for line in _lines(self.path / schema.METRICS):

@@ -7,6 +7,7 @@
         steps.jsonl     one compact timing record per step (exact percentiles offline)
         spans.jsonl     OTLP-JSON ExportTraceServiceRequest, one per line
         metrics.jsonl   OTLP-JSON ExportMetricsServiceRequest snapshots, one per line
+        samples.jsonl   raw telemetry samples (every OTELPROF_SAMPLE_INTERVAL_MS)
 
 ``steps.jsonl`` records (times are integers in nanoseconds; ``t`` is Unix time):
 
@@ -15,6 +16,11 @@
 * annotation outside steps: ``{"k":"a","name":...,"ph":phase_or_null,"t":start,"d":duration}``
 * scalar outside steps: ``{"k":"x","name":...,"v":value,"ph":phase,"t":time}``
 * phase switch: ``{"k":"p","ph":phase,"t":time}``
+
+``samples.jsonl`` records, one per sample: ``{"t":time,"pid":pid,"pcpu":process_cpu_ratio,"rss":bytes,
+"cpu":[busy ratio per CPU],"iow":[iowait ratio per CPU],"mem":host_memory_ratio,"disk":[read_bytes,write_bytes],
+"net":[received,transmitted],"thr":throttled_periods,"gpu":{index:{"u":util,"mu":bytes,"mt":bytes,...}}}``
+(node-wide keys only from the node sampler; GPU keys as ``GPU_SAMPLE_KEYS`` in the sampler).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ MANIFEST = "manifest.json"
 STEPS = "steps.jsonl"
 SPANS = "spans.jsonl"
 METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"
 
 KIND_STEP = "s"
 KIND_ANNOTATION = "a"

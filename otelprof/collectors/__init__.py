@@ -1,0 +1,1 @@
+"""Telemetry sources read by the sampler: host (psutil), container (cgroup), GPUs (NVML)."""

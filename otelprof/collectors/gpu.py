@@ -1,0 +1,168 @@
+"""GPU readings above the NVML seam: visible devices, unsupported fields, lost GPUs, error counting.
+
+A field that fails is absent from that sample; ``not_supported`` fields are not
+asked again; a lost GPU is dropped. Each failure is reported through
+``on_error(source, reason)`` and warned about once. Nothing here raises.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from otelprof._log import warn_once
+from otelprof.collectors.nvml import (
+    FIELDS,
+    DeviceInfo,
+    NvmlBackend,
+    NvmlCallError,
+    NvmlUnavailable,
+    PynvmlBackend,
+)
+
+ErrorSink = Callable[[str, str], None]
+
+
+@dataclass
+class GpuReading:
+    """One GPU in one sample: only the fields that could be read."""
+
+    device: DeviceInfo
+    values: dict[str, float] = field(default_factory=dict)
+    process_memory: int | None = None
+
+
+def visible_selectors(env: Mapping[str, str]) -> list[str] | None:
+    """GPU selectors (indices or UUID prefixes) from CUDA/NVIDIA_VISIBLE_DEVICES; None = all."""
+    for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+        value = env.get(name)
+        if value is None:
+            continue
+        value = value.strip()
+        if value.lower() in ("all", ""):
+            return None if value else []
+        if value.lower() in ("none", "void", "-1"):
+            return []
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return None
+
+
+def _matches(device: DeviceInfo, selector: str) -> bool:
+    if selector.isdigit():
+        return device.index == int(selector)
+    return device.uuid.startswith(selector) or device.uuid.startswith("GPU-" + selector)
+
+
+class GpuCollector:
+    """Reads every visible GPU through an :class:`NvmlBackend`."""
+
+    def __init__(
+        self,
+        on_error: ErrorSink,
+        backend_factory: Callable[[], NvmlBackend] = PynvmlBackend,
+        env: Mapping[str, str] | None = None,
+        pid: int | None = None,
+        gpm: bool = True,
+    ) -> None:
+        self._on_error = on_error
+        self._pid = os.getpid() if pid is None else pid
+        self._gpm = gpm
+        self.backend: NvmlBackend | None = None
+        self.devices: list[DeviceInfo] = []
+        self._unsupported: set[tuple[int, str]] = set()
+        self._gpm_unsupported: set[int] = set()
+        try:
+            self.backend = backend_factory()
+        except NvmlUnavailable as exc:
+            self._error("nvml", exc.reason, f"otelprof: NVML unavailable ({exc}); no GPU metrics", key="nvml:init")
+            return
+        except Exception as exc:  # a broken driver binding must not stop the sampler
+            self._error("nvml", "error", f"otelprof: NVML failed to start ({exc!r}); no GPU metrics", key="nvml:init")
+            return
+        selectors = visible_selectors(os.environ if env is None else env)
+        try:
+            count = self.backend.device_count()
+            devices = [self.backend.device(i) for i in range(count)]
+        except NvmlCallError as exc:
+            self._error("nvml", exc.reason, f"otelprof: cannot list GPUs ({exc}); no GPU metrics", key="nvml:list")
+            return
+        if selectors is not None:
+            devices = [d for d in devices if any(_matches(d, s) for s in selectors)]
+        self.devices = devices
+
+    def _error(self, source: str, reason: str, message: str, key: str) -> None:
+        self._on_error(source, reason)
+        warn_once(key, "%s", message)
+
+    def sample(self, node_wide: bool = True) -> list[GpuReading]:
+        """Read the visible GPUs: every field when ``node_wide``, else only this process's memory."""
+        backend = self.backend
+        if backend is None:
+            return []
+        readings = []
+        lost: list[DeviceInfo] = []
+        for device in self.devices:
+            reading = GpuReading(device)
+            try:
+                if node_wide:
+                    self._read_fields(backend, reading)
+                reading.process_memory = self._read(backend, device, "process_memory",
+                                                    lambda: backend.process_memory(device.index, self._pid))
+            except _GpuLost:
+                lost.append(device)
+                continue
+            readings.append(reading)
+        for device in lost:
+            self.devices.remove(device)
+        return readings
+
+    def _read_fields(self, backend: NvmlBackend, reading: GpuReading) -> None:
+        device = reading.device
+        for name in FIELDS:
+            value = self._read(backend, device, name, lambda n=name: backend.read(device.index, n))  # type: ignore[misc]
+            if value is not None:
+                reading.values[name] = float(value)
+        if self._gpm and device.index not in self._gpm_unsupported:
+            try:
+                reading.values.update(backend.read_gpm(device.index))
+            except NvmlCallError as exc:
+                if exc.reason == "gpu_lost":
+                    self._lost(device, exc)
+                if exc.reason != "warming_up":
+                    self._gpm_unsupported.add(device.index)
+                    if exc.reason != "not_supported":
+                        self._error("nvml", exc.reason, f"otelprof: GPM read failed on GPU {device.index} ({exc})",
+                                    key=f"nvml:gpm:{device.index}")
+
+    def _read(self, backend: NvmlBackend, device: DeviceInfo, name: str, call: Callable[[], float | int | None]
+              ) -> float | int | None:
+        if (device.index, name) in self._unsupported:
+            return None
+        try:
+            return call()
+        except NvmlCallError as exc:
+            if exc.reason == "gpu_lost":
+                self._lost(device, exc)
+            if exc.reason == "not_supported":
+                self._unsupported.add((device.index, name))
+            self._error("nvml", exc.reason, f"otelprof: NVML {name} on GPU {device.index} failed ({exc}); the "
+                        "series is absent", key=f"nvml:{device.index}:{name}:{exc.reason}")
+            return None
+
+    def _lost(self, device: DeviceInfo, exc: NvmlCallError) -> None:
+        self._error("nvml", "gpu_lost", f"otelprof: GPU {device.index} ({device.uuid}) is lost ({exc}); its "
+                    "series are absent from now on", key=f"nvml:lost:{device.index}")
+        raise _GpuLost()
+
+    def shutdown(self) -> None:
+        if self.backend is not None:
+            try:
+                self.backend.shutdown()
+            except Exception:
+                pass
+            self.backend = None
+
+
+class _GpuLost(Exception):
+    pass

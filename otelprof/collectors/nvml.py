@@ -1,0 +1,187 @@
+"""The NVML seam: the only code that calls nvidia-ml-py (``pynvml``).
+
+:class:`NvmlBackend` is the whole surface the GPU collector uses; every value is
+in base units (ratio 0-1, bytes, watts, Celsius, hertz, bytes/s). Errors become
+:class:`NvmlCallError` with a short reason (``not_supported``, ``gpu_lost``, ...).
+Tests replace the backend with a fake that replays recorded readings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+FIELDS: tuple[str, ...] = (
+    "utilization", "memory_copy_utilization", "memory_used", "memory_total", "power", "power_limit",
+    "temperature", "sm_clock", "pcie_rx", "pcie_tx", "throttle_reasons", "ecc_corrected", "ecc_uncorrected",
+)
+GPM_FIELDS: tuple[str, ...] = ("sm_active", "sm_occupancy", "tensor_active")
+
+# Clock-event (throttle) reasons worth a label, by NVML bit.
+THROTTLE_REASONS: dict[int, str] = {
+    0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
+    0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks",
+}
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used at all (library missing, driver not loaded, no permission)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(detail or reason)
+        self.reason = reason
+
+
+class NvmlCallError(Exception):
+    """One NVML query failed; ``reason`` is a short, bounded label value."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(detail or reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    uuid: str
+    name: str
+
+
+class NvmlBackend(Protocol):
+    def device_count(self) -> int: ...
+
+    def device(self, index: int) -> DeviceInfo: ...
+
+    def read(self, index: int, field: str) -> float:
+        """One field of :data:`FIELDS` in base units; raises :class:`NvmlCallError`."""
+        ...
+
+    def read_gpm(self, index: int) -> dict[str, float]:
+        """:data:`GPM_FIELDS` as ratios since the previous call; raises ``NvmlCallError('not_supported')``."""
+        ...
+
+    def process_memory(self, index: int, pid: int) -> int | None:
+        """GPU memory used by ``pid`` on the device, or None when the process is not listed."""
+        ...
+
+    def shutdown(self) -> None: ...
+
+
+def _reason(error: Exception) -> str:
+    name = type(error).__name__
+    if name.startswith("NVMLError_"):
+        name = name[len("NVMLError_"):]
+    mapping = {"NotSupported": "not_supported", "GpuIsLost": "gpu_lost", "NoPermission": "no_permission",
+               "LibraryNotFound": "library_not_found", "DriverNotLoaded": "driver_not_loaded",
+               "Timeout": "timeout", "Unknown": "unknown", "NotFound": "not_found",
+               "InsufficientSize": "insufficient_size", "InvalidArgument": "invalid_argument"}
+    return mapping.get(name, "error")
+
+
+class PynvmlBackend:
+    """:class:`NvmlBackend` over nvidia-ml-py."""
+
+    def __init__(self) -> None:
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise NvmlUnavailable("not_installed", "nvidia-ml-py is not installed (pip install otelprof[gpu])") from exc
+        self._nvml: Any = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise NvmlUnavailable(_reason(exc), str(exc)) from exc
+        self._handles: dict[int, Any] = {}
+        self._gpm_previous: dict[int, Any] = {}
+
+    def _handle(self, index: int) -> Any:
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = self._handles[index] = self._call(self._nvml.nvmlDeviceGetHandleByIndex, index)
+        return handle
+
+    def _call(self, function: Any, *args: Any) -> Any:
+        try:
+            return function(*args)
+        except self._nvml.NVMLError as exc:
+            raise NvmlCallError(_reason(exc), str(exc)) from exc
+
+    def device_count(self) -> int:
+        return int(self._call(self._nvml.nvmlDeviceGetCount))
+
+    def device(self, index: int) -> DeviceInfo:
+        handle = self._handle(index)
+        uuid = self._call(self._nvml.nvmlDeviceGetUUID, handle)
+        name = self._call(self._nvml.nvmlDeviceGetName, handle)
+        return DeviceInfo(index, _text(uuid), _text(name))
+
+    def read(self, index: int, field: str) -> float:
+        n, h = self._nvml, self._handle(index)
+        if field == "utilization":
+            return float(self._call(n.nvmlDeviceGetUtilizationRates, h).gpu) / 100.0
+        if field == "memory_copy_utilization":
+            return float(self._call(n.nvmlDeviceGetUtilizationRates, h).memory) / 100.0
+        if field == "memory_used":
+            return float(self._call(n.nvmlDeviceGetMemoryInfo, h).used)
+        if field == "memory_total":
+            return float(self._call(n.nvmlDeviceGetMemoryInfo, h).total)
+        if field == "power":
+            return float(self._call(n.nvmlDeviceGetPowerUsage, h)) / 1000.0
+        if field == "power_limit":
+            return float(self._call(n.nvmlDeviceGetEnforcedPowerLimit, h)) / 1000.0
+        if field == "temperature":
+            return float(self._call(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU))
+        if field == "sm_clock":
+            return float(self._call(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM)) * 1e6
+        if field == "pcie_rx":
+            return float(self._call(n.nvmlDeviceGetPcieThroughput, h, n.NVML_PCIE_UTIL_RX_BYTES)) * 1024.0
+        if field == "pcie_tx":
+            return float(self._call(n.nvmlDeviceGetPcieThroughput, h, n.NVML_PCIE_UTIL_TX_BYTES)) * 1024.0
+        if field == "throttle_reasons":
+            return float(self._call(n.nvmlDeviceGetCurrentClocksThrottleReasons, h))
+        if field in ("ecc_corrected", "ecc_uncorrected"):
+            kind = n.NVML_MEMORY_ERROR_TYPE_CORRECTED if field == "ecc_corrected" else n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+            return float(self._call(n.nvmlDeviceGetTotalEccErrors, h, kind, n.NVML_VOLATILE_ECC))
+        raise NvmlCallError("invalid_argument", f"unknown field {field}")
+
+    def read_gpm(self, index: int) -> dict[str, float]:
+        n, h = self._nvml, self._handle(index)
+        if index not in self._gpm_previous:
+            support = self._call(n.nvmlGpmQueryDeviceSupport, h)
+            if not getattr(support, "isSupportedDevice", 0):
+                raise NvmlCallError("not_supported", "GPM needs a Hopper or newer GPU")
+        sample = self._call(n.nvmlGpmSampleAlloc)
+        self._call(n.nvmlGpmSampleGet, h, sample)
+        previous = self._gpm_previous.get(index)
+        self._gpm_previous[index] = sample
+        if previous is None:
+            raise NvmlCallError("warming_up", "first GPM sample")
+        request = n.c_nvmlGpmMetricsGet_t()
+        request.version = n.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 3
+        request.sample1 = previous
+        request.sample2 = sample
+        for i, metric in enumerate((n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_SM_OCCUPANCY,
+                                    n.NVML_GPM_METRIC_ANY_TENSOR_UTIL)):
+            request.metrics[i].metricId = metric
+        result = self._call(n.nvmlGpmMetricsGet, request)
+        self._call(n.nvmlGpmSampleFree, previous)
+        values = [float(result.metrics[i].value) / 100.0 for i in range(3)]
+        return dict(zip(GPM_FIELDS, values))
+
+    def process_memory(self, index: int, pid: int) -> int | None:
+        processes = self._call(self._nvml.nvmlDeviceGetComputeRunningProcesses, self._handle(index))
+        for process in processes:
+            if process.pid == pid and process.usedGpuMemory is not None:
+                return int(process.usedGpuMemory)
+        return None
+
+    def shutdown(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError:
+            pass
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
