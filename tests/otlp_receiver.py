@@ -12,6 +12,7 @@ Helpers for the black-hole collector and for free / closed ports live here too.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import socket
 import threading
@@ -26,7 +27,7 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -113,7 +114,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, receiver: OTLPReceiver) -> None:
         self._receiver = receiver
 
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC method name)
+    def Export(self, request: Any, context: Any) -> Any:
         self._receiver._store("grpc", request)
         return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -122,7 +123,7 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, receiver: OTLPReceiver) -> None:
         self._receiver = receiver
 
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC method name)
+    def Export(self, request: Any, context: Any) -> Any:
         self._receiver._store("grpc", request)
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -142,7 +143,7 @@ def _make_handler(receiver: OTLPReceiver) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_POST(self) -> None:  # noqa: N802 (http.server API)
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
             encoding = self.headers.get("Content-Encoding", "")
@@ -174,7 +175,7 @@ def _make_handler(receiver: OTLPReceiver) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server API)
+        def log_message(self, format: str, *args: Any) -> None:
             return None
 
     return Handler
@@ -338,10 +339,8 @@ class BlackHole:
                 self._conns.append(conn)
                 self.accepted += 1
             for conn in self._conns:
-                try:
+                with contextlib.suppress(BlockingIOError, OSError):
                     conn.recv(65536)  # swallow, never reply
-                except (BlockingIOError, OSError):
-                    pass
 
     def __enter__(self) -> BlackHole:
         self._thread.start()

@@ -157,7 +157,8 @@ def test_steps_annotations_and_metrics_arrive(
     assert duration is not None
     assert duration.metric.WhichOneof("data") == "histogram"
     assert duration.metric.unit == "s"
-    assert duration.metric.histogram.aggregation_temporality == AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+    cumulative = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+    assert duration.metric.histogram.aggregation_temporality == cumulative
     point = histogram_point(duration)
     assert point.count == STEPS
     assert list(point.explicit_bounds) == list(sc.DURATION_BUCKETS)

@@ -7,6 +7,7 @@ asked again; a lost GPU is dropped. Each failure is reported through
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -107,8 +108,9 @@ class GpuCollector:
             try:
                 if node_wide:
                     self._read_fields(backend, reading)
-                reading.process_memory = self._read(backend, device, "process_memory",
-                                                    lambda: backend.process_memory(device.index, self._pid))
+                memory = self._read(backend, device, "process_memory",
+                                    lambda d=device: backend.process_memory(d.index, self._pid))  # type: ignore[misc]
+                reading.process_memory = int(memory) if memory is not None else None
             except _GpuLost:
                 lost.append(device)
                 continue
@@ -126,7 +128,9 @@ class GpuCollector:
         if self._gpm and device.index not in self._gpm_unsupported:
             try:
                 reading.values.update(backend.read_gpm(device.index))
-            except NvmlCallError as exc:
+            except Exception as exc:
+                if not isinstance(exc, NvmlCallError):
+                    exc = NvmlCallError("error", repr(exc))
                 if exc.reason == "gpu_lost":
                     self._lost(device, exc)
                 if exc.reason != "warming_up":
@@ -141,7 +145,11 @@ class GpuCollector:
             return None
         try:
             return call()
-        except NvmlCallError as exc:
+        except _GpuLost:
+            raise
+        except Exception as exc:
+            if not isinstance(exc, NvmlCallError):  # a binding bug: count it like any failed read
+                exc = NvmlCallError("error", repr(exc))
             if exc.reason == "gpu_lost":
                 self._lost(device, exc)
             if exc.reason == "not_supported":
@@ -157,10 +165,8 @@ class GpuCollector:
 
     def shutdown(self) -> None:
         if self.backend is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.backend.shutdown()
-            except Exception:
-                pass
             self.backend = None
 
 

@@ -8,6 +8,7 @@ Tests replace the backend with a fake that replays recorded readings.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -140,7 +141,8 @@ class PynvmlBackend:
         if field == "throttle_reasons":
             return float(self._call(n.nvmlDeviceGetCurrentClocksThrottleReasons, h))
         if field in ("ecc_corrected", "ecc_uncorrected"):
-            kind = n.NVML_MEMORY_ERROR_TYPE_CORRECTED if field == "ecc_corrected" else n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+            kind = (n.NVML_MEMORY_ERROR_TYPE_CORRECTED if field == "ecc_corrected"
+                    else n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
             return float(self._call(n.nvmlDeviceGetTotalEccErrors, h, kind, n.NVML_VOLATILE_ECC))
         raise NvmlCallError("invalid_argument", f"unknown field {field}")
 
@@ -177,10 +179,8 @@ class PynvmlBackend:
         return None
 
     def shutdown(self) -> None:
-        try:
+        with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError:
-            pass
 
 
 def _text(value: Any) -> str:

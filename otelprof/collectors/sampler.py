@@ -66,6 +66,7 @@ class Sampler:
         self.gpus = (GpuCollector(self._error, nvml_factory)
                      if config.gpu_metrics and nvml_factory is not None else None)
         self._thread: threading.Thread | None = None
+        self._logged_internal = False
         self.samples_taken = 0
 
     def _error(self, source: str, reason: str) -> None:
@@ -102,7 +103,10 @@ class Sampler:
         try:
             self._sample()
         except Exception:
-            logger.exception("otelprof: internal error in the sampler")
+            self._error("sampler", "internal")
+            if not self._logged_internal:
+                self._logged_internal = True
+                logger.exception("otelprof: internal error in the sampler (counted from now on)")
         with self.registry.lock:
             self.time_spent.add(time.perf_counter() - began)
 

@@ -1,0 +1,341 @@
+"""System and GPU telemetry: real psutil and cgroup reads, cgroup fixtures, and the NVML seam's fake."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from otelprof import semconv as sc
+from otelprof._log import reset_warnings
+from otelprof.collectors.cgroup import CgroupReader
+from otelprof.collectors.gpu import GpuCollector, visible_selectors
+from otelprof.collectors.nvml import NvmlUnavailable, PynvmlBackend
+from otelprof.collectors.sampler import Sampler
+from otelprof.collectors.system import HostReading, SystemCollector
+from otelprof.config import Config
+from otelprof.metrics import MetricRegistry
+from otelprof.recording import schema
+from otelprof.recording.writer import RecordingWriter
+from tests.fake_nvml import FIXTURES, FakeNvml
+
+IDENTITY = {"job_name": "t", "rank": "0", "local_rank": "0", "node": "n"}
+CGROUPS = FIXTURES / "cgroup"
+
+
+# ---------------------------------------------------------------- cgroup
+def test_cgroup_v2_quota_and_throttling() -> None:
+    reading = CgroupReader(CGROUPS / "v2_quota", proc_cgroup="0::/\n").read()
+    assert reading.version == 2
+    assert reading.cpu_limit_cores == 2.0
+    assert reading.cpu_usage_seconds == pytest.approx(81.234567)
+    assert (reading.periods, reading.throttled_periods) == (5400, 1210)
+    assert reading.throttled_seconds == pytest.approx(95.0)
+    assert reading.memory_limit_bytes == 16 * 1024**3
+    assert reading.memory_usage_bytes == 9 * 1024**3
+
+
+def test_cgroup_v2_unlimited() -> None:
+    reading = CgroupReader(CGROUPS / "v2_unlimited", proc_cgroup="0::/\n").read()
+    assert reading.cpu_limit_cores is None and reading.memory_limit_bytes is None
+    assert reading.throttled_periods == 0
+
+
+def test_cgroup_v2_host_view_follows_the_process_path() -> None:
+    own = "0::/kubepods.slice/pod-abc.slice/cri-containerd-123.scope\n"
+    reading = CgroupReader(CGROUPS / "v2_nested", proc_cgroup=own).read()
+    assert reading.cpu_limit_cores == 4.0
+    assert reading.memory_limit_bytes == 8 * 1024**3
+
+
+def test_cgroup_v1_quota_and_throttling() -> None:
+    proc = "4:memory:/\n3:cpu,cpuacct:/\n0::/\n"
+    reading = CgroupReader(CGROUPS / "v1_quota", proc_cgroup=proc).read()
+    assert reading.version == 1
+    assert reading.cpu_limit_cores == 1.5
+    assert reading.cpu_usage_seconds == pytest.approx(123.456789)
+    assert (reading.periods, reading.throttled_periods) == (3000, 450)
+    assert reading.throttled_seconds == pytest.approx(61.0)
+    assert reading.memory_limit_bytes == 4 * 1024**3
+
+
+def test_cgroup_v1_unlimited_and_missing_files() -> None:
+    reading = CgroupReader(CGROUPS / "v1_unlimited", proc_cgroup="3:cpu:/\n").read()
+    assert reading.cpu_limit_cores is None and reading.memory_limit_bytes is None
+    assert reading.cpu_usage_seconds == pytest.approx(5.0)
+    empty = CgroupReader(CGROUPS / "does-not-exist", proc_cgroup="").read()
+    assert empty.cpu_limit_cores is None and empty.memory_usage_bytes is None
+
+
+def test_cgroup_real_read_on_this_machine() -> None:
+    reader = CgroupReader()
+    reading = reader.read()
+    assert reading.version in (1, 2)
+    if reader.available:
+        assert reading.memory_usage_bytes is None or reading.memory_usage_bytes > 0
+
+
+# ---------------------------------------------------------------- psutil
+def test_real_per_cpu_ratios() -> None:
+    collector = SystemCollector(lambda source, reason: None)
+    assert collector.host().cpu_busy == []  # the first read is the baseline
+    time.sleep(0.2)
+    host = collector.host()
+    assert len(host.cpu_busy) == len(host.cpu_modes) == psutil.cpu_count()
+    for busy, iowait, modes in zip(host.cpu_busy, host.cpu_iowait, host.cpu_modes):
+        assert 0.0 <= busy <= 1.0 and 0.0 <= iowait <= 1.0
+        assert sum(modes.values()) == pytest.approx(1.0)
+        assert set(modes) == set(sc.CPU_MODES)
+    assert host.memory_total and host.memory_used and host.memory_used < host.memory_total
+    process = collector.process(2.0, time.time())
+    assert process.rss and process.rss > 0 and process.threads and process.threads >= 1
+
+
+# ---------------------------------------------------------------- GPU seam
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, None),
+        ({"CUDA_VISIBLE_DEVICES": "0,2"}, ["0", "2"]),
+        ({"CUDA_VISIBLE_DEVICES": ""}, []),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, []),
+        ({"NVIDIA_VISIBLE_DEVICES": "all"}, None),
+        ({"NVIDIA_VISIBLE_DEVICES": "GPU-9a8b"}, ["GPU-9a8b"]),
+        ({"CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "all"}, ["1"]),
+    ],
+)
+def test_visible_device_selectors(env: dict[str, str], expected: list[str] | None) -> None:
+    assert visible_selectors(env) == expected
+
+
+def _collector(fake: FakeNvml, errors: list[tuple[str, str]], env: dict[str, str] | None = None) -> GpuCollector:
+    return GpuCollector(lambda s, r: errors.append((s, r)), lambda: fake, env=env or {})
+
+
+def test_visible_devices_by_index_and_uuid() -> None:
+    assert [d.index for d in _collector(FakeNvml(), [], {"CUDA_VISIBLE_DEVICES": "1"}).devices] == [1]
+    by_uuid = _collector(FakeNvml(), [], {"NVIDIA_VISIBLE_DEVICES": "GPU-9a8b7c6d"})
+    assert [d.index for d in by_uuid.devices] == [1]
+
+
+def test_unsupported_field_is_absent_counted_once_and_not_asked_again(caplog: pytest.LogCaptureFixture) -> None:
+    reset_warnings()
+    fake, errors = FakeNvml(), []
+    fake.errors[(0, "power")] = "not_supported"
+    collector = _collector(fake, errors)
+    with caplog.at_level(logging.WARNING, logger="otelprof"):
+        for _ in range(5):
+            readings = collector.sample()
+    assert "power" not in readings[0].values and "power" in readings[1].values
+    assert fake.calls[(0, "power")] == 1
+    assert errors.count(("nvml", "not_supported")) == 1  # GPM, optional, is not an error when unsupported
+    assert caplog.text.count("power on GPU 0") == 1
+
+
+def test_lost_gpu_is_dropped_and_other_errors_only_skip_a_sample() -> None:
+    fake, errors = FakeNvml(), []
+    collector = _collector(fake, errors)
+    fake.errors[(1, "temperature")] = "timeout"
+    first = collector.sample()
+    assert "temperature" not in first[1].values and "utilization" in first[1].values
+    del fake.errors[(1, "temperature")]
+    assert "temperature" in collector.sample()[1].values
+    fake.errors[(1, "*")] = "gpu_lost"
+    assert [r.device.index for r in collector.sample()] == [0]
+    assert [r.device.index for r in collector.sample()] == [0]
+    assert errors.count(("nvml", "gpu_lost")) == 1
+    assert ("nvml", "timeout") in errors
+
+
+def test_library_not_found_degrades_cleanly(caplog: pytest.LogCaptureFixture) -> None:
+    """The real nvidia-ml-py path on a machine without the NVIDIA driver."""
+    reset_warnings()
+    errors: list[tuple[str, str]] = []
+    try:
+        PynvmlBackend().shutdown()
+        pytest.skip("this machine has a working NVML")
+    except NvmlUnavailable as exc:
+        assert exc.reason in ("library_not_found", "driver_not_loaded")
+    with caplog.at_level(logging.WARNING, logger="otelprof"):
+        collector = GpuCollector(lambda s, r: errors.append((s, r)))
+        assert collector.sample() == []
+        assert collector.sample() == []
+    assert collector.backend is None and collector.devices == []
+    assert len(errors) == 1 and errors[0][0] == "nvml"
+    assert caplog.text.count("NVML unavailable") == 1
+
+
+# ---------------------------------------------------------------- sampler
+def _values(registry: MetricRegistry, spec: sc.MetricSpec) -> dict[tuple[Any, ...], Any]:
+    for metric in registry.collect():
+        if metric.name == spec.name:
+            out = {}
+            for p in metric.data.data_points:
+                key = tuple(p.attributes[k] for k in spec.labels)
+                out[key] = p.count if spec.kind is sc.Kind.HISTOGRAM else p.value
+            return out
+    return {}
+
+
+def _sampler(tmp_path: Path, fake: FakeNvml | None, **overrides: Any) -> tuple[Sampler, MetricRegistry, Path]:
+    config = Config.from_env({}, **overrides)
+    registry = MetricRegistry(IDENTITY)
+    writer = RecordingWriter(tmp_path, {"schema_version": "1.0"}, lambda n: None, lambda n: None)
+    sampler = Sampler(config, registry, writer, nvml_factory=(lambda: fake) if fake else None)
+    return sampler, registry, tmp_path
+
+
+def test_sampler_series_histograms_and_coincidences_with_two_gpus(tmp_path: Path) -> None:
+    fake = FakeNvml()
+    sampler, registry, path = _sampler(tmp_path, fake)
+    sampler.sample()  # baseline
+    for tick in range(10):
+        fake.tick = tick
+        time.sleep(0.02)
+        sampler.sample()
+    uuid0, uuid1 = (d["uuid"] for d in fake.data["devices"])
+    util = _values(registry, sc.GPU_UTILIZATION)
+    assert util == {("0", uuid0): 0.97, ("1", uuid1): 0.04}  # last tick (9)
+    assert _values(registry, sc.GPU_UTILIZATION_DISTRIBUTION) == {("0", uuid0): 11, ("1", uuid1): 11}
+    memory = _values(registry, sc.GPU_MEMORY_UTILIZATION)
+    assert memory[("1", uuid1)] == pytest.approx(29 / 40)
+    assert _values(registry, sc.GPU_POWER)[("0", uuid0)] == pytest.approx(301.5)
+    throttle = _values(registry, sc.GPU_THROTTLE)
+    assert throttle[("1", uuid1, "gpu_idle")] == 1 and throttle[("1", uuid1, "sw_power_cap")] == 0
+    assert _values(registry, sc.GPU_PCIE_THROUGHPUT)[("0", uuid0, "receive")] == pytest.approx(2.1e9 * 0.97)
+    assert _values(registry, sc.GPU_ERRORS)[("0", uuid0, "uncorrected")] == 0
+    assert _values(registry, sc.PROCESS_GPU_MEMORY) == {("0", uuid0): 30 * 1024**3}
+    assert _values(registry, sc.GPU_SM_ACTIVE) == {}  # GPM not supported: absent, not zero
+    # coincidences: GPU 1 is below 10 % on odd ticks, so 5 of the 10 samples after the baseline
+    assert _values(registry, sc.SAMPLER_SAMPLES) == {(): 10}
+    assert _values(registry, sc.SAMPLER_LOW_GPU) == {(): 5}
+    high_cpu = _values(registry, sc.SAMPLER_HIGH_CPU)[()]
+    assert _values(registry, sc.SAMPLER_CPU_BOTTLENECK)[()] <= min(high_cpu, 5)
+    cores = psutil.cpu_count()
+    cpu = _values(registry, sc.SYSTEM_CPU_UTILIZATION)
+    assert len(cpu) == cores * len(sc.CPU_MODES)
+    assert _values(registry, sc.NODE_CPU_UTILIZATION) == {(): 10}
+    assert _values(registry, sc.CPU_AVAILABLE)[()] >= 1
+    sampler.writer.flush()  # type: ignore[union-attr]
+    lines = [json.loads(line) for line in (path / schema.SAMPLES).read_text().splitlines()]
+    assert len(lines) == 10
+    assert len(lines[0]["cpu"]) == cores and lines[1]["gpu"]["1"]["u"] == 0.04 and lines[0]["gpu"]["0"]["pm"] > 0
+
+
+def test_every_gpu_series_in_the_catalog_is_produced_through_the_seam(tmp_path: Path) -> None:
+    fake = FakeNvml()
+    fake.data["gpm"] = {"0": {"sm_active": 0.8, "sm_occupancy": 0.4, "tensor_active": 0.3},
+                        "1": {"sm_active": 0.1, "sm_occupancy": 0.05, "tensor_active": 0.0}}
+    sampler, registry, _ = _sampler(tmp_path, fake)
+    sampler.sample()
+    sampler.sample()
+    produced = {m.name for m in registry.collect()}
+    gpu_specs = {m.name for m in sc.SYSTEM_METRICS if sc.LABEL_GPU in m.labels}
+    assert gpu_specs <= produced
+    assert _values(registry, sc.GPU_TENSOR_ACTIVE)[("0", fake.data["devices"][0]["uuid"])] == 0.3
+
+
+def test_coincidence_thresholds_are_strict(tmp_path: Path) -> None:
+    from otelprof.collectors.gpu import GpuReading
+    from otelprof.collectors.nvml import DeviceInfo
+
+    sampler, registry, _ = _sampler(tmp_path, None)
+
+    def judge(busy: float, iowait: float, gpu: float | None) -> tuple[int, int]:
+        before = (_values(registry, sc.SAMPLER_CPU_BOTTLENECK).get((), 0),
+                  _values(registry, sc.SAMPLER_IO_BOTTLENECK).get((), 0))
+        gpus = [] if gpu is None else [GpuReading(DeviceInfo(0, "GPU-x", "x"), {"utilization": gpu})]
+        host = HostReading(cpu_busy=[0.2, busy], cpu_iowait=[iowait, 0.0])
+        with registry.lock:
+            sampler._update_coincidences(host, gpus)
+        after = (_values(registry, sc.SAMPLER_CPU_BOTTLENECK)[()], _values(registry, sc.SAMPLER_IO_BOTTLENECK)[()])
+        return after[0] - before[0], after[1] - before[1]
+
+    assert judge(0.95, 0.6, 0.05) == (1, 1)
+    assert judge(0.90, 0.50, 0.05) == (0, 0)  # at the thresholds: not above
+    assert judge(0.95, 0.6, 0.10) == (0, 0)  # GPU at the threshold: not below
+    assert judge(0.95, 0.6, None) == (0, 0)  # no GPU: no GPU-starved coincidence
+
+
+def test_only_the_node_sampler_reports_node_series(tmp_path: Path) -> None:
+    sampler, registry, _ = _sampler(tmp_path, FakeNvml(), local_rank=1, node_sampler_local_rank=0)
+    sampler.sample()
+    sampler.sample()
+    names = {m.name for m in registry.collect()}
+    assert sc.SYSTEM_CPU_UTILIZATION.name not in names and sc.GPU_UTILIZATION.name not in names
+    assert sc.SAMPLER_SAMPLES.name not in names
+    assert {sc.PROCESS_MEMORY_USAGE.name, sc.PROCESS_CPU_TIME.name, sc.PROCESS_GPU_MEMORY.name} <= names
+
+
+def test_overrunning_ticks_are_skipped_and_counted(tmp_path: Path) -> None:
+    class SlowNvml(FakeNvml):
+        def read(self, index: int, field: str) -> float:
+            if field == "utilization" and index == 0:
+                time.sleep(0.25)
+            return super().read(index, field)
+
+    sampler, registry, _ = _sampler(tmp_path, SlowNvml(), sample_interval=0.1)
+    sampler.start()
+    time.sleep(1.2)
+    sampler.stop()
+    overruns = _values(registry, sc.SAMPLER_OVERRUNS)[()]
+    assert overruns >= 2
+    assert sampler.samples_taken <= 7  # ~1.2 s / 0.25 s per sample, not 12 queued ticks
+
+
+def test_a_broken_backend_never_stops_the_sampler(tmp_path: Path) -> None:
+    class Broken(FakeNvml):
+        def read(self, index: int, field: str) -> float:
+            raise RuntimeError("binding bug")
+
+    sampler, registry, _ = _sampler(tmp_path, Broken())
+    for _ in range(3):
+        sampler.sample()
+    assert sampler.samples_taken == 3
+    assert _values(registry, sc.SAMPLER_ERRORS)[("nvml", "error")] > 0
+    assert _values(registry, sc.GPU_UTILIZATION) == {}
+
+
+def test_sampler_memory_stays_flat(tmp_path: Path) -> None:
+    fake = FakeNvml()
+    sampler, _, _ = _sampler(tmp_path, fake)
+    for tick in range(200):
+        fake.tick = tick
+        sampler.sample()
+        sampler.writer.flush()  # type: ignore[union-attr]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for tick in range(2000):
+        fake.tick = tick
+        sampler.sample()
+        if tick % 50 == 0:
+            sampler.writer.flush()  # type: ignore[union-attr]
+    sampler.writer.flush()  # type: ignore[union-attr]
+    gc.collect()  # psutil leaves reference cycles that the collector frees later
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    growth = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert growth < 100_000, f"sampler memory grew by {growth} bytes over 2000 samples"
+
+
+def test_session_runs_the_sampler_and_records_samples(tmp_path: Path) -> None:
+    import otelprof
+    from otelprof.recording.reader import read_recording
+
+    session = otelprof.init(record_dir=str(tmp_path), sample_interval=0.1)
+    assert isinstance(session, otelprof.Session) and session.sampler is not None
+    time.sleep(0.5)
+    otelprof.shutdown()
+    assert session.run_dir is not None
+    samples = list(read_recording(session.run_dir).ranks[0].samples())
+    assert len(samples) >= 2
+    assert samples[-1]["pid"] == os.getpid() and "cpu" in samples[-1]
