@@ -160,7 +160,8 @@ class MetricSpec:
 
     @property
     def prometheus_labels(self) -> tuple[str, ...]:
-        return IDENTITY_LABELS + self.labels
+        """Label names on ``/metrics``: identity labels, then this metric's own."""
+        return tuple(prometheus_label(k) for k in IDENTITY_LABELS + self.labels)
 
 
 STEP_DURATION = MetricSpec(
@@ -374,6 +375,12 @@ def prometheus_name(name: str, unit: str, kind: Kind) -> str:
     if suffix and not base.endswith("_" + suffix):
         base = f"{base}_{suffix}"
     return base
+
+
+def prometheus_label(key: str) -> str:
+    """Prometheus label name for an attribute key (``cpu.mode`` -> ``cpu_mode``)."""
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", key)
+    return "_" + name if name[:1].isdigit() else name
 
 
 def by_prometheus_name() -> dict[str, MetricSpec]:

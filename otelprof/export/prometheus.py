@@ -6,7 +6,6 @@ resource attributes appear once, on ``target_info``.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -25,14 +24,9 @@ from prometheus_client.registry import Collector
 
 from otelprof._log import warn_once
 from otelprof.metrics import MetricRegistry
-from otelprof.semconv import Kind, prometheus_name
+from otelprof.semconv import Kind, prometheus_label, prometheus_name
 
 TARGET_INFO = "target_info"
-
-
-def _label_name(key: str) -> str:
-    name = re.sub(r"[^a-zA-Z0-9_]", "_", key)
-    return "_" + name if name[:1].isdigit() else name
 
 
 def _format(value: float) -> str:
@@ -47,7 +41,7 @@ def translate(metric: Metric) -> PromMetric | None:
     points: Any = data.data_points
     if not points:
         return None
-    keys = [_label_name(k) for k in points[0].attributes]
+    keys = [prometheus_label(k) for k in points[0].attributes]
     family: Any
     if isinstance(data, Histogram):
         family = HistogramMetricFamily(prometheus_name(metric.name, unit, Kind.HISTOGRAM), doc, labels=keys)
@@ -76,7 +70,7 @@ def _values(attributes: Mapping[str, Any] | None) -> list[str]:
 
 
 def _labels(attributes: Mapping[str, Any] | None) -> dict[str, str]:
-    return {_label_name(k): str(v) for k, v in (attributes or {}).items()}
+    return {prometheus_label(k): str(v) for k, v in (attributes or {}).items()}
 
 
 class RegistryCollector(Collector):
