@@ -12,6 +12,7 @@ explains each table and how to read it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -51,26 +52,21 @@ OTEL = "otelprof default"
 OTEL_SPANS = "otelprof span_every=1"
 TORCH = "torch.profiler"
 
-# Settings that define "otelprof default": pinned to Config's defaults so that OTELPROF_* variables
-# in the environment cannot change what is measured. Exporters are off, the recording is on.
-_DEFAULTS = otelprof.Config()
+# "otelprof default" is Config's defaults, every field pinned so that OTELPROF_* / OTEL_* variables in
+# the environment cannot change what is measured; exporters off, local recording on.
 PINNED: dict[str, Any] = {
+    **{f.name: getattr(otelprof.Config(), f.name) for f in dataclasses.fields(otelprof.Config)},
     "disabled": False,
     "record": True,
     "traces_exporters": "none",
     "metrics_exporters": "none",
     "handle_sigterm": False,
     "job_name": "overhead-benchmark",
-    "flush_interval": _DEFAULTS.flush_interval,
-    "queue_size": _DEFAULTS.queue_size,
-    "metric_export_interval": _DEFAULTS.metric_export_interval,
-    "span_budget": _DEFAULTS.span_budget,
-    "span_first_steps": _DEFAULTS.span_first_steps,
-    "span_every": _DEFAULTS.span_every,
-    "span_windows": _DEFAULTS.span_windows,
-    "outlier_sigma": _DEFAULTS.outlier_sigma,
-    "outlier_min_steps": _DEFAULTS.outlier_min_steps,
 }
+# For the direct measurements (hot path, recorder work): no flush timer and no system sampler while timing.
+QUIET: dict[str, Any] = {"flush_interval": 10.0}
+if "system_metrics" in PINNED:
+    QUIET["system_metrics"] = False
 VARIANT_SETTINGS: dict[str, dict[str, Any]] = {OTEL: {}, OTEL_SPANS: {"span_every": 1}}
 
 
@@ -415,7 +411,7 @@ def micro_benchmarks(rounds: int, calls: int, tmp: Path) -> dict[str, dict[str, 
     idle while a loop is timed; records are processed between rounds, outside the timing."""
     results: dict[str, dict[str, float]] = {}
     for name, loop, needs_session in MICRO_CASES:
-        session = start_session(tmp, f"micro-{len(results)}", flush_interval=10.0, span_first_steps=0,
+        session = start_session(tmp, f"micro-{len(results)}", **QUIET, span_first_steps=0,
                                 span_budget=0.0) if needs_session else None
         try:
             loop(calls)  # warm-up
@@ -443,7 +439,7 @@ def recorder_cost(rounds: int, steps: int, tmp: Path) -> dict[str, dict[str, flo
     ``span_budget``) and the rest (aggregation into metrics, steps.jsonl lines)."""
     results: dict[str, dict[str, float]] = {}
     for label, settings in ((OTEL, {}), (OTEL_SPANS, {"span_every": 1})):
-        session = start_session(tmp, f"recorder-{len(results)}", **{"flush_interval": 10.0, **settings})
+        session = start_session(tmp, f"recorder-{len(results)}", **{**QUIET, **settings})
         drain_us: list[float] = []
         build_us: list[float] = []
         try:

@@ -169,7 +169,8 @@ def _check_drops_accounted(tmp_path: Path, result: dict[str, Any]) -> None:
     """Nothing reached a collector, so every span built must be counted as dropped, in the manifest too."""
     # In process, right after shutdown(): drops were counted, the record queue never overflowed.
     assert result["spans_built"] > 0
-    assert result["dropped"].get("otlp_traces", 0) > 0, result
+    assert result["dropped"].get("otlp_traces", 0) > 0, (
+        f"no span drop counted in process right after shutdown(): {result} (see the in-flight batch bug below)")
     assert result["dropped"].get("queue", 0) == 0, result
 
     # The manifest is what outlives the process (the "dropped" dict is written at shutdown).
@@ -433,11 +434,12 @@ def test_unconstructible_exporter_costs_otlp_not_the_recording(
         with otelprof.step():
             pass
     otelprof.shutdown()
-    manifest = json.loads((tmp_path / "typo" / "rank-0" / schema.MANIFEST).read_text())
-    assert manifest["status"] == schema.STATUS_FINISHED and isinstance(session, otelprof.Session), (
+    manifest_path = tmp_path / "typo" / "rank-0" / schema.MANIFEST
+    status = json.loads(manifest_path.read_text())["status"] if manifest_path.exists() else None
+    assert isinstance(session, otelprof.Session) and status == schema.STATUS_FINISHED, (
         "BUG: an exception from an OTLP exporter's constructor aborts the whole Session: init() returns a "
         f"disabled session ({type(session).__name__}), the local recording (which needs no collector) is lost, "
-        f"and a half-made rank directory is left with status {manifest['status']!r} forever")
+        f"and a half-made rank directory is left with manifest status {status!r} forever")
     assert len(rank_of(tmp_path, "typo").steps) == 3
     assert otelprof_warnings(caplog), "the broken exporter is reported"
 

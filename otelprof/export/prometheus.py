@@ -132,7 +132,7 @@ class PrometheusEndpoint:
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 try:
                     body = endpoint.render().encode("utf-8")
                 except Exception:  # never take the training process down over a scrape
@@ -149,7 +149,7 @@ class PrometheusEndpoint:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 return None
 
         try:
