@@ -97,6 +97,9 @@ class Recorder:
         self.spans_built = r.counter(sc.SPANS_BUILT)
         self.span_build_time = r.counter(sc.SPAN_BUILD_TIME)
         self.recording_bytes = r.counter(sc.RECORDING_BYTES)
+        self.dataloader_wait = r.histogram(sc.DATALOADER_WAIT)
+        self.dataloader_wait_ratio = r.histogram(sc.DATALOADER_WAIT_RATIO)
+        self.collective_duration = r.histogram(sc.COLLECTIVE_DURATION)
         self.scalar_gauges = {name: r.gauge(spec) for name, spec in sc.SCALAR_GAUGES.items()}
         self.scalar_counters = {name: r.counter(spec) for name, spec in sc.SCALAR_COUNTERS.items()}
         r.gauge(sc.PROCESS_START_TIME).set(lifecycle.get("process_start") or time.time())
@@ -195,8 +198,18 @@ class Recorder:
             if self.writer is not None:
                 self.writer.update_manifest(lifecycle=dict(self.lifecycle))
         self.lifecycle["last_step_end"] = end_unix / 1e9
+        wait_ns = collective_ns = 0
         for name, a_start, a_end, _depth, _err in annotations:
             self.annotation_duration.observe((a_end - a_start) / 1e9, (label, self._annotation_label(name)))
+            if name == sc.REGION_DATALOADER:
+                wait_ns += a_end - a_start
+            elif name == sc.REGION_COLLECTIVE:
+                collective_ns += a_end - a_start
+        if wait_ns:
+            self.dataloader_wait.observe(wait_ns / 1e9, labels)
+            self.dataloader_wait_ratio.observe(min(wait_ns / max(end_ns - start_ns, 1), 1.0), labels)
+        if collective_ns:
+            self.collective_duration.observe(collective_ns / 1e9, labels)
         values = self._scalars(scalars, label) if scalars else None
         detector = self._outliers.get(phase)
         if detector is None:

@@ -78,6 +78,15 @@ ATTR_ERROR = "otelprof.error"
 ATTR_SCALAR_PREFIX = "otelprof.scalar."
 """Recorded scalars become span attributes ``otelprof.scalar.<name>``."""
 
+# Region (annotation) names the integrations use; the recorder derives per-step series from some.
+REGION_DATALOADER = "dataloader"
+"""Waiting for the next batch: from asking the data loader for it to getting it."""
+REGION_FORWARD = "forward"
+REGION_BACKWARD = "backward"
+REGION_OPTIMIZER = "optimizer"
+REGION_COLLECTIVE = "collective"
+"""Time a gradient all-reduce was in flight (DDP communication hook)."""
+
 SPAN_REASONS: tuple[str, ...] = ("first", "every", "window", "outlier", "budget", "annotation")
 
 
@@ -200,6 +209,31 @@ GRAD_NORM = MetricSpec("otelprof.grad_norm", Kind.GAUGE, "", "Last recorded glob
 NONFINITE = MetricSpec(
     "otelprof.nonfinite", Kind.COUNTER, "{value}", "Recorded loss or gradient-norm values that were NaN or infinite.",
     (LABEL_PHASE, LABEL_SCALAR))
+DATALOADER_WAIT = MetricSpec(
+    "otelprof.dataloader.wait", Kind.HISTOGRAM, "s",
+    "Per step: time spent waiting for the next batch (the step's dataloader regions summed).",
+    (LABEL_PHASE,), DURATION_BUCKETS)
+DATALOADER_WAIT_RATIO = MetricSpec(
+    "otelprof.dataloader.wait_ratio", Kind.HISTOGRAM, "1",
+    "Per step: share of the step spent waiting for data (input-bound steps sit near 1).", (LABEL_PHASE,),
+    (0.01, 0.02, 0.05, *(round(0.05 * i, 2) for i in range(2, 21))))
+COLLECTIVE_DURATION = MetricSpec(
+    "otelprof.collective.duration", Kind.HISTOGRAM, "s",
+    "Per step: time gradient all-reduces were in flight (the step's collective regions summed).",
+    (LABEL_PHASE,), DURATION_BUCKETS)
+DATALOADER_WORKERS = MetricSpec(
+    "otelprof.dataloader.workers", Kind.GAUGE, "{worker}", "Worker processes of the instrumented data loader.")
+DATALOADER_PIN_MEMORY = MetricSpec(
+    "otelprof.dataloader.pin_memory", Kind.GAUGE, "", "1 when the instrumented data loader pins memory, else 0.")
+CUDA_MEMORY_ALLOCATED = MetricSpec(
+    "otelprof.cuda.memory.allocated", Kind.GAUGE, "By", "Memory held by tensors (torch.cuda), per device.",
+    (LABEL_GPU,))
+CUDA_MEMORY_RESERVED = MetricSpec(
+    "otelprof.cuda.memory.reserved", Kind.GAUGE, "By", "Memory reserved by the caching allocator (torch.cuda).",
+    (LABEL_GPU,))
+CUDA_MEMORY_PEAK = MetricSpec(
+    "otelprof.cuda.memory.peak", Kind.GAUGE, "By", "Peak memory held by tensors since start (torch.cuda).",
+    (LABEL_GPU,))
 EXPORTER_DROPPED = MetricSpec(
     "otelprof.exporter.dropped", Kind.COUNTER, "{item}",
     "Records, spans or metric exports otelprof dropped instead of blocking training "
@@ -328,12 +362,19 @@ SYSTEM_METRICS: tuple[MetricSpec, ...] = (
     SAMPLER_LOW_GPU, SAMPLER_CPU_BOTTLENECK, SAMPLER_IO_BOTTLENECK, SAMPLER_ERRORS, SAMPLER_OVERRUNS, SAMPLER_TIME,
 )
 
-METRICS: tuple[MetricSpec, ...] = (
+STEP_METRICS: tuple[MetricSpec, ...] = (
     STEP_DURATION, STEPS, STEP_OUTLIERS, STEP_LAST_TIMESTAMP, STEP_FIRST_TIMESTAMP, STEP_NUMBER,
     PROCESS_START_TIME, PHASE_ACTIVE, ANNOTATION_DURATION, SAMPLES, TOKENS, LOSS, LEARNING_RATE,
-    GRAD_NORM, NONFINITE, EXPORTER_DROPPED, SPANS_BUILT, SPAN_BUILD_TIME, RECORDING_BYTES,
-    *SYSTEM_METRICS,
+    GRAD_NORM, NONFINITE, DATALOADER_WAIT, DATALOADER_WAIT_RATIO, COLLECTIVE_DURATION,
+    EXPORTER_DROPPED, SPANS_BUILT, SPAN_BUILD_TIME, RECORDING_BYTES,
 )
+"""From the step/annotation API and the recorder: present whenever steps run."""
+FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
+    DATALOADER_WORKERS, DATALOADER_PIN_MEMORY, CUDA_MEMORY_ALLOCATED, CUDA_MEMORY_RESERVED, CUDA_MEMORY_PEAK,
+)
+"""Set by the PyTorch integration when it sees a data loader / CUDA."""
+
+METRICS: tuple[MetricSpec, ...] = (*STEP_METRICS, *FRAMEWORK_METRICS, *SYSTEM_METRICS)
 
 # record(name, value): names with a metric of their own. Other names go to spans and the recording only.
 SCALAR_GAUGES: dict[str, MetricSpec] = {"loss": LOSS, "learning_rate": LEARNING_RATE, "lr": LEARNING_RATE,
