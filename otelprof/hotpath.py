@@ -33,6 +33,8 @@ _tls = threading.local()
 _phase: list[str] = [DEFAULT_PHASE]
 _step_numbers: dict[str, int] = {}
 _open_regions: dict[str, tuple[int, StepContext | None]] = {}
+_step_boundary: list[Callable[[], None]] = []
+"""Run on the training thread when a step closes, while non-empty (stop requests, armed captures)."""
 
 
 def _activate(recorder: Recorder | None) -> None:
@@ -43,10 +45,16 @@ def _activate(recorder: Recorder | None) -> None:
     _phase[0] = DEFAULT_PHASE
     _step_numbers.clear()
     _open_regions.clear()
+    _step_boundary.clear()
 
 
 def current_phase() -> str:
     return _phase[0]
+
+
+def next_step_number(phase: str | None = None) -> int:
+    """The number the next step of ``phase`` (default: the current phase) will get."""
+    return _step_numbers.get(phase or _phase[0], 0)
 
 
 class StepContext:
@@ -86,6 +94,27 @@ class StepContext:
         if recorder is not None:
             recorder.submit((STEP, self.phase, self.number, self.start_ns, end_ns, self.annotations,
                              self.scalars, exc_type.__name__ if exc_type is not None else None))
+        if _step_boundary and self._previous is None and exc_type is None:
+            run_step_boundary()
+
+
+def run_step_boundary() -> None:
+    """Run the pending step-boundary callbacks (each at most once). A callback may raise on purpose
+    (``StopTraining`` when the user asked for it); other errors are logged, never raised."""
+    from otelprof._log import logger
+
+    while _step_boundary:
+        callback = _step_boundary.pop(0)
+        try:
+            callback()
+        except StopTraining:
+            raise
+        except Exception:
+            logger.exception("otelprof: a step-boundary callback failed")
+
+
+class StopTraining(Exception):
+    """Raised at a step boundary after a stop request, only with ``init(stop_raises=True)``."""
 
 
 class _NoopStep:

@@ -226,7 +226,8 @@ class Recorder:
             if annotations:
                 record["a"] = [[name, a0 - start_ns, a1 - a0, depth] for name, a0, a1, depth, _ in annotations]
             if values:
-                record["x"] = values
+                # Like scalars outside steps: NaN/inf as strings, so every line stays strict JSON.
+                record["x"] = {k: v if math.isfinite(v) else str(v) for k, v in values.items()}
             if error:
                 record["err"] = error
             self.writer.add_json(schema.STEPS, record)

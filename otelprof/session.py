@@ -77,16 +77,19 @@ class Session:
         self._span_exporters: list[otlp.BackgroundExporter] = []
         for kind in config.traces_exporters:
             name = "otlp_traces" if kind == "otlp" else "console_traces"
-            self._span_exporters.append(otlp.span_exporter(
-                otlp.make_span_exporter(kind, config.otlp_protocol), name, config.queue_size, self._count_dropped))
+            span_exporter = _make_exporter(otlp.make_span_exporter, kind, config.otlp_protocol, name)
+            if span_exporter is not None:
+                self._span_exporters.append(otlp.span_exporter(
+                    span_exporter, name, config.queue_size, self._count_dropped))
         self._metric_exporters: list[otlp.BackgroundExporter] = []
         for kind in config.metrics_exporters:
             if kind == "prometheus":
                 continue
             name = "otlp_metrics" if kind == "otlp" else "console_metrics"
-            self._metric_exporters.append(otlp.metric_exporter(
-                otlp.make_metric_exporter(kind, config.otlp_protocol), name, self._count_dropped,
-                timeout=min(config.metric_export_interval, 10.0)))
+            metric_exporter = _make_exporter(otlp.make_metric_exporter, kind, config.otlp_protocol, name)
+            if metric_exporter is not None:
+                self._metric_exporters.append(otlp.metric_exporter(
+                    metric_exporter, name, self._count_dropped, timeout=min(config.metric_export_interval, 10.0)))
 
         sinks: list[SpanSink] = [exporter.offer for exporter in self._span_exporters]
         if self.writer is not None:
@@ -204,9 +207,12 @@ class Session:
                 self.writer.flush()
                 self.writer.update_manifest(status=schema.STATUS_FINISHED, lifecycle=dict(self.lifecycle),
                                             dropped=self._dropped_summary())
-                self.writer.close()
             for exporter in self._span_exporters + self._metric_exporters:
                 exporter.shutdown(deadline)
+            if self.writer is not None:
+                # Exporters abandoned at the deadline count their losses only now.
+                self.writer.update_manifest(dropped=self._dropped_summary())
+                self.writer.close()
             if self.prometheus is not None:
                 self.prometheus.stop()
         except Exception:
@@ -225,6 +231,16 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _make_exporter(factory: Any, kind: str, protocol: str, name: str) -> Any:
+    """The SDK exporter, or None (one warning) when its constructor raises, e.g. on a bad OTEL_* value."""
+    try:
+        return factory(kind, protocol)
+    except Exception as exc:
+        warn_once(f"exporter:{name}", "otelprof: cannot create the %s exporter (%s); it is off, the recording "
+                  "and the other exporters go on", name, exc)
+        return None
 
 
 class _DisabledSession:

@@ -166,7 +166,8 @@ def test_span_selection_first_every_window_and_outliers(record_dir: Path) -> Non
                for s in rank.spans() if s.name == sc.SPAN_STEP}
     assert reasons[0] == reasons[1] == "first"
     assert reasons[10] == reasons[30] == reasons[50] == "every"
-    assert reasons[21] == reasons[22] == "window"
+    # (a window step that happens to be slow is traced as an outlier: that reason wins)
+    assert {reasons[20], reasons[21], reasons[22]} <= {"window", "outlier"}
     assert reasons[45] == "outlier"
     assert set(reasons) >= {0, 1, 10, 20, 21, 22, 30, 45, 50}
     assert len(rank.steps) == 60  # every step is in the timing record, traced or not

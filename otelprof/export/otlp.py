@@ -46,6 +46,9 @@ class BackgroundExporter:
         self._stop = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
+        self._count_lock = threading.Lock()
+        self._inflight = 0  # items of the batch being exported right now
+        self._abandoned = False  # shutdown gave up on the thread and already counted its batch
         self._thread = threading.Thread(target=self._run, name=f"otelprof-{name}", daemon=True)
         self._thread.start()
 
@@ -70,6 +73,7 @@ class BackgroundExporter:
             self._wake.clear()
             while self._queue:
                 batch = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
+                self._inflight = len(batch)
                 try:
                     ok = self._export(batch)
                 except Exception as exc:  # an exporter bug must not kill the thread
@@ -78,8 +82,10 @@ class BackgroundExporter:
                     why = repr(exc)
                 else:
                     why = "the receiver did not accept the data"
-                if not ok:
-                    self._dropped(len(batch), why)
+                with self._count_lock:
+                    self._inflight = 0
+                    if not ok and not self._abandoned:
+                        self._dropped(len(batch), why)
             self._idle.set()
             if self._stop.is_set():
                 return
@@ -95,8 +101,11 @@ class BackgroundExporter:
         self._wake.set()
         self._thread.join(max(deadline - time.monotonic(), 0.0))
         if self._thread.is_alive():
-            left = len(self._queue)
-            self._queue.clear()
+            with self._count_lock:
+                self._abandoned = True
+                left = len(self._queue) + self._inflight
+                self._queue.clear()
+                self._inflight = 0
             if left:
                 self._dropped(left, "shutdown deadline reached")
         closer = threading.Thread(target=self._safe_close, name=f"otelprof-{self.name}-close", daemon=True)

@@ -1,0 +1,128 @@
+"""The training process's control endpoint: ``POST /v1/stop`` and ``POST /v1/capture``.
+
+Called by ``otelprof webhook`` (alert actions) and ``otelprof capture``. Off by
+default (``OTELPROF_CONTROL_PORT``); listens on port + ``LOCAL_RANK``. A bearer token
+(``OTELPROF_CONTROL_TOKEN``) is required when set, and the endpoint refuses to start
+off loopback without one. Requests only set flags: the work happens on the training
+thread at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from otelprof._log import logger, warn_once
+
+MAX_BODY = 64 * 1024
+MAX_CAPTURE_STEPS = 10_000
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+class ControlError(ValueError):
+    """A request the endpoint refuses; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ControlServer:
+    """HTTP front of ``on_stop(reason, alert)`` and ``on_capture(steps) -> description``."""
+
+    def __init__(
+        self,
+        on_stop: Callable[[str, str], dict[str, Any]],
+        on_capture: Callable[[int], dict[str, Any]],
+        status: Callable[[], dict[str, Any]],
+        token: str,
+    ) -> None:
+        self._on_stop = on_stop
+        self._on_capture = on_capture
+        self._status = status
+        self._token = token
+        self._server: ThreadingHTTPServer | None = None
+        self.address: tuple[str, int] | None = None
+
+    def handle(self, method: str, path: str, authorization: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """Route one request (pure: tested without sockets)."""
+        if self._token and not hmac.compare_digest(authorization.encode(), f"Bearer {self._token}".encode()):
+            return 401, {"error": "missing or wrong bearer token"}
+        if method == "GET" and path == "/v1/status":
+            return 200, self._status()
+        if method != "POST" or path not in ("/v1/stop", "/v1/capture"):
+            return 404, {"error": f"no such endpoint: {method} {path} (POST /v1/stop, POST /v1/capture, "
+                                  "GET /v1/status)"}
+        try:
+            payload = json.loads(body or b"{}")
+        except ValueError:
+            return 400, {"error": "body is not JSON"}
+        if not isinstance(payload, dict):
+            return 400, {"error": "body must be a JSON object"}
+        if path == "/v1/stop":
+            reason, alert = payload.get("reason", ""), payload.get("alert", "")
+            if not isinstance(reason, str) or not isinstance(alert, str):
+                return 400, {"error": "reason and alert must be strings"}
+            return 202, self._on_stop(reason[:500], alert[:200])
+        steps = payload.get("steps", 10)
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= MAX_CAPTURE_STEPS:
+            return 400, {"error": f"steps must be an integer from 1 to {MAX_CAPTURE_STEPS}"}
+        return 202, self._on_capture(steps)
+
+    def start(self, host: str, port: int) -> bool:
+        if host not in LOOPBACK and not self._token:
+            warn_once("control:token", "otelprof: the control endpoint on %s needs OTELPROF_CONTROL_TOKEN off "
+                      "loopback; it is not started", host)
+            return False
+        control = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _serve(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length > MAX_BODY:
+                    status, answer = 413, {"error": f"body over {MAX_BODY} bytes"}
+                else:
+                    body = self.rfile.read(length) if length > 0 else b""
+                    try:
+                        status, answer = control.handle(method, self.path.split("?")[0],
+                                                        self.headers.get("Authorization", ""), body)
+                    except Exception:
+                        logger.exception("otelprof: control request failed")
+                        status, answer = 500, {"error": "internal error"}
+                logger.info("otelprof: control %s %s -> %d", method, self.path, status)
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._serve("GET")
+
+            def do_POST(self) -> None:
+                self._serve("POST")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        try:
+            server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as exc:
+            warn_once("control:bind", "otelprof: cannot serve the control endpoint on %s:%d (%s)", host, port, exc)
+            return False
+        server.daemon_threads = True
+        self._server = server
+        threading.Thread(target=server.serve_forever, name="otelprof-control", daemon=True).start()
+        self.address = (host, int(server.server_address[1]))
+        return True
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
