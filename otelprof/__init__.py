@@ -11,13 +11,14 @@
 
 from otelprof._version import __version__
 from otelprof.config import Config, ConfigError
-from otelprof.hotpath import annotate, annotation_begin, annotation_end, phase, record, step
+from otelprof.hotpath import StopTraining, annotate, annotation_begin, annotation_end, phase, record, step
 from otelprof.session import Session, get_session, init, shutdown
 
 __all__ = [
     "Config",
     "ConfigError",
     "Session",
+    "StopTraining",
     "__version__",
     "annotate",
     "annotation_begin",

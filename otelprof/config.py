@@ -60,6 +60,10 @@ class Config:
     cpu_high_threshold: float = thresholds.CPU_HIGH
     gpu_low_threshold: float = thresholds.GPU_LOW
     iowait_high_threshold: float = thresholds.IOWAIT_HIGH
+    control_port: int = 0
+    control_host: str = "127.0.0.1"
+    control_token: str = ""
+    stop_raises: bool = False
     pod_name: str = ""
     pod_namespace: str = ""
     node_name: str = ""
@@ -79,8 +83,16 @@ class Config:
         return self.prometheus_port + self.local_rank if self.prometheus_port else 0
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-friendly view (the recording's manifest keeps it)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """JSON-friendly view (the recording's manifest keeps it); secrets are redacted."""
+        values = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if values["control_token"]:
+            values["control_token"] = "(set)"
+        return values
+
+    @property
+    def control_rank_port(self) -> int:
+        """The port of this process's control endpoint: base + local rank (0: off)."""
+        return self.control_port + self.local_rank if self.control_port else 0
 
     @classmethod
     def from_env(
@@ -207,6 +219,8 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "outlier_min_steps": _ranged(int, 2, 1_000_000),
     "max_label_values": _ranged(int, 1, 10_000),
     "system_metrics": _parse_bool,
+    "stop_raises": _parse_bool,
+    "control_port": _ranged(int, 0, 65535),
     "gpu_metrics": _parse_bool,
     "sample_interval": lambda t: _ranged(float, 100, 60_000)(t) / 1000.0,
     "node_sampler_local_rank": _ranged(int, -1, 65535),
@@ -228,6 +242,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
     "max_label_values": lambda v: _in_range(v, 1, 10_000),
     "sample_interval": lambda v: _in_range(v, 0.1, 60.0),
+    "control_port": lambda v: _in_range(v, 0, 65535),
     "cpu_high_threshold": lambda v: _in_range(v, 0.0, 1.0),
     "gpu_low_threshold": lambda v: _in_range(v, 0.0, 1.0),
     "iowait_high_threshold": lambda v: _in_range(v, 0.0, 1.0),
@@ -280,6 +295,8 @@ class _Builder:
         if "metrics_exporters" not in values:
             values["metrics_exporters"] = (("prometheus",) if in_k8s else ()) + (("otlp",) if otlp_endpoint else ())
         values["prometheus_host"] = env.get(ev.OTEL_EXPORTER_PROMETHEUS_HOST) or ("0.0.0.0" if in_k8s else "127.0.0.1")
+        values["control_host"] = env.get(ev.OTELPROF_CONTROL_HOST) or ("0.0.0.0" if in_k8s else "127.0.0.1")
+        values["control_token"] = env.get(ev.OTELPROF_CONTROL_TOKEN, "")
         values["pod_name"] = (
             env.get(ev.OTELPROF_POD_NAME)
             or env.get("OTEL_RESOURCE_ATTRIBUTES_POD_NAME")

@@ -56,6 +56,10 @@ OTELPROF_GPU_METRICS = "OTELPROF_GPU_METRICS"
 OTELPROF_CPU_HIGH_THRESHOLD = "OTELPROF_CPU_HIGH_THRESHOLD"
 OTELPROF_GPU_LOW_THRESHOLD = "OTELPROF_GPU_LOW_THRESHOLD"
 OTELPROF_IOWAIT_HIGH_THRESHOLD = "OTELPROF_IOWAIT_HIGH_THRESHOLD"
+OTELPROF_CONTROL_PORT = "OTELPROF_CONTROL_PORT"
+OTELPROF_CONTROL_HOST = "OTELPROF_CONTROL_HOST"
+OTELPROF_CONTROL_TOKEN = "OTELPROF_CONTROL_TOKEN"
+OTELPROF_STOP_RAISES = "OTELPROF_STOP_RAISES"
 OTELPROF_POD_NAME = "OTELPROF_POD_NAME"
 OTELPROF_POD_NAMESPACE = "OTELPROF_POD_NAMESPACE"
 OTELPROF_NODE_NAME = "OTELPROF_NODE_NAME"
@@ -145,6 +149,16 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "A GPU below this utilization ratio counts as low in the coincidence counters."),
     EnvVar(OTELPROF_IOWAIT_HIGH_THRESHOLD, "iowait_high_threshold", "0.5",
            "A CPU with more iowait than this ratio counts as waiting in the I/O-bottleneck counter."),
+    EnvVar(OTELPROF_CONTROL_PORT, "control_port", "0",
+           "Base port of the control endpoint (`POST /v1/stop`, `POST /v1/capture`, `GET /v1/status`) used by "
+           "`otelprof webhook` and `otelprof capture`; each process listens on base + `LOCAL_RANK`. 0 = off."),
+    EnvVar(OTELPROF_CONTROL_HOST, "control_host", "(0.0.0.0 in Kubernetes, else 127.0.0.1)",
+           "Address the control endpoint binds to."),
+    EnvVar(OTELPROF_CONTROL_TOKEN, "control_token", "",
+           "Bearer token the control endpoint requires; without one it only starts on loopback. Never recorded."),
+    EnvVar(OTELPROF_STOP_RAISES, "stop_raises", "false",
+           "After a stop request, raise `otelprof.StopTraining` at the next step boundary (after the `on_stop` "
+           "callbacks) instead of only setting `session.should_stop()`."),
     EnvVar(OTELPROF_POD_NAME, "pod_name", "(HOSTNAME in Kubernetes)",
            "`k8s.pod.name`; set from the downward API `metadata.name`."),
     EnvVar(OTELPROF_POD_NAMESPACE, "pod_namespace", "(service-account namespace file)",

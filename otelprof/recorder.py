@@ -115,6 +115,10 @@ class Recorder:
         else:
             self.queue_dropped += 1
 
+    def arm_window(self, start_step: int, num_steps: int) -> None:
+        """Trace every step numbered ``start_step`` .. ``start_step + num_steps - 1`` (any phase)."""
+        self._selector.windows = (*self._selector.windows, (start_step, num_steps))
+
     # ------------------------------------------------------------------ background
     def count_dropped(self, exporter: str, amount: int) -> None:
         with self.registry.lock:

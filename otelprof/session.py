@@ -14,6 +14,7 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,6 +28,7 @@ from otelprof._log import logger, reset_warnings, warn_once
 from otelprof._version import __version__
 from otelprof.collectors.sampler import Sampler
 from otelprof.config import Config
+from otelprof.control import ControlServer
 from otelprof.export import otlp
 from otelprof.export.prometheus import PrometheusEndpoint
 from otelprof.metrics import MetricRegistry
@@ -105,6 +107,14 @@ class Session:
         if config.system_metrics:
             self.sampler = Sampler(config, self.registry, self.writer)
             self.sampler.start()
+        self._stop_reason: str | None = None
+        self._stop_callbacks: list[Callable[[], None]] = []
+        self.capture_handler: Callable[[int], dict[str, Any]] | None = None
+        self.control: ControlServer | None = None
+        if config.control_port:
+            self.control = ControlServer(self._control_stop, self.capture, self.status, config.control_token)
+            if not self.control.start(config.control_host, config.control_rank_port):
+                self.control = None
         self._thread = threading.Thread(target=self._run, name="otelprof-recorder", daemon=True)
         self._thread.start()
         hot._activate(self.recorder)
@@ -167,6 +177,63 @@ class Session:
         if self.writer is not None:
             self.writer.add(schema.METRICS, otlp_json.metrics_to_json(data))
 
+    # ------------------------------------------------------------------ stop and capture
+    def should_stop(self) -> bool:
+        """True once a stop was requested (alert action, control endpoint, ``request_stop()``).
+
+        Check it after each step and leave the loop; the ``on_stop`` callbacks have run by then
+        when the request arrived during a step."""
+        return self._stop_reason is not None
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` (e.g. save a checkpoint) on the training thread at the step boundary
+        after a stop request."""
+        self._stop_callbacks.append(callback)
+
+    def request_stop(self, reason: str = "requested", alert: str = "") -> dict[str, Any]:
+        """Ask the training loop to stop at the next step boundary. Idempotent."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+            logger.warning("otelprof: stop requested (%s%s); stopping at the next step boundary",
+                           reason, f", alert {alert}" if alert else "")
+            if self.writer is not None:
+                self.writer.update_manifest(stop={"reason": reason, "alert": alert, "time": time.time()})
+            hot._step_boundary.append(self._at_stop_boundary)
+        return {"stopping": True, "reason": self._stop_reason, "run_id": self.config.run_id,
+                "rank": self.config.rank}
+
+    def _control_stop(self, reason: str, alert: str) -> dict[str, Any]:
+        return self.request_stop(reason or "control endpoint", alert)
+
+    def _at_stop_boundary(self) -> None:
+        callbacks, self._stop_callbacks = self._stop_callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                logger.exception("otelprof: an on_stop callback failed")
+        if self.config.stop_raises:
+            raise hot.StopTraining(self._stop_reason or "stop requested")
+
+    def capture(self, steps: int = 10) -> dict[str, Any]:
+        """Arm a profiling window for the next ``steps`` steps: the framework integration's
+        operator profiler when one is installed, else spans for every step of the window."""
+        if self.capture_handler is not None:
+            return self.capture_handler(steps)
+        start = hot.next_step_number()
+        self.recorder.arm_window(start, steps)
+        return {"armed": True, "kind": "spans", "start_step": start, "num_steps": steps}
+
+    def status(self) -> dict[str, Any]:
+        return {"run_id": self.config.run_id, "job_name": self.config.job_name, "rank": self.config.rank,
+                "next_step": hot.next_step_number(), "phase": hot.current_phase(),
+                "stop_requested": self._stop_reason}
+
+    @property
+    def control_address(self) -> tuple[str, int] | None:
+        """(host, port) of the control endpoint, or None when it is off."""
+        return self.control.address if self.control is not None else None
+
     # ------------------------------------------------------------------ public
     @property
     def metrics_address(self) -> tuple[str, int] | None:
@@ -215,6 +282,8 @@ class Session:
                 self.writer.close()
             if self.prometheus is not None:
                 self.prometheus.stop()
+            if self.control is not None:
+                self.control.stop()
         except Exception:
             logger.exception("otelprof: internal error during shutdown")
         finally:
@@ -248,6 +317,7 @@ class _DisabledSession:
 
     run_dir = None
     metrics_address = None
+    control_address = None
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -257,6 +327,18 @@ class _DisabledSession:
 
     def shutdown(self, timeout: float | None = None) -> None:
         return None
+
+    def should_stop(self) -> bool:
+        return False
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        return None
+
+    def request_stop(self, reason: str = "requested", alert: str = "") -> dict[str, Any]:
+        return {"stopping": False}
+
+    def capture(self, steps: int = 10) -> dict[str, Any]:
+        return {"armed": False}
 
     def __enter__(self) -> _DisabledSession:
         return self
