@@ -91,6 +91,58 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    command = list(args.command_line)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("otelprof run: give the command to run, e.g. otelprof run -- python train.py", file=sys.stderr)
+        return EXIT_USAGE
+    bootstrap = str(Path(__file__).resolve().parent / "_bootstrap")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap, env.get("PYTHONPATH", "")) if p)
+    env["OTELPROF_RUN"] = "1"
+    if args.no_torch:
+        env["OTELPROF_RUN_TORCH"] = "0"
+    if args.grad_norm:
+        env["OTELPROF_RUN_GRAD_NORM"] = "1"
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        print(f"otelprof run: cannot run {command[0]!r}: {exc}", file=sys.stderr)
+        return 127
+    return 0  # not reached
+
+
+def _cmd_capture(args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = args.url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    if not url.endswith("/v1/capture"):
+        url += "/v1/capture"
+    request = urllib.request.Request(url, data=json.dumps({"steps": args.steps}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    token = args.token or os.environ.get("OTELPROF_CONTROL_TOKEN", "")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=args.timeout) as response:
+            print(response.read().decode())
+            return 0
+    except urllib.error.HTTPError as error:
+        print(f"otelprof capture: {url} answered {error.code}: {error.read().decode(errors='replace')}",
+              file=sys.stderr)
+    except (urllib.error.URLError, OSError) as error:
+        print(f"otelprof capture: cannot reach {url}: {error}", file=sys.stderr)
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otelprof",
@@ -119,6 +171,27 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--root", default=".", help="repository root (default: current directory)")
     generate.set_defaults(func=_cmd_generate)
 
+    run = sub.add_parser(
+        "run", help="run a training command with otelprof and PyTorch instrumented automatically",
+        description="Run COMMAND with otelprof started before the program's own code (a sitecustomize module "
+                    "put first on PYTHONPATH) and, when PyTorch is importable, every optimizer, top-level module "
+                    "call and DataLoader hooked: steps end at optimizer.step(). Settings come from the usual "
+                    "OTEL_*/OTELPROF_* variables. Works with torchrun: otelprof run -- torchrun ... train.py.")
+    run.add_argument("--no-torch", action="store_true", help="only start otelprof; do not hook PyTorch")
+    run.add_argument("--grad-norm", action="store_true", help="also record the global gradient norm")
+    run.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    run.set_defaults(func=_cmd_run)
+
+    capture = sub.add_parser(
+        "capture", help="arm an operator-profiling window in a running training process",
+        description="Ask a training process's control endpoint (OTELPROF_CONTROL_PORT) to profile the next "
+                    "N steps with torch.profiler (or, without PyTorch, to trace them as spans).")
+    capture.add_argument("url", help="control endpoint, e.g. http://10.0.0.5:9565 or 127.0.0.1:9565")
+    capture.add_argument("--steps", type=int, default=10, help="steps to profile (default: 10)")
+    capture.add_argument("--token", default=None, help="bearer token (default: OTELPROF_CONTROL_TOKEN)")
+    capture.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for an answer")
+    capture.set_defaults(func=_cmd_capture)
+
     demo = sub.add_parser("demo", help="train a small model on synthetic data and record it locally",
                           description="Train a small model (PyTorch if installed) on synthetic data on the CPU "
                                       "through the otelprof API, write a run recording and summarize it.")
@@ -138,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if getattr(args, "duration", 1.0) is not None and getattr(args, "duration", 1.0) <= 0:
         parser.error("--duration must be positive")
+    if args.command == "capture" and not 1 <= args.steps <= 10_000:
+        parser.error("--steps must be from 1 to 10000")
     try:
         Config.from_env(strict=True)
     except ConfigError as exc:

@@ -103,8 +103,9 @@ def run_step_boundary() -> None:
     (``StopTraining`` when the user asked for it); other errors are logged, never raised."""
     from otelprof._log import logger
 
-    while _step_boundary:
-        callback = _step_boundary.pop(0)
+    callbacks = _step_boundary[:]
+    del _step_boundary[: len(callbacks)]  # callbacks may re-arm themselves for the next boundary
+    for callback in callbacks:
         try:
             callback()
         except StopTraining:

@@ -72,7 +72,7 @@ class Recorder:
         self.offset_ns = time.time_ns() - time.perf_counter_ns()
         self._drain_lock = threading.RLock()
         self._span_sinks = list(span_sinks)
-        self._collected: list[ReadableSpan] = []
+        self._collected: deque[ReadableSpan] = deque()  # ended spans; appended from any thread
         tracer_provider.add_span_processor(_CollectSpans(self._collected))
         self._tracer = tracer_provider.get_tracer("otelprof")
         self._selector = SpanSelector.from_config(config)
@@ -153,8 +153,7 @@ class Recorder:
                     self._phase(*item[1:])
         if self._collected:
             began = time.perf_counter()
-            spans = self._collected[:]
-            self._collected.clear()
+            spans = [self._collected.popleft() for _ in range(len(self._collected))]
             for sink in self._span_sinks:
                 sink(spans)
             self._span_seconds += time.perf_counter() - began
@@ -326,7 +325,7 @@ class Recorder:
 class _CollectSpans(SpanProcessor):
     """SpanProcessor that hands ended spans to the recorder, which forwards them to the sinks."""
 
-    def __init__(self, into: list[ReadableSpan]) -> None:
+    def __init__(self, into: deque[ReadableSpan]) -> None:
         self._into = into
 
     def on_end(self, span: ReadableSpan) -> None:

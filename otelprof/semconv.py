@@ -87,6 +87,11 @@ REGION_OPTIMIZER = "optimizer"
 REGION_COLLECTIVE = "collective"
 """Time a gradient all-reduce was in flight (DDP communication hook)."""
 
+SPAN_PROFILE = "otelprof.profile"
+"""One span per operator-profiling window; its events are the top operators."""
+ATTR_PROFILE_START = "otelprof.profile.start_step"
+ATTR_PROFILE_STEPS = "otelprof.profile.num_steps"
+
 SPAN_REASONS: tuple[str, ...] = ("first", "every", "window", "outlier", "budget", "annotation")
 
 
@@ -234,6 +239,11 @@ CUDA_MEMORY_RESERVED = MetricSpec(
 CUDA_MEMORY_PEAK = MetricSpec(
     "otelprof.cuda.memory.peak", Kind.GAUGE, "By", "Peak memory held by tensors since start (torch.cuda).",
     (LABEL_GPU,))
+INTEGRATION_ERRORS = MetricSpec(
+    "otelprof.integration.errors", Kind.COUNTER, "{error}",
+    "Framework hooks that failed and were removed (training went on without them).", ("hook",))
+PROFILE_WINDOWS = MetricSpec(
+    "otelprof.profile.windows", Kind.COUNTER, "{window}", "Operator-profiling windows completed.")
 EXPORTER_DROPPED = MetricSpec(
     "otelprof.exporter.dropped", Kind.COUNTER, "{item}",
     "Records, spans or metric exports otelprof dropped instead of blocking training "
@@ -371,6 +381,7 @@ STEP_METRICS: tuple[MetricSpec, ...] = (
 """From the step/annotation API and the recorder: present whenever steps run."""
 FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
     DATALOADER_WORKERS, DATALOADER_PIN_MEMORY, CUDA_MEMORY_ALLOCATED, CUDA_MEMORY_RESERVED, CUDA_MEMORY_PEAK,
+    INTEGRATION_ERRORS, PROFILE_WINDOWS,
 )
 """Set by the PyTorch integration when it sees a data loader / CUDA."""
 

@@ -113,6 +113,14 @@ class RankRecording:
                 continue
             yield sample
 
+    def profiles(self) -> Iterator[dict[str, Any]]:
+        """Operator-profiling windows of profiles.jsonl (top operators, activity and precision mixes)."""
+        for line in _lines(self.path / schema.PROFILES):
+            try:
+                yield dict(json.loads(line))
+            except (ValueError, TypeError):
+                self.skipped_lines += 1
+
     def metric_snapshots(self) -> Iterator[Any]:
         """ExportMetricsServiceRequest messages of metrics.jsonl, oldest first."""
         for line in _lines(self.path / schema.METRICS):

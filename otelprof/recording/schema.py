@@ -8,6 +8,7 @@
         spans.jsonl     OTLP-JSON ExportTraceServiceRequest, one per line
         metrics.jsonl   OTLP-JSON ExportMetricsServiceRequest snapshots, one per line
         samples.jsonl   raw telemetry samples (every OTELPROF_SAMPLE_INTERVAL_MS)
+        profiles.jsonl  one line per operator-profiling window: top CPU/GPU operators, activity mixes
 
 ``steps.jsonl`` records (times are integers in nanoseconds; ``t`` is Unix time):
 
@@ -33,6 +34,7 @@ STEPS = "steps.jsonl"
 SPANS = "spans.jsonl"
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"
+PROFILES = "profiles.jsonl"
 
 KIND_STEP = "s"
 KIND_ANNOTATION = "a"

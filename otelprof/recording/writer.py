@@ -32,7 +32,7 @@ class RecordingWriter:
         self._on_dropped = on_dropped
         self._on_written = on_written
         self._buffers: dict[str, list[str]] = {name: [] for name in (schema.STEPS, schema.SPANS, schema.METRICS,
-                                                                      schema.SAMPLES)}
+                                                                      schema.SAMPLES, schema.PROFILES)}
         self._files: dict[str, IO[str]] = {}
         self._lock = threading.RLock()  # re-entrant: a SIGTERM flush may interrupt a flush
         self._ok = self._open()

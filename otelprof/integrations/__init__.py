@@ -1,0 +1,1 @@
+"""Framework integrations: PyTorch (``otelprof.integrations.torch``)."""

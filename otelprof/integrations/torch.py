@@ -1,0 +1,540 @@
+"""PyTorch in one line: ``otelprof.integrations.torch.instrument(model=..., optimizer=..., dataloader=...)``.
+
+What each region measures (host time, i.e. what the Python training loop waits for):
+
+* ``dataloader`` — from asking the data loader for the next batch to getting it: input wait.
+* ``forward`` — the instrumented module's forward call.
+* ``backward`` — ``Tensor.backward()``: the autograd pass (on CUDA, until the kernels are queued).
+* ``optimizer`` — ``optimizer.step()`` (plus the gradient norm when asked for).
+* ``collective`` — a DDP gradient all-reduce from launch to completion (communication hook).
+
+Steps: when the user marks none, a step runs from the first event of an iteration (batch fetch,
+forward) to the end of ``optimizer.step()`` — with gradient accumulation, one step per optimizer
+update. An iteration without backward (evaluation) ends at the next fetch. Scalars: the loss (the
+tensor ``backward()`` is called on, when it is a scalar), the learning rate, optionally the global
+gradient norm, samples per step (the first dimension of the batch), CUDA memory when CUDA is used.
+
+A hook that raises is removed and counted (``otelprof_integration_errors_total``); training goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from time import perf_counter_ns
+from typing import Any
+
+import torch
+
+from otelprof import hotpath as hot
+from otelprof import semconv as sc
+from otelprof._log import warn_once
+from otelprof.integrations.torch_profiler import ProfileWindows
+
+__all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_window", "uninstrument"]
+
+_lock = threading.RLock()
+_active: list[TorchInstrumentation] = []
+_original_backward: Callable[..., Any] | None = None
+_original_dataloader_iter: Callable[..., Any] | None = None
+
+
+def _session() -> Any:
+    from otelprof.session import get_session
+
+    return get_session()
+
+
+def _with_registry(action: Callable[[Any], None]) -> None:
+    session = _session()
+    if session is None:
+        return
+    with session.registry.lock:
+        action(session.registry)
+
+
+def _batch_size(batch: Any) -> int | None:
+    """First dimension of the first tensor in a batch (tensor, sequence or mapping)."""
+    for _ in range(3):
+        if isinstance(batch, torch.Tensor):
+            return int(batch.shape[0]) if batch.dim() > 0 else None
+        if isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        elif isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
+        else:
+            return None
+    return None
+
+
+def _open_step() -> hot.StepContext | None:
+    """The step open on this thread (the user's or an automatic one)."""
+    step: hot.StepContext | None = getattr(hot._tls, "step", None)
+    return step
+
+
+class _AutoSteps:
+    """Opens steps the user did not mark and closes them at ``optimizer.step()`` (or the next fetch
+    when the iteration had no backward)."""
+
+    def __init__(self) -> None:
+        self.current: hot.StepContext | None = None
+        self.saw_backward = False
+        self.saw_work = False
+
+    def _ours(self) -> bool:
+        return self.current is not None and _open_step() is self.current
+
+    def ensure(self) -> None:
+        if hot._active is None or _open_step() is not None:
+            return
+        step = hot.StepContext(None, None)
+        step.__enter__()
+        self.current, self.saw_backward, self.saw_work = step, False, False
+
+    def on_fetch(self) -> None:
+        if self._ours() and self.saw_work and not self.saw_backward:
+            self.close()  # an evaluation iteration: fetch -> forward -> next fetch
+        self.ensure()
+
+    def close(self) -> None:
+        step, self.current = self.current, None
+        if step is None:
+            return
+        if _open_step() is step:
+            step.__exit__(None, None, None)
+
+    def cancel(self) -> None:
+        """Drop a step that only saw the fetch that ended the epoch."""
+        step = self.current
+        if step is None:
+            return
+        if not self.saw_work and _open_step() is step:
+            self.current = None
+            step.closed = True
+            hot._tls.step = step._previous
+            hot._tls.depth = step._depth
+            if hot._step_numbers.get(step.phase) == step.number + 1:
+                hot._step_numbers[step.phase] = step.number
+
+    def retag(self, phase: str) -> None:
+        """Move the open auto step to ``phase`` (evaluation detected from ``model.training``)."""
+        step = self.current
+        if step is None or not self._ours() or step.phase == phase:
+            return
+        if hot._step_numbers.get(step.phase) == step.number + 1:
+            hot._step_numbers[step.phase] = step.number
+        step.phase = phase
+        step.number = hot._step_numbers.get(phase, 0)
+        hot._step_numbers[phase] = step.number + 1
+
+
+class _TimedIterator:
+    """Wraps a data-loader iterator: each ``next()`` is a ``dataloader`` region."""
+
+    def __init__(self, iterator: Iterator[Any], owner: TorchInstrumentation) -> None:
+        self._iterator = iterator
+        self._owner = owner
+
+    def __iter__(self) -> _TimedIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._iterator)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._iterator, name)
+
+    def __next__(self) -> Any:
+        owner = self._owner
+        if hot._active is None or owner.closed:
+            return next(self._iterator)
+        region = owner.guarded("dataloader", owner.fetch_begin)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            owner.guarded("dataloader", owner.fetch_end, region, None, True)
+            raise
+        owner.guarded("dataloader", owner.fetch_end, region, batch, False)
+        return batch
+
+
+class TorchInstrumentation:
+    """Hooks on one model / optimizer / data loader (or, with ``everything=True``, on all of them)."""
+
+    def __init__(self, grad_norm: bool, loss: bool, count_samples: bool) -> None:
+        self.grad_norm = grad_norm
+        self.loss = loss
+        self.count_samples = count_samples
+        self.closed = False
+        self.auto = _AutoSteps()
+        self._removers: dict[str, list[Callable[[], None]]] = {}
+        self._forward_regions: list[Any] = []
+        self._optimizer_region: Any = None
+        self._backward_regions: list[Any] = []
+        self._global_depth = threading.local()
+        self.models: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.windows = ProfileWindows()
+
+    # ------------------------------------------------------------------ failure handling
+    def guarded(self, hook: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run hook code; on error remove that hook, count it, warn once, and carry on."""
+        try:
+            return fn(*args)
+        except hot.StopTraining:
+            raise
+        except Exception as exc:
+            self._remove_hook(hook)
+            _with_registry(lambda r: r.counter(sc.INTEGRATION_ERRORS).add(1, (hook,)))
+            warn_once(f"torch-hook:{hook}", "otelprof: the %s hook failed (%r) and was removed; training goes on "
+                      "without it", hook, exc)
+            return None
+
+    def _remove_hook(self, hook: str) -> None:
+        for remove in self._removers.pop(hook, []):
+            with contextlib.suppress(Exception):
+                remove()
+
+    def _on_remove(self, hook: str, remove: Callable[[], None]) -> None:
+        self._removers.setdefault(hook, []).append(remove)
+
+    # ------------------------------------------------------------------ data loader
+    def fetch_begin(self) -> Any:
+        self.auto.on_fetch()
+        region = hot._Region(sc.REGION_DATALOADER)
+        region.__enter__()
+        return region
+
+    def fetch_end(self, region: Any, batch: Any, exhausted: bool) -> None:
+        if region is not None:
+            region.__exit__(None, None, None)
+        if exhausted:
+            self.auto.cancel()
+            return
+        if self.count_samples:
+            size = _batch_size(batch)
+            if size:
+                hot.record("samples", size)
+
+    def add_dataloader(self, loader: Any) -> None:
+        if getattr(loader, "_otelprof_instrumented", False):
+            return
+        if not hasattr(loader, "__iter__"):
+            warn_once("torch:dataloader", "otelprof: instrument(dataloader=...) got %r, which is not iterable; "
+                      "ignored", type(loader).__name__)
+            return
+        owner = self
+        cls = type(loader)
+        original_iter = cls.__iter__
+
+        def __iter__(this: Any) -> Any:
+            return _TimedIterator(original_iter(this), owner)
+
+        try:
+            loader.__class__ = type(cls.__name__, (cls,), {"__iter__": __iter__, "_otelprof_instrumented": True,
+                                                          "__module__": cls.__module__})
+        except TypeError:
+            warn_once("torch:dataloader-class", "otelprof: cannot instrument data loader %s; wrap its iterator "
+                      "with otelprof.annotate('dataloader') instead", cls.__name__)
+            return
+
+        def restore() -> None:
+            loader.__class__ = cls
+
+        self._on_remove("dataloader", restore)
+        workers = getattr(loader, "num_workers", None)
+        pin = getattr(loader, "pin_memory", None)
+        if isinstance(workers, int):
+            _with_registry(lambda r: r.gauge(sc.DATALOADER_WORKERS).set(workers))
+        if isinstance(pin, bool):
+            _with_registry(lambda r: r.gauge(sc.DATALOADER_PIN_MEMORY).set(1 if pin else 0))
+
+    # ------------------------------------------------------------------ model
+    def forward_begin(self, module: Any) -> None:
+        self.auto.ensure()
+        self.auto.saw_work = True
+        if not module.training and self.auto.current is not None and hot.current_phase() == hot.DEFAULT_PHASE:
+            self.auto.retag("eval")
+        region = hot._Region(sc.REGION_FORWARD)
+        region.__enter__()
+        self._forward_regions.append(region)
+
+    def forward_end(self) -> None:
+        if self._forward_regions:
+            self._forward_regions.pop().__exit__(None, None, None)
+
+    def add_model(self, model: Any) -> None:
+        if model in self.models:
+            return
+        if not isinstance(model, torch.nn.Module):
+            warn_once("torch:model", "otelprof: instrument(model=...) expects a torch.nn.Module, got %s; ignored",
+                      type(model).__name__)
+            return
+        self.models.add(model)
+        pre = model.register_forward_pre_hook(lambda m, args: self.guarded("forward", self.forward_begin, m))
+        post = model.register_forward_hook(lambda m, args, out: self.guarded("forward", self.forward_end))
+        self._on_remove("forward", pre.remove)
+        self._on_remove("forward", post.remove)
+        self._add_comm_hook(model)
+
+    def _add_comm_hook(self, model: Any) -> None:
+        ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
+        if ddp is None or not isinstance(model, ddp):
+            return
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        owner = self
+
+        def timed_allreduce(state: Any, bucket: Any) -> Any:
+            step = owner.auto.current if owner.auto.current is not None else _open_step()
+            start = perf_counter_ns()
+            future = default_hooks.allreduce_hook(state, bucket)
+
+            def done(fut: Any) -> Any:
+                if step is not None and not step.closed:
+                    step.annotations.append((sc.REGION_COLLECTIVE, start, perf_counter_ns(), 1, None))
+                return fut.value()
+
+            return future.then(done)
+
+        try:
+            model.register_comm_hook(state=None, hook=timed_allreduce)
+        except Exception as exc:  # a hook is already registered, or DDP already ran
+            warn_once("torch:comm-hook", "otelprof: cannot time DDP all-reduce (%s); collective time is not "
+                      "measured", exc)
+
+    # ------------------------------------------------------------------ backward
+    def backward_begin(self, tensor: Any) -> None:
+        self.auto.ensure()
+        self.auto.saw_work = self.auto.saw_backward = True
+        if self.loss and tensor.numel() == 1:
+            hot.record("loss", tensor.detach())
+        region = hot._Region(sc.REGION_BACKWARD)
+        region.__enter__()
+        self._backward_regions.append(region)
+
+    def backward_end(self) -> None:
+        if self._backward_regions:
+            self._backward_regions.pop().__exit__(None, None, None)
+
+    # ------------------------------------------------------------------ optimizer
+    def optimizer_begin(self, optimizer: Any) -> None:
+        self.auto.ensure()
+        self.auto.saw_work = True
+        if self.grad_norm:
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if grads:
+                norms = torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads])
+                hot.record("grad_norm", torch.linalg.vector_norm(norms))
+        region = hot._Region(sc.REGION_OPTIMIZER)
+        region.__enter__()
+        self._optimizer_region = region
+
+    def optimizer_end(self, optimizer: Any) -> None:
+        region, self._optimizer_region = self._optimizer_region, None
+        if region is not None:
+            region.__exit__(None, None, None)
+        groups = getattr(optimizer, "param_groups", None)
+        if groups and "lr" in groups[0]:
+            lr = groups[0]["lr"]
+            hot.record("learning_rate", float(lr) if not isinstance(lr, torch.Tensor) else lr.detach())
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            device = torch.cuda.current_device()
+            allocated = torch.cuda.memory_allocated(device)
+            reserved = torch.cuda.memory_reserved(device)
+            peak = torch.cuda.max_memory_allocated(device)
+
+            def update(r: Any) -> None:
+                r.gauge(sc.CUDA_MEMORY_ALLOCATED).set(allocated, (str(device),))
+                r.gauge(sc.CUDA_MEMORY_RESERVED).set(reserved, (str(device),))
+                r.gauge(sc.CUDA_MEMORY_PEAK).set(peak, (str(device),))
+
+            _with_registry(update)
+        self.auto.close()
+
+    def add_optimizer(self, optimizer: Any) -> None:
+        if optimizer in self.optimizers:
+            return
+        if not hasattr(optimizer, "register_step_pre_hook"):
+            warn_once("torch:optimizer", "otelprof: instrument(optimizer=...) expects a torch.optim.Optimizer, got "
+                      "%s; ignored", type(optimizer).__name__)
+            return
+        self.optimizers.add(optimizer)
+        pre = optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs: self.guarded("optimizer", self.optimizer_begin, opt))
+        post = optimizer.register_step_post_hook(
+            lambda opt, args, kwargs: self.guarded("optimizer", self.optimizer_end, opt))
+        self._on_remove("optimizer", pre.remove)
+        self._on_remove("optimizer", post.remove)
+
+    # ------------------------------------------------------------------ everything (otelprof run)
+    def add_everything(self) -> None:
+        """Global hooks: every optimizer, every top-level module call, every DataLoader."""
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim_module
+
+        depth = self._global_depth
+
+        def pre(module: Any, args: Any) -> None:
+            level = getattr(depth, "value", 0)
+            depth.value = level + 1
+            if level == 0:
+                self.guarded("forward", self.forward_begin, module)
+
+        def post(module: Any, args: Any, output: Any) -> None:
+            depth.value = getattr(depth, "value", 1) - 1
+            if depth.value == 0:
+                self.guarded("forward", self.forward_end)
+
+        handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post),
+                   optim_module.register_optimizer_step_pre_hook(
+                       lambda opt, a, k: self.guarded("optimizer", self.optimizer_begin, opt)),
+                   optim_module.register_optimizer_step_post_hook(
+                       lambda opt, a, k: self.guarded("optimizer", self.optimizer_end, opt))]
+        for handle in handles[:2]:
+            self._on_remove("forward", handle.remove)
+        for handle in handles[2:]:
+            self._on_remove("optimizer", handle.remove)
+        _patch_dataloader_class()
+        self._on_remove("dataloader", _unpatch_dataloader_class)
+
+    # ------------------------------------------------------------------ lifecycle
+    def profile_window(self, start_step: int, num_steps: int, *, chrome_trace: bool = False,
+                       top: int = 15) -> dict[str, Any]:
+        """Run ``torch.profiler`` for steps ``start_step`` .. ``start_step + num_steps - 1``."""
+        return self.windows.arm(start_step, num_steps, chrome_trace=chrome_trace, top=top)
+
+    def uninstrument(self) -> None:
+        """Remove every hook this instrumentation installed (DDP communication hooks cannot be removed)."""
+        with _lock:
+            if self.closed:
+                return
+            self.closed = True
+            for hook in list(self._removers):
+                self._remove_hook(hook)
+            self.auto.close()
+            if self in _active:
+                _active.remove(self)
+            if not _active:
+                _unpatch_backward()
+            session = _session()
+            if session is not None and session.capture_handler == self._capture:
+                session.capture_handler = None
+
+    def _capture(self, steps: int) -> dict[str, Any]:
+        return self.windows.arm(hot.next_step_number(), steps)
+
+
+def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        inst = _active[-1] if _active and hot._active is not None else None
+        if inst is None:
+            return original(self, *args, **kwargs)
+        inst.guarded("backward", inst.backward_begin, self)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            inst.guarded("backward", inst.backward_end)
+
+    return backward
+
+
+def _patch_backward() -> None:
+    global _original_backward
+    if _original_backward is None:
+        _original_backward = torch.Tensor.backward
+        torch.Tensor.backward = _patched_backward(_original_backward)  # type: ignore[method-assign]
+
+
+def _unpatch_backward() -> None:
+    global _original_backward
+    if _original_backward is not None:
+        torch.Tensor.backward = _original_backward  # type: ignore[method-assign]
+        _original_backward = None
+
+
+def _patch_dataloader_class() -> None:
+    global _original_dataloader_iter
+    from torch.utils.data import DataLoader
+
+    if _original_dataloader_iter is not None:
+        return
+    original = DataLoader.__iter__
+    _original_dataloader_iter = original
+
+    def __iter__(self: Any) -> Any:
+        iterator = original(self)
+        owner = _active[-1] if _active else None
+        return iterator if owner is None else _TimedIterator(iterator, owner)
+
+    DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+
+
+def _unpatch_dataloader_class() -> None:
+    global _original_dataloader_iter
+    from torch.utils.data import DataLoader
+
+    if _original_dataloader_iter is not None:
+        DataLoader.__iter__ = _original_dataloader_iter  # type: ignore[method-assign]
+        _original_dataloader_iter = None
+
+
+def instrument(
+    model: Any = None,
+    optimizer: Any = None,
+    dataloader: Any = None,
+    *,
+    grad_norm: bool = False,
+    loss: bool = True,
+    count_samples: bool = True,
+) -> TorchInstrumentation:
+    """Instrument a PyTorch training loop (each argument optional; calling again adds objects).
+
+    ``grad_norm=True`` also records the global gradient norm before each ``optimizer.step()``
+    (one norm per parameter tensor: measured in ``benchmarks/``). Call ``otelprof.init()`` first."""
+    with _lock:
+        inst = _active[-1] if _active else None
+        if inst is None:
+            inst = TorchInstrumentation(grad_norm, loss, count_samples)
+            _active.append(inst)
+            _patch_backward()
+            session = _session()
+            if session is not None and hasattr(session, "capture_handler"):
+                session.capture_handler = inst._capture
+        else:
+            inst.grad_norm = inst.grad_norm or grad_norm
+        if model is not None:
+            inst.add_model(model)
+        if optimizer is not None:
+            inst.add_optimizer(optimizer)
+        if dataloader is not None:
+            inst.add_dataloader(dataloader)
+        return inst
+
+
+def auto_instrument(grad_norm: bool = False) -> TorchInstrumentation:
+    """Hook every optimizer, top-level module call and DataLoader in the process (``otelprof run``)."""
+    inst = instrument(grad_norm=grad_norm)
+    with _lock:
+        if "everything" not in inst._removers:
+            inst.add_everything()
+            inst._removers.setdefault("everything", [])
+    return inst
+
+
+def uninstrument() -> None:
+    """Remove every hook otelprof installed in PyTorch."""
+    with _lock:
+        for inst in list(_active):
+            inst.uninstrument()
+
+
+def profile_window(start_step: int, num_steps: int, *, chrome_trace: bool = False, top: int = 15) -> dict[str, Any]:
+    """Profile operators with ``torch.profiler`` for ``num_steps`` steps from ``start_step``."""
+    inst = instrument()
+    return inst.profile_window(start_step, num_steps, chrome_trace=chrome_trace, top=top)
