@@ -33,6 +33,8 @@ _tls = threading.local()
 _phase: list[str] = [DEFAULT_PHASE]
 _step_numbers: dict[str, int] = {}
 _open_regions: dict[str, tuple[int, StepContext | None]] = {}
+_step_begin: list[Callable[[StepContext], None]] = []
+"""Run on the training thread as a step starts, while non-empty (profiler windows about to open)."""
 _step_boundary: list[Callable[[], None]] = []
 """Run on the training thread when a step closes, while non-empty (stop requests, armed captures)."""
 
@@ -46,6 +48,7 @@ def _activate(recorder: Recorder | None) -> None:
     _step_numbers.clear()
     _open_regions.clear()
     _step_boundary.clear()
+    _step_begin.clear()
 
 
 def current_phase() -> str:
@@ -79,6 +82,8 @@ class StepContext:
         self._depth = getattr(tls, "depth", 0)
         tls.step = self
         tls.depth = 0
+        if _step_begin:
+            _run_step_begin(self)
         self.start_ns = perf_counter_ns()
         return self
 
@@ -112,6 +117,16 @@ def run_step_boundary() -> None:
             raise
         except Exception:
             logger.exception("otelprof: a step-boundary callback failed")
+
+
+def _run_step_begin(step: StepContext) -> None:
+    from otelprof._log import logger
+
+    for callback in _step_begin[:]:
+        try:
+            callback(step)
+        except Exception:
+            logger.exception("otelprof: a step-begin callback failed")
 
 
 class StopTraining(Exception):

@@ -301,6 +301,7 @@ class TorchInstrumentation:
 
             return future.then(done)
 
+        timed_allreduce.__annotations__.clear()  # DDP checks annotations against its own (unresolved) types
         try:
             model.register_comm_hook(state=None, hook=timed_allreduce)
         except Exception as exc:  # a hook is already registered, or DDP already ran

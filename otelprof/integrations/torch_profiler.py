@@ -1,6 +1,6 @@
 """Operator-profiling windows: ``torch.profiler`` for a few chosen steps, never for every step.
 
-A window starts at the step boundary before ``start_step`` and stops after ``num_steps`` steps.
+A window starts as step ``start_step`` begins and stops as its ``num_steps``-th step ends.
 Its result — top CPU and GPU operators (calls, self and total time), on CUDA the kernel precision
 mix and the GPU activity mix (kernel / memcpy / memset / sync) — goes to the recording
 (``profiles.jsonl``) and out as one ``otelprof.profile`` span whose events are the top operators;
@@ -63,13 +63,13 @@ class _Window:
 
 
 class ProfileWindows:
-    """Arms and runs windows; driven by step-boundary callbacks on the training thread."""
+    """Arms and runs windows: started as a step begins, stopped as the window's last step ends,
+    both on the training thread."""
 
     def __init__(self) -> None:
         self._pending: list[_Window] = []
         self._running: _Window | None = None
         self._lock = threading.Lock()
-        self._armed = False
 
     def arm(self, start_step: int, num_steps: int, *, chrome_trace: bool = False, top: int = 15) -> dict[str, Any]:
         if num_steps < 1 or start_step < 0:
@@ -77,30 +77,35 @@ class ProfileWindows:
         with self._lock:
             self._pending.append(_Window(start_step, num_steps, chrome_trace, top))
             self._pending.sort(key=lambda w: w.start_step)
-            if not self._armed:
-                self._armed = True
-                hot._step_boundary.append(self._tick)
+            if self._on_begin not in hot._step_begin:
+                hot._step_begin.append(self._on_begin)
         return {"armed": True, "kind": "torch.profiler", "start_step": start_step, "num_steps": num_steps}
 
-    def _tick(self) -> None:
-        """At a step boundary: start or stop the profiler; re-arm while work remains."""
-        next_step = hot.next_step_number()
+    def _on_begin(self, step: hot.StepContext) -> None:
         with self._lock:
-            running = self._running
-            if running is not None and next_step >= running.start_step + running.num_steps:
-                self._running = None
-                self._finish(running)
-                running = None
-            if running is None and self._pending and next_step >= self._pending[0].start_step:
-                window = self._pending.pop(0)
-                window.start_step = next_step
-                self._start(window)
-            if self._running is not None or self._pending:
-                hot._step_boundary.append(self._tick)
-            else:
-                self._armed = False
+            if self._running is not None or not self._pending or step.number < self._pending[0].start_step:
+                return
+            window = self._pending.pop(0)
+            window.start_step = step.number
+            if not self._pending:
+                hot._step_begin.remove(self._on_begin)
+            if self._start(window):
+                hot._step_boundary.append(self._on_end)
 
-    def _start(self, window: _Window) -> None:
+    def _on_end(self) -> None:
+        with self._lock:
+            window = self._running
+            if window is None:
+                return
+            if hot.next_step_number() < window.start_step + window.num_steps:
+                hot._step_boundary.append(self._on_end)
+                return
+            self._running = None
+            self._finish(window)
+            if self._pending and self._on_begin not in hot._step_begin:
+                hot._step_begin.append(self._on_begin)
+
+    def _start(self, window: _Window) -> bool:
         import torch
         from torch.profiler import ProfilerActivity, profile
 
@@ -112,9 +117,10 @@ class ProfileWindows:
             window.profiler.start()
         except Exception as exc:  # another profiler is active, or Kineto is unavailable
             warn_once("profile:start", "otelprof: cannot start torch.profiler (%s); window skipped", exc)
-            return
+            return False
         window.started_ns = time.time_ns()
         self._running = window
+        return True
 
     def _finish(self, window: _Window) -> None:
         ended_ns = time.time_ns()

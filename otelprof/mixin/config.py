@@ -1,0 +1,198 @@
+"""The mixin's one config: selectors, thresholds, windows, ``for`` durations, actions and URLs.
+
+Parameter names follow SageMaker Debugger's rules where one exists (``cpu_threshold``,
+``threshold_p95``, ``patience``, ``window``, ``n_outliers``, ...), prefixed with the check
+they belong to. Defaults come from :mod:`otelprof.thresholds` and ``RULES.md``'s decisions:
+the 500-sample window and 1000-sample patience of the originals become 250 s and 500 s
+at the sampler's 500 ms. Override any field with :func:`dataclasses.replace`, or on the
+command line with ``otelprof mixin --set name=value``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+
+from otelprof import thresholds
+
+ALERT_PREFIX = "Otelprof"
+
+# Dashboard UIDs; the dashboards are generated with exactly these.
+DASHBOARD_TRAINING_REPORT = "otelprof-training-report"
+DASHBOARD_GPU_SYSTEM = "otelprof-gpu-system"
+DASHBOARD_RANKS = "otelprof-ranks"
+DASHBOARD_TIMELINE = "otelprof-timeline"
+
+ACTION_STOP = "stop"
+ACTION_CAPTURE = "capture"
+ACTIONS = (ACTION_STOP, ACTION_CAPTURE)
+
+SEVERITIES = ("critical", "warning", "info")
+
+
+@dataclass(frozen=True)
+class MixinConfig:
+    # ---- selectors
+    selector: str = ""
+    """Extra label matchers on every otelprof series, e.g. ``namespace="ml"``."""
+    up_selector: str = ""
+    """Extra label matchers on ``up`` (the target-down alert only looks at targets that exposed otelprof)."""
+    target_labels: tuple[str, str] = ("job", "instance")
+    """Labels Prometheus gives a scrape target (joined with ``up``)."""
+    train_phase: str = "train"
+    eval_phase: str = "eval"
+
+    # ---- the common time base of the sampled checks (500 samples / 1000 samples at 500 ms)
+    window: str = "250s"
+    patience: str = "500s"
+    """Warm-up after process start before the sampled checks judge (the originals' 1000-sample patience)."""
+
+    # ---- CPUBottleneck / IOBottleneck (thresholds of the in-process coincidence counters)
+    cpu_threshold: float = thresholds.CPU_HIGH
+    gpu_threshold: float = thresholds.GPU_LOW
+    io_threshold: float = thresholds.IOWAIT_HIGH
+    cpu_bottleneck_threshold: float = 0.5
+    io_bottleneck_threshold: float = 0.5
+    bottleneck_for: str = "1m"
+
+    # ---- LowGPUUtilization
+    low_gpu_threshold_p95: float = 0.7
+    low_gpu_threshold_p5: float = 0.1
+    low_gpu_for: str = "1m"
+
+    # ---- BatchSize
+    batch_size_cpu_threshold_p95: float = 0.7
+    batch_size_gpu_threshold_p95: float = 0.7
+    batch_size_gpu_memory_threshold_p95: float = 0.7
+    batch_size_for: str = "5m"
+
+    # ---- GPUMemoryIncrease (mean of one window vs the window before)
+    gpu_memory_increase: float = 0.05
+    gpu_memory_increase_window: str = "1m"
+
+    # ---- GPU memory near capacity (beyond the originals)
+    gpu_memory_capacity_threshold: float = 0.95
+    gpu_memory_capacity_window: str = "5m"
+
+    # ---- LoadBalancing (spread of window-mean utilization across the job's GPUs)
+    load_balancing_threshold: float = 0.2
+    load_balancing_for: str = "5m"
+
+    # ---- rank straggler (beyond the originals)
+    straggler_window: str = "5m"
+    straggler_ratio: float = 1.2
+    straggler_for: str = "2m"
+
+    # ---- StepOutlier (the outlier flag itself is computed in-process: OTELPROF_OUTLIER_SIGMA)
+    step_outlier_window: str = "10m"
+    step_outlier_n_outliers: int = 10
+    step_outlier_min_steps: int = 100
+
+    # ---- MaxInitializationTime
+    max_initialization_time: str = "20m"
+
+    # ---- Dataloader (workers vs the CPUs the container may use)
+    dataloader_min_threshold: float = 0.7
+    dataloader_max_threshold: float = 2.0
+    dataloader_for: str = "1m"
+
+    # ---- input-bound steps (beyond the originals)
+    input_bound_threshold: float = 0.5
+    input_bound_window: str = "5m"
+    input_bound_for: str = "1m"
+
+    # ---- training rules
+    loss_window: str = "15m"
+    loss_diff_percent: float = 0.1
+    """LossNotDecreasing: the mean loss must fall by at least this percentage per window."""
+    nonfinite_window: str = "10m"
+    vanishing_gradient_threshold: float = 1e-7
+    vanishing_gradient_window: str = "5m"
+    stalled_training_threshold: str = "30m"
+    overfit_ratio_threshold: float = 0.1
+    overfit_window: str = "15m"
+    overfit_for: str = "5m"
+
+    # ---- telemetry absent
+    absent_lookback: str = "1h"
+    absent_for: str = "1m"
+    sampler_window: str = "2m"
+    dropped_window: str = "10m"
+
+    # ---- routing and links
+    actions: tuple[tuple[str, str], ...] = field(default=(
+        ("NonFiniteValues", ACTION_STOP),
+        ("CPUBottleneck", ACTION_CAPTURE),
+        ("IOBottleneck", ACTION_CAPTURE),
+        ("InputBound", ACTION_CAPTURE),
+        ("StepOutliers", ACTION_CAPTURE),
+        ("RankStraggler", ACTION_CAPTURE),
+    ))
+    """``action`` label per alert (name without prefix); the webhook acts on it."""
+    disabled_alerts: tuple[str, ...] = ()
+    """Alerts (names without prefix) left out of the generated files."""
+    runbook_url: str = "https://otelprof.example/deploy/prometheus/runbook.md"
+    grafana_url: str = "http://localhost:3000"
+    prometheus_rule_name: str = "otelprof"
+    prometheus_rule_release: str = "kube-prometheus-stack"
+    """``release`` label of the PrometheusRule: kube-prometheus-stack only loads rules carrying its release name."""
+
+    def action_for(self, short_name: str) -> str | None:
+        for name, action in self.actions:
+            if name == short_name:
+                return action
+        return None
+
+
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def seconds(duration: str) -> float:
+    """Seconds of a Prometheus duration such as ``250s``, ``5m``, ``1h30m``."""
+    match = _DURATION.match(duration)
+    if not duration or match is None:
+        raise ValueError(f"not a duration: {duration!r} (use e.g. 250s, 5m, 1h)")
+    hours, minutes, secs = (int(g) if g else 0 for g in match.groups())
+    return float(hours * 3600 + minutes * 60 + secs)
+
+
+def validate(config: MixinConfig) -> None:
+    """Raise ValueError for a config that would generate broken rules."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name.endswith(("window", "_for", "patience", "lookback", "_time", "stalled_training_threshold")) \
+                and isinstance(value, str):
+            seconds(value)
+    for name, action in config.actions:
+        if action not in ACTIONS:
+            raise ValueError(f"action of {name} must be one of {', '.join(ACTIONS)}, not {action!r}")
+
+
+def with_overrides(config: MixinConfig, assignments: list[str]) -> MixinConfig:
+    """``config`` with ``name=value`` assignments applied (typed by the field's default)."""
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    changes: dict[str, object] = {}
+    for item in assignments:
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or name not in fields:
+            raise ValueError(f"unknown mixin setting {name!r} (settings: {', '.join(sorted(fields))})")
+        current = getattr(config, name)
+        value: object
+        if isinstance(current, bool):
+            value = raw.strip().lower() in ("1", "true", "yes")
+        elif isinstance(current, int):
+            value = int(raw)
+        elif isinstance(current, float):
+            value = float(raw)
+        elif name == "actions":
+            value = tuple(tuple(part.split(":", 1)) for part in raw.split(",") if part)
+        elif isinstance(current, tuple):
+            value = tuple(part.strip() for part in raw.split(",") if part.strip())
+        else:
+            value = raw
+        changes[name] = value
+    result = dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+    validate(result)
+    return result

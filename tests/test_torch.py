@@ -1,0 +1,300 @@
+"""The PyTorch integration on a real (CPU) training loop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import otelprof
+from otelprof import semconv as sc
+from otelprof.integrations import torch as otorch
+from otelprof.integrations.torch_profiler import gpu_activity, kernel_precision
+from otelprof.recording.reader import RankRecording, read_recording
+
+torch.set_num_threads(1)
+REGIONS = [sc.REGION_DATALOADER, sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER]
+
+
+@pytest.fixture(autouse=True)
+def _uninstrument() -> Iterator[None]:
+    yield
+    otorch.uninstrument()
+
+
+def _parts(batch: int = 16, n: int = 128) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataLoader[Any]]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = DataLoader(TensorDataset(torch.randn(n, 8), torch.randint(0, 2, (n,))), batch_size=batch)
+    return model, optimizer, loader
+
+
+def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader[Any],
+           epochs: int = 1) -> list[float]:
+    losses = []
+    for _ in range(epochs):
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    return losses
+
+
+def _recording(session: Any) -> RankRecording:
+    run_dir = session.run_dir
+    otelprof.shutdown()
+    return read_recording(run_dir).ranks[0]
+
+
+def test_one_line_gives_steps_regions_and_scalars(tmp_path: Path) -> None:
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader, grad_norm=True)
+    losses = _train(model, optimizer, loader, epochs=2)
+    rank = _recording(session)
+    assert len(rank.steps) == 16  # 2 epochs x 8 batches, one step per optimizer.step()
+    for step, loss in zip(rank.steps, losses):
+        assert [a.name for a in step.annotations] == REGIONS
+        assert step.scalars["loss"] == pytest.approx(loss)
+        assert step.scalars["samples"] == 16
+        assert step.scalars["learning_rate"] == 0.05
+        assert step.scalars["grad_norm"] > 0
+        a = {x.name: x for x in step.annotations}
+        assert a["dataloader"].start_ns < a["forward"].start_ns < a["backward"].start_ns < a["optimizer"].start_ns
+        assert step.start_ns <= a["dataloader"].start_ns and a["optimizer"].start_ns + a["optimizer"].duration_ns \
+            <= step.end_ns
+
+
+def test_grad_norm_matches_torch(tmp_path: Path) -> None:
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    otorch.instrument(model=model, optimizer=optimizer, grad_norm=True)
+    x, y = next(iter(loader))
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    expected = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
+    optimizer.step()
+    rank = _recording(session)
+    assert rank.steps[0].scalars["grad_norm"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_evaluation_iterations_become_eval_steps(tmp_path: Path) -> None:
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    _train(model, optimizer, loader)
+    model.eval()
+    with torch.no_grad():
+        for x, _ in loader:
+            model(x)
+    rank = _recording(session)
+    phases = [(s.phase, s.number) for s in rank.steps]
+    assert phases == [("train", i) for i in range(8)] + [("eval", i) for i in range(8)]
+    assert [a.name for a in rank.steps[-1].annotations] == [sc.REGION_DATALOADER, sc.REGION_FORWARD]
+
+
+def test_gradient_accumulation_is_one_step_per_update(tmp_path: Path) -> None:
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    for i, (x, y) in enumerate(loader):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        if i % 4 == 3:
+            optimizer.step()
+            optimizer.zero_grad()
+    rank = _recording(session)
+    assert len(rank.steps) == 2
+    assert [a.name for a in rank.steps[0].annotations].count(sc.REGION_FORWARD) == 4
+    assert rank.steps[0].scalars["samples"] == 16  # the last micro-batch's size (record keeps the last value)
+
+
+def test_user_marked_steps_get_the_regions_and_no_auto_steps(tmp_path: Path) -> None:
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    otorch.instrument(model=model, optimizer=optimizer)
+    for x, y in loader:
+        with otelprof.step():
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    rank = _recording(session)
+    assert len(rank.steps) == 8
+    assert [a.name for a in rank.steps[0].annotations] == [sc.REGION_FORWARD, sc.REGION_BACKWARD,
+                                                           sc.REGION_OPTIMIZER]
+
+
+class _SlowDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(0.002)
+        return torch.randn(8), torch.tensor(index % 2)
+
+
+def test_input_bound_steps_show_a_high_wait_ratio(tmp_path: Path) -> None:
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    assert isinstance(session, otelprof.Session)
+    model, optimizer, _ = _parts()
+    loader = DataLoader(_SlowDataset(), batch_size=16)
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    _train(model, optimizer, loader)
+    metrics = {m.name: m for m in session.registry.collect()}
+    [ratio] = metrics[sc.DATALOADER_WAIT_RATIO.name].data.data_points
+    assert ratio.count == 4 and ratio.sum / ratio.count > 0.5  # 16 x 2 ms of loading vs a tiny model
+    [wait] = metrics[sc.DATALOADER_WAIT.name].data.data_points
+    assert wait.sum > 4 * 16 * 0.002 * 0.9
+    [workers] = metrics[sc.DATALOADER_WORKERS.name].data.data_points
+    assert workers.value == 0
+
+
+def test_instrumenting_twice_is_idempotent_and_uninstrument_removes_everything(tmp_path: Path) -> None:
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    first = otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    second = otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    assert first is second
+    _train(model, optimizer, loader)
+    otorch.uninstrument()
+    assert type(loader) is DataLoader
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
+    _train(model, optimizer, loader)  # not recorded any more
+    rank = _recording(session)
+    assert len(rank.steps) == 8
+    assert all([a.name for a in s.annotations] == REGIONS for s in rank.steps)
+
+
+def test_backward_patch_is_restored() -> None:
+    original = torch.Tensor.backward
+    otorch.instrument()
+    assert torch.Tensor.backward is not original
+    otorch.uninstrument()
+    assert torch.Tensor.backward is original
+
+
+def test_a_failing_hook_is_removed_counted_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from otelprof._log import reset_warnings
+
+    reset_warnings()
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    assert isinstance(session, otelprof.Session)
+    model, optimizer, loader = _parts()
+    inst = otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+
+    def broken(module: Any) -> None:
+        raise RuntimeError("hook bug")
+
+    monkeypatch.setattr(inst, "forward_begin", broken)
+    with caplog.at_level(logging.WARNING, logger="otelprof"):
+        losses = _train(model, optimizer, loader)
+    assert len(losses) == 8
+    assert not model._forward_pre_hooks  # removed
+    assert caplog.text.count("forward hook failed") == 1
+    [errors] = [m for m in session.registry.collect() if m.name == sc.INTEGRATION_ERRORS.name]
+    assert errors.data.data_points[0].value == 1
+    rank = _recording(session)
+    assert len(rank.steps) == 8
+    assert sc.REGION_BACKWARD in [a.name for a in rank.steps[-1].annotations]
+
+
+def test_objects_without_the_expected_structure_warn(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    from otelprof._log import reset_warnings
+
+    reset_warnings()
+    otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    with caplog.at_level(logging.WARNING, logger="otelprof"):
+        otorch.instrument(model=object(), optimizer=object(), dataloader=42)
+    assert "expects a torch.nn.Module" in caplog.text
+    assert "expects a torch.optim.Optimizer" in caplog.text
+    assert "not iterable" in caplog.text
+
+
+def test_profile_window_records_top_operators_and_a_span(tmp_path: Path) -> None:
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    inst = otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    assert inst.profile_window(2, 3, chrome_trace=True)["armed"] is True
+    _train(model, optimizer, loader)
+    time.sleep(0.5)  # the summary is computed on a background thread
+    rank = _recording(session)
+    [window] = list(rank.profiles())
+    assert (window["start_step"], window["num_steps"]) == (2, 3)
+    names = {op["name"] for op in window["cpu_ops"]}
+    assert any(name.startswith("aten::") for name in names)
+    assert all(op["calls"] > 0 and op["total_s"] >= op["self_s"] >= 0 for op in window["cpu_ops"])
+    assert (rank.path / window["trace_file"]).stat().st_size > 1000
+    [span] = [s for s in rank.spans() if s.name == sc.SPAN_PROFILE]
+    assert span.attributes[sc.ATTR_PROFILE_START] == 2
+    steps = {s.number: s for s in rank.steps}
+    assert span.start_ns <= steps[2].start_ns and span.end_ns >= steps[4].end_ns
+
+
+def test_capture_endpoint_arms_a_profiler_window(tmp_path: Path) -> None:
+    from tests.servers import free_port
+    from tests.test_control import TOKEN, _post
+
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, control_port=free_port(),
+                            control_token=TOKEN)
+    assert isinstance(session, otelprof.Session) and session.control_address is not None
+    model, optimizer, loader = _parts()
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    _train(model, optimizer, loader)
+    status, answer = _post(session.control_address, "/v1/capture", {"steps": 2})
+    assert status == 202 and answer["kind"] == "torch.profiler" and answer["start_step"] == 8
+    _train(model, optimizer, loader)
+    time.sleep(0.5)
+    rank = _recording(session)
+    [window] = list(rank.profiles())
+    assert (window["start_step"], window["num_steps"]) == (8, 2)
+
+
+def test_kernel_classification() -> None:
+    assert kernel_precision("ampere_fp16_s16816gemm_fp16_128x128") == "fp16"
+    assert kernel_precision("sm80_xmma_gemm_bf16bf16_bf16f32") == "bf16"
+    assert kernel_precision("volta_sgemm_128x64_nn") == "fp32"
+    assert kernel_precision("void at::native::vectorized_elementwise_kernel") == "other"
+    assert gpu_activity("Memcpy HtoD (Pageable -> Device)") == "memcpy"
+    assert gpu_activity("Memset (Device)") == "memset"
+    assert gpu_activity("cudaDeviceSynchronize") == "sync"
+    assert gpu_activity("ampere_sgemm") == "kernel"
+
+
+def test_otelprof_run_instruments_an_unmodified_script(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "dl = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)\n"
+        "for x, y in dl:\n"
+        "    loss = ((model(x) - y) ** 2).mean()\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n"
+    )
+    env = {**os.environ, "OTELPROF_RECORD_DIR": str(tmp_path / "runs"), "OTELPROF_SYSTEM_METRICS": "false"}
+    result = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, str(script)],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    [run_dir] = list((tmp_path / "runs").iterdir())
+    rank = read_recording(run_dir).ranks[0]
+    assert len(rank.steps) == 8
+    assert [a.name for a in rank.steps[0].annotations] == REGIONS
+    assert rank.steps[0].scalars["samples"] == 8
+
+
+def test_run_without_a_command_is_a_usage_error() -> None:
+    result = subprocess.run([sys.executable, "-m", "otelprof", "run"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "otelprof run -- python train.py" in result.stderr
