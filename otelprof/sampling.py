@@ -55,6 +55,11 @@ class OutlierDetector:
         return is_outlier
 
 
+OUTLIER_DEBT = 0.01
+"""Seconds of span-building cost outlier steps may run ahead of the budget: noisy tiny steps can be
+"outliers" every few dozen steps, and tracing them all would exceed the budget for good."""
+
+
 @dataclass
 class SpanSelector:
     """Decides, per closed step, whether (and why) it becomes spans."""
@@ -84,7 +89,7 @@ class SpanSelector:
         reason: str | None = None
         if seen_in_phase < self.first_steps:
             reason = "first"
-        elif outlier:
+        elif outlier and self.credit > -OUTLIER_DEBT:
             reason = "outlier"
         elif self.windows and self.in_window(number):
             reason = "window"
