@@ -29,7 +29,14 @@ SCALAR = "x"
 PHASE = "p"
 
 _active: Recorder | None = None
-_tls = threading.local()
+class _ThreadState(threading.local):
+    """Per-thread hot-path state; class defaults keep attribute reads on the fast path."""
+
+    step: StepContext | None = None
+    depth: int = 0
+
+
+_tls = _ThreadState()
 _phase: list[str] = [DEFAULT_PHASE]
 _step_numbers: dict[str, int] = {}
 _open_regions: dict[str, tuple[int, StepContext | None]] = {}

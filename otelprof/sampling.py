@@ -15,9 +15,14 @@ from dataclasses import dataclass
 
 from otelprof.config import Config
 
+MIN_EXCESS = 0.001
+"""An outlier must also be this many seconds above the mean: scheduler jitter on sub-millisecond
+steps passes mean + 3 sigma every few dozen steps, and is not what anyone wants traced."""
+
 
 class OutlierDetector:
-    """One phase's recent step durations; flags a step above mean + sigma x stddev (population)."""
+    """One phase's recent step durations; flags a step above mean + sigma x stddev (population)
+    and at least :data:`MIN_EXCESS` above the mean."""
 
     def __init__(self, sigma: float, min_steps: int, window: int = 256) -> None:
         self.sigma = sigma
@@ -34,7 +39,7 @@ class OutlierDetector:
             return None
         mean = self._sum / n
         variance = max(self._sumsq / n - mean * mean, 0.0)
-        return mean + self.sigma * math.sqrt(variance)
+        return max(mean + self.sigma * math.sqrt(variance), mean + MIN_EXCESS)
 
     def observe(self, duration: float) -> bool:
         """Judge ``duration`` against the steps before it, then add it; True if it is an outlier."""

@@ -261,6 +261,7 @@ class Session:
         if self._closed or os.getpid() != self._pid:
             return
         self._closed = True
+        atexit.unregister(self.shutdown)
         deadline = time.monotonic() + (self.config.shutdown_timeout if timeout is None else timeout)
         try:
             hot._activate(None) if hot._active is self.recorder else None

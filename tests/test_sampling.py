@@ -52,3 +52,11 @@ def test_forced_reasons_win_over_budget() -> None:
     reasons = [selector.select(n, n, 0.1, outlier=(n == 11), spans=1) for n in range(13)]
     assert reasons == ["first", "first", None, None, None, "every", None, "window", "window", None,
                        "every", "outlier", None]
+
+
+def test_sub_millisecond_jitter_is_not_an_outlier() -> None:
+    detector = OutlierDetector(sigma=3.0, min_steps=5)
+    for i in range(50):
+        detector.observe(100e-6 + (i % 2) * 1e-6)  # 100 us steps, a microsecond of jitter
+    assert detector.observe(400e-6) is False  # far above mean + 3 sigma, but only 0.3 ms above the mean
+    assert detector.observe(2e-3) is True

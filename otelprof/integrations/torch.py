@@ -313,7 +313,8 @@ class TorchInstrumentation:
         self.auto.ensure()
         self.auto.saw_work = self.auto.saw_backward = True
         if self.loss and tensor.numel() == 1:
-            hot.record("loss", tensor.detach())
+            # CPU: a number now is cheaper than holding the tensor; CUDA: converted off the hot path.
+            hot.record("loss", tensor.item() if tensor.device.type == "cpu" else tensor.detach())
         region = hot._Region(sc.REGION_BACKWARD)
         region.__enter__()
         self._backward_regions.append(region)

@@ -13,6 +13,8 @@ from typing import IO, Any
 from otelprof._log import warn_once
 from otelprof.recording import schema
 
+_encode = json.JSONEncoder(separators=(",", ":"), check_circular=False, default=str).encode
+
 
 class RecordingWriter:
     """Buffers lines per file and appends them on :meth:`flush` (called every flush interval).
@@ -54,7 +56,7 @@ class RecordingWriter:
         self._buffers[file].append(line)
 
     def add_json(self, file: str, record: dict[str, Any]) -> None:
-        self._buffers[file].append(json.dumps(record, separators=(",", ":")))
+        self._buffers[file].append(_encode(record))
 
     def flush(self) -> None:
         """Append buffered lines to disk. Lines that cannot be written are dropped and counted."""
