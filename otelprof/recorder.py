@@ -79,6 +79,7 @@ class Recorder:
         self._selector = SpanSelector.from_config(config)
         self._span_seconds = 0.0  # build + export time of spans not yet settled with the selector
         self._json_names: dict[str, str] = {}
+        self._annotation_keys: dict[tuple[str, str], tuple[str, str]] = {}
         self._outliers: dict[str, OutlierDetector] = {}
         self._seen: dict[str, int] = {}
         self._phase_label = LabelCap(sc.LABEL_PHASE, config.max_label_values)
@@ -204,8 +205,14 @@ class Recorder:
                 self.writer.update_manifest(lifecycle=dict(self.lifecycle))
         self.lifecycle["last_step_end"] = end_unix / 1e9
         wait_ns = collective_ns = 0
+        keys = self._annotation_keys
         for name, a_start, a_end, _depth, _err in annotations:
-            self.annotation_duration.observe((a_end - a_start) / 1e9, (label, self._annotation_label(name)))
+            key = keys.get((label, name))
+            if key is None:
+                if len(keys) > 10_000:  # raw names past the label cap would grow it for ever
+                    keys.clear()
+                key = keys[(label, name)] = (label, self._annotation_label(name))
+            self.annotation_duration.observe((a_end - a_start) / 1e9, key)
             if name == sc.REGION_DATALOADER:
                 wait_ns += a_end - a_start
             elif name == sc.REGION_COLLECTIVE:
