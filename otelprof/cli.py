@@ -143,6 +143,119 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     return 1
 
 
+def _cmd_mixin(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from otelprof.mixin import MixinConfig, write
+    from otelprof.mixin.config import with_overrides
+
+    try:
+        config = with_overrides(MixinConfig(), list(args.set or []))
+    except ValueError as exc:
+        print(f"otelprof mixin: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for path in write(Path(args.out), config):
+        print(f"wrote {path}")
+    return 0
+
+
+def _read_secret(path: str | None, env_name: str) -> str:
+    from pathlib import Path
+
+    if path:
+        return Path(path).read_text(encoding="utf-8").strip()
+    return os.environ.get(env_name, "").strip()
+
+
+def _cmd_webhook(args: argparse.Namespace) -> int:
+    import logging
+    from pathlib import Path
+
+    from otelprof import actions
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        token = _read_secret(args.token_file, "OTELPROF_WEBHOOK_TOKEN")
+        control_token = _read_secret(args.control_token_file, "OTELPROF_CONTROL_TOKEN")
+        static = [actions.parse_target(item) for item in args.target or []]
+        targets = actions.TargetMap(static, Path(args.targets_file) if args.targets_file else None)
+        if args.targets_file:
+            actions.parse_targets_text(Path(args.targets_file).read_text(encoding="utf-8"))
+    except (OSError, actions.TargetError) as exc:
+        print(f"otelprof webhook: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not token:
+        print("otelprof webhook: a bearer token is required: set OTELPROF_WEBHOOK_TOKEN or --token-file",
+              file=sys.stderr)
+        return EXIT_USAGE
+    receiver = actions.WebhookReceiver(token, targets, control_token, capture_steps=args.capture_steps,
+                                       max_body=args.max_body, timeout=args.timeout, dry_run=args.dry_run)
+    server = actions.WebhookServer(receiver)
+    try:
+        server.start(args.host, args.port)
+    except OSError as exc:
+        print(f"otelprof webhook: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    assert server.address is not None
+    logging.getLogger("otelprof.webhook").info(
+        "listening on http://%s:%d%s (%d static targets%s)", *server.address, actions.PATH, len(static),
+        f", file {args.targets_file}" if args.targets_file else "")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+def _add_alerting_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    mixin = sub.add_parser(
+        "mixin", help="write the Prometheus alert/recording rules, PrometheusRule and runbook with your settings",
+        description="Write otelprof-alerts.yaml, otelprof-rules.yaml, otelprof-prometheusrule.yaml and runbook.md "
+                    "into DIR from the mixin config (otelprof.mixin.config.MixinConfig), with overrides.",
+        epilog="Example: otelprof mixin --out rules/ --set 'selector=namespace=\"ml\"' "
+               "--set prometheus_rule_release=monitoring --set window=5m --set disabled_alerts=Overfitting")
+    mixin.add_argument("--out", required=True, metavar="DIR", help="directory to write the files into")
+    mixin.add_argument("--set", action="append", metavar="NAME=VALUE",
+                       help="override a MixinConfig field (repeatable); tuples are comma lists, "
+                            "actions are ALERT:ACTION,...")
+    mixin.set_defaults(func=_cmd_mixin)
+
+    webhook = sub.add_parser(
+        "webhook", help="Alertmanager webhook receiver: stop or profile the training process an alert names",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""Receive Alertmanager notifications on POST /v1/alerts (GET /healthz for probes) and act on
+firing alerts that carry an `action` label: `stop` asks the training process named by the alert's
+job_name and rank labels to stop at its next step boundary (after its on_stop callbacks);
+`capture` arms a profiling window of --capture-steps steps. No other process is touched.
+
+Requests need `Authorization: Bearer <token>` (OTELPROF_WEBHOOK_TOKEN or --token-file); oversized
+or malformed payloads and unknown payload versions are refused with 413/400 and change nothing.
+When a control endpoint cannot be reached the answer is 502 so Alertmanager retries; an action
+that already succeeded for an alert is not repeated. Every decision is logged.
+
+Targets map jobs and ranks to control endpoints (OTELPROF_CONTROL_PORT of the training process):
+  --target resnet=http://10.0.0.5:9470          every rank of job resnet (or its only process)
+  --target resnet/3=http://10.0.0.8:9470        rank 3 of job resnet
+  --target '*=http://{job_name}-{rank}.{job_name}:9470'   placeholders from the alert's labels
+--targets-file takes the same entries one per line (`JOB/RANK: URL` lines, i.e. a flat YAML
+mapping, work too) and is re-read when it changes, e.g. a mounted ConfigMap.""")
+    webhook.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a pod)")
+    webhook.add_argument("--port", type=int, default=9095, help="port to listen on (default: 9095)")
+    webhook.add_argument("--token-file", default=None, help="file holding the bearer token Alertmanager sends "
+                                                             "(default: OTELPROF_WEBHOOK_TOKEN)")
+    webhook.add_argument("--target", action="append", metavar="JOB[/RANK]=URL", help="control endpoint (repeatable)")
+    webhook.add_argument("--targets-file", default=None, metavar="FILE", help="targets, one per line")
+    webhook.add_argument("--control-token-file", default=None,
+                         help="file holding the control endpoints' token (default: OTELPROF_CONTROL_TOKEN)")
+    webhook.add_argument("--capture-steps", type=int, default=20, help="steps a capture profiles (default: 20)")
+    webhook.add_argument("--max-body", type=int, default=1024 * 1024, help="largest payload in bytes (default 1 MiB)")
+    webhook.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for a control endpoint")
+    webhook.add_argument("--dry-run", action="store_true", help="log what would be done, send nothing")
+    webhook.set_defaults(func=_cmd_webhook)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otelprof",
@@ -167,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = sub.add_parser("generate", help="regenerate the repository's generated files",
                               description="Rewrite generated files (the README's configuration and metric "
-                                          "tables) from the catalog and the settings module.")
+                                          "tables, the Prometheus rules and runbook in deploy/prometheus/) from "
+                                          "the catalog, the settings module and the mixin.")
     generate.add_argument("--root", default=".", help="repository root (default: current directory)")
     generate.set_defaults(func=_cmd_generate)
 
@@ -192,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     capture.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for an answer")
     capture.set_defaults(func=_cmd_capture)
 
+    _add_alerting_commands(sub)
+
     demo = sub.add_parser("demo", help="train a small model on synthetic data and record it locally",
                           description="Train a small model (PyTorch if installed) on synthetic data on the CPU "
                                       "through the otelprof API, write a run recording and summarize it.")
@@ -213,6 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--duration must be positive")
     if args.command == "capture" and not 1 <= args.steps <= 10_000:
         parser.error("--steps must be from 1 to 10000")
+    if args.command == "webhook" and not 1 <= args.capture_steps <= 10_000:
+        parser.error("--capture-steps must be from 1 to 10000")
     try:
         Config.from_env(strict=True)
     except ConfigError as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import otelprof
 from otelprof.recording.reader import read_recording
+from otelprof.semconv import REGION_DATALOADER
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,14 @@ def run_demo(
     stall_every: int = 150,
     seed: int = 0,
     progress: Callable[[str], None] = print,
+    loader_delay: float = 0.0,
+    loader_delay_after: float = 0.0,
 ) -> DemoResult:
-    """Train for about ``duration`` seconds and return where the recording is."""
+    """Train for about ``duration`` seconds and return where the recording is.
+
+    ``loader_delay`` injects a slow data loader: from ``loader_delay_after`` seconds on, every training
+    step first waits that many seconds in a ``dataloader`` region (input-bound steps).
+    """
     session = otelprof.init(job_name="otelprof-demo", record_dir=record_dir)
     try:
         try:
@@ -143,6 +150,9 @@ def run_demo(
         steps = 0
         while time.monotonic() - started < duration:
             with otelprof.step():
+                if loader_delay > 0 and time.monotonic() - started >= loader_delay_after:
+                    with otelprof.annotate(REGION_DATALOADER):
+                        time.sleep(loader_delay)  # an injected slow data loader: input-bound steps
                 loss = train_step()
                 if stall_every and steps % stall_every == stall_every - 1:
                     with otelprof.annotate("data_stall"):

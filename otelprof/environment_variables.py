@@ -60,6 +60,7 @@ OTELPROF_CONTROL_PORT = "OTELPROF_CONTROL_PORT"
 OTELPROF_CONTROL_HOST = "OTELPROF_CONTROL_HOST"
 OTELPROF_CONTROL_TOKEN = "OTELPROF_CONTROL_TOKEN"
 OTELPROF_STOP_RAISES = "OTELPROF_STOP_RAISES"
+OTELPROF_WEBHOOK_TOKEN = "OTELPROF_WEBHOOK_TOKEN"
 OTELPROF_POD_NAME = "OTELPROF_POD_NAME"
 OTELPROF_POD_NAMESPACE = "OTELPROF_POD_NAMESPACE"
 OTELPROF_NODE_NAME = "OTELPROF_NODE_NAME"
@@ -159,6 +160,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_STOP_RAISES, "stop_raises", "false",
            "After a stop request, raise `otelprof.StopTraining` at the next step boundary (after the `on_stop` "
            "callbacks) instead of only setting `session.should_stop()`."),
+    EnvVar(OTELPROF_WEBHOOK_TOKEN, None, "",
+           "`otelprof webhook` only: the bearer token Alertmanager must send (or `--token-file`); required."),
     EnvVar(OTELPROF_POD_NAME, "pod_name", "(HOSTNAME in Kubernetes)",
            "`k8s.pod.name`; set from the downward API `metadata.name`."),
     EnvVar(OTELPROF_POD_NAMESPACE, "pod_namespace", "(service-account namespace file)",

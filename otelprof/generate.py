@@ -1,6 +1,8 @@
 """Generated artifacts, kept in the repository and checked for staleness by the tests.
 
-Today: the README's configuration and metric tables. ``otelprof generate`` rewrites them.
+The README's configuration and metric tables, and the Prometheus mixin's files under
+``deploy/prometheus/`` (alerts, recording rules, PrometheusRule, runbook) with the default
+mixin config. ``otelprof generate`` rewrites them.
 """
 
 from __future__ import annotations
@@ -35,4 +37,9 @@ def generate(root: Path) -> list[Path]:
     if new != old:
         readme.write_text(new, encoding="utf-8")
         changed.append(readme)
+    from otelprof.mixin import MixinConfig
+    from otelprof.mixin import write as write_mixin
+    from otelprof.mixin.generate import PROMETHEUS_DIR
+
+    changed.extend(write_mixin(root / PROMETHEUS_DIR, MixinConfig()))
     return changed

@@ -13,7 +13,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -58,12 +58,14 @@ class Prometheus:
 
 
 @contextmanager
-def prometheus(tmp_path: Path, targets: list[str], scrape_interval: str = "1s") -> Iterator[Prometheus]:
+def prometheus(tmp_path: Path, targets: list[str], scrape_interval: str = "1s",
+               rule_files: Sequence[Path] = ()) -> Iterator[Prometheus]:
     binary = require_binary("prometheus")
     port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(json.dumps({
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "rule_files": [str(path) for path in rule_files],
         "scrape_configs": [{"job_name": "training", "static_configs": [{"targets": targets}]}],
     }))
     log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115

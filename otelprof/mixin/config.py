@@ -88,6 +88,8 @@ class MixinConfig:
     step_outlier_window: str = "10m"
     step_outlier_n_outliers: int = 10
     step_outlier_min_steps: int = 100
+    step_outlier_min_share: float = 0.01
+    """...and the outliers must be more than this share of the window's steps."""
 
     # ---- MaxInitializationTime
     max_initialization_time: str = "20m"

@@ -1,0 +1,1 @@
+"""Offline analysis of run recordings: each topic its own module returning frozen results."""

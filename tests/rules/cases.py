@@ -1,0 +1,621 @@
+"""promtool unit tests of the generated rules, written as Python data.
+
+``python -m tests.rules.cases`` (or ``otelprof generate``'s test) writes ``tests/rules/*_test.yaml``;
+``tests/test_rules.py`` checks they are current and runs ``promtool test rules`` on them.
+Each alert has firing and non-firing cases, with edges at its thresholds. Expected
+annotations are rendered from the alert's templates with the expected value, so every
+firing case also checks the value the alert reports.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otelprof import semconv as sc
+from otelprof.analysis.histogram import bucket_quantile, cumulative_counts
+from otelprof.mixin import yamlout
+from otelprof.mixin.alerts import Alert, alerts
+from otelprof.mixin.config import MixinConfig
+from otelprof.mixin.promql import series_name
+from otelprof.mixin.rules import recording_rules
+
+HERE = Path(__file__).resolve().parent
+CONFIG = MixinConfig()
+ALERTS = {a.short: a for a in alerts(CONFIG)}
+RECORDS = {r.key: r for r in recording_rules(CONFIG)}
+RULE_FILES = ["../../deploy/prometheus/otelprof-alerts.yaml", "../../deploy/prometheus/otelprof-rules.yaml"]
+
+TARGET = {"job": "otelprof", "instance": "10.0.0.1:9464"}
+
+
+def ident(rank: int = 0, node: str = "n1", job: str = "resnet", local_rank: int | None = None,
+          instance: str | None = None) -> dict[str, str]:
+    return {"job_name": job, "rank": str(rank), "local_rank": str(rank if local_rank is None else local_rank),
+            "node": node, "job": "otelprof", "instance": instance or f"10.0.0.{rank + 1}:9464"}
+
+
+ID = ident()
+IDN = {k: v for k, v in ID.items() if k not in TARGET}
+GPU0 = {**ID, "gpu": "0", "hw_id": "GPU-0"}
+
+
+# ------------------------------------------------------------------ Prometheus template functions (subset)
+
+def _g4(value: float) -> str:
+    """Go's %.4g."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    text = f"{value:.4g}"
+    return re.sub(r"e([+-])(\d)$", r"e\g<1>0\2", text)
+
+
+def humanize(v: float) -> str:
+    if v == 0 or math.isnan(v) or math.isinf(v):
+        return _g4(v)
+    prefix = ""
+    if abs(v) >= 1:
+        for p in ("k", "M", "G", "T", "P", "E", "Z", "Y"):
+            if abs(v) < 1000:
+                break
+            prefix, v = p, v / 1000
+        return _g4(v) + prefix
+    for p in ("m", "u", "n", "p", "f", "a", "z", "y"):
+        if abs(v) >= 1:
+            break
+        prefix, v = p, v * 1000
+    return _g4(v) + prefix
+
+
+def humanize_duration(v: float) -> str:
+    if math.isnan(v) or math.isinf(v):
+        return _g4(v)
+    if v == 0:
+        return _g4(v) + "s"
+    if abs(v) >= 1:
+        sign = "-" if v < 0 else ""
+        v = abs(v)
+        d = int(v)
+        secs, mins, hours, days = d % 60, (d // 60) % 60, (d // 3600) % 24, d // 86400
+        if days:
+            return f"{sign}{days}d {hours}h {mins}m {secs}s"
+        if hours:
+            return f"{sign}{hours}h {mins}m {secs}s"
+        if mins:
+            return f"{sign}{mins}m {secs}s"
+        return f"{sign}{_g4(v)}s"
+    prefix = ""
+    for p in ("m", "u", "n", "p", "f", "a", "z", "y"):
+        if abs(v) >= 1:
+            break
+        prefix, v = p, v * 1000
+    return f"{_g4(v)}{prefix}s"
+
+
+_FILTERS = {"humanize": humanize, "humanizeDuration": humanize_duration,
+            "humanizePercentage": lambda v: _g4(v * 100) + "%"}
+
+
+def render(template: str, labels: dict[str, str], value: float) -> str:
+    def one(match: re.Match[str]) -> str:
+        inner = match.group(1).strip()
+        if inner.startswith("$labels."):
+            return labels.get(inner[len("$labels."):], "")
+        if inner in ("$value", 'printf "%.4g" $value'):
+            return _g4(value)
+        if inner.startswith("$value |"):
+            return _FILTERS[inner.split("|", 1)[1].strip()](value)
+        raise ValueError(f"template not supported by the test renderer: {inner}")
+
+    return re.sub(r"\{\{(.*?)\}\}", one, template)
+
+
+# ------------------------------------------------------------------ series helpers
+
+def seq(segments: Sequence[tuple[int, float]], start: float = 0) -> str:
+    """Expanding notation of a piecewise-linear series: ``segments`` = (intervals, increment per interval)."""
+    parts, value = [], start
+    for i, (n, inc) in enumerate(segments):
+        if i == 0:
+            parts.append(f"{_num(value)}+{_num(inc)}x{n}")
+            value += n * inc
+        else:
+            value += inc
+            parts.append(f"{_num(value)}+{_num(inc)}x{n - 1}")
+            value += (n - 1) * inc
+    return " ".join(parts)
+
+
+def const(value: float, n: int) -> str:
+    return f"{_num(value)}+0x{n}"
+
+
+def _num(value: float) -> str:
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+@dataclass
+class Group:
+    name: str
+    interval: str = "10s"
+    series: list[dict[str, str]] = field(default_factory=list)
+    alert_tests: list[dict[str, Any]] = field(default_factory=list)
+    expr_tests: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, name: str, labels: dict[str, str], values: str) -> Group:
+        self.series.append({"series": name + _labels(labels), "values": values})
+        return self
+
+    def gauge(self, spec: sc.MetricSpec, labels: dict[str, str], values: str) -> Group:
+        return self.add(series_name(spec), labels, values)
+
+    def counter(self, spec: sc.MetricSpec, labels: dict[str, str], values: str) -> Group:
+        return self.add(series_name(spec), labels, values)
+
+    def started(self, labels: dict[str, str], n: int, at: float = 0) -> Group:
+        return self.gauge(sc.PROCESS_START_TIME, labels, const(at, n))
+
+    def histogram(self, spec: sc.MetricSpec, labels: dict[str, str],
+                  segments: Sequence[tuple[int, dict[float, int]]]) -> Group:
+        """Cumulative bucket/sum/count series; each segment = (intervals, {observed value: count per interval})."""
+        bounds = spec.buckets
+        bucket_segments: list[list[tuple[int, float]]] = [[] for _ in range(len(bounds) + 1)]
+        sum_segments: list[tuple[int, float]] = []
+        for n, observed in segments:
+            per = cumulative_counts([v for v, c in observed.items() for _ in range(c)], bounds)
+            for i, count in enumerate(per):
+                bucket_segments[i].append((n, count))
+            sum_segments.append((n, sum(v * c for v, c in observed.items())))
+        for bound, segs in zip([*bounds, math.inf], bucket_segments):
+            le = "+Inf" if math.isinf(bound) else repr(float(bound))
+            self.add(series_name(spec, "bucket"), {**labels, "le": le}, seq(segs))
+        self.add(series_name(spec, "sum"), labels, seq(sum_segments))
+        self.add(series_name(spec, "count"), labels, seq(bucket_segments[-1]))
+        return self
+
+    def fires(self, short: str, at: str, *expected: tuple[dict[str, str], float]) -> Group:
+        alert = ALERTS[short]
+        self.alert_tests.append({"eval_time": at, "alertname": alert.name,
+                                 "exp_alerts": [expect(alert, labels, value) for labels, value in expected]})
+        return self
+
+    def silent(self, short: str, at: str) -> Group:
+        self.alert_tests.append({"eval_time": at, "alertname": ALERTS[short].name, "exp_alerts": []})
+        return self
+
+    def record(self, key: str, at: str, *expected: tuple[dict[str, str], float]) -> Group:
+        name = RECORDS[key].name
+        self.expr_tests.append({"expr": name, "eval_time": at, "exp_samples": [
+            {"labels": name + _labels(labels), "value": value} for labels, value in expected]})
+        return self
+
+    def data(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "interval": self.interval, "input_series": self.series}
+        if self.alert_tests:
+            out["alert_rule_test"] = self.alert_tests
+        if self.expr_tests:
+            out["promql_expr_test"] = self.expr_tests
+        return out
+
+
+def expect(alert: Alert, labels: dict[str, str], value: float) -> dict[str, Any]:
+    rule = alert.rule(CONFIG)
+    exp_labels = {**labels, **rule["labels"]}
+    annotations = {k: render(v, labels, value) for k, v in rule["annotations"].items()}
+    return {"exp_labels": exp_labels, "exp_annotations": annotations}
+
+
+def p(q: float, spec: sc.MetricSpec, observed: dict[float, int], intervals: int = 25) -> float:
+    """The quantile histogram_quantile reports for a window of ``intervals`` identical intervals."""
+    return bucket_quantile(q, spec.buckets, cumulative_counts(
+        [v for v, c in observed.items() for _ in range(c * intervals)], spec.buckets))
+
+
+# ------------------------------------------------------------------ system (sampled) checks
+N = 100  # 10-s intervals: 1000 s of data; warm-up (500 s) ends at 510 s, a 1-min `for` fires at 570 s
+
+UTIL = sc.GPU_UTILIZATION_DISTRIBUTION
+MEM = sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION
+CPU = sc.NODE_CPU_UTILIZATION
+
+
+def _sampler(g: Group, cpu: int = 0, io: int = 0, labels: dict[str, str] = ID) -> Group:
+    g.counter(sc.SAMPLER_SAMPLES, labels, seq([(N, 20)]))  # 2 samples/s
+    g.counter(sc.SAMPLER_CPU_BOTTLENECK, labels, seq([(N, cpu)]))
+    return g.counter(sc.SAMPLER_IO_BOTTLENECK, labels, seq([(N, io)]))
+
+
+def _gpu(g: Group, util: dict[float, int], mem: dict[float, int] | None = None, labels: dict[str, str] = GPU0,
+         gauge: float = 0.5) -> Group:
+    g.histogram(UTIL, labels, [(N, util)])
+    g.histogram(MEM, labels, [(N, mem or {0.5: 20})])
+    return g.gauge(sc.GPU_UTILIZATION, labels, const(gauge, N))
+
+
+def system_groups() -> list[Group]:
+    groups = []
+    g = Group("CPU bottleneck: 60 % of samples")
+    _sampler(g.started(ID, N), cpu=12)
+    g.silent("CPUBottleneck", "8m").silent("CPUBottleneck", "9m20s")  # warm-up, then pending for 1m
+    g.fires("CPUBottleneck", "9m30s", (ID, 0.6)).silent("IOBottleneck", "10m")
+    groups.append(g)
+
+    g = Group("CPU and I/O bottleneck exactly at the 50 % threshold")
+    _sampler(g.started(ID, N), cpu=10, io=10)
+    g.silent("CPUBottleneck", "10m").silent("IOBottleneck", "10m")
+    groups.append(g)
+
+    g = Group("I/O bottleneck: 55 % of samples")
+    _sampler(g.started(ID, N), io=11)
+    g.silent("IOBottleneck", "9m20s").fires("IOBottleneck", "10m", (ID, 0.55)).silent("CPUBottleneck", "10m")
+    groups.append(g)
+
+    g = Group("GPU underutilized at 50 %; nothing else wrong")
+    _gpu(g.started(ID, N), {0.5: 20})
+    g.histogram(CPU, ID, [(N, {0.75: 20})])
+    g.silent("GPUUnderutilized", "9m20s")
+    g.fires("GPUUnderutilized", "9m30s", (GPU0, p(0.95, UTIL, {0.5: 20})))
+    g.silent("GPUUtilizationFluctuating", "10m").silent("BatchSizeTooSmall", "10m")
+    groups.append(g)
+
+    g = Group("GPU underutilized edge: exactly 5 % of samples above 70 %")
+    _gpu(g.started(ID, N), {0.5: 19, 0.75: 1})
+    g.fires("GPUUnderutilized", "10m", (GPU0, p(0.95, UTIL, {0.5: 19, 0.75: 1})))
+    groups.append(g)
+
+    g = Group("GPU not underutilized: 10 % of samples above 70 %")
+    _gpu(g.started(ID, N), {0.5: 18, 0.75: 2})
+    g.silent("GPUUnderutilized", "10m")
+    groups.append(g)
+
+    g = Group("unused GPU (never busy) is not reported")
+    _gpu(g.started(ID, N), {0.0: 20}, gauge=0)
+    g.silent("GPUUnderutilized", "10m").silent("BatchSizeTooSmall", "10m")
+    groups.append(g)
+
+    fluct = {0.0: 10, 1.0: 10}
+    g = Group("GPU fluctuating: half idle, half busy")
+    _gpu(g.started(ID, N), fluct)
+    g.silent("GPUUtilizationFluctuating", "9m20s")
+    g.fires("GPUUtilizationFluctuating", "9m30s", (GPU0, p(0.05, UTIL, fluct)))
+    g.silent("GPUUnderutilized", "10m")
+    groups.append(g)
+
+    g = Group("GPU fluctuating edge: exactly 5 % idle samples")
+    _gpu(g.started(ID, N), {0.0: 1, 1.0: 19})
+    g.fires("GPUUtilizationFluctuating", "10m", (GPU0, p(0.05, UTIL, {0.0: 1, 1.0: 19})))
+    groups.append(g)
+
+    half = {0.0: 10, 0.7: 10}
+    g = Group("not fluctuating: the busy half stays at 70 % (p95 below the threshold)")
+    _gpu(g.started(ID, N), half)
+    g.silent("GPUUtilizationFluctuating", "10m").fires("GPUUnderutilized", "10m", (GPU0, p(0.95, UTIL, half)))
+    groups.append(g)
+
+    g = Group("batch size too small: GPU, memory and CPU all below 70 %")
+    _gpu(g.started(ID, N), {0.5: 20}, {0.25: 20})
+    g.histogram(CPU, ID, [(N, {0.3: 20})])
+    g.silent("BatchSizeTooSmall", "13m20s")  # for: 5m after the warm-up
+    g.fires("BatchSizeTooSmall", "13m30s", (GPU0, p(0.95, UTIL, {0.5: 20})))
+    groups.append(g)
+
+    g = Group("batch size fine: the node's CPUs are busy")
+    _gpu(g.started(ID, N), {0.5: 20}, {0.25: 20})
+    g.histogram(CPU, ID, [(N, {0.75: 20})])
+    g.silent("BatchSizeTooSmall", "10m")
+    groups.append(g)
+
+    g = Group("batch size fine: GPU memory is 70 % used")
+    _gpu(g.started(ID, N), {0.5: 20}, {0.75: 20})
+    g.histogram(CPU, ID, [(N, {0.3: 20})])
+    g.silent("BatchSizeTooSmall", "10m")
+    groups.append(g)
+
+    g = Group("GPU memory jumps by 25 points at 10 min")
+    g.started(ID, N).histogram(MEM, GPU0, [(60, {0.5: 20}), (N - 60, {0.75: 20})])
+    g.silent("GPUMemoryIncrease", "10m").silent("GPUMemoryIncrease", "10m10s")
+    g.fires("GPUMemoryIncrease", "11m", ({**GPU0, **TARGET}, 0.25))
+    g.silent("GPUMemoryIncrease", "12m10s")  # both windows after the jump
+    groups.append(g)
+
+    g = Group("GPU memory creeps by 3 points: below the 5-point threshold")
+    g.started(ID, N).histogram(MEM, GPU0, [(60, {0.5: 20}), (N - 60, {0.53125: 20})])
+    g.silent("GPUMemoryIncrease", "11m")
+    groups.append(g)
+
+    g = Group("GPU memory near capacity")
+    g.started(ID, N).histogram(MEM, GPU0, [(N, {0.984375: 20})])
+    g.fires("GPUMemoryNearCapacity", "5m", ({**GPU0, **TARGET}, 0.984375))
+    groups.append(g)
+
+    g = Group("GPU memory high but below 95 %")
+    g.started(ID, N).histogram(MEM, GPU0, [(N, {0.9375: 20})])
+    g.silent("GPUMemoryNearCapacity", "10m")
+    groups.append(g)
+
+    gpu1 = {**ident(1, "n2"), "gpu": "0", "hw_id": "GPU-1"}
+    g = Group("GPU load imbalance: 75 % vs 50 % across the job")
+    g.started(ID, N).started(ident(1, "n2"), N)
+    g.histogram(UTIL, GPU0, [(N, {0.75: 20})]).histogram(UTIL, gpu1, [(N, {0.5: 20})])
+    g.silent("GPULoadImbalance", "13m20s").fires("GPULoadImbalance", "13m30s", ({"job_name": "resnet"}, 0.25))
+    groups.append(g)
+
+    g = Group("GPU load balanced within 20 points")
+    g.started(ID, N).started(ident(1, "n2"), N)
+    g.histogram(UTIL, GPU0, [(N, {0.75: 20})]).histogram(UTIL, gpu1, [(N, {0.5625: 20})])
+    g.silent("GPULoadImbalance", "10m")
+    groups.append(g)
+    return groups
+
+
+# ------------------------------------------------------------------ step checks
+TRAIN = {"phase": "train"}
+
+
+def step_groups() -> list[Group]:
+    groups = []
+    ranks = [ident(r, f"n{r + 1}") for r in range(3)]
+
+    def straggler(name: str, step_sums: list[float], coll_sums: list[float] | None) -> Group:
+        g = Group(name)
+        for labels, s in zip(ranks, step_sums):
+            g.add(series_name(sc.STEP_DURATION, "sum"), {**labels, **TRAIN}, seq([(60, s)]))
+            g.add(series_name(sc.STEP_DURATION, "count"), {**labels, **TRAIN}, seq([(60, 8)]))
+        for labels, s in zip(ranks, coll_sums or []):
+            g.add(series_name(sc.COLLECTIVE_DURATION, "sum"), {**labels, **TRAIN}, seq([(60, s)]))
+        return g
+
+    g = straggler("rank 2 computes 25 % longer (DDP: equal steps, it waits less in all-reduce)",
+                  [1.5, 1.5, 1.5], [0.5, 0.5, 0.25])
+    g.silent("RankStraggler", "2m").fires("RankStraggler", "2m10s", ({**ranks[2], **TRAIN}, 1.25))
+    groups.append(g)
+    g = straggler("rank 2's steps 25 % longer, no collective timing", [1.0, 1.0, 1.25], None)
+    g.fires("RankStraggler", "5m", ({**ranks[2], **TRAIN}, 1.25))
+    groups.append(g)
+    g = straggler("rank 2 18.75 % slower: under the 1.2 ratio", [1.5, 1.5, 1.5], [0.5, 0.5, 0.3125])
+    g.silent("RankStraggler", "5m")
+    groups.append(g)
+    g = straggler("single rank: no straggler", [1.0], None)
+    g.silent("RankStraggler", "5m")
+    groups.append(g)
+
+    def outliers(name: str, count: int, steps_per_interval: int, n: int = 110) -> Group:
+        g = Group(name).started(ID, n)
+        g.counter(sc.STEPS, {**ID, **TRAIN}, seq([(n, steps_per_interval)]))
+        # The counter appears with the first outlier (as the recorder creates it), at 300 s.
+        g.counter(sc.STEP_OUTLIERS, {**ID, **TRAIN}, f"_x30 {seq([(count - 1, 1), (n - 30 - count + 1, 0)], 1)}")
+        return g
+
+    g = outliers("11 outlier steps out of 420", 11, 10)
+    g.silent("StepOutliers", "5m").fires("StepOutliers", "7m", ({**ID, **TRAIN, **TARGET}, 11))
+    g.fires("StepOutliers", "11m", ({**ID, **TRAIN, **TARGET}, 11))
+    g.silent("StepOutliers", "16m50s")  # the outliers left the 10-min window
+    groups.append(g)
+    g = outliers("exactly 10 outlier steps", 10, 10)
+    g.silent("StepOutliers", "8m")
+    groups.append(g)
+    g = outliers("11 outliers in exactly 100 steps", 11, 2)
+    groups.append(g.silent("StepOutliers", "8m20s"))
+    g = outliers("11 outliers in 1260 steps: under 1 % of the steps", 11, 30)
+    groups.append(g.silent("StepOutliers", "7m"))
+
+    g = Group("no first step after 20 min").started(ID, 130)
+    g.silent("SlowInitialization", "20m").fires("SlowInitialization", "20m10s", ({**ID, **TARGET}, 1210))
+    groups.append(g)
+    g = Group("first step after 5 min").started(ID, 130)
+    g.gauge(sc.STEP_FIRST_TIMESTAMP, ID, f"_x30 {const(300, 100)}")
+    g.silent("SlowInitialization", "21m")
+    groups.append(g)
+
+    n1a, n1b = ident(0, "n1"), ident(1, "n1", local_rank=1)
+
+    def loaders(name: str, w0: int, w1: int, cpus: int = 8) -> Group:
+        g = Group(name)
+        g.gauge(sc.DATALOADER_WORKERS, n1a, const(w0, 20)).gauge(sc.DATALOADER_WORKERS, n1b, const(w1, 20))
+        return g.gauge(sc.CPU_AVAILABLE, n1a, const(cpus, 20))
+
+    node = {"job_name": "resnet", "node": "n1"}
+    groups.append(loaders("4 workers for 8 CPUs", 2, 2).silent("TooFewDataLoaderWorkers", "50s")
+                  .fires("TooFewDataLoaderWorkers", "1m", (node, 4)).silent("TooManyDataLoaderWorkers", "2m"))
+    groups.append(loaders("6 workers for 8 CPUs (over 70 %)", 3, 3).silent("TooFewDataLoaderWorkers", "2m"))
+    groups.append(loaders("17 workers for 8 CPUs", 9, 8).fires("TooManyDataLoaderWorkers", "2m", (node, 17))
+                  .silent("TooFewDataLoaderWorkers", "2m"))
+    groups.append(loaders("16 workers for 8 CPUs (exactly 200 %)", 8, 8).silent("TooManyDataLoaderWorkers", "2m"))
+
+    def waits(name: str, ratio_sum: float) -> Group:
+        g = Group(name)
+        g.add(series_name(sc.DATALOADER_WAIT_RATIO, "sum"), {**ID, **TRAIN}, seq([(40, ratio_sum)]))
+        return g.add(series_name(sc.DATALOADER_WAIT_RATIO, "count"), {**ID, **TRAIN}, seq([(40, 10)]))
+
+    groups.append(waits("steps wait 60 % of their time for data", 6.0).silent("InputBound", "1m")
+                  .fires("InputBound", "1m10s", ({**ID, **TRAIN, **TARGET}, 0.6)))
+    groups.append(waits("steps wait exactly 50 %", 5.0).silent("InputBound", "5m"))
+    return groups
+
+
+# ------------------------------------------------------------------ training checks
+
+def training_groups() -> list[Group]:
+    groups = []
+    train_id, eval_id = {**ID, **TRAIN}, {**ID, "phase": "eval"}
+
+    def losses(name: str, values: str, steps: str = seq([(40, 60)])) -> Group:
+        g = Group(name, interval="1m").started(ID, 40)
+        return g.gauge(sc.LOSS, train_id, values).counter(sc.STEPS, train_id, steps)
+
+    groups.append(losses("loss flat at 2.0", const(2.0, 40)).silent("LossNotDecreasing", "30m")  # two windows
+                  .fires("LossNotDecreasing", "31m", ({**train_id, **TARGET}, 2.0)))
+    groups.append(losses("loss falls 0.05 % per window (less than 0.1 %)", f"{const(1.0, 15)} {const(0.9995, 24)}")
+                  .fires("LossNotDecreasing", "31m", ({**train_id, **TARGET}, 0.9995)))
+    groups.append(losses("loss falls 0.2 % per window", f"{const(1.0, 15)} {const(0.998, 24)}")
+                  .silent("LossNotDecreasing", "31m"))
+    groups.append(losses("loss decreasing steadily", "2-0.01x40").silent("LossNotDecreasing", "35m"))
+    groups.append(losses("loss flat but no steps run", const(2.0, 40), const(100, 40))
+                  .silent("LossNotDecreasing", "35m"))
+
+    g = Group("NaN loss at 5 min", interval="1m")
+    g.counter(sc.NONFINITE, {**train_id, "scalar": "loss"}, f"_x5 {const(1, 20)}")
+    g.silent("NonFiniteValues", "4m")
+    g.fires("NonFiniteValues", "5m", ({**train_id, "scalar": "loss", **TARGET}, 1))
+    g.silent("NonFiniteValues", "16m")  # out of the 10-min window
+    groups.append(g)
+    g = Group("finite values only", interval="1m")
+    g.gauge(sc.LOSS, train_id, const(1.5, 20))
+    groups.append(g.silent("NonFiniteValues", "10m"))
+
+    def grads(name: str, values: str, steps: str = seq([(20, 60)])) -> Group:
+        g = Group(name, interval="1m")
+        return g.gauge(sc.GRAD_NORM, train_id, values).counter(sc.STEPS, train_id, steps)
+
+    groups.append(grads("gradient norm 1e-8", const(1e-8, 20)).silent("VanishingGradients", "0m")
+                  .fires("VanishingGradients", "5m", ({**train_id, **TARGET}, 1e-8)))
+    groups.append(grads("one gradient norm above 1e-7 in the window", f"{const(1e-8, 5)} 1e-6 {const(1e-8, 13)}")
+                  .silent("VanishingGradients", "9m").fires("VanishingGradients", "12m", ({**train_id, **TARGET},
+                                                                                          1e-8)))
+    groups.append(grads("tiny gradient norm but no steps", const(1e-8, 20), const(60, 20))
+                  .silent("VanishingGradients", "10m"))
+
+    g = Group("last step at 120 s, nothing since", interval="1m")
+    g.gauge(sc.STEP_LAST_TIMESTAMP, train_id, const(120, 40))
+    g.silent("TrainingStalled", "32m").fires("TrainingStalled", "33m", (IDN, 1860))  # 32m: exactly 30 min
+    groups.append(g)
+    g = Group("training stalled but evaluation runs", interval="1m")
+    g.gauge(sc.STEP_LAST_TIMESTAMP, train_id, const(100, 40))
+    g.gauge(sc.STEP_LAST_TIMESTAMP, eval_id, seq([(40, 60)]))
+    groups.append(g.silent("TrainingStalled", "39m"))
+
+    def overfit(name: str, eval_loss: float) -> Group:
+        g = Group(name, interval="1m")
+        return g.gauge(sc.LOSS, train_id, const(1.0, 30)).gauge(sc.LOSS, eval_id, const(eval_loss, 30))
+
+    groups.append(overfit("eval loss 25 % above train loss", 1.25).silent("Overfitting", "4m")
+                  .fires("Overfitting", "5m", ({**ID, **TARGET}, 0.25)))
+    groups.append(overfit("eval loss 6.25 % above train loss", 1.0625).silent("Overfitting", "20m"))
+    return groups
+
+
+# ------------------------------------------------------------------ telemetry
+
+def telemetry_groups() -> list[Group]:
+    groups = []
+    up = {"job": "otelprof", "instance": ID["instance"]}
+    down_labels = {**up, "job_name": "resnet", "rank": "0", "node": "n1"}
+    g = Group("target down after serving otelprof metrics", interval="1m")
+    g.add("up", up, "1 1 1 0 0 0 0 0").gauge(sc.PROCESS_START_TIME, ID, "0 0 0 stale")
+    g.silent("TargetDown", "3m").fires("TargetDown", "4m", (down_labels, 0))
+    groups.append(g)
+    g = Group("target down that never served otelprof metrics", interval="1m")
+    g.add("up", up, "0 0 0 0 0 0")
+    groups.append(g.silent("TargetDown", "5m"))
+
+    r0, r1 = ident(0, "n1"), ident(1, "n2")
+    g = Group("rank 1 vanishes while rank 0 goes on", interval="1m")
+    g.started(r0, 10).gauge(sc.PROCESS_START_TIME, r1, "0 0 0 0 0 stale")
+    g.silent("TelemetryAbsent", "5m").fires("TelemetryAbsent", "6m", ({"job_name": "resnet", "rank": "1",
+                                                                       "node": "n2"}, 1))
+    groups.append(g)
+    g = Group("both ranks end together (normal completion)", interval="1m")
+    g.gauge(sc.PROCESS_START_TIME, r0, "0 0 0 0 0 stale").gauge(sc.PROCESS_START_TIME, r1, "0 0 0 0 0 stale")
+    groups.append(g.silent("TelemetryAbsent", "7m"))
+
+    node = {"job_name": "resnet", "node": "n1"}
+    g = Group("sampler stuck from 5 min", interval="1m")
+    g.started(ID, 15).counter(sc.SAMPLER_SAMPLES, ID, seq([(5, 120), (10, 0)]))
+    g.silent("SystemTelemetryAbsent", "7m").fires("SystemTelemetryAbsent", "8m", (node, 1))
+    groups.append(g)
+    g = Group("no sampler at all", interval="1m")
+    groups.append(g.started(ID, 5).silent("SystemTelemetryAbsent", "0m").fires("SystemTelemetryAbsent", "1m",
+                                                                                (node, 1)))
+    g = Group("sampler running", interval="1m")
+    groups.append(g.started(ID, 15).counter(sc.SAMPLER_SAMPLES, ID, seq([(15, 120)]))
+                  .silent("SystemTelemetryAbsent", "10m"))
+
+    gpu1 = {**ID, "gpu": "1", "hw_id": "GPU-1"}
+    g = Group("GPU 1 disappears while the sampler runs", interval="1m")
+    g.counter(sc.SAMPLER_SAMPLES, ID, seq([(15, 120)]))
+    g.gauge(sc.GPU_UTILIZATION, GPU0, const(0.9, 15)).gauge(sc.GPU_UTILIZATION, gpu1, "0.9 0.9 0.9 0.9 0.9 stale")
+    g.silent("GPUTelemetryAbsent", "5m").fires("GPUTelemetryAbsent", "6m", ({**node, "gpu": "1"}, 1))
+    groups.append(g)
+    g = Group("GPUs and sampler end together", interval="1m")
+    g.counter(sc.SAMPLER_SAMPLES, ID, "0 120 240 360 480 stale")
+    g.gauge(sc.GPU_UTILIZATION, GPU0, "0.9 0.9 0.9 0.9 0.9 stale")
+    groups.append(g.silent("GPUTelemetryAbsent", "8m"))
+
+    queue = {**ID, "exporter": "queue"}
+    g = Group("records dropped at 5 min", interval="1m")
+    g.counter(sc.EXPORTER_DROPPED, queue, f"{const(0, 4)} {const(5, 20)}")
+    groups.append(g.silent("TelemetryDropped", "4m").fires("TelemetryDropped", "5m", (queue, 5))
+                  .silent("TelemetryDropped", "16m"))
+    g = Group("nothing dropped", interval="1m")
+    groups.append(g.counter(sc.EXPORTER_DROPPED, queue, const(0, 20)).silent("TelemetryDropped", "15m"))
+    return groups
+
+
+# ------------------------------------------------------------------ recording rules
+
+def recording_groups() -> list[Group]:
+    g = Group("recording rules")
+    _sampler(g, cpu=12, io=5)
+    for labels, s, c in ((ID, 1.5, 0.5),):
+        g.add(series_name(sc.STEP_DURATION, "sum"), {**labels, **TRAIN}, seq([(N, s)]))
+        g.add(series_name(sc.STEP_DURATION, "count"), {**labels, **TRAIN}, seq([(N, 8)]))
+        g.add(series_name(sc.COLLECTIVE_DURATION, "sum"), {**labels, **TRAIN}, seq([(N, c)]))
+    g.histogram(UTIL, GPU0, [(N, {0.5: 20})])
+    g.record("cpu_bottleneck_ratio", "10m", (ID, 0.6)).record("io_bottleneck_ratio", "10m", (ID, 0.25))
+    g.record("step_compute_mean", "10m", ({**ID, **TRAIN}, 0.125))
+    g.record("step_mean", "10m", ({**ID, **TRAIN}, 0.1875))
+    g.record("gpu_utilization_p95", "10m", (GPU0, p(0.95, UTIL, {0.5: 20})))
+    g.record("gpu_utilization_mean", "10m", ({**GPU0}, 0.5))
+    return [g]
+
+
+EVALUATION_INTERVAL = {"training_test.yaml": "1m", "telemetry_test.yaml": "1m"}
+
+FILES = {
+    "system_test.yaml": system_groups,
+    "steps_test.yaml": step_groups,
+    "training_test.yaml": training_groups,
+    "telemetry_test.yaml": telemetry_groups,
+    "recording_test.yaml": recording_groups,
+}
+
+
+def render_file(groups: list[Group], evaluation_interval: str = "10s") -> str:
+    document = {"rule_files": RULE_FILES, "evaluation_interval": evaluation_interval,
+                "tests": [g.data() for g in groups]}
+    return yamlout.dump(document, "Generated by tests/rules/cases.py -- do not edit; run python -m tests.rules.cases")
+
+
+def all_groups() -> dict[str, list[Group]]:
+    return {name: build() for name, build in FILES.items()}
+
+
+def render_all() -> dict[str, str]:
+    return {name: render_file(groups, EVALUATION_INTERVAL.get(name, "10s")) for name, groups in all_groups().items()}
+
+
+def write() -> list[Path]:
+    changed = []
+    for name, text in render_all().items():
+        path = HERE / name
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            changed.append(path)
+    return changed
+
+
+if __name__ == "__main__":
+    for path in write():
+        print(f"updated {path}")

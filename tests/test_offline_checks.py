@@ -1,0 +1,249 @@
+"""Live and offline verdicts agree: the same scenarios go through promtool (as the series a training
+process would expose, scraped every 5 s) and through otelprof.analysis.checks (as raw samples and
+steps); the alerts firing at chosen times must be the same set."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import otelprof
+from otelprof import semconv as sc
+from otelprof.analysis import checks
+from otelprof.analysis.checks import RankData, Sample, StepRecord
+from otelprof.analysis.histogram import bucket_quantile, cumulative_counts
+from otelprof.mixin import MixinConfig, yamlout
+from otelprof.mixin.generate import render_alerts
+from otelprof.mixin.promql import series_name
+from otelprof.recording.reader import read_recording
+from tests.servers import require_binary
+
+SCRAPE = 5.0
+END = 900.0
+AT = (420.0, 720.0, 880.0)
+CONFIG = MixinConfig()
+CONFIG_PREFIX = "Otelprof"
+
+
+# ------------------------------------------------------------------ scenarios
+
+def _samples(cpu: Callable[[float], list[float]], gpus: Callable[[float], dict[str, tuple[float, float]]],
+             iowait: Callable[[float], list[float]] | None = None) -> list[Sample]:
+    out = []
+    t = 0.5
+    while t <= END:
+        out.append(Sample(t, tuple(cpu(t)), tuple(iowait(t) if iowait else [0.0] * len(cpu(t))),
+                          dict(gpus(t))))  # type: ignore[arg-type]
+        t += 0.5
+    return out
+
+
+def _steps(duration: Callable[[float], float], wait: Callable[[float], float] = lambda t: 0.0,
+           collective: Callable[[float], float] = lambda t: 0.0, loss: Callable[[float, int], float] | None = None,
+           start: float = 5.0) -> list[StepRecord]:
+    out, t, n = [], start, 0
+    while t + duration(t) <= END:
+        d = duration(t)
+        out.append(StepRecord("train", t, t + d, wait(t), collective(t), loss(t, n) if loss else None))
+        t += d
+        n += 1
+    return out
+
+
+def cpu_bound() -> list[RankData]:
+    def cpu(t: float) -> list[float]:
+        return [0.97, 0.5, 0.4, 0.4] if t > 300 else [0.5, 0.4, 0.3, 0.3]
+
+    def gpus(t: float) -> dict[str, tuple[float, float]]:
+        return {"0": (0.05 if t > 300 else 0.9, 0.6)}
+
+    return [RankData("cpubound", 0, "n1", 0.0, END, _samples(cpu, gpus), _steps(lambda t: 0.5))]
+
+
+def input_bound_then_nan() -> list[RankData]:
+    steps = _steps(lambda t: 0.1, wait=lambda t: 0.08 if t > 300 else 0.02,
+                   loss=lambda t, n: math.nan if 600 < t < 610 else 2.0 / (1 + n / 100))
+    return [RankData("loader", 0, "n1", 0.0, END, [], steps)]
+
+
+def straggler_and_imbalance() -> list[RankData]:
+    ranks = []
+    for rank, (util, step) in enumerate([(0.9, 0.2), (0.9, 0.2), (0.5, 0.3)]):
+        samples = _samples(lambda t: [0.3, 0.3], lambda t, u=util: {"0": (u, 0.8)})  # type: ignore[misc]
+        ranks.append(RankData("ddp", rank, f"n{rank + 1}", 0.0, END, samples, _steps(lambda t, d=step: d)))
+    return ranks
+
+
+SCENARIOS: dict[str, Callable[[], list[RankData]]] = {
+    "cpu_bound": cpu_bound,
+    "input_bound_then_nan": input_bound_then_nan,
+    "straggler_and_imbalance": straggler_and_imbalance,
+}
+EXPECTED = {  # sanity: what each scenario must show (both sides), so the comparison is never vacuous
+    "cpu_bound": {(720.0, "OtelprofCPUBottleneck"), (880.0, "OtelprofBatchSizeTooSmall")},
+    "input_bound_then_nan": {(720.0, "OtelprofInputBound"), (720.0, "OtelprofNonFiniteValues")},
+    "straggler_and_imbalance": {(720.0, "OtelprofRankStraggler"), (880.0, "OtelprofGPULoadImbalance")},
+}
+
+
+# ------------------------------------------------------------------ what the process would expose
+
+@dataclass
+class Series:
+    values: dict[str, list[str]] = field(default_factory=dict)
+
+    def put(self, key: str, index: int, value: float | None, length: int) -> None:
+        row = self.values.setdefault(key, ["_"] * length)
+        if value is not None:
+            row[index] = repr(float(value))
+
+
+def _labels(**labels: str) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def exposition(ranks: Sequence[RankData]) -> list[dict[str, str]]:
+    """Input series: every catalog series the checks read, as scraped every SCRAPE seconds."""
+    scrapes = [i * SCRAPE for i in range(int(END // SCRAPE) + 1)]
+    out = Series()
+    n = len(scrapes)
+    for r in ranks:
+        ident = {"job_name": r.job, "rank": str(r.rank), "local_rank": "0", "node": r.node, "job": "otelprof",
+                 "instance": f"{r.node}:9464"}
+        for i, t in enumerate(scrapes):
+            out.put(series_name(sc.PROCESS_START_TIME) + _labels(**ident), i, r.process_start, n)
+            seen = [s for s in r.samples if s.t <= t]
+            if r.samples and seen:
+                hits_cpu = sum(max(s.cpu) > CONFIG.cpu_threshold and min(u for u, _ in s.gpus.values())
+                               < CONFIG.gpu_threshold for s in seen)
+                hits_io = sum(max(s.iowait) > CONFIG.io_threshold and min(u for u, _ in s.gpus.values())
+                              < CONFIG.gpu_threshold for s in seen)
+                for spec, value in ((sc.SAMPLER_SAMPLES, len(seen)), (sc.SAMPLER_CPU_BOTTLENECK, hits_cpu),
+                                    (sc.SAMPLER_IO_BOTTLENECK, hits_io)):
+                    out.put(series_name(spec) + _labels(**ident), i, value, n)
+                _histogram(out, sc.NODE_CPU_UTILIZATION, ident, [sum(s.cpu) / len(s.cpu) for s in seen], i, n)
+                for gpu in seen[-1].gpus:
+                    gl = {**ident, "gpu": gpu, "hw_id": f"GPU-{r.rank}-{gpu}"}
+                    _histogram(out, sc.GPU_UTILIZATION_DISTRIBUTION, gl, [s.gpus[gpu][0] for s in seen], i, n)
+                    _histogram(out, sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, gl, [s.gpus[gpu][1] for s in seen], i, n)
+                    out.put(series_name(sc.GPU_UTILIZATION) + _labels(**gl), i, seen[-1].gpus[gpu][0], n)
+            done = [s for s in r.steps if s.end <= t]
+            if not done:
+                continue
+            pl = {**ident, "phase": "train"}
+            out.put(series_name(sc.STEP_FIRST_TIMESTAMP) + _labels(**ident), i, r.steps[0].start, n)
+            out.put(series_name(sc.STEPS) + _labels(**pl), i, len(done), n)
+            out.put(series_name(sc.STEP_LAST_TIMESTAMP) + _labels(**pl), i, done[-1].end, n)
+            out.put(series_name(sc.STEP_DURATION, "sum") + _labels(**pl), i, sum(s.end - s.start for s in done), n)
+            out.put(series_name(sc.STEP_DURATION, "count") + _labels(**pl), i, len(done), n)
+            if any(s.collective for s in r.steps):
+                out.put(series_name(sc.COLLECTIVE_DURATION, "sum") + _labels(**pl), i,
+                        sum(s.collective for s in done), n)
+            waited = [min(s.wait / (s.end - s.start), 1.0) for s in done if s.wait > 0]
+            if waited:
+                out.put(series_name(sc.DATALOADER_WAIT_RATIO, "sum") + _labels(**pl), i, sum(waited), n)
+                out.put(series_name(sc.DATALOADER_WAIT_RATIO, "count") + _labels(**pl), i, len(waited), n)
+            nonfinite = sum(1 for s in done if s.loss is not None and not math.isfinite(s.loss))
+            if nonfinite:
+                out.put(series_name(sc.NONFINITE) + _labels(**pl, scalar="loss"), i, nonfinite, n)
+            finite = [s.loss for s in done if s.loss is not None and math.isfinite(s.loss)]
+            if finite:
+                out.put(series_name(sc.LOSS) + _labels(**pl), i, finite[-1], n)
+    return [{"series": key, "values": " ".join(values)} for key, values in out.values.items()]
+
+
+def _histogram(out: Series, spec: sc.MetricSpec, labels: dict[str, str], values: list[float], i: int,
+               n: int) -> None:
+    counts = cumulative_counts(values, spec.buckets)
+    for bound, count in zip([*spec.buckets, math.inf], counts):
+        le = "+Inf" if math.isinf(bound) else repr(float(bound))
+        out.put(series_name(spec, "bucket") + _labels(**labels, le=le), i, count, n)
+    out.put(series_name(spec, "sum") + _labels(**labels), i, sum(values), n)
+    out.put(series_name(spec, "count") + _labels(**labels), i, len(values), n)
+
+
+def _subject_labels(alert: str, subject: str, ranks: Sequence[RankData]) -> dict[str, str]:
+    words = subject.split()
+    if words[0] == "job":
+        return {"alertname": alert, "job_name": words[1]}
+    rank = next(r for r in ranks if r.rank == int(words[1]))
+    labels = {"alertname": alert, "job_name": rank.job, "rank": words[1]}
+    rest = words[2:]
+    if rest[:1] == ["gpu"]:
+        labels["gpu"] = rest[1]
+    elif rest:
+        labels["phase"] = rest[0]
+        if len(rest) > 1:
+            labels["scalar"] = rest[1]
+    return labels
+
+
+def _fmt(seconds: float) -> str:
+    return f"{int(seconds)}s"
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_promtool_and_offline_evaluator_agree(scenario: str, tmp_path: Path) -> None:
+    promtool = require_binary("promtool")
+    ranks = SCENARIOS[scenario]()
+    offline = checks.firing_at(ranks, CONFIG, SCRAPE, AT)
+    fired = {(t, name) for t, pairs in offline.items() for name, _ in pairs}
+    assert EXPECTED[scenario] <= fired, sorted(fired)
+    names = "|".join(CONFIG_PREFIX + short for short in checks.OFFLINE_CHECKS)
+    query = ('count by (alertname, job_name, rank, gpu, phase, scalar) '
+             f'(ALERTS{{alertstate="firing", alertname=~"{names}"}})')
+    expr_tests = []
+    for t in AT:
+        samples = [{"labels": _labels(**_subject_labels(name, subject, ranks)), "value": 1}
+                   for name, subject in sorted(offline[t])]
+        expr_tests.append({"expr": query, "eval_time": _fmt(t), "exp_samples": samples})
+    (tmp_path / "alerts.yaml").write_text(render_alerts(CONFIG))
+    document: dict[str, Any] = {
+        "rule_files": ["alerts.yaml"], "evaluation_interval": _fmt(SCRAPE),
+        "tests": [{"name": scenario, "interval": _fmt(SCRAPE), "input_series": exposition(ranks),
+                   "promql_expr_test": expr_tests}],
+    }
+    (tmp_path / "twin_test.yaml").write_text(yamlout.dump(document))
+    result = subprocess.run([promtool, "test", "rules", "twin_test.yaml"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, f"live and offline verdicts differ:\n{result.stdout[-8000:]}{result.stderr[-2000:]}"
+
+
+def test_offline_checks_on_a_real_recording(tmp_path: Path) -> None:
+    """A recorded run with a NaN loss and input-bound steps: the evaluator reads it through the reader."""
+    import time
+
+    otelprof.init(job_name="recorded", record_dir=str(tmp_path), system_metrics=False)
+    for i in range(60):
+        with otelprof.step():
+            with otelprof.annotate(sc.REGION_DATALOADER):
+                time.sleep(0.004)
+            time.sleep(0.001)
+            otelprof.record("loss", math.nan if i == 50 else 1.0)
+    session = otelprof.get_session()
+    assert session is not None and session.run_dir is not None
+    run_dir = session.run_dir.parent
+    otelprof.shutdown()
+    results = {r.alert: r for r in checks.evaluate(read_recording(run_dir), CONFIG, interval=1.0)}
+    nonfinite = results["OtelprofNonFiniteValues"]
+    assert nonfinite.triggered and nonfinite.subjects == ("rank 0 train loss",) and nonfinite.value == 1
+    assert nonfinite.original == "ExplodingTensor" and ("window", "10m") in nonfinite.parameters
+    assert results["OtelprofInputBound"].firing_evaluations == 0  # for: 1m is longer than the run
+    assert not results["OtelprofCPUBottleneck"].triggered and results["OtelprofCPUBottleneck"].datapoints == 0
+    assert results["OtelprofNonFiniteValues"].datapoints == 60
+    quick = MixinConfig(input_bound_for="0s")
+    assert {r.alert: r for r in checks.evaluate(read_recording(run_dir), quick, 1.0)}["OtelprofInputBound"].triggered
+
+
+def test_bucket_quantile_matches_prometheus_cases() -> None:
+    bounds = (0.05, 0.1, 0.5, 1.0)
+    assert bucket_quantile(0.5, bounds, [0, 0, 10, 10, 10]) == pytest.approx(0.3)
+    assert bucket_quantile(0.99, bounds, [0, 0, 0, 0, 10]) == 1.0  # rank in +Inf: second-highest bound
+    assert bucket_quantile(0.5, bounds, [10, 10, 10, 10, 10]) == pytest.approx(0.025)
+    assert math.isnan(bucket_quantile(0.5, bounds, [0, 0, 0, 0, 0]))

@@ -1,0 +1,186 @@
+"""The mixin's generated rules: current, valid for the real promtool, unit-tested per alert, catalog-only names."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from otelprof import semconv as sc
+from otelprof.cli import main
+from otelprof.mixin import MixinConfig, render_all, yamlout
+from otelprof.mixin.alerts import alerts
+from otelprof.mixin.config import with_overrides
+from otelprof.mixin.generate import PROMETHEUS_DIR, prometheus_rule
+from otelprof.mixin.promql import catalog_series_names
+from otelprof.mixin.rules import recording_names, recording_rules
+from tests.rules import cases
+from tests.servers import require_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES_DIR = ROOT / "tests" / "rules"
+
+
+def promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    binary = require_binary("promtool")
+    return subprocess.run([binary, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_generated_mixin_files_are_current() -> None:
+    for name, text in render_all(MixinConfig()).items():
+        path = ROOT / PROMETHEUS_DIR / name
+        assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run `otelprof generate`"
+
+
+def test_promtool_test_files_are_current() -> None:
+    for name, text in cases.render_all().items():
+        path = RULES_DIR / name
+        assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run `python -m tests.rules.cases`"
+
+
+def test_promtool_check_rules_on_every_generated_file(tmp_path: Path) -> None:
+    # The PrometheusRule's spec holds the same groups; promtool reads them as a plain rule file.
+    spec = tmp_path / "prometheusrule-spec.yaml"
+    spec.write_text(yamlout.dump({"groups": prometheus_rule(MixinConfig())["spec"]["groups"]}))
+    files = [str(ROOT / PROMETHEUS_DIR / "otelprof-alerts.yaml"), str(ROOT / PROMETHEUS_DIR / "otelprof-rules.yaml"),
+             str(spec)]
+    result = promtool("check", "rules", *files)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(alerts(MixinConfig()))} rules found" in result.stdout
+    assert f"SUCCESS: {len(recording_rules(MixinConfig()))} rules found" in result.stdout
+
+
+def test_promtool_unit_tests_pass() -> None:
+    files = sorted(p.name for p in RULES_DIR.glob("*_test.yaml"))
+    assert len(files) == len(cases.FILES)
+    binary = require_binary("promtool")
+    running = [(name, subprocess.Popen([binary, "test", "rules", name], cwd=RULES_DIR, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True)) for name in files]
+    for name, process in running:
+        output, _ = process.communicate(timeout=300)
+        assert process.returncode == 0, f"{name}:\n{output}"
+        assert "SUCCESS" in output
+
+
+def test_every_alert_has_a_firing_and_a_silent_case() -> None:
+    firing: set[str] = set()
+    silent: set[str] = set()
+    for groups in cases.all_groups().values():
+        for group in groups:
+            for test in group.alert_tests:
+                (firing if test["exp_alerts"] else silent).add(test["alertname"])
+    names = {a.name for a in alerts(MixinConfig())}
+    assert names - firing == set(), "alerts without a firing case"
+    assert names - silent == set(), "alerts without a non-firing case"
+
+
+_KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset",
+             "bool", "time", "inf", "nan", "sum", "min", "max", "avg", "group", "count", "stddev", "stdvar", "topk",
+             "bottomk", "quantile", "count_values"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects (functions, keywords, labels and durations removed)."""
+    text = re.sub(r'"[^"]*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1", text)
+    text = re.sub(r"\boffset\s+\w+", "", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\()?", text):
+        name, call = match.group(1), match.group(2)
+        if call or name.lower() in _KEYWORDS:
+            continue
+        names.add(name)
+    return names
+
+
+def test_rules_only_reference_catalog_metrics() -> None:
+    config = MixinConfig()
+    allowed = catalog_series_names() | {"up"}
+    used: set[str] = set()
+    for alert in alerts(config):
+        used |= metric_names(alert.expr)
+    for record in recording_rules(config):
+        used |= metric_names(record.expr)
+    assert used - allowed == set(), "rules reference metrics that are not in the catalog"
+    # and they cover the checks' inputs
+    for spec in (sc.SAMPLER_CPU_BOTTLENECK, sc.GPU_UTILIZATION_DISTRIBUTION, sc.STEP_DURATION, sc.NONFINITE):
+        assert any(name.startswith(spec.prometheus_name) for name in used)
+
+
+def test_metric_name_extraction() -> None:
+    expr = ('histogram_quantile(0.95, (a_bucket{le="0.5"} - (a_bucket offset 250s or a_bucket * 0))) > 0.7\n'
+            'and on (job_name, rank) (time() - b{x="y"}) > 500 unless on (job_name) max by (job_name) (c[5m])')
+    assert metric_names(expr) == {"a_bucket", "b", "c"}
+
+
+def test_alert_conventions() -> None:
+    config = MixinConfig()
+    for alert in alerts(config):
+        rule = alert.rule(config)
+        assert re.fullmatch(r"Otelprof[A-Z][A-Za-z0-9]+", rule["alert"])
+        assert rule["labels"]["severity"] in ("critical", "warning", "info")
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url", "dashboard_url"}
+        assert rule["annotations"]["summary"].endswith(".")
+        assert "$labels.job_name" in rule["annotations"]["description"] or alert.short == "TargetDown"
+        assert rule["annotations"]["runbook_url"].endswith("#" + rule["alert"].lower())
+        runbook = (ROOT / PROMETHEUS_DIR / "runbook.md").read_text(encoding="utf-8")
+        assert f"## {rule['alert']}\n" in runbook
+    actions = {a.short: a.action for a in alerts(config) if a.action}
+    assert actions["NonFiniteValues"] == "stop" and actions["InputBound"] == "capture"
+
+
+def test_prometheus_rule_carries_the_release_label() -> None:
+    text = (ROOT / PROMETHEUS_DIR / "otelprof-prometheusrule.yaml").read_text(encoding="utf-8")
+    assert "kind: PrometheusRule" in text and "release: kube-prometheus-stack" in text
+    custom = prometheus_rule(with_overrides(MixinConfig(), ["prometheus_rule_release=monitoring"]))
+    assert custom["metadata"]["labels"]["release"] == "monitoring"
+
+
+def test_overridden_config_generates_valid_selective_rules(tmp_path: Path) -> None:
+    config = with_overrides(MixinConfig(), ['selector=namespace="ml"', "window=5m", "cpu_bottleneck_threshold=0.6",
+                                            "disabled_alerts=Overfitting,TelemetryDropped",
+                                            "actions=NonFiniteValues:stop"])
+    files = render_all(config)
+    assert "OtelprofOverfitting" not in files["otelprof-alerts.yaml"]
+    assert "otelprof_sampler_cpu_bottleneck_total{namespace=\"ml\"} offset 5m" in files["otelprof-alerts.yaml"]
+    assert "action: capture" not in files["otelprof-alerts.yaml"]
+    for alert in alerts(config):
+        for name in metric_names(alert.expr):
+            if name != "up":
+                assert re.search(re.escape(name) + r'\{namespace="ml"', alert.expr), (alert.name, name)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    result = promtool("check", "rules", str(tmp_path / "otelprof-alerts.yaml"), str(tmp_path / "otelprof-rules.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_bad_overrides_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown mixin setting"):
+        with_overrides(MixinConfig(), ["no_such=1"])
+    with pytest.raises(ValueError, match="not a duration"):
+        with_overrides(MixinConfig(), ["window=5 minutes"])
+    with pytest.raises(ValueError, match="action"):
+        with_overrides(MixinConfig(), ["actions=CPUBottleneck:reboot"])
+
+
+def test_mixin_command_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mixin", "--out", str(tmp_path), "--set", "prometheus_rule_release=prom"]) == 0
+    assert "release: prom" in (tmp_path / "otelprof-prometheusrule.yaml").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(render_all(MixinConfig()))
+    assert main(["mixin", "--out", str(tmp_path), "--set", "window=soon"]) == 2
+    assert "not a duration" in capsys.readouterr().err
+
+
+def test_recording_rule_names_for_dashboards() -> None:
+    names = recording_names()
+    assert names["step_p95"] == "otelprof:step_duration_seconds:p95_5m"
+    assert all(re.fullmatch(r"otelprof:[a-z0-9_]+:[a-z0-9_]+", n) for n in names.values())
+
+
+def test_yaml_writer_quotes_what_needs_quoting() -> None:
+    text = yamlout.dump({"a": "on", "b": "x: y", "c": "5m", "d": ["{{ $value }}"], "e": "line1\nline2", "f": 0.5})
+    assert text == 'a: "on"\nb: "x: y"\nc: 5m\nd:\n  - "{{ $value }}"\ne: |-\n  line1\n  line2\nf: 0.5\n'
