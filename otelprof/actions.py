@@ -18,7 +18,9 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import re
+import ssl
 import threading
 import urllib.error
 import urllib.request
@@ -190,6 +192,41 @@ def post_json(url: str, body: dict[str, Any], token: str, timeout: float) -> int
         return int(exc.code)
 
 
+class KubernetesJobs:
+    """Suspends a batch/v1 Job through the Kubernetes API: the fallback when a training process does not
+    answer a stop request. Needs only ``get`` and ``patch`` on ``jobs`` in the Job's namespace."""
+
+    SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+    def __init__(self, api_url: str, token: str, ca_file: str | None, timeout: float = 5.0) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self._context = ssl.create_default_context(cafile=ca_file) if api_url.startswith("https") else None
+
+    @classmethod
+    def in_cluster(cls, timeout: float = 5.0) -> KubernetesJobs:
+        """From the pod's service account (raises OSError outside a pod)."""
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host:
+            raise OSError("not in a Kubernetes pod (KUBERNETES_SERVICE_HOST is unset)")
+        token = (cls.SERVICE_ACCOUNT / "token").read_text(encoding="utf-8").strip()
+        host = f"[{host}]" if ":" in host else host
+        return cls(f"https://{host}:{port}", token, str(cls.SERVICE_ACCOUNT / "ca.crt"), timeout)
+
+    def suspend(self, namespace: str, job: str) -> int:
+        """Set ``spec.suspend: true`` on the Job (Kubernetes then deletes its running pods)."""
+        url = f"{self.api_url}/apis/batch/v1/namespaces/{namespace}/jobs/{job}"
+        request = urllib.request.Request(url, data=json.dumps({"spec": {"suspend": True}}).encode(), method="PATCH",
+                                         headers={"Content-Type": "application/merge-patch+json",
+                                                  "Authorization": f"Bearer {self.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=self._context) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+
 @dataclass
 class WebhookReceiver:
     """The request logic, without sockets (the server below and the tests call :meth:`handle`)."""
@@ -204,6 +241,11 @@ class WebhookReceiver:
     rank_label: str = sc.prometheus_label(sc.LABEL_RANK)
     dry_run: bool = False
     sender: Sender = post_json
+    control_port_base: int | None = None
+    """When set, ``{control_port}`` in target URLs is this plus the alert's ``local_rank`` (0 if absent)."""
+    kubernetes: KubernetesJobs | None = None
+    """When set, a stop that reaches no training process suspends the Job named by the alert's
+    ``job_name`` in its ``namespace``."""
     _done: OrderedDict[tuple[str, ...], None] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -252,16 +294,20 @@ class WebhookReceiver:
             elif action not in ACTIONS:
                 decision["result"] = f"ignored: unknown action {action!r}"
             else:
-                urls = self.targets.resolve(item.labels, self.job_label, self.rank_label)
-                if not urls:
-                    decision["result"] = "ignored: no control endpoint known for this job/rank"
-                else:
-                    results = []
-                    for url in urls:
-                        outcome = self._send(item, action, url, sent)
-                        failed |= outcome.startswith("failed")
-                        results.append(f"{url}: {outcome}")
-                    decision["result"] = "; ".join(results)
+                labels = dict(item.labels)
+                if self.control_port_base is not None and labels.get("local_rank", "0").isdigit():
+                    labels["control_port"] = str(self.control_port_base + int(labels.get("local_rank", "0")))
+                urls = self.targets.resolve(labels, self.job_label, self.rank_label)
+                outcomes = [(url, self._send(item, action, url, sent)) for url in urls]
+                results = [f"{url}: {outcome}" for url, outcome in outcomes]
+                reached = any(not outcome.startswith("failed") for _, outcome in outcomes)
+                if action == "stop" and not reached and self.kubernetes is not None:
+                    suspended = self._suspend(labels)
+                    results.append(suspended)
+                    failed |= suspended.startswith("failed")
+                else:  # any unreachable process: 502, so Alertmanager retries (done ones are remembered)
+                    failed |= any(outcome.startswith("failed") for _, outcome in outcomes)
+                decision["result"] = "; ".join(results) or "ignored: no control endpoint known for this job/rank"
             log.info("%s action=%s -> %s", where, action or "-", decision["result"])
         return (502 if failed else 200), {"decisions": decisions}
 
@@ -293,6 +339,22 @@ class WebhookReceiver:
             while len(self._done) > _REMEMBERED:
                 self._done.popitem(last=False)
         return f"{action} sent ({status})"
+
+
+    def _suspend(self, labels: Mapping[str, str]) -> str:
+        assert self.kubernetes is not None
+        namespace, job = labels.get("namespace"), labels.get(self.job_label)
+        if not namespace or not job:
+            return "failed: cannot suspend the Job: the alert has no namespace or job_name label"
+        if self.dry_run:
+            return f"dry run, would suspend Job {namespace}/{job}"
+        try:
+            status = self.kubernetes.suspend(namespace, job)
+        except OSError as exc:
+            return f"failed: Kubernetes API unreachable ({exc})"
+        if not 200 <= status < 300:
+            return f"failed: suspending Job {namespace}/{job} answered {status}"
+        return f"Job {namespace}/{job} suspended ({status})"
 
 
 class WebhookServer:

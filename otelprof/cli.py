@@ -188,8 +188,16 @@ def _cmd_webhook(args: argparse.Namespace) -> int:
         print("otelprof webhook: a bearer token is required: set OTELPROF_WEBHOOK_TOKEN or --token-file",
               file=sys.stderr)
         return EXIT_USAGE
+    kubernetes = None
+    if args.suspend_jobs:
+        try:
+            kubernetes = actions.KubernetesJobs.in_cluster(timeout=args.timeout)
+        except OSError as exc:
+            print(f"otelprof webhook: --suspend-jobs needs the pod's service account: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     receiver = actions.WebhookReceiver(token, targets, control_token, capture_steps=args.capture_steps,
-                                       max_body=args.max_body, timeout=args.timeout, dry_run=args.dry_run)
+                                       max_body=args.max_body, timeout=args.timeout, dry_run=args.dry_run,
+                                       control_port_base=args.control_port_base, kubernetes=kubernetes)
     server = actions.WebhookServer(receiver)
     try:
         server.start(args.host, args.port)
@@ -253,6 +261,12 @@ mapping, work too) and is re-read when it changes, e.g. a mounted ConfigMap.""")
     webhook.add_argument("--max-body", type=int, default=1024 * 1024, help="largest payload in bytes (default 1 MiB)")
     webhook.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for a control endpoint")
     webhook.add_argument("--dry-run", action="store_true", help="log what would be done, send nothing")
+    webhook.add_argument("--control-port-base", type=int, default=None, metavar="PORT",
+                         help="fill {control_port} in target URLs with PORT + the alert's local_rank, e.g. "
+                              "--target '*=http://{pod_ip}:{control_port}' --control-port-base 9565")
+    webhook.add_argument("--suspend-jobs", action="store_true",
+                         help="in Kubernetes: when a stop reaches no training process, suspend the Job named by "
+                              "the alert's job_name in its namespace (RBAC: get/patch jobs)")
     webhook.set_defaults(func=_cmd_webhook)
 
 

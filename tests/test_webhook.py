@@ -285,3 +285,51 @@ def test_cli_requires_a_token_and_valid_targets(capsys: pytest.CaptureFixture[st
         main(["webhook", "--help"])
     assert info.value.code == 0
     assert "--targets-file" in capsys.readouterr().out
+
+
+def test_kubernetes_fallback_suspends_the_job_and_control_port_template() -> None:
+    """A stop that reaches no process suspends the Job through the API (fake API server here)."""
+    import json as _json
+    import threading as _threading
+    from http.server import BaseHTTPRequestHandler as _Handler
+    from http.server import HTTPServer as _Server
+
+    from otelprof import actions as _actions
+
+    seen: list[tuple[str, str, str, dict[str, object]]] = []
+
+    class Api(_Handler):
+        def do_PATCH(self) -> None:
+            body = _json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, self.headers["Authorization"], self.headers["Content-Type"], body))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    api = _Server(("127.0.0.1", 0), Api)
+    _threading.Thread(target=api.serve_forever, daemon=True).start()
+    try:
+        sent: list[str] = []
+
+        def sender(url: str, body: dict[str, object], token: str, timeout: float) -> int:
+            sent.append(url)
+            raise OSError("connection refused")
+
+        receiver = _actions.WebhookReceiver(
+            "t", _actions.TargetMap([_actions.parse_target("*=http://{pod_ip}:{control_port}")]), sender=sender,
+            control_port_base=9565,
+            kubernetes=_actions.KubernetesJobs(f"http://127.0.0.1:{api.server_address[1]}", "sa-token", None))
+        item = _actions.AlertItem("firing", {"alertname": "OtelprofNonFiniteValues", "action": "stop",
+                                             "job_name": "bert", "rank": "3", "local_rank": "1", "pod_ip": "10.0.0.7",
+                                             "namespace": "ml"}, {}, "", "fp")
+        status, answer = receiver.act([item])
+    finally:
+        api.shutdown()
+    assert sent == ["http://10.0.0.7:9566/v1/stop"]
+    assert seen == [("/apis/batch/v1/namespaces/ml/jobs/bert", "Bearer sa-token", "application/merge-patch+json",
+                     {"spec": {"suspend": True}})]
+    assert status == 200 and "Job ml/bert suspended" in answer["decisions"][0]["result"]
