@@ -42,4 +42,11 @@ def generate(root: Path) -> list[Path]:
     from otelprof.mixin.generate import PROMETHEUS_DIR
 
     changed.extend(write_mixin(root / PROMETHEUS_DIR, MixinConfig()))
-    return changed
+    return changed + _generate_deploy(root)
+
+
+def _generate_deploy(root: Path) -> list[Path]:
+    """Last: the Kubernetes copies of everything generated above."""
+    from otelprof.deploy import generate as generate_deploy
+
+    return generate_deploy(root)
