@@ -118,7 +118,7 @@ def test_alertmanager_secrets_pass_amtool(overlay: str, secret: str, key: str, t
 
 def test_grafana_configmaps_carry_the_sidecar_labels() -> None:
     docs = build("overlays/kube-prometheus-stack")
-    dashboards = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("grafana-dashboard-")]
+    dashboards = [d for d in docs if d["metadata"]["name"].startswith("grafana-dashboard-")]
     assert dashboards and all(d["metadata"]["labels"]["grafana_dashboard"] == "1" for d in dashboards)
     assert {next(iter(d["data"])) for d in dashboards} == {p.name for p in (ROOT / "dashboards").glob("*.json")}
     [datasources] = [d for d in docs if d["metadata"]["name"] == "grafana-datasources-otelprof"]
