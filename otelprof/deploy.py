@@ -21,6 +21,8 @@ PROMETHEUS_DIR = Path("deploy/prometheus")
 ALERTMANAGER_CONFIG = Path("deploy/alertmanager/alertmanager.yml")
 DASHBOARDS_DIR = Path("dashboards")
 DATASOURCES = DASHBOARDS_DIR / "provisioning" / "datasources.yaml"
+DATASOURCES_TEMPO = DASHBOARDS_DIR / "provisioning" / "datasources-tempo.yaml"
+"""Tempo only: kube-prometheus-stack provisions its own Prometheus datasource (uid ``prometheus``)."""
 DASHBOARD_PROVIDER = DASHBOARDS_DIR / "provisioning" / "dashboards.yaml"
 
 SCRAPE_LABEL = "otelprof.io/scrape"
@@ -99,11 +101,11 @@ def files(root: Path) -> dict[Path, str]:
     dashboards = _dashboard_config_maps(root, {"grafana_dashboard": "1"}, {"grafana_folder": "otelprof"})
     if dashboards:
         out[stack / "grafana-dashboards.yaml"] = _documents(dashboards, str(DASHBOARDS_DIR / "*.json"))
-    if (root / DATASOURCES).exists():
+    if (root / DATASOURCES_TEMPO).exists():
         out[stack / "grafana-datasources.yaml"] = _documents(
             [_config_map("grafana-datasources-otelprof",
-                         {"otelprof-datasources.yaml": (root / DATASOURCES).read_text(encoding="utf-8")},
-                         {"grafana_datasource": "1"})], str(DATASOURCES))
+                         {"otelprof-datasources.yaml": (root / DATASOURCES_TEMPO).read_text(encoding="utf-8")},
+                         {"grafana_datasource": "1"})], str(DATASOURCES_TEMPO))
 
     plain = KUBERNETES / "overlays/plain-prometheus/generated"
     rules = {name: (root / PROMETHEUS_DIR / name).read_text(encoding="utf-8")

@@ -1,8 +1,9 @@
 """Generated artifacts, kept in the repository and checked for staleness by the tests.
 
-The README's configuration and metric tables, and the Prometheus mixin's files under
+The README's configuration and metric tables, the Prometheus mixin's files under
 ``deploy/prometheus/`` (alerts, recording rules, PrometheusRule, runbook) with the default
-mixin config. ``otelprof generate`` rewrites them.
+mixin config, and the Grafana dashboards and provisioning under ``dashboards/``.
+``otelprof generate`` rewrites them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def generate(root: Path) -> list[Path]:
     from otelprof.mixin.generate import PROMETHEUS_DIR
 
     changed.extend(write_mixin(root / PROMETHEUS_DIR, MixinConfig()))
+    from otelprof.dashboards.generate import write as write_dashboards
+
+    changed.extend(write_dashboards(root))  # before the deploy copies, which embed the dashboards
     return changed + _generate_deploy(root)
 
 

@@ -84,10 +84,16 @@ class Alert:
         return f"{config.runbook_url}#{self.anchor}"
 
     def dashboard_url(self, config: MixinConfig) -> str:
-        url = f"{config.grafana_url.rstrip('/')}/d/{self.dashboard}?var-job_name={L_JOB}"
-        if RANK in self.labels:
-            url += f"&var-rank={L_RANK}"
-        return url
+        """The dashboard (and its panel for this alert) with the alert's job/rank/node/GPU selected."""
+        from otelprof.dashboards import ids as dashboard_ids
+
+        variables = {dashboard_ids.VAR_JOB: L_JOB}
+        for label, var, template in ((RANK, dashboard_ids.VAR_RANK, L_RANK), (NODE, dashboard_ids.VAR_NODE, L_NODE),
+                                     (GPU, dashboard_ids.VAR_GPU, L_GPU)):
+            if label in self.labels:
+                variables[var] = template
+        panel = dashboard_ids.alert_panel(self.short)
+        return dashboard_ids.dashboard_url(config.grafana_url, self.dashboard, variables, panel[1] if panel else None)
 
     def rule(self, config: MixinConfig) -> dict[str, Any]:
         """The Prometheus alerting rule."""

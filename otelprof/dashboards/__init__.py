@@ -1,0 +1,6 @@
+"""Grafana dashboards as code: Training report, Timeline, GPU & system, Ranks, and their provisioning.
+
+Typed Python data (:mod:`otelprof.dashboards.model`) rendered to Grafana's dashboard JSON by
+``otelprof generate`` into ``dashboards/``. Panel ids that alerts link to live in
+:mod:`otelprof.dashboards.ids`. Importing this package has no side effects and imports nothing heavy.
+"""

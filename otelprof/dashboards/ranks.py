@@ -1,0 +1,132 @@
+"""The "Ranks" dashboard: the ranks of a distributed job side by side — stragglers, input, progress, telemetry."""
+
+from __future__ import annotations
+
+from otelprof import semconv as sc
+from otelprof.dashboards import ids
+from otelprof.dashboards import queries as pq
+from otelprof.dashboards.common import dashboard, dashboard_link
+from otelprof.dashboards.model import Dashboard, Prom, Row
+from otelprof.dashboards.panels import (
+    GREEN,
+    RED,
+    bargauge,
+    state_timeline,
+    table,
+    timeseries,
+    value_map,
+)
+from otelprof.mixin.config import seconds
+from otelprof.mixin.promql import JOB, NODE, PHASE, RANK
+
+PROC = pq.proc
+M = pq.MIXIN
+EXPORTER = sc.prometheus_label(sc.LABEL_EXPORTER)
+REASON = sc.prometheus_label(sc.LABEL_REASON)
+RANK_LEGEND = "rank {{rank}}"
+
+
+def _step_time() -> Row:
+    compute = pq.rule("step_compute_mean", PROC, pq.TRAIN_M)
+    labels = (NODE, RANK)
+    timeline = dashboard_link("Traces of rank ${__field.labels.rank} (timeline)", ids.TIMELINE,
+                              rank_from_field=True)
+    return Row(100, "Step time across ranks", [
+        timeseries(101, "Mean training step time per rank", f"Exact mean of each rank's training steps over the "
+                   f"last {M.straggler_window} (recording rule). Click a line for the rank's traces.",
+                   [Prom(pq.rule("step_mean", PROC, pq.TRAIN_M), RANK_LEGEND)], "s", min=0, links=[timeline]),
+        timeseries(ids.RANKS_STRAGGLER, "Compute time per step vs the job's median", "Per rank: mean step time "
+                   f"less collective (all-reduce) time over the last {M.straggler_window}, divided by the median "
+                   f"over the job's ranks. Above {M.straggler_ratio:g} the straggler alert fires: that rank holds "
+                   "the others up at every all-reduce.",
+                   [Prom(f"{compute} / on ({JOB}, {PHASE}) group_left() quantile by ({JOB}, {PHASE}) (0.5, {compute})",
+                         RANK_LEGEND)], "none", line_at=M.straggler_ratio, links=[timeline]),
+        timeseries(103, "Collective time per step", "Per rank: mean time its gradient all-reduces were in flight "
+                   "per training step (DDP communication hook). Fast ranks wait here for the straggler.",
+                   [Prom(pq.rate_mean(PROC, sc.COLLECTIVE_DURATION, (RANK,), pq.TRAIN_M), RANK_LEGEND,
+                         needs=frozenset({"ddp"}))], "s", min=0, w=8),
+        bargauge(104, "Mean training step time per rank", "Exact mean over the dashboard's time range.",
+                 [Prom(pq.mean(PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), RANK_LEGEND, instant=True)], "s", w=8),
+        timeseries(105, "Training step time p95 per rank", "95th percentile of each interval's training steps.",
+                   [Prom(pq.rate_quantile(0.95, PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), RANK_LEGEND)], "s",
+                   min=0, w=8, links=[timeline]),
+        table(106, "Ranks over the range", "Per rank over the dashboard's time range: training steps, mean and "
+              "95th-percentile step time, outlier steps, mean data wait share and samples per second.",
+              [("Steps", Prom(pq.total(PROC, sc.STEPS, labels, matchers=pq.TRAIN_M)), "short"),
+               ("Mean", Prom(pq.mean(PROC, sc.STEP_DURATION, labels, pq.TRAIN_M)), "s"),
+               ("p95", Prom(pq.quantile(0.95, PROC, sc.STEP_DURATION, labels, pq.TRAIN_M)), "s"),
+               ("Outliers", Prom(pq.total(PROC, sc.STEP_OUTLIERS, labels, matchers=pq.TRAIN_M)), "short"),
+               ("Data wait", Prom(pq.mean(PROC, sc.DATALOADER_WAIT_RATIO, labels, pq.TRAIN_M)), "percentunit"),
+               ("Samples/s", Prom(f"{pq.total(PROC, sc.SAMPLES, labels, matchers=pq.TRAIN_M)} / {pq.RANGE_S}"),
+                "short")],
+              [(NODE, "Node"), (RANK, "Rank")]),
+    ])
+
+
+def _input() -> Row:
+    return Row(200, "Input pipeline", [
+        timeseries(ids.RANKS_WAIT_RATIO, "Data wait share per rank", "Mean share of each training step spent "
+                   f"waiting for the next batch over the last {M.input_bound_window} (recording rule); above "
+                   f"{M.input_bound_threshold:.0%} the input-bound alert fires.",
+                   [Prom(pq.rule("dataloader_wait_ratio", PROC, pq.TRAIN_M), RANK_LEGEND)], "percentunit", min=0,
+                   max=1, line_at=M.input_bound_threshold),
+        timeseries(202, "Data wait per step p95", "95th percentile of the time each training step waited for its "
+                   "batch, per rank and interval.",
+                   [Prom(pq.rate_quantile(0.95, PROC, sc.DATALOADER_WAIT, (RANK,), pq.TRAIN_M), RANK_LEGEND)], "s",
+                   min=0),
+    ])
+
+
+def _progress() -> Row:
+    stalled = int(seconds(M.stalled_training_threshold))
+    return Row(300, "Progress", [
+        timeseries(ids.RANKS_LAST_STEP, "Time since the last step", "Per rank: seconds since its last step of any "
+                   f"phase ended; the stalled-training alert fires above {M.stalled_training_threshold}. A rank "
+                   "stuck in a collective shows here while its process still answers scrapes.",
+                   [Prom(f"time() - max by ({JOB}, {NODE}, {RANK}) ({PROC.sel(sc.STEP_LAST_TIMESTAMP)})",
+                         RANK_LEGEND)], "s", min=0, line_at=stalled, w=8),
+        timeseries(302, "Steps per second", "Steps finished per second by each rank and phase.",
+                   [Prom(f"sum by ({RANK}, {PHASE}) ({pq.rate(PROC, sc.STEPS)})", "rank {{rank}} {{phase}}")],
+                   "short", min=0, w=8),
+        timeseries(303, "Step number", "Number of each rank's last finished step, per phase: ranks of one job "
+                   "move in lockstep.",
+                   [Prom(f"max by ({RANK}, {PHASE}) ({PROC.sel(sc.STEP_NUMBER)})", "rank {{rank}} {{phase}}")],
+                   "short", w=8),
+    ])
+
+
+def _telemetry() -> Row:
+    job_label, instance_label = M.target_labels
+    present = f"group by ({job_label}, {instance_label}, {JOB}, {NODE}, {RANK}) " \
+              f"(last_over_time({PROC.sel(sc.PROCESS_START_TIME)}[{M.absent_lookback}]))"
+    return Row(400, "Telemetry", [
+        timeseries(ids.RANKS_REPORTING, "Reporting ranks", "Ranks whose series Prometheus has now, per node. A "
+                   "drop while the job goes on is a rank that died (the telemetry-absent alert).",
+                   [Prom(f"count by ({NODE}) ({PROC.sel(sc.PROCESS_START_TIME)})", "{{node}}")], "short", min=0,
+                   w=8),
+        state_timeline(ids.RANKS_TARGETS, "Scrape targets", "Each training process's /metrics target: up or "
+                       "down (the target-down alert). Absence of data is never health: a target that vanished "
+                       f"shows as down for {M.absent_lookback}.",
+                       [Prom(f"max by ({instance_label}, {RANK}) (up * on ({job_label}, {instance_label}) "
+                             f"group_left ({JOB}, {NODE}, {RANK}) {present})", "rank {{rank}} {{instance}}")],
+                       "none", steps=((None, RED), (1, GREEN)),
+                       mappings=[value_map({"0": ("down", RED), "1": ("up", GREEN)})], w=16, h=8),
+        timeseries(ids.RANKS_DROPPED, "Dropped telemetry", "Records, spans or exports otelprof dropped per interval "
+                   "instead of blocking training, by exporter (queue, otlp_traces, otlp_metrics, recording).",
+                   [Prom(f"sum by ({RANK}, {EXPORTER}) ({pq.increase(PROC, sc.EXPORTER_DROPPED)})",
+                         "rank {{rank}} {{exporter}}")], "short", min=0, bars=True, w=8),
+        timeseries(404, "Spans built", "Spans built per second by the reason the step was traced (first steps, "
+                   "budget, outliers, profiling windows).",
+                   [Prom(f"sum by ({RANK}, {REASON}) ({pq.rate(PROC, sc.SPANS_BUILT)})", "rank {{rank}} {{reason}}")],
+                   "short", min=0, w=8),
+        timeseries(405, "Recording written", "Bytes per second written to the local run recording per rank.",
+                   [Prom(f"sum by ({RANK}) ({pq.rate(PROC, sc.RECORDING_BYTES)})", RANK_LEGEND)], "Bps", min=0,
+                   w=8),
+    ])
+
+
+def ranks() -> Dashboard:
+    return dashboard(ids.RANKS, "otelprof / Ranks",
+                     "The ranks of a distributed training job side by side: step and compute time against the "
+                     "job's median (stragglers), input waits, progress, and whether every rank still reports.",
+                     [_step_time(), _input(), _progress(), _telemetry()], refresh="30s")

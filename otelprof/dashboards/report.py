@@ -1,0 +1,413 @@
+"""The "Training report" dashboard: SageMaker Debugger's profiling report, section by section, live.
+
+Sections follow the original report (RULES.md §2): job summary, system usage statistics, framework
+summary, rules summary, step duration analysis, GPU utilization analysis, batch size, CPU bottleneck,
+I/O bottleneck, load balancing, GPU memory, data loader; then training health, where the training
+rules' alerts point. Statistics cover the dashboard's time range: pick the job's run.
+"""
+
+from __future__ import annotations
+
+from otelprof import semconv as sc
+from otelprof.dashboards import ids
+from otelprof.dashboards import queries as pq
+from otelprof.dashboards.common import dashboard, dashboard_link
+from otelprof.dashboards.model import Dashboard, Prom, Row
+from otelprof.dashboards.panels import (
+    GREEN,
+    RED,
+    YELLOW,
+    bargauge,
+    heatmap,
+    stat,
+    state_timeline,
+    table,
+    timeseries,
+    value_map,
+)
+from otelprof.mixin.config import ALERT_PREFIX
+from otelprof.mixin.promql import GPU, JOB, NODE, PHASE, RANK
+
+ANNOTATION = sc.prometheus_label(sc.LABEL_ANNOTATION)
+SCALAR = sc.prometheus_label(sc.LABEL_SCALAR)
+NETWORK_DIRECTION = sc.prometheus_label(sc.LABEL_NETWORK_DIRECTION)
+PROC = pq.proc
+NODEQ = pq.node
+GPUQ = pq.gpu
+M = pq.MIXIN
+RANGE_NOTE = "over the dashboard's time range (select the job's run)"
+GPU_NEEDS = frozenset({"gpu"})
+
+
+def _job_summary() -> Row:
+    start = pq.first(PROC, sc.PROCESS_START_TIME)
+    end = pq.last_seen(PROC)
+    first_step = pq.first(PROC, sc.STEP_FIRST_TIMESTAMP)
+    last_step = pq.last(PROC, sc.STEP_LAST_TIMESTAMP)
+    duration = f"({end} - {start})"
+    init = f"(({first_step} or vector(time())) - {start})"
+    loop = f"({last_step} - {first_step})"
+    final = f"clamp_min({end} - {last_step}, 0)"
+    steps = pq.total(PROC, sc.STEPS, (PHASE,))
+    samples = pq.total(PROC, sc.SAMPLES, (), matchers=pq.TRAIN_M)
+    return Row(100, "Job summary", [
+        stat(101, "Start", "When the first process of the job started (otelprof_process_start_time_seconds), "
+             + RANGE_NOTE + ".", [Prom(f"{start} * 1000", "start", instant=True)], "dateTimeAsIso"),
+        stat(102, "End (last report)", "When Prometheus last scraped a process of the job: the job's end, or "
+             "now while it runs.", [Prom(f"{end} * 1000", "end", instant=True)], "dateTimeAsIso"),
+        stat(103, "Job duration", "From the first process start to the last report.",
+             [Prom(duration, "duration", instant=True)], "s"),
+        stat(ids.REPORT_INITIALIZATION, "Initialization", "From the first process start to the first step "
+             "of any rank; while no step has started, the time since the start (the SlowInitialization "
+             f"alert fires after {M.max_initialization_time}).", [Prom(init, "initialization", instant=True)],
+             "s", steps=((None, GREEN), (600, YELLOW), (1200, RED))),
+        stat(105, "Training loop", "From the first step's start to the last step's end (any rank).",
+             [Prom(loop, "training loop", instant=True)], "s"),
+        stat(106, "Finalization", "From the last step's end to the last report (checkpointing, evaluation "
+             "outside steps, shutdown).", [Prom(final, "finalization", instant=True)], "s"),
+        bargauge(107, "Share of the job", "Initialization, training loop and finalization as shares of the "
+                 "job's duration (the original report's pie chart).",
+                 [Prom(f"{init} / {duration}", "initialization", instant=True),
+                  Prom(f"{loop} / {duration}", "training loop", instant=True),
+                  Prom(f"{final} / {duration}", "finalization", instant=True)],
+                 "percentunit", w=12, h=6, max=1),
+        stat(108, "Steps", "Steps finished per phase " + RANGE_NOTE + ".",
+             [Prom(steps, "{{phase}}", instant=True)], "short", w=6, h=6),
+        stat(109, "Training throughput", "Training samples per second of the training loop (record('samples', "
+             "n) or the PyTorch integration), all selected ranks together.",
+             [Prom(f"{samples} / {pq.loop_in_range(PROC)}", "samples/s", instant=True)], "short", w=6, h=6),
+    ])
+
+
+def _usage_stat(stat_name: str) -> str:
+    """One statistic (max, p99, p95, p50, min) of each usage metric per node, as rows labelled ``metric``."""
+    q_values = {"max": 1.0, "p99": 0.99, "p95": 0.95, "p50": 0.5, "min": 0.0}
+    quantile = q_values[stat_name]
+    by_node = (JOB, NODE)
+
+    def scraped(expr: str) -> str:
+        if stat_name == "max":
+            return pq.over_time("max_over_time", expr)
+        if stat_name == "min":
+            return pq.over_time("min_over_time", expr)
+        return pq.over_time(f"quantile_over_time({quantile:g},", expr)
+
+    cpu = pq.quantile(quantile, NODEQ, sc.NODE_CPU_UTILIZATION, by_node) if stat_name != "min" \
+        else scraped(f"avg by ({JOB}, {NODE}) ({pq.cpu_busy(NODEQ)})")
+    parts = [
+        pq.label(cpu, "metric", "CPU"),
+        pq.label(scraped(f"max by ({JOB}, {NODE}) ({NODEQ.sel(sc.SYSTEM_MEMORY_UTILIZATION)})"),
+                 "metric", "CPU memory"),
+        pq.label(scraped(f"avg by ({JOB}, {NODE}) ({GPUQ.sel(sc.GPU_UTILIZATION)})"), "metric", "GPU"),
+        pq.label(scraped(f"avg by ({JOB}, {NODE}) ({GPUQ.sel(sc.GPU_MEMORY_UTILIZATION)})"), "metric",
+                 "GPU memory"),
+        pq.label(scraped(f"avg by ({JOB}, {NODE}) ({pq.iowait(NODEQ)})"), "metric", "I/O wait"),
+    ]
+    return " or ".join(parts)
+
+
+def _network_stat(stat_name: str) -> str:
+    rate = f"sum by ({JOB}, {NODE}, {NETWORK_DIRECTION}) ({pq.rate(NODEQ, sc.SYSTEM_NETWORK_IO)})"
+    if stat_name in ("max", "min"):
+        return pq.over_time(f"{stat_name}_over_time", rate)
+    quantile = {"p99": 0.99, "p95": 0.95, "p50": 0.5}[stat_name]
+    return pq.over_time(f"quantile_over_time({quantile:g},", rate)
+
+
+STATS = ("max", "p99", "p95", "p50", "min")
+
+
+def _system_usage() -> Row:
+    return Row(200, "System usage statistics", [
+        table(201, "Utilization per node", "Per node " + RANGE_NOTE + ": CPU is the busy share averaged over "
+              "all cores, taken from every telemetry sample (per-sample histogram, 5 % buckets; max is the "
+              "bucket's upper bound, min is from the scraped per-core values); CPU memory is host memory in use; "
+              "GPU and GPU memory are averaged over the node's GPUs and I/O wait over its cores, at each scrape. "
+              "GPU rows need a GPU.",
+              [(name, Prom(_usage_stat(name)), "percentunit") for name in STATS],
+              [(NODE, "Node"), ("metric", "Metric")], default_unit="percentunit", h=9),
+        table(202, "Network per node", "Bytes per second received and transmitted on all interfaces but "
+              "loopback, per node " + RANGE_NOTE + ", from the scraped counters.",
+              [(name, Prom(_network_stat(name)), "Bps") for name in STATS],
+              [(NODE, "Node"), (NETWORK_DIRECTION, "Direction")], default_unit="Bps", h=9),
+        timeseries(203, "Usage over time", "Node averages over time: CPU busy share over the samples of each "
+                   "interval, GPU utilization over the node's GPUs (needs a GPU), host memory in use.",
+                   [Prom(pq.rate_mean(NODEQ, sc.NODE_CPU_UTILIZATION, (JOB, NODE)), "{{node}} CPU"),
+                    Prom(f"avg by ({JOB}, {NODE}) ({GPUQ.sel(sc.GPU_UTILIZATION)})", "{{node}} GPU",
+                         needs=GPU_NEEDS),
+                    Prom(f"max by ({JOB}, {NODE}) ({NODEQ.sel(sc.SYSTEM_MEMORY_UTILIZATION)})",
+                         "{{node}} CPU memory")],
+                   "percentunit", w=24, min=0, max=1),
+    ])
+
+
+def _framework() -> Row:
+    step_time = pq.total(PROC, sc.STEP_DURATION, (JOB, RANK, PHASE), "sum")
+    loop = pq.loop_in_range(PROC, (JOB, RANK))
+    all_steps = pq.total(PROC, sc.STEP_DURATION, (JOB, RANK), "sum")
+    fwd_bwd = pq.total(PROC, sc.ANNOTATION_DURATION, (ANNOTATION,), "sum",
+                       f'{pq.TRAIN_M}, {ANNOTATION}=~"{sc.REGION_FORWARD}|{sc.REGION_BACKWARD}"')
+    ann_total = pq.total(PROC, sc.ANNOTATION_DURATION, (PHASE, ANNOTATION), "sum")
+    ann_count = pq.total(PROC, sc.ANNOTATION_DURATION, (PHASE, ANNOTATION), "count")
+    top = f"topk(15, {ann_total})"
+    return Row(300, "Framework summary", [
+        bargauge(301, "Time per phase", "Per rank, the share of its training loop (inside the range) spent in "
+                 "steps of each phase, and between steps (data loading outside steps, logging, checkpoints). "
+                 "Much time between steps deserves a look at the timeline.",
+                 [Prom(f"{step_time} / on ({JOB}, {RANK}) group_left() {loop}", "rank {{rank}} · {{phase}}",
+                       instant=True),
+                  Prom(f"clamp_min(1 - {all_steps} / {loop}, 0)", "rank {{rank}} · between steps", instant=True)],
+                 "percentunit", max=1),
+        bargauge(302, "Forward vs backward", "Share of the time in the forward and backward regions of training "
+                 "steps (annotate('forward') / annotate('backward') or the PyTorch integration).",
+                 [Prom(f"{fwd_bwd} / ignoring ({ANNOTATION}) group_left() sum({fwd_bwd})", "{{annotation}}",
+                       instant=True)], "percentunit", max=1),
+        table(303, "Top annotated regions", "The 15 annotated regions with the most total time "
+              f"{RANGE_NOTE}, all selected ranks together (phase {sc.NO_PHASE}: outside steps). Operator-level "
+              "breakdowns come from profiling windows (otelprof.torch.profile_window or an alert's capture).",
+              [("Total", Prom(top), "s"),
+               ("Calls", Prom(f"{ann_count} and on ({PHASE}, {ANNOTATION}) {top}"), "short"),
+               ("Mean", Prom(f"({ann_total} / {ann_count}) and on ({PHASE}, {ANNOTATION}) {top}"), "s")],
+              [(PHASE, "Phase"), (ANNOTATION, "Region")], sort_by="Total", w=12),
+        timeseries(304, "Where step time goes", "Per interval, the share of wall time each annotated region of "
+                   "training steps takes (averaged over the selected ranks); the rest of a step is unannotated.",
+                   [Prom(f"avg by ({ANNOTATION}) (sum by ({RANK}, {ANNOTATION}) "
+                         f"({pq.rate(PROC, sc.ANNOTATION_DURATION, 'sum', pq.TRAIN_M)}))", "{{annotation}}")],
+                   "percentunit", stack=True, min=0, w=12),
+    ])
+
+
+def _alerts_selector(state: str = "") -> str:
+    matchers = [f'alertname=~"{ALERT_PREFIX}.*"', pq.JOB_M]
+    if state:
+        matchers.append(f'alertstate="{state}"')
+    return "ALERTS{" + ", ".join(matchers) + "}"
+
+
+def _rules() -> Row:
+    firing = _alerts_selector("firing")
+    alerts_needs = frozenset({"alerts"})
+    states = (f"max by (alertname) ({_alerts_selector('firing')} * 2 or {_alerts_selector('pending')})")
+    return Row(400, "Rules summary", [
+        table(401, "Alerts firing now", "otelprof alerts firing for this job at the end of the range (the "
+              "ALERTS series Prometheus keeps for its alert rules). The runbook explains each.",
+              [("Series", Prom(f"count by (alertname, severity, {NODE}, {RANK}, {GPU}) ({firing})",
+                               needs=alerts_needs), "short")],
+              [("alertname", "Alert"), ("severity", "Severity"), (NODE, "Node"), (RANK, "Rank"), (GPU, "GPU")],
+              w=12),
+        table(402, "Rule evaluations that fired", "Per alert, the rule evaluations in which it was firing "
+              f"{RANGE_NOTE} (the original report's 'triggered N times'; multiply by the evaluation interval "
+              "for the time spent firing).",
+              [("Evaluations firing", Prom(f"sum by (alertname, severity) (count_over_time({firing}[{pq.RANGE}]))",
+                                           needs=alerts_needs), "short")],
+              [("alertname", "Alert"), ("severity", "Severity")], sort_by="Evaluations firing", w=12),
+        state_timeline(403, "Alert states", "When each otelprof alert of the job was pending or firing.",
+                       [Prom(states, "{{alertname}}", needs=alerts_needs)], "none",
+                       steps=((None, "transparent"),),
+                       mappings=[value_map({"1": ("pending", YELLOW), "2": ("firing", RED)})]),
+    ])
+
+
+def _steps() -> Row:
+    labels = (JOB, NODE, RANK, PHASE)
+    steps = pq.total(PROC, sc.STEPS, labels)
+    outliers = pq.total(PROC, sc.STEP_OUTLIERS, labels)
+    timeline = dashboard_link("Traces of rank ${__field.labels.rank} (timeline)", ids.TIMELINE,
+                              rank_from_field=True)
+    return Row(600, "Step duration analysis", [
+        table(ids.REPORT_STEP_TABLE, "Step time per rank", "Per rank and phase " + RANGE_NOTE + ": exact mean, "
+              "percentiles interpolated in the histogram's buckets, max as the upper bound of the highest "
+              "non-empty bucket, and the outlier steps (slower than mean + OTELPROF_OUTLIER_SIGMA x stddev of "
+              "the recent steps of their phase, detected in the process; every outlier step is traced).",
+              [("Mean", Prom(pq.mean(PROC, sc.STEP_DURATION, labels)), "s"),
+               ("p50", Prom(pq.quantile(0.5, PROC, sc.STEP_DURATION, labels)), "s"),
+               ("p95", Prom(pq.quantile(0.95, PROC, sc.STEP_DURATION, labels)), "s"),
+               ("p99", Prom(pq.quantile(0.99, PROC, sc.STEP_DURATION, labels)), "s"),
+               ("Max ≤", Prom(pq.quantile(1.0, PROC, sc.STEP_DURATION, labels)), "s"),
+               ("Steps", Prom(steps), "short"),
+               ("Outliers", Prom(outliers), "short"),
+               ("Outlier share", Prom(f"{outliers} / {steps}"), "percentunit")],
+              [(NODE, "Node"), (RANK, "Rank"), (PHASE, "Phase")]),
+        heatmap(602, "Training step time distribution", "Training steps per step-time bucket and interval, "
+                "all selected ranks: a second band above the main one is a recurring slow step (data stalls, "
+                "periodic evaluation or checkpointing).",
+                pq.heatmap(PROC, sc.STEP_DURATION, pq.TRAIN_M), "s"),
+        timeseries(ids.REPORT_STEP_TIME, "Training step time per rank", "Median and 95th percentile of the "
+                   "training steps of each interval, per rank. Click a line for the rank's traced steps on the "
+                   "timeline.",
+                   [Prom(pq.rate_quantile(0.5, PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), "rank {{rank}} p50"),
+                    Prom(pq.rate_quantile(0.95, PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M),
+                         "rank {{rank}} p95")],
+                   "s", links=[timeline]),
+        timeseries(604, "Outlier steps", "Outlier steps per interval and rank; each was traced and can be opened "
+                   "from the timeline's outlier table.",
+                   [Prom(f"sum by ({RANK}, {PHASE}) ({pq.increase(PROC, sc.STEP_OUTLIERS)})",
+                         "rank {{rank}} {{phase}}")],
+                   "short", bars=True, links=[timeline]),
+    ])
+
+
+def _gpu_utilization() -> Row:
+    gpu_labels = (JOB, NODE, GPU)
+    return Row(700, "GPU utilization analysis", [
+        table(701, "Utilization per GPU", "Per GPU " + RANGE_NOTE + ": percentiles of every telemetry sample "
+              "(per-sample histogram, 5 % buckets). The original report drew these as box plots; p95 below 70 % "
+              "is an underused GPU, p5 below 10 % with p95 above 70 % a fluctuating one.",
+              [(name, Prom(pq.quantile(q, GPUQ, sc.GPU_UTILIZATION_DISTRIBUTION, gpu_labels), needs=GPU_NEEDS),
+                "percentunit")
+               for name, q in (("p5", 0.05), ("p25", 0.25), ("p50", 0.5), ("p75", 0.75), ("p95", 0.95))],
+              [(NODE, "Node"), (GPU, "GPU")], default_unit="percentunit", w=12),
+        timeseries(702, "GPU utilization", "Share of each sample period a kernel ran, per GPU (NVML).",
+                   [Prom(GPUQ.sel(sc.GPU_UTILIZATION), "{{node}} GPU {{gpu}}", needs=GPU_NEEDS)],
+                   "percentunit", min=0, max=1),
+        heatmap(703, "GPU utilization distribution", "Telemetry samples per utilization bucket and interval, "
+                "all selected GPUs.", pq.heatmap(GPUQ, sc.GPU_UTILIZATION_DISTRIBUTION), "percentunit", w=24,
+                needs=GPU_NEEDS),
+    ])
+
+
+def _batch_size() -> Row:
+    return Row(800, "Batch size", [
+        bargauge(801, "95th percentiles", "The BatchSize rule's three inputs " + RANGE_NOTE + ": when GPU "
+                 "utilization, GPU memory and the node's CPU are all below 70 % at the 95th percentile, a larger "
+                 "batch (or a smaller instance) would use the hardware better.",
+                 [Prom(pq.quantile(0.95, GPUQ, sc.GPU_UTILIZATION_DISTRIBUTION, (NODE, GPU)),
+                       "{{node}} GPU {{gpu}} utilization", instant=True, needs=GPU_NEEDS),
+                  Prom(pq.quantile(0.95, GPUQ, sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, (NODE, GPU)),
+                       "{{node}} GPU {{gpu}} memory", instant=True, needs=GPU_NEEDS),
+                  Prom(pq.quantile(0.95, NODEQ, sc.NODE_CPU_UTILIZATION, (NODE,)), "{{node}} CPU", instant=True)],
+                 "percentunit", max=1, steps=((None, "blue"), (M.batch_size_gpu_threshold_p95, GREEN))),
+        timeseries(802, "Throughput", "Samples per second per phase, all selected ranks together "
+                   "(record('samples', n) or the PyTorch integration).",
+                   [Prom(f"sum by ({PHASE}) ({pq.rate(PROC, sc.SAMPLES)})", "{{phase}} samples/s")],
+                   "short", min=0, w=6),
+        timeseries(803, "Token throughput", "Tokens per second per phase (record('tokens', n)).",
+                   [Prom(f"sum by ({PHASE}) ({pq.rate(PROC, sc.TOKENS)})", "{{phase}} tokens/s",
+                         needs=frozenset({"tokens"}))], "short", min=0, w=6),
+    ])
+
+
+def _bottleneck(row_id: int, title: str, what: str, counter: sc.MetricSpec, rule_key: str, threshold: float,
+                per_core: str, per_core_title: str, per_core_expr: str) -> Row:
+    share = (f"{pq.total(NODEQ, counter, (JOB, NODE))} / {pq.total(NODEQ, sc.SAMPLER_SAMPLES, (JOB, NODE))}")
+    return Row(row_id, title, [
+        stat(row_id + 1, "Bottleneck samples", f"Per node, the share of telemetry samples {RANGE_NOTE} in which "
+             f"{what} while some GPU was below {pq.MIXIN.gpu_threshold:.0%} utilization (counted per sample "
+             "in the process: exact at any scrape interval). Zero without a GPU: no GPU waits.",
+             [Prom(share, "{{node}}", instant=True)], "percentunit", w=6, h=8,
+             steps=((None, GREEN), (threshold, RED))),
+        timeseries(row_id + 2, "Bottleneck share, last " + pq.MIXIN.window, "The share the alert judges: bottleneck "
+                   f"samples among the node's samples of the last {pq.MIXIN.window} (recording rule), with the "
+                   "alert's threshold.",
+                   [Prom(pq.rule(rule_key, NODEQ), "{{node}}")], "percentunit", min=0, max=1, line_at=threshold,
+                   w=8),
+        timeseries(row_id + 3, per_core_title, f"Per logical CPU: {per_core}.",
+                   [Prom(per_core_expr, "{{node}} cpu {{cpu_logical_number}}")], "percentunit", min=0, max=1,
+                   w=10),
+    ])
+
+
+def _load_balancing() -> Row:
+    compute = pq.rule("step_compute_mean", PROC, pq.TRAIN_M)
+    return Row(1100, "Load balancing across GPUs and ranks", [
+        bargauge(1101, "Mean utilization per GPU", "Exact mean of every telemetry sample per GPU "
+                 f"{RANGE_NOTE}. The load-imbalance alert compares the busiest and the idlest GPU of the job "
+                 f"(threshold {M.load_balancing_threshold:.0%} points).",
+                 [Prom(pq.mean(GPUQ, sc.GPU_UTILIZATION_DISTRIBUTION, (NODE, GPU)), "{{node}} GPU {{gpu}}",
+                       instant=True, needs=GPU_NEEDS)], "percentunit", max=1),
+        bargauge(1102, "Mean training step time per rank", "Exact mean step time per rank " + RANGE_NOTE + ". In "
+                 "synchronous training every rank waits for the slowest at each all-reduce.",
+                 [Prom(pq.mean(PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), "rank {{rank}}", instant=True)], "s"),
+        timeseries(1103, "Compute time per step vs the job's median", "Per rank, mean step time less collective "
+                   f"(all-reduce) time over the last {M.straggler_window}, divided by the median over the job's "
+                   f"ranks; the straggler alert fires above {M.straggler_ratio:g}.",
+                   [Prom(f"{compute} / on ({JOB}, {PHASE}) group_left() quantile by ({JOB}, {PHASE}) (0.5, {compute})",
+                         "rank {{rank}}")], "none", line_at=M.straggler_ratio, w=24),
+    ])
+
+
+def _gpu_memory() -> Row:
+    gpu_labels = (NODE, GPU)
+    return Row(1200, "GPU memory", [
+        table(1201, "Memory per GPU", "Share of each GPU's memory in use " + RANGE_NOTE + " (per-sample "
+              "histogram; max is the bucket's upper bound). The original flagged p95 below 50 % as room for a "
+              "larger batch.",
+              [(name, Prom(pq.quantile(q, GPUQ, sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, gpu_labels),
+                           needs=GPU_NEEDS), "percentunit")
+               for name, q in (("max ≤", 1.0), ("p95", 0.95), ("p50", 0.5), ("p5", 0.05))],
+              [(NODE, "Node"), (GPU, "GPU")], default_unit="percentunit", w=8),
+        timeseries(1202, "GPU memory in use", "Share of each GPU's memory in use (NVML), with the near-capacity "
+                   f"alert's threshold ({M.gpu_memory_capacity_threshold:.0%}).",
+                   [Prom(GPUQ.sel(sc.GPU_MEMORY_UTILIZATION), "{{node}} GPU {{gpu}}", needs=GPU_NEEDS)],
+                   "percentunit", min=0, max=1, line_at=M.gpu_memory_capacity_threshold, w=8),
+        timeseries(1203, "PyTorch allocator", "Per rank and device: memory held by tensors and reserved by "
+                   "PyTorch's caching allocator (torch.cuda). Reserved far above allocated is fragmentation or "
+                   "cache, not the model.",
+                   [Prom(PROC.sel(sc.CUDA_MEMORY_ALLOCATED), "rank {{rank}} gpu {{gpu}} allocated",
+                         needs=frozenset({"cuda"})),
+                    Prom(PROC.sel(sc.CUDA_MEMORY_RESERVED), "rank {{rank}} gpu {{gpu}} reserved",
+                         needs=frozenset({"cuda"}))], "bytes", min=0, w=8),
+    ])
+
+
+def _data_loader() -> Row:
+    workers = f"sum by ({JOB}, {NODE}) ({PROC.sel(sc.DATALOADER_WORKERS)})"
+    cpus = f"max by ({JOB}, {NODE}) ({NODEQ.sel(sc.CPU_AVAILABLE)})"
+    loader = frozenset({"torch_dataloader"})
+    return Row(1300, "Data loader", [
+        stat(1301, "Workers vs CPUs", "Per node: data-loader worker processes of all ranks (PyTorch integration) "
+             "and the CPUs the container may use (cgroup quota, else the affinity mask). The original advised "
+             f"between {M.dataloader_min_threshold:.0%} and {M.dataloader_max_threshold:.0%} of the CPUs.",
+             [Prom(workers, "{{node}} workers", instant=True, needs=loader),
+              Prom(cpus, "{{node}} CPUs", instant=True)], "short", w=6, h=8),
+        stat(1302, "pin_memory", "Per rank: 1 when the instrumented DataLoader pins host memory (faster "
+             "host-to-GPU copies), 0 when it does not.",
+             [Prom(PROC.sel(sc.DATALOADER_PIN_MEMORY), "rank {{rank}}", instant=True, needs=loader)], "none", w=3,
+             h=8, steps=((None, YELLOW), (1, GREEN))),
+        timeseries(1303, "Data wait share per step", "Per rank, the mean share of each training step spent "
+                   "waiting for the next batch (the 'dataloader' region) over each interval, with the "
+                   f"input-bound alert's threshold ({M.input_bound_threshold:.0%}).",
+                   [Prom(pq.rate_mean(PROC, sc.DATALOADER_WAIT_RATIO, (RANK,), pq.TRAIN_M), "rank {{rank}}")],
+                   "percentunit", min=0, max=1, line_at=M.input_bound_threshold, w=7),
+        heatmap(1304, "Data wait per step", "Training steps per data-wait bucket and interval, all selected "
+                "ranks.", pq.heatmap(PROC, sc.DATALOADER_WAIT, pq.TRAIN_M), "s", w=8),
+    ])
+
+
+def _training_health() -> Row:
+    nonfinite = frozenset({"nonfinite"})
+    return Row(1400, "Training health", [
+        timeseries(ids.REPORT_LOSS, "Loss", "Last recorded loss per rank and phase. The loss alerts compare "
+                   f"means over {M.loss_window} (not decreasing) and eval vs train (overfitting).",
+                   [Prom(PROC.sel(sc.LOSS), "rank {{rank}} {{phase}}")], "none", w=8),
+        timeseries(ids.REPORT_NONFINITE, "Non-finite values", "NaN or infinite losses and gradient norms recorded "
+                   "per interval; any stops the job when the webhook acts on the alert.",
+                   [Prom(f"sum by ({RANK}, {PHASE}, {SCALAR}) ({pq.increase(PROC, sc.NONFINITE)})",
+                         "rank {{rank}} {{scalar}}", needs=nonfinite)], "short", bars=True, w=5),
+        timeseries(ids.REPORT_GRAD_NORM, "Gradient norm", "Last recorded global gradient norm per rank "
+                   f"(log scale in mind: the vanishing-gradient alert fires below "
+                   f"{M.vanishing_gradient_threshold:g}).",
+                   [Prom(PROC.sel(sc.GRAD_NORM), "rank {{rank}} {{phase}}", needs=frozenset({"grad_norm"}))],
+                   "none", w=6),
+        timeseries(1404, "Learning rate", "Last recorded learning rate per rank.",
+                   [Prom(PROC.sel(sc.LEARNING_RATE), "rank {{rank}} {{phase}}")], "none", w=5),
+    ])
+
+
+def training_report() -> Dashboard:
+    rows = [
+        _job_summary(), _system_usage(), _framework(), _rules(), _steps(), _gpu_utilization(), _batch_size(),
+        _bottleneck(900, "CPU bottleneck", f"some CPU was above {M.cpu_threshold:.0%} busy",
+                    sc.SAMPLER_CPU_BOTTLENECK, "cpu_bottleneck_ratio", M.cpu_bottleneck_threshold,
+                    "share of each sample interval busy (not idle, not iowait)", "CPU busy per core",
+                    pq.cpu_busy(NODEQ)),
+        _bottleneck(1000, "I/O bottleneck", f"some CPU was above {M.io_threshold:.0%} in iowait",
+                    sc.SAMPLER_IO_BOTTLENECK, "io_bottleneck_ratio", M.io_bottleneck_threshold,
+                    "share of each sample interval waiting for I/O", "I/O wait per core", pq.iowait(NODEQ)),
+        _load_balancing(), _gpu_memory(), _data_loader(), _training_health(),
+    ]
+    return dashboard(ids.TRAINING_REPORT, "otelprof / Training report",
+                     "The profiling report of a training job, live from Prometheus: job summary, system usage, "
+                     "framework summary, rules, step time, GPU utilization, batch size, CPU and I/O bottlenecks, "
+                     "load balancing, GPU memory, data loader and training health.", rows, time_from="now-3h")
+
