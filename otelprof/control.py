@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import hmac
 import json
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from otelprof._http import BackgroundServer, QuietHandler
 from otelprof._log import logger, warn_once
 
 MAX_BODY = 64 * 1024
@@ -45,7 +44,7 @@ class ControlServer:
         self._on_capture = on_capture
         self._status = status
         self._token = token
-        self._server: ThreadingHTTPServer | None = None
+        self._server = BackgroundServer()
         self.address: tuple[str, int] | None = None
 
     def handle(self, method: str, path: str, authorization: str, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -80,7 +79,7 @@ class ControlServer:
             return False
         control = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def _serve(self, method: str) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > MAX_BODY:
@@ -94,12 +93,7 @@ class ControlServer:
                         logger.exception("otelprof: control request failed")
                         status, answer = 500, {"error": "internal error"}
                 logger.info("otelprof: control %s %s -> %d", method, self.path, status)
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send_json(status, answer)
 
             def do_GET(self) -> None:
                 self._serve("GET")
@@ -107,22 +101,12 @@ class ControlServer:
             def do_POST(self) -> None:
                 self._serve("POST")
 
-            def log_message(self, format: str, *args: Any) -> None:
-                return None
-
         try:
-            server = ThreadingHTTPServer((host, port), Handler)
+            self.address = self._server.start(host, port, Handler, "otelprof-control")
         except OSError as exc:
             warn_once("control:bind", "otelprof: cannot serve the control endpoint on %s:%d (%s)", host, port, exc)
             return False
-        server.daemon_threads = True
-        self._server = server
-        threading.Thread(target=server.serve_forever, name="otelprof-control", daemon=True).start()
-        self.address = (host, int(server.server_address[1]))
         return True
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        self._server.stop()

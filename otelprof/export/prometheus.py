@@ -13,11 +13,11 @@ import gzip
 import math
 import threading
 from collections.abc import Iterable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Metric, Sum
 
+from otelprof._http import BackgroundServer, QuietHandler
 from otelprof._log import warn_once
 from otelprof.metrics import MetricRegistry
 from otelprof.semconv import Kind, prometheus_label, prometheus_name
@@ -121,7 +121,7 @@ class PrometheusEndpoint:
         self._resource = dict(resource_attributes)
         self._labels = _LabelCache()
         self._render_lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._server = BackgroundServer()
         self.address: tuple[str, int] | None = None
 
     def render(self) -> str:
@@ -131,7 +131,7 @@ class PrometheusEndpoint:
     def start(self, host: str, port: int) -> bool:
         endpoint = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 try:
                     body = endpoint.render().encode("utf-8")
@@ -149,23 +149,13 @@ class PrometheusEndpoint:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                return None
-
         try:
-            server = ThreadingHTTPServer((host, port), Handler)
+            self.address = self._server.start(host, port, Handler, "otelprof-metrics")
         except OSError as exc:
             warn_once("prometheus:bind", "otelprof: cannot serve /metrics on %s:%d (%s); this process has no "
                       "Prometheus endpoint (set OTEL_EXPORTER_PROMETHEUS_PORT)", host, port, exc)
             return False
-        server.daemon_threads = True
-        self._server = server
-        threading.Thread(target=server.serve_forever, name="otelprof-metrics", daemon=True).start()
-        self.address = (host, int(server.server_address[1]))
         return True
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        self._server.stop()

@@ -1,0 +1,47 @@
+"""The small HTTP servers otelprof runs in the training process (/metrics, the control endpoint):
+a threading server on a daemon thread, and a handler base that logs nothing and answers JSON."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """No access log on stderr (a training job's output is not ours), and a JSON answer helper."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+    def send_json(self, status: int, answer: Any) -> None:
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class BackgroundServer:
+    """One ``ThreadingHTTPServer`` serving on a daemon thread until :meth:`stop`."""
+
+    def __init__(self) -> None:
+        self._server: ThreadingHTTPServer | None = None
+        self.address: tuple[str, int] | None = None
+
+    def start(self, host: str, port: int, handler: type[BaseHTTPRequestHandler], name: str) -> tuple[str, int]:
+        """Bind and serve; raises OSError when the address cannot be bound (port 0: any free port)."""
+        server = ThreadingHTTPServer((host, port), handler)
+        server.daemon_threads = True
+        self._server = server
+        threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+        self.address = (host, int(server.server_address[1]))
+        return self.address
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
