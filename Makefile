@@ -1,4 +1,4 @@
-# make demo  - set up .venv and record a demo training run (report rendered by later issues)
+# make demo  - set up .venv, record a demo training run, write its report.html and trace.json
 # make test  - set up .venv and run lint, types and the test suite
 PYTHON ?= python3
 VENV   := .venv

@@ -70,7 +70,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print("\nWhat is there: manifest.json (run, resource, lifecycle), steps.jsonl (every step's timings),\n"
           "spans.jsonl and metrics.jsonl (OTLP-JSON). Next:\n"
           f"  otelprof env                      # every setting, e.g. to send OTLP or serve /metrics\n"
-          f"  less {result.run_dir}/rank-0/steps.jsonl")
+          f"  otelprof check {result.run_dir}    # the alert checks, offline\n"
+          f"  otelprof compare RUN_A RUN_B      # before/after a change")
+    from otelprof.report.commands import write_demo_outputs
+
+    report, trace = write_demo_outputs(result.run_dir)
+    print(f"\nReport (open in a browser):  {report}\n"
+          f"Timeline (open in https://ui.perfetto.dev or chrome://tracing):  {trace}")
     return 0
 
 
@@ -294,8 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = sub.add_parser("generate", help="regenerate the repository's generated files",
                               description="Rewrite generated files (the README's configuration and metric "
-                                          "tables, the Prometheus rules and runbook in deploy/prometheus/) from "
-                                          "the catalog, the settings module and the mixin.")
+                                          "tables, the Prometheus rules and runbook in deploy/prometheus/, the "
+                                          "Grafana dashboards and provisioning in dashboards/) from the catalog, "
+                                          "the settings module, the mixin and otelprof/dashboards/.")
     generate.add_argument("--root", default=".", help="repository root (default: current directory)")
     generate.set_defaults(func=_cmd_generate)
 
@@ -321,6 +328,10 @@ def build_parser() -> argparse.ArgumentParser:
     capture.set_defaults(func=_cmd_capture)
 
     _add_alerting_commands(sub)
+
+    from otelprof.report.commands import add_commands
+
+    add_commands(sub)  # report, timeline, check, compare
 
     demo = sub.add_parser("demo", help="train a small model on synthetic data and record it locally",
                           description="Train a small model (PyTorch if installed) on synthetic data on the CPU "

@@ -1,0 +1,98 @@
+"""CPU and I/O bottlenecks: samples in which some logical CPU was busy (or waiting on I/O) above its
+threshold while some GPU was below the GPU threshold — the per-sample coincidence of the original
+CPUBottleneck / IOBottleneck rules, counted over the whole run — and what the training loop was
+doing at those moments (the region each rank on the node was in)."""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass
+from functools import partial
+
+from otelprof.analysis.run import RunView, gpu_min
+from otelprof.analysis.stats import share
+from otelprof.mixin.config import MixinConfig
+
+BETWEEN_STEPS = "between steps"
+OUTSIDE_LOOP = "outside the training loop"
+IN_STEP = "in a step, outside any region"
+
+
+@dataclass(frozen=True)
+class NodeBottleneck:
+    node: str
+    datapoints: int
+    low_gpu: int
+    """Samples with a GPU below the GPU threshold."""
+    busy: int
+    """Samples with a CPU above the CPU (or iowait) threshold."""
+    coincidences: int
+    fraction: float
+    regions: tuple[tuple[str, int], ...]
+    """What the node's ranks were doing in the coincident samples: (region, rank-samples)."""
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    kind: str
+    """``cpu`` or ``io``."""
+    busy_threshold: float
+    gpu_threshold: float
+    threshold: float
+    """Share of samples above which the check calls it a bottleneck."""
+    nodes: tuple[NodeBottleneck, ...]
+
+
+def bottleneck(view: RunView, kind: str, config: MixinConfig | None = None) -> Bottleneck:
+    config = config or MixinConfig()
+    io = kind == "io"
+    high = config.io_threshold if io else config.cpu_threshold
+    rows = []
+    for node, (_, c) in view.nodes().items():
+        busy_col = c.iow_max if io else c.cpu_max
+        lowest: list[float] = view.memo(("gpu min", node), partial(gpu_min, c))
+        datapoints = low_gpu = busy = 0
+        hits: list[int] = []
+        gpu_threshold = config.gpu_threshold
+        for i, value in enumerate(busy_col):
+            if value != value:
+                continue
+            datapoints += 1
+            low = bool(lowest) and lowest[i] < gpu_threshold
+            is_busy = value > high
+            low_gpu += low
+            busy += is_busy
+            if low and is_busy:
+                hits.append(c.t_ns[i])
+        regions = _regions(view, node, hits)
+        rows.append(NodeBottleneck(node, datapoints, low_gpu, busy, len(hits), share(len(hits), datapoints),
+                                   tuple(regions.most_common())))
+    threshold = config.io_bottleneck_threshold if io else config.cpu_bottleneck_threshold
+    return Bottleneck(kind, high, config.gpu_threshold, threshold, tuple(rows))
+
+
+def region_at(view: RunView, index: int, t_ns: int) -> str:
+    """The depth-0 region rank ``index`` was in at ``t_ns`` (or where it was relative to its steps)."""
+    c = view.ranks[index].step_columns
+    if not len(c):
+        return OUTSIDE_LOOP
+    i = bisect.bisect_right(c.start_ns, t_ns) - 1
+    if i < 0:
+        return OUTSIDE_LOOP
+    start = c.start_ns[i]
+    if t_ns >= start + c.duration_ns[i]:
+        return BETWEEN_STEPS if i + 1 < len(c) else OUTSIDE_LOOP
+    for j in range(c.ann_index[i], c.ann_index[i + 1]):
+        if c.ann_depth[j] == 0 and start + c.ann_offset[j] <= t_ns < start + c.ann_offset[j] + c.ann_duration[j]:
+            return c.ann_names[c.ann_name[j]]
+    return IN_STEP
+
+
+def _regions(view: RunView, node: str, times: list[int]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    members = [i for i, info in enumerate(view.info) if info.node == node]
+    for index in members:
+        for t in times:
+            counts[region_at(view, index, t)] += 1
+    return counts

@@ -1,0 +1,98 @@
+"""Data loading: how long steps wait for their next batch (the ``dataloader`` region), which share of
+each step that is, how many steps are input-bound, and the loader's worker count and ``pin_memory``
+against the CPUs the container may use (the original Dataloader rule's 70 % .. 200 % band)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import compress
+
+from otelprof import semconv as sc
+from otelprof.analysis.run import RunView, last_values
+from otelprof.analysis.stats import Distribution, Histogram, quantile
+from otelprof.mixin.config import MixinConfig
+
+
+@dataclass(frozen=True)
+class LoaderPhase:
+    rank: int
+    phase: str
+    steps: int
+    steps_waiting: int
+    """Steps with a dataloader region."""
+    wait: Distribution
+    """Seconds per step (steps with a dataloader region)."""
+    wait_p25: float
+    wait_ratio: Distribution
+    """Share of each step spent waiting."""
+    input_bound_steps: int
+    """Steps waiting more than the input-bound threshold of their duration."""
+    wait_share: float
+    """Total wait over total step time."""
+    histogram: Histogram
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    rank: int
+    workers: int | None
+    pin_memory: bool | None
+    cpus_available: float | None
+    """CPUs the container may use (cgroup quota or affinity), else the node's logical CPUs."""
+
+
+@dataclass(frozen=True)
+class DataLoaderAnalysis:
+    region: str
+    input_bound_threshold: float
+    min_workers_share: float
+    max_workers_share: float
+    phases: tuple[LoaderPhase, ...]
+    loaders: tuple[LoaderConfig, ...]
+
+
+def dataloader_analysis(view: RunView, config: MixinConfig | None = None,
+                        region: str = sc.REGION_DATALOADER) -> DataLoaderAnalysis:
+    config = config or MixinConfig()
+    phases = []
+    loaders = []
+    nodes = view.nodes()
+    for index, info in enumerate(view.info):
+        c = view.ranks[index].step_columns
+        if len(c) and region in c.ann_names:
+            sums = view.region_sums(index, region)
+            for phase in c.phase_names:
+                mask = c.phase_mask(phase)
+                waits_ns = list(compress(sums, mask))
+                durations_ns = list(compress(c.duration_ns, mask))
+                steps = len(durations_ns)
+                if not steps:
+                    continue
+                pairs = [(w, d) for w, d in zip(waits_ns, durations_ns) if w]
+                waits = [w / 1e9 for w, _ in pairs]
+                ratios = [min(w / d, 1.0) if d > 0 else 1.0 for w, d in pairs]
+                total_time = sum(durations_ns)
+                phases.append(LoaderPhase(
+                    info.rank, phase, steps, len(waits), Distribution.of(waits), quantile(sorted(waits), 0.25),
+                    Distribution.of(ratios), sum(1 for r in ratios if r > config.input_bound_threshold),
+                    sum(waits_ns) / total_time if total_time else 0.0, Histogram.of(waits, 50)))
+        gauges = last_values(view.ranks[index])
+        workers = _value(gauges, sc.DATALOADER_WORKERS.name)
+        pin = _value(gauges, sc.DATALOADER_PIN_MEMORY.name)
+        cpus = _value(gauges, sc.CPU_AVAILABLE.name)
+        if cpus is None and info.node in nodes:
+            cpus = float(nodes[info.node][1].cores) or None
+        if workers is not None or pin is not None or region in c.ann_names:
+            loaders.append(LoaderConfig(info.rank, int(workers) if workers is not None else None,
+                                        bool(pin) if pin is not None else None, cpus))
+    return DataLoaderAnalysis(region, config.input_bound_threshold, config.dataloader_min_threshold,
+                              config.dataloader_max_threshold, tuple(phases), tuple(loaders))
+
+
+def _value(gauges: dict[str, list[tuple[dict[str, object], float]]], name: str) -> float | None:
+    points = gauges.get(name)
+    if not points:
+        return None
+    value = points[-1][1]
+    return value if not math.isnan(value) else None

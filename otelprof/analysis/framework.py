@@ -1,0 +1,168 @@
+"""Framework summary: where training time went.
+
+* phases: time inside steps of each phase and the time between steps (data the loop spends
+  outside ``step()``), as shares of the training loop, all ranks together;
+* forward vs backward: time in the ``forward`` and ``backward`` regions;
+* regions (annotations) inside steps and outside them (initialization, checkpoints);
+* top CPU and GPU operators of the operator-profiling windows (``torch.profiler``), summed over
+  windows and ranks, with the GPU activity mix (kernel / memcpy / memset / sync) and the kernel
+  precision mix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from operator import add
+from typing import Any
+
+from otelprof import semconv as sc
+from otelprof.analysis.run import RunView
+from otelprof.analysis.stats import share
+
+TOP = 20
+BETWEEN_STEPS = "between steps"
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    count: int
+    total: float
+    """Seconds, all ranks."""
+    mean: float
+    max: float
+    share: float
+    """Of the time inside steps (regions at depth 0 add up to at most 1)."""
+    depth: int
+    """Smallest nesting depth seen (0: directly inside the step)."""
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str
+    calls: int
+    self_time: float
+    total_time: float
+    share: float
+    """Of the summed self time of the operators recorded."""
+
+
+@dataclass(frozen=True)
+class ProfileWindow:
+    rank: int
+    start_step: int
+    num_steps: int
+    start: float
+    """Unix seconds."""
+    duration: float
+    trace_file: str | None
+
+
+@dataclass(frozen=True)
+class FrameworkSummary:
+    phases: tuple[tuple[str, float, float], ...]
+    """(phase or BETWEEN_STEPS, seconds, share of the training loop)."""
+    between_steps_share: float
+    forward: float
+    backward: float
+    forward_share: float
+    """forward / (forward + backward)."""
+    regions: tuple[Region, ...]
+    outside_steps: tuple[Region, ...]
+    cpu_operators: tuple[Operator, ...]
+    gpu_operators: tuple[Operator, ...]
+    cpu_operator_time: float
+    gpu_operator_time: float
+    gpu_activity: tuple[tuple[str, float], ...]
+    kernel_precision: tuple[tuple[str, float], ...]
+    windows: tuple[ProfileWindow, ...]
+
+
+def _regions(totals: dict[str, list[float]], step_time: float, top: int) -> tuple[Region, ...]:
+    rows = [Region(name, int(count), total, total / count if count else math.nan, peak, share(total, step_time),
+                   int(depth)) for name, (count, total, peak, depth) in totals.items()]
+    return tuple(sorted(rows, key=lambda r: -r.total)[:top])
+
+
+def _operators(acc: dict[str, list[float]], top: int) -> tuple[tuple[Operator, ...], float]:
+    total = math.fsum(v[1] for v in acc.values())
+    rows = [Operator(name, int(calls), self_time, total_time, share(self_time, total))
+            for name, (calls, self_time, total_time) in acc.items()]
+    return tuple(sorted(rows, key=lambda o: -o.self_time)[:top]), total
+
+
+def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
+    phase_time: dict[str, float] = {}
+    loop_time = 0.0
+    inside: dict[str, list[float]] = {}
+    outside: dict[str, list[float]] = {}
+    step_time = 0.0
+    for index, rank in enumerate(view.ranks):
+        view.say(f"regions of rank {rank.rank}")
+        c = rank.step_columns
+        for phase, durations in view.durations(index).items():
+            phase_time[phase] = phase_time.get(phase, 0.0) + math.fsum(durations)
+        if len(c):
+            first = min(c.start_ns)
+            last = max(map(add, c.start_ns, c.duration_ns))
+            loop_time += (last - first) / 1e9
+        step_time += math.fsum(c.duration_ns) / 1e9
+        for name, (count, total, longest, depth) in c.region_totals().items():
+            _add(inside, name, count, total / 1e9, longest / 1e9, depth)
+        for a in rank.annotations:
+            _add(outside, a.name, 1, a.duration_ns / 1e9, a.duration_ns / 1e9, 0)
+    in_steps = math.fsum(phase_time.values())
+    between = max(loop_time - in_steps, 0.0)
+    phases = [(p, t, share(t, loop_time)) for p, t in sorted(phase_time.items(), key=lambda kv: -kv[1])]
+    if loop_time:
+        phases.append((BETWEEN_STEPS, between, share(between, loop_time)))
+    forward = inside.get(sc.REGION_FORWARD, [0, 0.0])[1]
+    backward = inside.get(sc.REGION_BACKWARD, [0, 0.0])[1]
+    cpu: dict[str, list[float]] = {}
+    gpu: dict[str, list[float]] = {}
+    activity: dict[str, float] = {}
+    precision: dict[str, float] = {}
+    windows: list[ProfileWindow] = []
+    for rank in view.ranks:
+        for record in rank.profiles():
+            _window(rank.rank, record, cpu, gpu, activity, precision, windows)
+    cpu_ops, cpu_total = _operators(cpu, top)
+    gpu_ops, gpu_total = _operators(gpu, top)
+    return FrameworkSummary(
+        tuple(phases), share(between, loop_time), forward, backward, share(forward, forward + backward),
+        _regions(inside, step_time, 10 * top), _regions(outside, step_time, 10 * top), cpu_ops, gpu_ops,
+        cpu_total, gpu_total, tuple(sorted(activity.items(), key=lambda kv: -kv[1])),
+        tuple(sorted(precision.items(), key=lambda kv: -kv[1])),
+        tuple(sorted(windows, key=lambda w: (w.start, w.rank))))
+
+
+def _add(acc: dict[str, list[float]], name: str, count: int, total: float, peak: float, depth: int) -> None:
+    entry = acc.get(name)
+    if entry is None:
+        acc[name] = [count, total, peak, depth]
+    else:
+        entry[0] += count
+        entry[1] += total
+        entry[2] = max(entry[2], peak)
+        entry[3] = min(entry[3], depth)
+
+
+def _window(rank: int, record: dict[str, Any], cpu: dict[str, list[float]], gpu: dict[str, list[float]],
+            activity: dict[str, float], precision: dict[str, float], windows: list[ProfileWindow]) -> None:
+    try:
+        windows.append(ProfileWindow(rank, int(record.get("start_step", 0)), int(record.get("num_steps", 0)),
+                                     int(record.get("t", 0)) / 1e9, int(record.get("d", 0)) / 1e9,
+                                     str(record["trace_file"]) if record.get("trace_file") else None))
+        for ops, acc in ((record.get("cpu_ops") or [], cpu), (record.get("gpu_ops") or [], gpu)):
+            for op in ops:
+                entry = acc.setdefault(str(op["name"]), [0.0, 0.0, 0.0])
+                entry[0] += float(op.get("calls", 0))
+                entry[1] += float(op.get("self_s", 0.0))
+                entry[2] += float(op.get("total_s", 0.0))
+        for mix, acc2 in ((record.get("gpu_activity_s") or {}, activity),
+                          (record.get("kernel_precision_s") or {}, precision)):
+            for key, seconds in mix.items():
+                acc2[str(key)] = acc2.get(str(key), 0.0) + float(seconds)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return  # a malformed window record: nothing of it is used

@@ -1,0 +1,81 @@
+"""Per-GPU utilization and memory: box-plot statistics over every sample of the run, and the flags
+the original report raised (95th percentile low, 5th percentile low while the 95th is high:
+fluctuating; memory growing)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from otelprof.analysis.run import RunView, gpu_memory_ratio
+from otelprof.analysis.stats import BoxPlot, Series, finite
+from otelprof.analysis.system import gpu_order
+from otelprof.mixin.config import MixinConfig
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    node: str
+    gpu: str
+    utilization: BoxPlot
+    """Ratio 0..1."""
+    memory: BoxPlot
+    """Memory used / total, ratio."""
+    memory_total: float | None
+    """Bytes."""
+    power: float | None
+    """Median watts."""
+    temperature: float | None
+    """Median degrees Celsius."""
+    underused: bool
+    """p95 utilization below the threshold."""
+    fluctuating: bool
+    """p5 below, p95 above their thresholds."""
+    idle: bool
+    """Never busy: an unused device."""
+    memory_growth: float
+    """Mean memory ratio of the last tenth of the run minus the first tenth."""
+    utilization_series: Series
+    memory_series: Series
+
+
+@dataclass(frozen=True)
+class GpuAnalysis:
+    threshold_p95: float
+    threshold_p5: float
+    gpus: tuple[GpuUsage, ...]
+
+
+def _median(values: list[float]) -> float | None:
+    data = sorted(finite(values))
+    return data[len(data) // 2] if data else None
+
+
+def _growth(values: list[float]) -> float:
+    data = finite(values)
+    if len(data) < 20:
+        return 0.0
+    tenth = len(data) // 10
+    return math.fsum(data[-tenth:]) / tenth - math.fsum(data[:tenth]) / tenth
+
+
+def gpu_analysis(view: RunView, config: MixinConfig | None = None) -> GpuAnalysis:
+    config = config or MixinConfig()
+    rows = []
+    origin = view.origin
+    for node, (_, c) in view.nodes().items():
+        times = [t / 1e9 for t in c.t_ns]
+        for index in sorted(c.gpus, key=gpu_order):
+            g = c.gpus[index]
+            util = list(g.get("u", ()))
+            memory = gpu_memory_ratio(g["mu"], g["mt"]) if "mu" in g and "mt" in g else []
+            ubox = BoxPlot.of(util)
+            totals = finite(g.get("mt", ()))
+            rows.append(GpuUsage(
+                node, index, ubox, BoxPlot.of(memory), max(totals) if totals else None,
+                _median(list(g.get("p", ()))), _median(list(g.get("t", ()))),
+                ubox.count > 0 and ubox.p95 < config.low_gpu_threshold_p95 and ubox.max > 0,
+                ubox.count > 0 and ubox.p5 < config.low_gpu_threshold_p5 and ubox.p95 > config.low_gpu_threshold_p95,
+                ubox.count > 0 and ubox.max <= 0, _growth(memory),
+                Series.of(times, util, origin), Series.of(times, memory, origin) if memory else Series((), (), ())))
+    return GpuAnalysis(config.low_gpu_threshold_p95, config.low_gpu_threshold_p5, tuple(rows))

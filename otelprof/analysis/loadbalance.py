@@ -1,0 +1,128 @@
+"""Load balancing: do the job's GPUs work alike, and do its ranks take alike long per step?
+
+* GPUs: a histogram of each GPU's utilization (2 % bins), the Jensen-Shannon distance between the
+  histograms of each pair of GPUs (natural log, 0 .. 0.83; what the original LoadBalancing rule
+  meant to compute), and the spread of mean utilization (what the alert judges).
+* Ranks: per phase, each rank's median step time and mean compute time (step time minus data-loader
+  wait and collective time) against the median over ranks; a rank well above it is a straggler —
+  the other ranks show its delay as collective wait.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from itertools import compress
+
+from otelprof import semconv as sc
+from otelprof.analysis.run import RunView
+from otelprof.analysis.stats import Histogram, finite, share
+from otelprof.analysis.system import gpu_order
+from otelprof.mixin.config import MixinConfig
+
+PAIRWISE_LIMIT = 16
+"""Up to this many GPUs every pair is compared; beyond, each GPU against the mean of all."""
+
+
+@dataclass(frozen=True)
+class GpuLoad:
+    node: str
+    gpu: str
+    mean: float
+    histogram: Histogram
+
+
+@dataclass(frozen=True)
+class GpuDistance:
+    a: str
+    """``node/gpu``; ``all`` for the mean of every GPU."""
+    b: str
+    distance: float
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    phase: str
+    rank: int
+    median_step: float
+    mean_compute: float
+    """Seconds per step outside data-loader wait and collectives."""
+    mean_collective: float
+    ratio: float
+    """mean_compute / median over ranks of mean_compute."""
+    straggler: bool
+
+
+@dataclass(frozen=True)
+class LoadBalance:
+    threshold: float
+    """Spread of mean utilization the alert judges."""
+    spread: float | None
+    distance_threshold: float
+    gpus: tuple[GpuLoad, ...]
+    distances: tuple[GpuDistance, ...]
+    ranks: tuple[RankLoad, ...]
+    straggler_ratio: float
+
+
+def js_distance(p: tuple[int, ...], q: tuple[int, ...]) -> float:
+    """Jensen-Shannon distance (natural log) between two histograms of counts."""
+    sp, sq = sum(p), sum(q)
+    if not sp or not sq:
+        return math.nan
+    total = 0.0
+    for a, b in zip(p, q):
+        pa, qb = a / sp, b / sq
+        m = (pa + qb) / 2
+        if pa:
+            total += pa * math.log(pa / m) / 2
+        if qb:
+            total += qb * math.log(qb / m) / 2
+    return math.sqrt(max(total, 0.0))
+
+
+def load_balance(view: RunView, config: MixinConfig | None = None, distance_threshold: float = 0.5) -> LoadBalance:
+    config = config or MixinConfig()
+    gpus = []
+    for node, (_, c) in view.nodes().items():
+        for index in sorted(c.gpus, key=gpu_order):
+            values = finite(c.gpus[index].get("u", ()))
+            if values:
+                gpus.append(GpuLoad(node, index, math.fsum(values) / len(values),
+                                    Histogram.of(values, 50, 0.0, 1.0)))
+    distances = []
+    if len(gpus) <= PAIRWISE_LIMIT:
+        for i, a in enumerate(gpus):
+            for b in gpus[i + 1:]:
+                distances.append(GpuDistance(f"{a.node}/{a.gpu}", f"{b.node}/{b.gpu}",
+                                             js_distance(a.histogram.counts, b.histogram.counts)))
+    else:
+        mean = tuple(sum(col) for col in zip(*(g.histogram.counts for g in gpus)))
+        distances = [GpuDistance(f"{g.node}/{g.gpu}", "all", js_distance(g.histogram.counts, mean)) for g in gpus]
+    means = [g.mean for g in gpus]
+    ranks = []
+    per_phase: dict[str, list[tuple[int, float, float, float]]] = {}
+    for position, info in enumerate(view.info):
+        columns = view.ranks[position].step_columns
+        if not len(columns):
+            continue
+        wait = view.region_sums(position, sc.REGION_DATALOADER)
+        collective = view.region_sums(position, sc.REGION_COLLECTIVE)
+        for phase in columns.phase_names:
+            mask = columns.phase_mask(phase)
+            durations = list(compress(columns.duration_ns, mask))
+            if durations:
+                n = len(durations)
+                coll = sum(compress(collective, mask))
+                compute = sum(durations) - sum(compress(wait, mask)) - coll
+                per_phase.setdefault(phase, []).append(
+                    (info.rank, statistics.median(durations) / 1e9, compute / n / 1e9, coll / n / 1e9))
+    for phase, rows in sorted(per_phase.items()):
+        middle = statistics.median(r[2] for r in rows)
+        for rank, median_step, mean_compute, mean_collective in rows:
+            ratio = share(mean_compute, middle) if middle > 0 else math.nan
+            ranks.append(RankLoad(phase, rank, median_step, mean_compute, mean_collective, ratio,
+                                  len(rows) > 1 and ratio > config.straggler_ratio))
+    return LoadBalance(config.load_balancing_threshold, max(means) - min(means) if len(means) > 1 else None,
+                       distance_threshold, tuple(gpus), tuple(distances), tuple(ranks), config.straggler_ratio)

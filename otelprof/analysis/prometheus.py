@@ -1,0 +1,542 @@
+"""The report's main sections from a live system: PromQL over the catalog's series, through
+Prometheus's HTTP API, for one job and a time range.
+
+What Prometheus keeps is coarser than a recording: distributions come from the per-sample and
+per-step histograms (quantiles at bucket resolution, interpolated like ``histogram_quantile``),
+gauges are known at scrape resolution, and there are no individual steps, regions or operator
+windows. The result is the same :class:`~otelprof.analysis.report.Report`; what Prometheus cannot
+give stays empty, and the report's notes say so.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from otelprof import semconv as sc
+from otelprof.analysis.batch import batch_size
+from otelprof.analysis.bottlenecks import Bottleneck, NodeBottleneck
+from otelprof.analysis.dataloader import DataLoaderAnalysis, LoaderConfig, LoaderPhase
+from otelprof.analysis.framework import BETWEEN_STEPS, FrameworkSummary, Region
+from otelprof.analysis.gpu import GpuAnalysis, GpuUsage
+from otelprof.analysis.loadbalance import GpuDistance, GpuLoad, LoadBalance, RankLoad, js_distance
+from otelprof.analysis.report import FORMAT_VERSION, Report
+from otelprof.analysis.rules import RuleRow, RulesSummary
+from otelprof.analysis.stats import BoxPlot, Distribution, Histogram, Series, share
+from otelprof.analysis.steps import PhaseSteps, StepAnalysis
+from otelprof.analysis.summary import JobSummary, RankSummary
+from otelprof.analysis.system import (
+    UNIT_RATE,
+    UNIT_RATIO,
+    NodeUsage,
+    SystemUsage,
+    UsageRow,
+    gpu_order,
+    verdict,
+)
+from otelprof.mixin.config import MixinConfig
+from otelprof.mixin.promql import GPU, NODE, PHASE, RANK, series_name
+
+NAN = math.nan
+MODE = sc.prometheus_label(sc.LABEL_CPU_MODE)
+LOOKBACK = "30d"
+"""How far back to look for a finished job's series when no range is given."""
+
+
+class PrometheusError(Exception):
+    """Prometheus cannot be reached, refused a query, or has no series of the job."""
+
+
+class Client:
+    def __init__(self, url: str, timeout: float = 30.0) -> None:
+        url = url.rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            url = "http://" + url
+        self.url = url
+        self.timeout = timeout
+
+    def _get(self, path: str, params: dict[str, str]) -> Any:
+        target = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(target, timeout=self.timeout) as response:
+                body = json.load(response)
+        except urllib.error.HTTPError as error:
+            detail = error.read().decode(errors="replace")[:300]
+            raise PrometheusError(f"{self.url} answered {error.code} to {params.get('query', path)!r}: {detail}") \
+                from error
+        except (urllib.error.URLError, OSError, ValueError) as error:
+            raise PrometheusError(f"cannot reach Prometheus at {self.url}: {error}") from error
+        if body.get("status") != "success":
+            raise PrometheusError(f"Prometheus refused {params.get('query', path)!r}: {body.get('error')}")
+        return body.get("data")
+
+    def query(self, promql: str, at: float) -> list[tuple[dict[str, str], float]]:
+        data = self._get("/api/v1/query", {"query": promql, "time": f"{at:.3f}"})
+        if data.get("resultType") == "scalar":
+            return [({}, float(data["result"][1]))]
+        return [(dict(r["metric"]), float(r["value"][1])) for r in data.get("result", [])]
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[tuple[dict[str, str],
+                                                                                          list[tuple[float, float]]]]:
+        data = self._get("/api/v1/query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                 "step": f"{max(step, 1.0):.0f}"})
+        return [(dict(r["metric"]), [(float(t), float(v)) for t, v in r["values"]]) for r in data.get("result", [])]
+
+    def rules(self) -> list[dict[str, Any]]:
+        data = self._get("/api/v1/rules", {"type": "alert"})
+        return list(data.get("groups", []))
+
+
+def parse_time(text: str | None) -> float | None:
+    """Unix seconds, ``now``, ``now-2h`` / ``now-30m``, or an ISO 8601 time (UTC when no zone is given)."""
+    if text is None or text == "":
+        return None
+    text = text.strip()
+    if text.startswith("now"):
+        rest = text[3:]
+        if not rest:
+            return time.time()
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        if rest[0] == "-" and rest[-1] in units:
+            return time.time() - float(rest[1:-1]) * units[rest[-1]]
+        raise ValueError(f"cannot read the time {text!r}")
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return moment.timestamp()
+
+
+class _Queries:
+    def __init__(self, client: Client, job: str, start: float, end: float) -> None:
+        self.client = client
+        self.job = job
+        self.start = start
+        self.end = end
+        self.window = f"{max(math.ceil(end - start), 1)}s"
+        self.sel = f'{sc.prometheus_label(sc.LABEL_JOB)}="{_escape(job)}"'
+
+    def s(self, spec: sc.MetricSpec, part: str = "", extra: str = "") -> str:
+        return f"{series_name(spec, part)}{{{self.sel}{', ' + extra if extra else ''}}}"
+
+    def delta(self, spec: sc.MetricSpec, part: str = "", extra: str = "") -> str:
+        x = self.s(spec, part, extra)
+        return f"({x} - ({x} offset {self.window} or {x} * 0))"
+
+    def q(self, promql: str) -> list[tuple[dict[str, str], float]]:
+        return self.client.query(promql, self.end)
+
+    def by(self, promql: str, *labels: str) -> dict[tuple[str, ...], float]:
+        return {tuple(m.get(label, "") for label in labels): v for m, v in self.q(promql)}
+
+    def histogram(self, spec: sc.MetricSpec, *labels: str, extra: str = "") -> dict[tuple[str, ...],
+                                                                                   list[tuple[float, float]]]:
+        """Per label set: (upper bound, cumulative count) of the histogram's growth over the range."""
+        out: dict[tuple[str, ...], list[tuple[float, float]]] = {}
+        for m, v in self.q(f"sum by ({', '.join((*labels, 'le'))}) ({self.delta(spec, 'bucket', extra)})"):
+            out.setdefault(tuple(m.get(label, "") for label in labels), []).append((float(m["le"]), v))
+        return {k: sorted(v) for k, v in out.items()}
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """``histogram_quantile`` on (upper bound, cumulative count) pairs; NaN when empty. Quantile 0 is the
+    lower edge of the first bucket holding an observation, quantile 1 the upper edge of the last one."""
+    from otelprof.analysis.histogram import bucket_quantile as prom_quantile
+
+    finite_bounds = [b for b, _ in buckets if math.isfinite(b)]
+    counts = [c for b, c in buckets if math.isfinite(b)] + [buckets[-1][1] if buckets else 0.0]
+    if not buckets or not counts[-1]:
+        return NAN
+    if q <= 0:
+        first = next(i for i, c in enumerate(counts) if c > 0)
+        return finite_bounds[first - 1] if 0 < first <= len(finite_bounds) else 0.0
+    if q >= 1:
+        last = next(i for i, c in enumerate(counts) if c >= counts[-1])
+        return finite_bounds[min(last, len(finite_bounds) - 1)] if finite_bounds else NAN
+    try:
+        return prom_quantile(q, finite_bounds, counts)
+    except ZeroDivisionError:
+        return NAN
+
+
+def _box(buckets: list[tuple[float, float]], total: float, count: float) -> BoxPlot:
+    if not buckets or not count:
+        return BoxPlot.of(())
+    q = [bucket_quantile(p, buckets) for p in (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)]
+    iqr = q[4] - q[2]
+    return BoxPlot(int(count), q[0], q[1], q[2], q[3], q[4], q[5], q[6], total / count,
+                   max(q[0], q[2] - 1.5 * iqr), min(q[6], q[4] + 1.5 * iqr))
+
+
+def _per_bucket(buckets: list[tuple[float, float]]) -> Histogram:
+    finite_buckets = [(b, c) for b, c in buckets if math.isfinite(b)]
+    if not finite_buckets:
+        return Histogram((), ())
+    edges = [0.0] + [b for b, _ in finite_buckets]
+    counts, previous = [], 0.0
+    for _, c in finite_buckets:
+        counts.append(round(max(c - previous, 0.0)))
+        previous = c
+    return Histogram(tuple(edges), tuple(counts))
+
+
+def _series(points: list[tuple[float, float]], origin: float) -> Series:
+    if not points:
+        return Series((), (), ())
+    return Series(tuple(t - origin for t, _ in points), tuple(v for _, v in points), tuple(v for _, v in points))
+
+
+def report_from_prometheus(url: str, job: str, start: float | None = None, end: float | None = None,
+                           config: MixinConfig | None = None, progress: Callable[[str], None] | None = None,
+                           timeout: float = 30.0) -> Report:
+    """Query Prometheus at ``url`` for job ``job`` between ``start`` and ``end`` (Unix seconds; by default
+    from the job's first process start to its last recorded step or now)."""
+    config = config or MixinConfig()
+    client = Client(url, timeout)
+    say = progress or (lambda message: None)
+    now = time.time()
+    probe = _Queries(client, job, now, now)
+    say(f"querying {client.url} for job {job}")
+    starts = probe.by(f"last_over_time({probe.s(sc.PROCESS_START_TIME)}[{LOOKBACK}])", RANK, NODE)
+    if not starts:
+        raise PrometheusError(f"Prometheus at {client.url} has no otelprof series of job {job!r} in the last "
+                              f"{LOOKBACK} (label {sc.prometheus_label(sc.LABEL_JOB)}); check the job name and "
+                              "that Prometheus scrapes the training processes")
+    lasts = probe.by(f"max by ({RANK}) (last_over_time({probe.s(sc.STEP_LAST_TIMESTAMP)}[{LOOKBACK}]))", RANK)
+    if start is None:
+        start = min(starts.values())
+    if end is None:
+        end = min(now, max(lasts.values()) + 60.0) if lasts else now
+    if end <= start:
+        raise PrometheusError(f"the range ends ({end:.0f}) before it starts ({start:.0f})")
+    qs = _Queries(client, job, start, end)
+    firsts = qs.by(f"last_over_time({qs.s(sc.STEP_FIRST_TIMESTAMP)}[{qs.window}])", RANK)
+    ranks_last = qs.by(f"max by ({RANK}) (last_over_time({qs.s(sc.STEP_LAST_TIMESTAMP)}[{qs.window}]))", RANK)
+    steps_by = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.STEPS)})", RANK, PHASE)
+    rank_nodes = {rank: node for (rank, node) in starts}
+    rank_start = {rank: v for (rank, _), v in starts.items()}
+    nodes = sorted(set(rank_nodes.values()))
+    ranks = []
+    for rank in sorted(rank_start, key=lambda r: int(r) if r.isdigit() else 1 << 30):
+        ranks.append(RankSummary(int(rank) if rank.isdigit() else -1, 0, rank_nodes[rank], "unknown",
+                                 rank_start[rank], firsts.get((rank,)), ranks_last.get((rank,)), None,
+                                 int(sum(v for (r, _), v in steps_by.items() if r == rank)), 0, ()))
+    per_phase: dict[str, int] = {}
+    for (_, phase), v in steps_by.items():
+        per_phase[phase] = per_phase.get(phase, 0) + round(v)
+    job_start = max(start, min(rank_start.values()))
+    training_start = min(firsts.values()) if firsts else None
+    training_end = max(ranks_last.values()) if ranks_last else None
+    duration = end - job_start
+    training = training_end - training_start if training_start and training_end else None
+    init = training_start - job_start if training_start else None
+    final = end - training_end if training_end else None
+    summary = JobSummary("", job, "", "", len(ranks), tuple(ranks), tuple(nodes), job_start, end, duration,
+                         training_start, training_end, training, init, final, max(share(init or 0, duration), 0),
+                         max(share(training or 0, duration), 0), max(share(final or 0, duration), 0),
+                         tuple(sorted(per_phase.items())), (), 0,
+                         () if per_phase else ("no steps in the range",))
+    say("system usage")
+    system = _system(qs, nodes, job_start)
+    say("steps and regions")
+    steps = _steps(qs, rank_nodes)
+    framework = _framework(qs, summary)
+    say("GPUs")
+    gpus = _gpus(qs, config, job_start)
+    say("alerts")
+    rules = _rules(qs, config)
+    cpu, io = _bottlenecks(qs, config)
+    load = _load(qs, config, gpus)
+    loader = _loader(qs, config)
+    utc = datetime.timezone.utc
+    first, last = datetime.datetime.fromtimestamp(start, utc), datetime.datetime.fromtimestamp(end, utc)
+    notes = (f"From Prometheus {client.url}, job {job}, {first:%Y-%m-%d %H:%M:%S} to {last:%Y-%m-%d %H:%M:%S} UTC. "
+             "Distributions "
+             "come from histograms (bucket resolution), so minima, maxima and exact outliers are not known; "
+             "individual steps, regions and operator windows are only in a recording (otelprof report RUN_DIR).",)
+    return Report(FORMAT_VERSION, f"{client.url} job={job}", time.time(), summary, system, framework, rules, steps,
+                  gpus, batch_size(system, gpus, steps, config), cpu, io, load, loader, notes)
+
+
+def _quantile_rows(node: str, metric: str, unit: str, buckets: list[tuple[float, float]] | None,
+                   count: float) -> UsageRow | None:
+    if not buckets or not count:
+        return None
+    top, p99, p95, p50, low = (bucket_quantile(q, buckets) for q in (1.0, 0.99, 0.95, 0.5, 0.0))
+    return UsageRow(node, metric, unit, top, p99, p95, p50, low, int(count))
+
+
+def _system(qs: _Queries, nodes: list[str], origin: float) -> SystemUsage:
+    rows: list[UsageRow] = []
+    cpu_h = qs.histogram(sc.NODE_CPU_UTILIZATION, NODE)
+    cpu_n = qs.by(f"sum by ({NODE}) ({qs.delta(sc.NODE_CPU_UTILIZATION, 'count')})", NODE)
+    gpu_h = qs.histogram(sc.GPU_UTILIZATION_DISTRIBUTION, NODE)
+    gpu_n = qs.by(f"sum by ({NODE}) ({qs.delta(sc.GPU_UTILIZATION_DISTRIBUTION, 'count')})", NODE)
+    mem_h = qs.histogram(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, NODE)
+    mem_n = qs.by(f"sum by ({NODE}) ({qs.delta(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, 'count')})", NODE)
+    step = max((qs.end - qs.start) / 1000, 15.0)
+    host: dict[float, dict[tuple[str, ...], float]] = {}
+    iowait: dict[float, dict[tuple[str, ...], float]] = {}
+    network: dict[float, dict[tuple[str, ...], float]] = {}
+    iowait_cpus = qs.s(sc.SYSTEM_CPU_UTILIZATION, extra=MODE + '="iowait"')
+    iow_expr = f"avg by ({NODE}) ({iowait_cpus})"
+    net_expr = f"sum by ({NODE}) (rate({qs.s(sc.SYSTEM_NETWORK_IO)}[1m]))"
+    for q in (1.0, 0.99, 0.95, 0.5, 0.0):
+        host[q] = qs.by(f"max by ({NODE}) (quantile_over_time({q}, {qs.s(sc.SYSTEM_MEMORY_UTILIZATION)}[{qs.window}]))",
+                        NODE)
+        iowait[q] = qs.by(f"quantile_over_time({q}, ({iow_expr})[{qs.window}:{step:.0f}s])", NODE)
+        network[q] = qs.by(f"quantile_over_time({q}, ({net_expr})[{qs.window}:{step:.0f}s])", NODE)
+    busy_cpus = qs.s(sc.SYSTEM_CPU_UTILIZATION, extra=MODE + '!~"idle|iowait"')
+    idle_cpus = qs.s(sc.SYSTEM_CPU_UTILIZATION, extra=MODE + '="idle"')
+    busy = f"sum by ({NODE}) ({busy_cpus}) / count by ({NODE}) ({idle_cpus})"
+    range_step = max((qs.end - qs.start) / 400, 1.0)
+    cpu_series = {m.get(NODE, ""): pts for m, pts in qs.client.query_range(busy, qs.start, qs.end, range_step)}
+    gpu_series = {m.get(NODE, ""): pts for m, pts in qs.client.query_range(
+        f"avg by ({NODE}) ({qs.s(sc.GPU_UTILIZATION)})", qs.start, qs.end, range_step)}
+    out_nodes = []
+    for node in nodes:
+        key = (node,)
+        candidates = [
+            _quantile_rows(node, "CPU", UNIT_RATIO, cpu_h.get(key), cpu_n.get(key, 0.0)),
+            _gauge_row(node, "I/O wait", UNIT_RATIO, iowait, key),
+            _gauge_row(node, "CPU memory", UNIT_RATIO, host, key),
+            _quantile_rows(node, "GPU", UNIT_RATIO, gpu_h.get(key), gpu_n.get(key, 0.0)),
+            _quantile_rows(node, "GPU memory", UNIT_RATIO, mem_h.get(key), mem_n.get(key, 0.0)),
+            _gauge_row(node, "Network", UNIT_RATE, network, key),
+        ]
+        node_rows = [r for r in candidates if r is not None]
+        rows += node_rows
+        if not node_rows:
+            continue
+        cpu_row = next((r for r in node_rows if r.metric == "CPU"), None)
+        gpu_row = next((r for r in node_rows if r.metric == "GPU"), None)
+        empty = Series((), (), ())
+        out_nodes.append(NodeUsage(node, -1, int(cpu_n.get(key, 0.0)), NAN, 0, (), verdict(cpu_row, gpu_row), (),
+                                   _series(cpu_series.get(node, []), origin), empty, empty, empty,
+                                   _series(gpu_series.get(node, []), origin), empty))
+    return SystemUsage(tuple(rows), (), tuple(out_nodes))
+
+
+def _gauge_row(node: str, metric: str, unit: str, values: dict[float, dict[tuple[str, ...], float]],
+               key: tuple[str, ...]) -> UsageRow | None:
+    if key not in values.get(0.5, {}):
+        return None
+    top, p99, p95, p50, low = (values[q].get(key, NAN) for q in (1.0, 0.99, 0.95, 0.5, 0.0))
+    return UsageRow(node, metric, unit, top, p99, p95, p50, low, 0)
+
+
+def _steps(qs: _Queries, rank_nodes: dict[str, str]) -> StepAnalysis:
+    buckets = qs.histogram(sc.STEP_DURATION, RANK, PHASE)
+    sums = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.STEP_DURATION, 'sum')})", RANK, PHASE)
+    counts = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.STEP_DURATION, 'count')})", RANK, PHASE)
+    outliers = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.STEP_OUTLIERS)})", RANK, PHASE)
+    samples = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.SAMPLES)})", RANK, PHASE)
+    tokens = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.TOKENS)})", RANK, PHASE)
+    rows = []
+    throughput: dict[str, float] = {}
+    for key in sorted(counts, key=lambda k: (int(k[0]) if k[0].isdigit() else 1 << 30, k[1])):
+        n, total = counts[key], sums.get(key, 0.0)
+        if not n:
+            continue
+        b = buckets.get(key, [])
+        dist = Distribution(int(n), total / n, NAN, NAN, bucket_quantile(0.5, b), bucket_quantile(0.95, b),
+                            bucket_quantile(0.99, b), NAN)
+        per_second = samples[key] / total if samples.get(key) and total else None
+        if per_second is not None:
+            throughput[key[1]] = throughput.get(key[1], 0.0) + per_second
+        rows.append(PhaseSteps(int(key[0]) if key[0].isdigit() else -1, rank_nodes.get(key[0], ""), key[1], dist, NAN,
+                               int(outliers.get(key, 0.0)), (), _per_bucket(b),
+                               samples[key] / n if samples.get(key) else None, per_second,
+                               tokens[key] / total if tokens.get(key) and total else None))
+    return StepAnalysis(NAN, tuple(rows), tuple(sorted(throughput.items())))
+
+
+def _framework(qs: _Queries, summary: JobSummary) -> FrameworkSummary:
+    phase_time = qs.by(f"sum by ({PHASE}) ({qs.delta(sc.STEP_DURATION, 'sum')})", PHASE)
+    label = sc.prometheus_label(sc.LABEL_ANNOTATION)
+    sums = qs.by(f"sum by ({label}, {PHASE}) ({qs.delta(sc.ANNOTATION_DURATION, 'sum')})", label, PHASE)
+    counts = qs.by(f"sum by ({label}, {PHASE}) ({qs.delta(sc.ANNOTATION_DURATION, 'count')})", label, PHASE)
+    loop = sum((r.last_step_end or 0) - (r.first_step_start or 0) for r in summary.ranks
+               if r.first_step_start and r.last_step_end)
+    in_steps = sum(phase_time.values())
+    between = max(loop - in_steps, 0.0)
+    phases = [(p[0], t, share(t, loop)) for p, t in sorted(phase_time.items(), key=lambda kv: -kv[1])]
+    if loop:
+        phases.append((BETWEEN_STEPS, between, share(between, loop)))
+    inside: dict[str, list[float]] = {}
+    outside: dict[str, list[float]] = {}
+    for (name, phase), total in sums.items():
+        acc = outside if phase == sc.NO_PHASE else inside
+        entry = acc.setdefault(name, [0.0, 0.0])
+        entry[0] += counts.get((name, phase), 0.0)
+        entry[1] += total
+
+    def regions(acc: dict[str, list[float]]) -> tuple[Region, ...]:
+        rows = [Region(name, int(c), t, t / c if c else NAN, NAN, share(t, in_steps), 0)
+                for name, (c, t) in acc.items()]
+        return tuple(sorted(rows, key=lambda r: -r.total))
+
+    forward = inside.get(sc.REGION_FORWARD, [0.0, 0.0])[1]
+    backward = inside.get(sc.REGION_BACKWARD, [0.0, 0.0])[1]
+    return FrameworkSummary(tuple(phases), share(between, loop), forward, backward, share(forward, forward + backward),
+                            regions(inside), regions(outside), (), (), 0.0, 0.0, (), (), ())
+
+
+def _gpus(qs: _Queries, config: MixinConfig, origin: float) -> GpuAnalysis:
+    util = qs.histogram(sc.GPU_UTILIZATION_DISTRIBUTION, NODE, GPU)
+    util_sum = qs.by(f"sum by ({NODE}, {GPU}) ({qs.delta(sc.GPU_UTILIZATION_DISTRIBUTION, 'sum')})", NODE, GPU)
+    util_n = qs.by(f"sum by ({NODE}, {GPU}) ({qs.delta(sc.GPU_UTILIZATION_DISTRIBUTION, 'count')})", NODE, GPU)
+    mem = qs.histogram(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, NODE, GPU)
+    mem_sum = qs.by(f"sum by ({NODE}, {GPU}) ({qs.delta(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, 'sum')})", NODE, GPU)
+    mem_n = qs.by(f"sum by ({NODE}, {GPU}) ({qs.delta(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, 'count')})", NODE, GPU)
+    totals = qs.by(f"max by ({NODE}, {GPU}) (max_over_time({qs.s(sc.GPU_MEMORY_LIMIT)}[{qs.window}]))", NODE, GPU)
+    power = qs.by(f"max by ({NODE}, {GPU}) (quantile_over_time(0.5, {qs.s(sc.GPU_POWER)}[{qs.window}]))", NODE, GPU)
+    temp = qs.by(f"max by ({NODE}, {GPU}) (quantile_over_time(0.5, {qs.s(sc.GPU_TEMPERATURE)}[{qs.window}]))",
+                 NODE, GPU)
+    rows = []
+    for key in sorted(util_n, key=lambda k: (k[0], gpu_order(k[1]))):
+        ubox = _box(util.get(key, []), util_sum.get(key, 0.0), util_n[key])
+        mbox = _box(mem.get(key, []), mem_sum.get(key, 0.0), mem_n.get(key, 0.0))
+        empty = Series((), (), ())
+        rows.append(GpuUsage(
+            key[0], key[1], ubox, mbox, totals.get(key), power.get(key), temp.get(key),
+            ubox.count > 0 and ubox.p95 < config.low_gpu_threshold_p95 and ubox.max > 0,
+            ubox.count > 0 and ubox.p5 < config.low_gpu_threshold_p5 and ubox.p95 > config.low_gpu_threshold_p95,
+            ubox.count > 0 and ubox.max <= 0, 0.0, empty, empty))
+    return GpuAnalysis(config.low_gpu_threshold_p95, config.low_gpu_threshold_p5, tuple(rows))
+
+
+def _rules(qs: _Queries, config: MixinConfig) -> RulesSummary:
+    from otelprof.mixin.alerts import alerts
+
+    mine = {a.name: a for a in alerts(config)}
+    try:
+        groups = qs.client.rules()
+    except PrometheusError:
+        groups = []
+    loaded: dict[str, float] = {}
+    for group in groups:
+        for rule in group.get("rules", []):
+            if rule.get("name") in mine:
+                loaded[str(rule["name"])] = float(group.get("interval", 60.0) or 60.0)
+    firing = qs.by(f'count_over_time(ALERTS{{alertstate="firing", {qs.sel}}}[{qs.window}])', "alertname")
+    per_alert: dict[str, float] = {}
+    for (name,), count in firing.items():
+        per_alert[name] = max(per_alert.get(name, 0.0), count)
+    rows = []
+    span = qs.end - qs.start
+    for name, alert in mine.items():
+        if name not in loaded and name not in per_alert:
+            continue
+        count = int(per_alert.get(name, 0))
+        evaluations = int(span // loaded[name]) if name in loaded else 0
+        rows.append(RuleRow(name, alert.runbook.original, alert.severity, alert.runbook.meaning, alert.runbook.todo,
+                            count > 0, count, evaluations, 0, None, None, (), alert.runbook.thresholds))
+    rows.sort(key=lambda r: (-r.firing_evaluations, r.alert))
+    interval = min(loaded.values()) if loaded else NAN
+    not_loaded = tuple(n for n in mine if n not in loaded and n not in per_alert)
+    return RulesSummary(interval, tuple(rows), not_loaded,
+                        None if rows else "this Prometheus has no otelprof alert rules loaded (otelprof mixin writes "
+                                          "them) and no otelprof alert fired for the job")
+
+
+def _bottlenecks(qs: _Queries, config: MixinConfig) -> tuple[Bottleneck, Bottleneck]:
+    def node_sum(spec: sc.MetricSpec) -> dict[tuple[str, ...], float]:
+        return qs.by(f"sum by ({NODE}) ({qs.delta(spec)})", NODE)
+
+    samples = node_sum(sc.SAMPLER_SAMPLES)
+    low = node_sum(sc.SAMPLER_LOW_GPU)
+    high = node_sum(sc.SAMPLER_HIGH_CPU)
+    cpu = node_sum(sc.SAMPLER_CPU_BOTTLENECK)
+    io = node_sum(sc.SAMPLER_IO_BOTTLENECK)
+    cpu_rows, io_rows = [], []
+    for key, n in sorted(samples.items()):
+        if not n:
+            continue
+        cpu_rows.append(NodeBottleneck(key[0], int(n), int(low.get(key, 0)), int(high.get(key, 0)),
+                                       int(cpu.get(key, 0)), share(cpu.get(key, 0.0), n), ()))
+        io_rows.append(NodeBottleneck(key[0], int(n), int(low.get(key, 0)), 0, int(io.get(key, 0)),
+                                      share(io.get(key, 0.0), n), ()))
+    return (Bottleneck("cpu", config.cpu_threshold, config.gpu_threshold, config.cpu_bottleneck_threshold,
+                       tuple(cpu_rows)),
+            Bottleneck("io", config.io_threshold, config.gpu_threshold, config.io_bottleneck_threshold,
+                       tuple(io_rows)))
+
+
+def _load(qs: _Queries, config: MixinConfig, gpus: GpuAnalysis) -> LoadBalance:
+    util = qs.histogram(sc.GPU_UTILIZATION_DISTRIBUTION, NODE, GPU)
+    loads = [GpuLoad(g.node, g.gpu, g.utilization.mean, _per_bucket(util.get((g.node, g.gpu), [])))
+             for g in gpus.gpus if g.utilization.count]
+    distances = [GpuDistance(f"{a.node}/{a.gpu}", f"{b.node}/{b.gpu}", js_distance(a.histogram.counts,
+                                                                                     b.histogram.counts))
+                 for i, a in enumerate(loads) for b in loads[i + 1:]][:120]
+    means = [g.mean for g in loads]
+    step_sum = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.STEP_DURATION, 'sum')})", RANK, PHASE)
+    step_n = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.STEP_DURATION, 'count')})", RANK, PHASE)
+    wait = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.DATALOADER_WAIT, 'sum')})", RANK, PHASE)
+    coll = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.COLLECTIVE_DURATION, 'sum')})", RANK, PHASE)
+    medians = {k: bucket_quantile(0.5, v) for k, v in qs.histogram(sc.STEP_DURATION, RANK, PHASE).items()}
+    per_phase: dict[str, list[tuple[int, float, float, float]]] = {}
+    for key, n in step_n.items():
+        if n and key[0].isdigit():
+            compute = (step_sum.get(key, 0.0) - wait.get(key, 0.0) - coll.get(key, 0.0)) / n
+            per_phase.setdefault(key[1], []).append((int(key[0]), medians.get(key, NAN), compute,
+                                                     coll.get(key, 0.0) / n))
+    ranks = []
+    for phase, rows in sorted(per_phase.items()):
+        ordered = sorted(r[2] for r in rows)
+        middle = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1]
+                                                                       + ordered[len(ordered) // 2]) / 2
+        for rank, median, compute, collective in sorted(rows):
+            ratio = compute / middle if middle > 0 else NAN
+            ranks.append(RankLoad(phase, rank, median, compute, collective, ratio,
+                                  len(rows) > 1 and ratio > config.straggler_ratio))
+    return LoadBalance(config.load_balancing_threshold, max(means) - min(means) if len(means) > 1 else None, 0.5,
+                       tuple(loads), tuple(distances), tuple(ranks), config.straggler_ratio)
+
+
+def _loader(qs: _Queries, config: MixinConfig) -> DataLoaderAnalysis:
+    waits = qs.histogram(sc.DATALOADER_WAIT, RANK, PHASE)
+    wait_sum = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.DATALOADER_WAIT, 'sum')})", RANK, PHASE)
+    wait_n = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.DATALOADER_WAIT, 'count')})", RANK, PHASE)
+    step_sum = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.STEP_DURATION, 'sum')})", RANK, PHASE)
+    ratios = qs.histogram(sc.DATALOADER_WAIT_RATIO, RANK, PHASE)
+    phases = []
+    for key in sorted(wait_n):
+        n = wait_n[key]
+        if not n or not key[0].isdigit():
+            continue
+        b = waits.get(key, [])
+        r = ratios.get(key, [])
+        bound = 0.0
+        if r:
+            below = max((c for le, c in r if le <= config.input_bound_threshold), default=0.0)
+            bound = r[-1][1] - below
+        phases.append(LoaderPhase(
+            int(key[0]), key[1], int(n), int(n), Distribution(int(n), wait_sum.get(key, 0.0) / n, NAN, NAN,
+                                                               bucket_quantile(0.5, b), bucket_quantile(0.95, b),
+                                                               bucket_quantile(0.99, b), NAN),
+            bucket_quantile(0.25, b), Distribution(int(n), NAN, NAN, NAN, bucket_quantile(0.5, r),
+                                                   bucket_quantile(0.95, r), bucket_quantile(0.99, r), NAN),
+            int(bound), share(wait_sum.get(key, 0.0), step_sum.get(key, 0.0)), _per_bucket(b)))
+    workers = qs.by(f"last_over_time({qs.s(sc.DATALOADER_WORKERS)}[{qs.window}])", RANK)
+    pins = qs.by(f"last_over_time({qs.s(sc.DATALOADER_PIN_MEMORY)}[{qs.window}])", RANK)
+    cpus = qs.by(f"last_over_time({qs.s(sc.CPU_AVAILABLE)}[{qs.window}])", RANK)
+    loaders = [LoaderConfig(int(rank), int(v), bool(pins[(rank,)]) if (rank,) in pins else None, cpus.get((rank,)))
+               for (rank,), v in sorted(workers.items()) if rank.isdigit()]
+    return DataLoaderAnalysis(sc.REGION_DATALOADER, config.input_bound_threshold, config.dataloader_min_threshold,
+                              config.dataloader_max_threshold, tuple(phases), tuple(loaders))

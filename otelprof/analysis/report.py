@@ -1,0 +1,113 @@
+"""The whole report as data: every section's result, computed from one recording.
+
+:func:`build_report` runs the topic modules in the order of the original profiling report;
+:func:`report_dict` turns the result into plain JSON-ready data (``otelprof report --format json``);
+:mod:`otelprof.report` renders it as HTML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from otelprof.analysis.batch import BatchSize, batch_size
+from otelprof.analysis.bottlenecks import Bottleneck, bottleneck
+from otelprof.analysis.dataloader import DataLoaderAnalysis, dataloader_analysis
+from otelprof.analysis.framework import FrameworkSummary, framework_summary
+from otelprof.analysis.gpu import GpuAnalysis, gpu_analysis
+from otelprof.analysis.loadbalance import LoadBalance, load_balance
+from otelprof.analysis.rules import RulesSummary, rules_summary, skipped_rules
+from otelprof.analysis.run import RunView
+from otelprof.analysis.steps import StepAnalysis, step_analysis
+from otelprof.analysis.summary import JobSummary, job_summary
+from otelprof.analysis.system import SystemUsage, system_usage
+from otelprof.mixin.config import MixinConfig
+from otelprof.recording.reader import Recording, read_recording
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Report:
+    format_version: int
+    source: str
+    """The recording's directory, or the Prometheus URL."""
+    generated: float
+    """Unix seconds."""
+    summary: JobSummary
+    system: SystemUsage
+    framework: FrameworkSummary
+    rules: RulesSummary
+    steps: StepAnalysis
+    gpus: GpuAnalysis
+    batch: BatchSize
+    cpu_bottleneck: Bottleneck
+    io_bottleneck: Bottleneck
+    load: LoadBalance
+    dataloader: DataLoaderAnalysis
+    notes: tuple[str, ...] = ()
+
+
+def load(path: str | Path, progress: Callable[[str], None] | None = None) -> Recording:
+    """Read a recording with its samples, telling ``progress`` how far a long load is."""
+    started = time.monotonic()
+    last = [0.0]
+
+    def bytes_done(done: int, total: int) -> None:
+        now = time.monotonic()
+        if progress is not None and total > 32 * 2**20 and (now - last[0] > 1.0 or done == total):
+            last[0] = now
+            progress(f"reading {Path(path).name}: {done / 2**20:,.0f} of {total / 2**20:,.0f} MiB "
+                     f"({now - started:.0f} s)")
+
+    return read_recording(path, samples=True, regions=True, progress=bytes_done)
+
+
+def build_report(recording: Recording, config: MixinConfig | None = None, check_interval: float | None = None,
+                 progress: Callable[[str], None] | None = None, checks: bool = True) -> Report:
+    config = config or MixinConfig()
+    view = RunView(recording, progress)
+    system = system_usage(view)
+    view.say("framework summary")
+    framework = framework_summary(view)
+    steps = step_analysis(view)
+    view.say("GPU, batch size, bottlenecks, load balance, data loader")
+    gpus = gpu_analysis(view, config)
+    cpu = bottleneck(view, "cpu", config)
+    io = bottleneck(view, "io", config)
+    load_ = load_balance(view, config)
+    loader = dataloader_analysis(view, config)
+    summary = job_summary(view)
+    if checks:
+        view.say(f"offline checks ({summary.duration or 0:.0f} s of run)")
+        rules = rules_summary(recording, summary.duration, config, check_interval)
+    else:
+        rules = skipped_rules("the checks were not evaluated for this report (--no-checks); otelprof check RUN_DIR "
+                              "evaluates them")
+    summary = job_summary(view)  # again: the checks' reads count skipped lines too
+    notes = []
+    if summary.skipped_lines:
+        notes.append(f"{summary.skipped_lines} truncated or corrupt lines of the recording were skipped "
+                     "(a process killed while writing leaves one).")
+    return Report(FORMAT_VERSION, str(recording.path), time.time(), summary, system, framework, rules, steps, gpus,
+                  batch_size(system, gpus, steps, config), cpu, io, load_, loader, tuple(notes))
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    """JSON-ready data: dataclasses as objects, tuples as lists, NaN and infinities as null."""
+    return dict(_clean(dataclasses.asdict(report)))
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value

@@ -1,0 +1,203 @@
+"""What every section of the report shares: who the ranks and nodes are, the time origin, and the
+per-rank and per-node columns, computed once from a :class:`~otelprof.recording.reader.Recording`."""
+
+from __future__ import annotations
+
+import math
+import operator
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import compress, repeat
+from typing import Any
+
+from otelprof import semconv as sc
+from otelprof.recording.reader import RankRecording, Recording, SampleColumns
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    local_rank: int
+    node: str
+    job: str
+    pid: int | None
+    status: str
+    """``finished`` or ``running`` (a run whose process was killed stays ``running``)."""
+
+
+class RunView:
+    """Read-only helper over a recording (not a result: sections return their own dataclasses)."""
+
+    def __init__(self, recording: Recording, progress: Callable[[str], None] | None = None) -> None:
+        self.recording = recording
+        self.ranks: list[RankRecording] = list(recording.ranks)
+        self.progress = progress
+        self.info = [_info(r) for r in self.ranks]
+        self._durations: dict[int, dict[str, list[float]]] = {}
+        self._sums: dict[tuple[int, str], array[int]] = {}
+        self._nodes: dict[str, tuple[RankInfo, SampleColumns]] | None = None
+        self._memo: dict[object, Any] = {}
+
+    def memo(self, key: object, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per key (figures several sections share)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    # ------------------------------------------------------------------ identity and time
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self.ranks[0].manifest.get("config") or {}) if self.ranks else {}
+
+    @property
+    def outlier_sigma(self) -> float:
+        return float(self.config.get("outlier_sigma", 3.0) or 3.0)
+
+    def samples(self, index: int) -> SampleColumns:
+        return self.ranks[index].sample_columns()
+
+    def first_time(self) -> float | None:
+        """Earliest time anything happened (Unix seconds): process start, else the first record."""
+        times = []
+        for i, rank in enumerate(self.ranks):
+            life = rank.lifecycle
+            if life.get("process_start") is not None:
+                times.append(float(life["process_start"]))  # type: ignore[arg-type]
+                continue
+            candidates = [life.get(k) for k in ("init", "first_step_start")]
+            samples = self.samples(i)
+            if len(samples):
+                candidates.append(samples.t_ns[0] / 1e9)
+            candidates += [a.start_ns / 1e9 for a in rank.annotations[:1]]
+            times += [float(c) for c in candidates if c is not None]
+        return min(times) if times else None
+
+    def last_time(self) -> float | None:
+        """Latest time anything happened: shutdown, else the last step, sample or annotation."""
+        times = []
+        for i, rank in enumerate(self.ranks):
+            life = rank.lifecycle
+            candidates = [life.get("shutdown"), life.get("last_step_end")]
+            samples = self.samples(i)
+            if len(samples):
+                candidates.append(samples.t_ns[-1] / 1e9)
+            candidates += [(a.start_ns + a.duration_ns) / 1e9 for a in rank.annotations[-1:]]
+            times += [float(c) for c in candidates if c is not None]
+        return max(times) if times else None
+
+    @property
+    def origin(self) -> float:
+        return self.first_time() or 0.0
+
+    # ------------------------------------------------------------------ steps
+    def durations(self, index: int) -> dict[str, list[float]]:
+        """Step durations in seconds per phase, in file order."""
+        found = self._durations.get(index)
+        if found is None:
+            c = self.ranks[index].step_columns
+            found = {}
+            for name in c.phase_names:
+                durations = c.duration_ns if len(c.phase_names) == 1 else compress(c.duration_ns,
+                                                                                    c.phase_mask(name))
+                seconds = list(map(operator.truediv, durations, repeat(1e9)))
+                if seconds:
+                    found[name] = seconds
+            self._durations[index] = found
+        return found
+
+    def region(self, index: int, name: str) -> tuple[list[int], list[int], list[int]]:
+        """(step indexes, durations in ns, depths) of rank ``index``'s regions called ``name``."""
+        result: tuple[list[int], list[int], list[int]] = self.memo(
+            ("region", index, name), lambda: self.ranks[index].step_columns.region(name))
+        return result
+
+    def region_sums(self, index: int, name: str) -> array[int]:
+        """Per step of rank ``index``: nanoseconds in regions called ``name``."""
+        key = (index, name)
+        found = self._sums.get(key)
+        if found is None:
+            found = self._sums[key] = self.ranks[index].step_columns.annotation_sums(name)
+        return found
+
+    # ------------------------------------------------------------------ nodes
+    def nodes(self) -> dict[str, tuple[RankInfo, SampleColumns]]:
+        """Per node: the rank that sampled it (most node samples) and its sample columns."""
+        if self._nodes is None:
+            best: dict[str, tuple[RankInfo, SampleColumns]] = {}
+            for i, info in enumerate(self.info):
+                columns = self.samples(i)
+                if columns.node_samples == 0:
+                    continue
+                current = best.get(info.node)
+                if current is None or columns.node_samples > current[1].node_samples:
+                    best[info.node] = (info, columns)
+            self._nodes = dict(sorted(best.items()))
+        return self._nodes
+
+    def say(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress(message)
+
+
+def _info(rank: RankRecording) -> RankInfo:
+    manifest = rank.manifest
+    resource = manifest.get("resource") or {}
+    node = str(resource.get(sc.K8S_NODE_NAME) or resource.get(sc.HOST_NAME) or f"node-of-rank-{rank.rank}")
+    pid = resource.get(sc.PROCESS_PID)
+    return RankInfo(rank.rank, int(manifest.get("local_rank", 0) or 0), node,
+                    str(resource.get(sc.SERVICE_NAME) or (manifest.get("config") or {}).get("job_name") or ""),
+                    int(pid) if isinstance(pid, int) else None, str(manifest.get("status", "")))
+
+
+def gpu_memory_ratio(used: array[float], total: array[float]) -> list[float]:
+    """Per sample: used / total (NaN where either is missing or the total is 0)."""
+    if 0.0 not in total:
+        return list(map(operator.truediv, used, total))  # NaN stays NaN
+    return [u / t if t and t == t and u == u else math.nan for u, t in zip(used, total)]
+
+
+def across(columns: list[array[float]], how: str) -> list[float]:
+    """Per sample: ``mean``, ``min`` or ``max`` over several columns (one per GPU), leaving NaN entries
+    out; NaN when every column lacks the sample."""
+    if not columns:
+        return []
+    rows = list(zip(*columns))
+    sums = list(map(sum, rows))
+    k = len(columns)
+    out = [v / k for v in sums] if how == "mean" else list(map(min if how == "min" else max, rows))
+    for i, total in enumerate(sums):
+        if total != total:  # some column lacks this sample: judge the others
+            present = [v for v in rows[i] if v == v]
+            if not present:
+                out[i] = math.nan
+            elif how == "mean":
+                out[i] = sum(present) / len(present)
+            else:
+                out[i] = min(present) if how == "min" else max(present)
+    return out
+
+
+def last_values(rank: RankRecording) -> dict[str, list[tuple[dict[str, Any], float]]]:
+    """Gauge and sum points of the rank's newest metric snapshot: metric name -> [(attributes, value)]."""
+    snapshot = rank.last_metric_snapshot()
+    out: dict[str, list[tuple[dict[str, Any], float]]] = {}
+    if snapshot is None:
+        return out
+    for resource_metrics in snapshot.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                kind = metric.WhichOneof("data")
+                if kind not in ("gauge", "sum"):
+                    continue
+                for point in getattr(metric, kind).data_points:
+                    value = point.as_double if point.WhichOneof("value") == "as_double" else float(point.as_int)
+                    attributes = {a.key: getattr(a.value, a.value.WhichOneof("value") or "string_value")
+                                  for a in point.attributes}
+                    out.setdefault(metric.name, []).append((attributes, value))
+    return out
+
+
+def gpu_min(columns: SampleColumns) -> list[float]:
+    """Per sample: the least utilized GPU's utilization."""
+    return across([g["u"] for g in columns.gpus.values() if "u" in g], "min")

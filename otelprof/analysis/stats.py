@@ -1,0 +1,158 @@
+"""Descriptive statistics shared by the report's sections: quantiles, box plots, histograms, series.
+
+Quantiles interpolate linearly between closest ranks (rank ``q * (n - 1)``), numpy's default and
+what the original profiling report used, so figures can be checked by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import mul, sub
+
+
+def finite(values: Iterable[float]) -> list[float]:
+    """The values that are numbers (NaN marks "not sampled" in the recording's columns)."""
+    data = values if isinstance(values, (list, tuple)) else list(values)
+    return list(compress(data, map(math.isfinite, data)))
+
+
+def quantile(ordered: Sequence[float], q: float) -> float:
+    """Quantile ``q`` (0..1) of sorted values, linear interpolation; NaN when empty."""
+    n = len(ordered)
+    if n == 0:
+        return math.nan
+    h = (n - 1) * q
+    lo = math.floor(h)
+    hi = min(lo + 1, n - 1)
+    return ordered[lo] + (h - lo) * (ordered[hi] - ordered[lo])
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Summary of a set of values (NaN fields when there are none)."""
+
+    count: int
+    mean: float
+    std: float
+    """Population standard deviation."""
+    min: float
+    p50: float
+    p95: float
+    p99: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Distribution:
+        ordered = sorted(finite(values))
+        n = len(ordered)
+        if n == 0:
+            nan = math.nan
+            return cls(0, nan, nan, nan, nan, nan, nan, nan)
+        mean = math.fsum(ordered) / n
+        deviations = list(map(sub, ordered, repeat(mean)))
+        std = math.sqrt(max(math.fsum(map(mul, deviations, deviations)) / n, 0.0))
+        return cls(n, mean, std, ordered[0], quantile(ordered, 0.5), quantile(ordered, 0.95),
+                   quantile(ordered, 0.99), ordered[-1])
+
+
+@dataclass(frozen=True)
+class BoxPlot:
+    """Box (quartiles), Tukey whiskers (1.5 IQR, clipped to the data) and the 5th/95th percentiles."""
+
+    count: int
+    min: float
+    p5: float
+    q1: float
+    median: float
+    q3: float
+    p95: float
+    max: float
+    mean: float
+    whisker_low: float
+    whisker_high: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> BoxPlot:
+        ordered = sorted(finite(values))
+        n = len(ordered)
+        if n == 0:
+            nan = math.nan
+            return cls(0, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan)
+        q1, q3 = quantile(ordered, 0.25), quantile(ordered, 0.75)
+        iqr = q3 - q1
+        return cls(n, ordered[0], quantile(ordered, 0.05), q1, quantile(ordered, 0.5), q3, quantile(ordered, 0.95),
+                   ordered[-1], math.fsum(ordered) / n, max(ordered[0], q1 - 1.5 * iqr),
+                   min(ordered[-1], q3 + 1.5 * iqr))
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Counts per bin; bin ``i`` is ``[edges[i], edges[i + 1])``, the last bin includes its upper edge."""
+
+    edges: tuple[float, ...]
+    counts: tuple[int, ...]
+
+    @classmethod
+    def of(cls, values: Iterable[float], bins: int = 50, low: float | None = None,
+           high: float | None = None) -> Histogram:
+        data = finite(values)
+        if not data:
+            return cls((), ())
+        lo = min(data) if low is None else low
+        hi = max(data) if high is None else high
+        if hi <= lo:
+            hi = lo + (abs(lo) * 1e-6 or 1e-9)
+        width = (hi - lo) / bins
+        inside = [v for v in data if lo <= v <= hi] if low is not None or high is not None else data
+        # the nudge keeps a value on an edge (0.3 with bins of 0.02) in the bin it starts
+        found = Counter(map(int, map(mul, map(sub, inside, repeat(lo)), repeat((1 + 1e-12) / width))))
+        counts = [0] * bins
+        for index, n in found.items():
+            counts[min(max(index, 0), bins - 1)] += n
+        return cls(tuple(lo + i * width for i in range(bins + 1)), tuple(counts))
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass(frozen=True)
+class Series:
+    """A time series for plotting: bucket means (and maxima) of at most a few hundred buckets.
+
+    ``t`` are seconds since the run's start."""
+
+    t: tuple[float, ...]
+    mean: tuple[float, ...]
+    max: tuple[float, ...]
+
+    @classmethod
+    def of(cls, times: Sequence[float], values: Sequence[float], origin: float, buckets: int = 400) -> Series:
+        """Split the samples into at most ``buckets`` runs of equal length (samples come at a steady
+        interval) and keep each run's mean and maximum, at the run's middle time."""
+        n = len(values)
+        if n == 0:
+            return cls((), (), ())
+        size = max(1, -(-n // buckets))
+        t_out, mean_out, max_out = [], [], []
+        for i in range(0, n, size):
+            chunk = values[i:i + size]
+            total = sum(chunk)
+            if total != total or total in (math.inf, -math.inf):
+                chunk = finite(chunk)
+                if not chunk:
+                    continue
+                total = sum(chunk)
+            t_out.append(times[min(i + size // 2, n - 1)] - origin)
+            mean_out.append(total / len(chunk))
+            max_out.append(max(chunk))
+        return cls(tuple(t_out), tuple(mean_out), tuple(max_out))
+
+
+def share(part: float, whole: float) -> float:
+    """``part / whole``, 0 when the whole is 0."""
+    return part / whole if whole else 0.0

@@ -1,0 +1,173 @@
+"""System usage statistics: max, p99, p95, p50 and min per node and metric, over every sample.
+
+As in the original report, a node-wide figure is first averaged over the node's devices in each
+sample (mean busy share over logical CPUs, mean utilization over GPUs) and the percentiles are then
+taken over time. Ratios stay ratios (0..1); rates are bytes per second from the sampled counters.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from otelprof.analysis.run import RunView, across, gpu_memory_ratio
+from otelprof.analysis.stats import Series, finite, quantile
+from otelprof.recording.reader import SampleColumns
+
+UNIT_RATIO = "ratio"
+UNIT_BYTES = "bytes"
+UNIT_RATE = "bytes/s"
+
+VERDICT_UNDERUSED = "underutilized"
+"""GPU p95 and CPU p95 both below the busy threshold: a smaller instance would do."""
+VERDICT_CPU_BOUND = "cpu_bound"
+"""GPU p95 below, CPU p95 above the busy threshold: the GPUs likely wait for the CPUs."""
+VERDICT_GOOD = "well_utilized"
+"""GPU median above the busy threshold."""
+VERDICT_MIXED = "mixed"
+VERDICT_NO_GPU = "no_gpu"
+BUSY = 0.7
+"""The busy threshold of the verdicts (the original report's 70 %)."""
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    subject: str
+    """Node name, or ``rank N`` for a process's own figures."""
+    metric: str
+    unit: str
+    max: float
+    p99: float
+    p95: float
+    p50: float
+    min: float
+    datapoints: int
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    node: str
+    sampled_by_rank: int
+    samples: int
+    interval: float
+    """Median seconds between samples."""
+    cores: int
+    gpus: tuple[str, ...]
+    verdict: str
+    core_mean: tuple[float, ...]
+    """Mean busy share of each logical CPU over the run."""
+    cpu: Series
+    cpu_max: Series
+    iowait: Series
+    memory: Series
+    gpu: Series
+    gpu_memory: Series
+
+
+@dataclass(frozen=True)
+class SystemUsage:
+    rows: tuple[UsageRow, ...]
+    process_rows: tuple[UsageRow, ...]
+    nodes: tuple[NodeUsage, ...]
+
+    def row(self, subject: str, metric: str) -> UsageRow | None:
+        return next((r for r in self.rows if r.subject == subject and r.metric == metric), None)
+
+
+def _row(subject: str, metric: str, unit: str, values: Sequence[float]) -> UsageRow | None:
+    ordered = sorted(finite(values))
+    if not ordered:
+        return None
+    top, p99, p95, p50, low = (max(quantile(ordered, p), 0.0) for p in (1.0, 0.99, 0.95, 0.5, 0.0))
+    return UsageRow(subject, metric, unit, top, p99, p95, p50, low, len(ordered))
+
+
+def _rates(times: array[int], *counters: array[float]) -> tuple[list[float], list[float]]:
+    """Per interval: (time, sum of the counters' increase per second); resets are skipped."""
+    out_t, out_v = [], []
+    previous: tuple[int, float] | None = None
+    for i, t in enumerate(times):
+        total = sum(c[i] for c in counters)
+        if total != total:
+            continue
+        if previous is not None and t > previous[0] and total >= previous[1]:
+            out_t.append(t / 1e9)
+            out_v.append((total - previous[1]) / ((t - previous[0]) / 1e9))
+        previous = (t, total)
+    return out_t, out_v
+
+
+def per_sample_gpu_mean(columns: SampleColumns, key: str = "u") -> list[float]:
+    """Per sample: the mean of one GPU key over the GPUs that reported it (NaN when none did)."""
+    series = [g[key] for g in columns.gpus.values() if key in g]
+    return across(series, "mean") if series else [math.nan] * len(columns)
+
+
+def per_sample_gpu_memory(columns: SampleColumns) -> list[float]:
+    ratios = [array("d", gpu_memory_ratio(g["mu"], g["mt"])) for g in columns.gpus.values() if "mu" in g and "mt" in g]
+    return across(ratios, "mean") if ratios else [math.nan] * len(columns)
+
+
+def verdict(cpu: UsageRow | None, gpu: UsageRow | None) -> str:
+    if gpu is None:
+        return VERDICT_NO_GPU
+    if cpu is not None and gpu.p95 < BUSY and cpu.p95 < BUSY:
+        return VERDICT_UNDERUSED
+    if cpu is not None and gpu.p95 < BUSY and cpu.p95 > BUSY:
+        return VERDICT_CPU_BOUND
+    if gpu.p50 > BUSY:
+        return VERDICT_GOOD
+    return VERDICT_MIXED
+
+
+def system_usage(view: RunView) -> SystemUsage:
+    rows: list[UsageRow] = []
+    nodes = []
+    origin = view.origin
+    for node, (info, c) in view.nodes().items():
+        view.say(f"system usage of node {node}")
+        times = [t / 1e9 for t in c.t_ns]
+        node_rows = [i for i, v in enumerate(c.cpu_mean) if v == v]
+        gpu_mean: list[float] = view.memo(("gpu mean", node), partial(per_sample_gpu_mean, c))
+        gpu_mem = per_sample_gpu_memory(c)
+        _, net_v = _rates(c.t_ns, c.net_rx, c.net_tx)
+        _, disk_v = _rates(c.t_ns, c.disk_read, c.disk_write)
+        candidates = [
+            _row(node, "CPU", UNIT_RATIO, c.cpu_mean),
+            _row(node, "CPU, busiest core", UNIT_RATIO, c.cpu_max),
+            _row(node, "I/O wait", UNIT_RATIO, c.iow_mean),
+            _row(node, "CPU memory", UNIT_RATIO, c.mem),
+            _row(node, "GPU", UNIT_RATIO, gpu_mean),
+            _row(node, "GPU memory", UNIT_RATIO, gpu_mem),
+            _row(node, "Network", UNIT_RATE, net_v),
+            _row(node, "Disk", UNIT_RATE, disk_v),
+        ]
+        node_usage = [r for r in candidates if r is not None]
+        rows.extend(node_usage)
+        gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
+        cpu_row = next((r for r in node_usage if r.metric == "CPU"), None)
+        gpu_row = next((r for r in node_usage if r.metric == "GPU"), None)
+        nodes.append(NodeUsage(
+            node, info.rank, len(node_rows), statistics.median(gaps) if gaps else math.nan, c.cores,
+            tuple(sorted(c.gpus, key=gpu_order)), verdict(cpu_row, gpu_row),
+            tuple(s / c.node_samples for s in c.core_busy_sum) if c.node_samples else (),
+            Series.of(times, c.cpu_mean, origin), Series.of(times, c.cpu_max, origin),
+            Series.of(times, c.iow_mean, origin), Series.of(times, c.mem, origin),
+            Series.of(times, gpu_mean, origin), Series.of(times, gpu_mem, origin)))
+    process_rows: list[UsageRow] = []
+    for index, info in enumerate(view.info):
+        c = view.samples(index)
+        for row in (_row(f"rank {info.rank}", "Process CPU", UNIT_RATIO, c.pcpu),
+                    _row(f"rank {info.rank}", "Process memory (RSS)", UNIT_BYTES, c.rss)):
+            if row is not None:
+                process_rows.append(row)
+    return SystemUsage(tuple(rows), tuple(process_rows), tuple(nodes))
+
+
+def gpu_order(index: str) -> tuple[int, str]:
+    return (int(index), index) if index.isdigit() else (1 << 30, index)

@@ -1,0 +1,666 @@
+"""Render a :class:`~otelprof.analysis.report.Report` as one self-contained HTML page.
+
+Rendering only: every figure comes from the report's data; this module words it and draws it
+(inline CSS and SVG, no scripts, nothing loaded from the network). Sections follow the original
+profiling report's order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Callable, Iterable, Sequence
+from html import escape
+
+from otelprof._version import __version__
+from otelprof.analysis import system as sysmod
+from otelprof.analysis.report import Report
+from otelprof.analysis.stats import BoxPlot
+from otelprof.report import svg
+from otelprof.report.template import PAGE, STYLE
+
+DASH = "-"
+MAX_HISTOGRAMS = 16
+
+SECTIONS: tuple[tuple[str, str], ...] = (
+    ("summary", "Job summary"),
+    ("system", "System usage"),
+    ("framework", "Framework"),
+    ("rules", "Rules"),
+    ("steps", "Step durations"),
+    ("gpu", "GPU utilization"),
+    ("balance", "Load balancing"),
+    ("dataloader", "Data loading"),
+    ("batch", "Batch size"),
+    ("cpu-bottleneck", "CPU bottlenecks"),
+    ("io-bottleneck", "I/O bottlenecks"),
+    ("gpu-memory", "GPU memory"),
+)
+
+
+# ---------------------------------------------------------------------------------------- formatting
+
+def _ok(v: float | None) -> bool:
+    return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def pct(v: float | None, digits: int = 1) -> str:
+    return f"{v * 100:.{digits}f} %" if _ok(v) else DASH  # type: ignore[operator]
+
+
+def secs(v: float | None) -> str:
+    if not _ok(v):
+        return DASH
+    assert v is not None
+    a = abs(v)
+    if a == 0:
+        return "0 s"
+    if a < 1e-3:
+        return f"{v * 1e6:.0f} µs"
+    if a < 1:
+        return f"{v * 1e3:.3g} ms"
+    if a < 120:
+        return f"{v:.3g} s"
+    if a < 7200:
+        return f"{v / 60:.1f} min"
+    return f"{v / 3600:.2f} h"
+
+
+def num(v: float | None, digits: int = 4) -> str:
+    if not _ok(v):
+        return DASH
+    assert v is not None
+    return f"{v:,.0f}" if float(v).is_integer() and abs(v) < 1e15 else f"{v:.{digits}g}"
+
+
+def size(v: float | None) -> str:
+    if not _ok(v):
+        return DASH
+    assert v is not None
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(v) >= scale:
+            return f"{v / scale:.1f} {unit}"
+    return f"{v:.0f} B"
+
+
+def rate(v: float | None) -> str:
+    return f"{size(v)}/s" if _ok(v) else DASH
+
+
+def when(unix: float | None) -> str:
+    if not _ok(unix):
+        return DASH
+    assert unix is not None
+    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _unit_fmt(unit: str) -> Callable[[float], str]:
+    return {sysmod.UNIT_RATIO: pct, sysmod.UNIT_BYTES: size, sysmod.UNIT_RATE: rate}.get(unit, num)
+
+
+def _pct0(v: float) -> str:
+    return pct(v, 0)
+
+
+# ---------------------------------------------------------------------------------------- building blocks
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], left: int = 1, cls: Sequence[str] = ()) -> str:
+    """A table; the first ``left`` columns are left-aligned; ``cls`` gives a class per row."""
+    head = "".join(f'<th class="l">{escape(h)}</th>' if i < left else f"<th>{escape(h)}</th>"
+                   for i, h in enumerate(headers))
+    body = []
+    for n, row in enumerate(rows):
+        cells = []
+        for i, cell in enumerate(row):
+            text = cell if isinstance(cell, _Html) else escape(str(cell))
+            cells.append(f'<td class="l">{text}</td>' if i < left else f"<td>{text}</td>")
+        row_cls = f' class="{cls[n]}"' if n < len(cls) and cls[n] else ""
+        body.append(f"<tr{row_cls}>{''.join(cells)}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+class _Html(str):
+    """Text that is already HTML (not escaped again by :func:`table`)."""
+
+
+def p(text: str) -> str:
+    return f"<p>{escape(text)}</p>"
+
+
+def note(text: str, kind: str = "") -> str:
+    return f'<div class="note {kind}">{escape(text)}</div>'
+
+
+def figure(chart: str, caption: str) -> str:
+    return f"<figure>{chart}<figcaption>{escape(caption)}</figcaption></figure>"
+
+
+def charts(*figures: str) -> str:
+    return f'<div class="charts">{"".join(f for f in figures if f)}</div>'
+
+
+def section(anchor: str, title: str, body: str) -> str:
+    return f'<section id="{anchor}"><h2>{escape(title)}</h2>{body}</section>'
+
+
+# ---------------------------------------------------------------------------------------- sections
+
+def _summary(r: Report) -> str:
+    s = r.summary
+    out = []
+    if s.missing:
+        out.append(note("This recording lacks: " + "; ".join(s.missing) + ". The sections that need it say so.",
+                        "warn"))
+    if s.skipped_lines:
+        out.append(note(f"{s.skipped_lines} truncated or corrupt lines were skipped while reading the recording "
+                        "(a process killed while writing leaves a partial last line). Figures cover the rest.",
+                        "warn"))
+    if s.killed_ranks:
+        out.append(note("Rank(s) " + ", ".join(map(str, s.killed_ranks)) + " never recorded a clean shutdown: the "
+                        "process was killed or is still running, so the job's end is the last thing it recorded.",
+                        "warn"))
+    rows = [
+        ("Job", s.job or DASH), ("Run id", s.run_id or DASH),
+        ("Ranks (world size)", f"{len(s.ranks)} ({s.world_size})"),
+        ("Nodes", ", ".join(s.nodes) or DASH), ("Start", when(s.start)), ("End", when(s.end)),
+        ("Job duration", secs(s.duration)), ("Training loop start (first step)", when(s.training_start)),
+        ("Training loop end (last step)", when(s.training_end)), ("Training loop duration", secs(s.training_duration)),
+        ("Initialization", f"{secs(s.initialization)} ({pct(s.initialization_share)})"),
+        ("Training loop", f"{secs(s.training_duration)} ({pct(s.training_share)})"),
+        ("Finalization", f"{secs(s.finalization)} ({pct(s.finalization_share)})"),
+        ("Steps", ", ".join(f"{phase}: {n:,}" for phase, n in s.steps_per_phase) or "none"),
+        ("Recorded with", f"otelprof {s.otelprof_version or '?'}, recording schema {s.schema_version or '?'}"),
+    ]
+    out.append(charts(table(("Statistic", "Value"), rows, 2),
+                      figure(svg.pie([("initialization", s.initialization or 0.0),
+                                      ("training loop", s.training_duration or 0.0),
+                                      ("finalization", s.finalization or 0.0)], "Job time", secs),
+                             "How the job's time split: before the first step, the steps, after the last step.")))
+    if not s.steps_per_phase:
+        out.append(p("No step information was recorded, so there is no training loop to measure: wrap each "
+                     "iteration in otelprof.step() (or use otelprof.torch.instrument / otelprof run)."))
+    elif s.initialization_share > 0.2 and (s.initialization or 0) > 60:
+        out.append(note(f"Initialization took {pct(s.initialization_share)} of the job. Look at what runs before "
+                        "the first step: data set download or indexing, model construction and compilation, "
+                        "checkpoint loading, waiting for all ranks to join.", "warn"))
+    if len(s.ranks) > 1 or any(x.dropped and any(v for _, v in x.dropped) for x in s.ranks):
+        out.append("<h3>Ranks</h3>" + table(
+            ("Rank", "Local rank", "Node", "Status", "Started", "First step", "Last step end", "Shutdown", "Steps",
+             "Dropped records", "Skipped lines"),
+            [(x.rank, x.local_rank, x.node, x.status, when(x.process_start), when(x.first_step_start),
+              when(x.last_step_end), when(x.shutdown), f"{x.steps:,}",
+              ", ".join(f"{k}: {v:,.0f}" for k, v in x.dropped if v) or "0", x.skipped_lines) for x in s.ranks], 4))
+    return section("summary", "Training job summary", "".join(out))
+
+
+def _system(r: Report) -> str:
+    u = r.system
+    if not u.nodes:
+        body = p("No node samples were recorded. otelprof samples the node's CPUs, memory, disks, network and "
+                 "GPUs every 500 ms in one process per node (local rank 0 by default) unless "
+                 "OTELPROF_SYSTEM_METRICS is off.")
+        return section("system", "System usage statistics", body + _process_rows(r))
+    out = [p("Each figure is first averaged over the node's devices in every sample (the mean busy share of the "
+             "logical CPUs, the mean utilization of the GPUs), then summarized over the whole run. “Busiest core” "
+             "is the most loaded logical CPU of each sample, the one the CPU-bottleneck check looks at.")]
+    out.append(table(("Node", "Metric", "Unit", "max", "p99", "p95", "p50", "min", "Samples"),
+                     [(row.subject, row.metric, row.unit, *(_unit_fmt(row.unit)(v) for v in
+                                                           (row.max, row.p99, row.p95, row.p50, row.min)),
+                       f"{row.datapoints:,}") for row in u.rows], 3))
+    for n in u.nodes:
+        cpu = u.row(n.node, "CPU")
+        gpu = u.row(n.node, "GPU")
+        text = {
+            sysmod.VERDICT_UNDERUSED: f"Node {n.node} is lightly used: at the 95th percentile its GPUs reach "
+                                      f"{pct(gpu.p95 if gpu else None)} and its CPUs {pct(cpu.p95 if cpu else None)}. "
+                                      "A smaller instance, or more work per device (a larger batch), would use "
+                                      "what you pay for.",
+            sysmod.VERDICT_CPU_BOUND: f"The GPUs of node {n.node} are lightly used ({pct(gpu.p95 if gpu else None)} "
+                                      f"at the 95th percentile) while its CPUs are busy "
+                                      f"({pct(cpu.p95 if cpu else None)}): "
+                                      "the GPUs probably wait for work done on the CPUs (see CPU bottlenecks).",
+            sysmod.VERDICT_GOOD: f"The GPUs of node {n.node} are well used: median utilization "
+                                 f"{pct(gpu.p50 if gpu else None)}.",
+            sysmod.VERDICT_MIXED: f"Node {n.node}: median GPU utilization {pct(gpu.p50 if gpu else None)}, median CPU "
+                                  f"{pct(cpu.p50 if cpu else None)}.",
+            sysmod.VERDICT_NO_GPU: f"Node {n.node} reported no GPU; its median CPU utilization was "
+                                   f"{pct(cpu.p50 if cpu else None)} (busiest core: see the table).",
+        }[n.verdict]
+        kind = "good" if n.verdict == sysmod.VERDICT_GOOD else "warn" if n.verdict in (
+            sysmod.VERDICT_UNDERUSED, sysmod.VERDICT_CPU_BOUND) else ""
+        out.append(f"<h3>Node {escape(n.node)}</h3>")
+        out.append(note(text, kind))
+        out.append(p(f"{n.samples:,} samples about every {secs(n.interval)}, {n.cores} logical CPUs, "
+                     f"{len(n.gpus)} GPU(s); sampled by rank {n.sampled_by_rank}."))
+        series = [("CPU mean", n.cpu), ("busiest core", n.cpu_max), ("I/O wait", n.iowait), ("memory", n.memory)]
+        if n.gpus:
+            series += [("GPU mean", n.gpu), ("GPU memory", n.gpu_memory)]
+        figures = [figure(svg.lines(series, f"Utilization on {n.node}", _pct0, 0.0, 1.0, width=760,
+                                    x_fmt=_elapsed), "Utilization over time (bucket means), since the job started.")]
+        if n.core_mean:
+            figures.append(figure(svg.columns(n.core_mean, "Mean busy share per CPU", _pct0, lambda i: f"cpu{i}",
+                                              width=760),
+                                  "Mean busy share of each logical CPU over the run: one tall bar alone points at "
+                                  "a single-threaded stage."))
+        out.append(charts(*figures))
+    return section("system", "System usage statistics", "".join(out) + _process_rows(r))
+
+
+def _elapsed(v: float) -> str:
+    return secs(v) if v else "0"
+
+
+def _process_rows(r: Report) -> str:
+    rows = r.system.process_rows
+    if not rows:
+        return ""
+    return "<h3>Training processes</h3>" + p(
+        "Each rank's own CPU use (a share of the CPUs the container may use) and resident memory.") + table(
+        ("Rank", "Metric", "max", "p99", "p95", "p50", "min", "Samples"),
+        [(row.subject, row.metric, *(_unit_fmt(row.unit)(v) for v in (row.max, row.p99, row.p95, row.p50, row.min)),
+          f"{row.datapoints:,}") for row in rows], 2)
+
+
+def _framework(r: Report) -> str:
+    f = r.framework
+    out = []
+    if f.phases:
+        phase_chart = figure(svg.pie([(name, t) for name, t, _ in f.phases], "Time by phase", secs),
+                             "Training loop time in the steps of each phase, and between steps.")
+        fb = figure(svg.pie([("forward", f.forward), ("backward", f.backward)], "Forward and backward", secs),
+                    "Time in the forward and backward regions.") if f.forward or f.backward else ""
+        out.append(charts(phase_chart, fb))
+        out.append(table(("Phase", "Time", "Share of the training loop"),
+                         [(name, secs(t), pct(sh)) for name, t, sh in f.phases]))
+        if f.between_steps_share > 0.25:
+            out.append(note(f"{pct(f.between_steps_share)} of the training loop passed between steps (outside "
+                            "otelprof.step()): evaluation, checkpointing, logging or data preparation outside "
+                            "the step. Check what the loop does between steps.", "warn"))
+        if f.forward and f.backward and max(f.forward_share, 1 - f.forward_share) > 0.7:
+            heavier = "forward" if f.forward_share > 0.5 else "backward"
+            out.append(note(f"The {heavier} pass takes {pct(max(f.forward_share, 1 - f.forward_share))} of forward "
+                            "plus backward time; backward usually costs one to two times forward. An unusual "
+                            "ratio can point at frozen layers, activation checkpointing or a costly loss.",
+                            "warn"))
+    else:
+        out.append(p("No steps were recorded, so there is no breakdown of the training loop."))
+    if f.regions:
+        out.append("<h3>Regions inside steps</h3>")
+        out.append(charts(figure(svg.bars([(x.name, x.total) for x in f.regions[:15]], "Region time", secs),
+                                 "Total time per annotated region, all ranks.")))
+        out.append(table(("Region", "Depth", "Count", "Total", "Mean", "Max", "Share of step time"),
+                         [(x.name, x.depth, f"{x.count:,}", secs(x.total), secs(x.mean), secs(x.max), pct(x.share))
+                          for x in f.regions], 1))
+    if f.outside_steps:
+        out.append("<h3>Regions outside steps</h3>")
+        out.append(table(("Region", "Count", "Total", "Mean", "Max"),
+                         [(x.name, f"{x.count:,}", secs(x.total), secs(x.mean), secs(x.max)) for x in f.outside_steps]))
+    out.append("<h3>Operators</h3>")
+    if not f.windows:
+        out.append(p("No operator-profiling window was recorded. Run torch.profiler for a few steps with "
+                     "otelprof.torch.profile_window(start_step, num_steps), or on a running job with "
+                     "otelprof capture URL --steps N; the top CPU and GPU operators then appear here."))
+    else:
+        out.append(p(f"{len(f.windows)} profiling window(s): " + ", ".join(
+            f"rank {w.rank} steps {w.start_step} to {w.start_step + w.num_steps - 1}"
+            + (f" (trace {w.trace_file})" if w.trace_file else "") for w in f.windows[:10])
+            + (" …" if len(f.windows) > 10 else "") + "."))
+        for label, ops, total in (("CPU", f.cpu_operators, f.cpu_operator_time),
+                                  ("GPU", f.gpu_operators, f.gpu_operator_time)):
+            if not ops:
+                out.append(p(f"No {label} operators were recorded" + (" (no CUDA device)." if label == "GPU" else ".")))
+                continue
+            out.append(f"<h3>{label} operators</h3>")
+            out.append(p(f"The most expensive {label} operator was {ops[0].name} with {pct(ops[0].share)} of the "
+                         f"self time of the operators recorded ({secs(total)} in all)."))
+            top = [(o.name, o.self_time) for o in ops[:8]]
+            rest = total - sum(t for _, t in top)
+            out.append(charts(table(("Operator", "Calls", "Self time", "Total time", "Share"),
+                                    [(o.name, f"{o.calls:,}", secs(o.self_time), secs(o.total_time), pct(o.share))
+                                     for o in ops]),
+                              figure(svg.pie([*top, ("other", rest)], f"{label} operators", secs),
+                                     f"Self time of the top {label} operators.")))
+        mixes = []
+        if f.gpu_activity:
+            mixes.append(figure(svg.pie(list(f.gpu_activity), "GPU activity", secs),
+                                "Device time by kind: kernels, copies, memsets, synchronization."))
+        if f.kernel_precision:
+            mixes.append(figure(svg.pie(list(f.kernel_precision), "Kernel precision", secs),
+                                "Kernel time by arithmetic precision, guessed from kernel names."))
+        if mixes:
+            out.append(charts(*mixes))
+    return section("framework", "Framework metrics summary", "".join(out))
+
+
+def _rules(r: Report) -> str:
+    rules = r.rules
+    out = []
+    if rules.skipped:
+        out.append(note(rules.skipped))
+        return section("rules", "Rules summary", "".join(out))
+    if rules.error:
+        out.append(note(f"The checks could not be evaluated: {rules.error}", "bad"))
+        return section("rules", "Rules summary", "".join(out))
+    out.append(p("The alert rules' offline twin: each check the Prometheus alerts make, evaluated on this recording "
+                 f"every {secs(rules.interval)} with the same windows, warm-up and thresholds. “Fired” counts the "
+                 "evaluations at which the check was firing; datapoints are the samples or steps it judged."))
+    fired = rules.fired
+    if fired:
+        top = fired[0]
+        out.append(note(f"{len(fired)} of {len(rules.rows)} checks fired. The one firing most often was {top.alert}: "
+                        f"it judged {top.datapoints:,} datapoints and fired at {top.firing_evaluations} of "
+                        f"{top.evaluations} evaluations" + (f", first at {when(top.first_fired)}" if top.first_fired
+                                                           else "") + ".", "warn"))
+    elif rules.rows:
+        out.append(note(f"None of the {len(rules.rows)} checks fired.", "good"))
+    rows = []
+    for row in rules.rows:
+        badge = _Html('<span class="badge fired">fired</span>' if row.triggered else '<span class="badge ok">ok</span>')
+        rows.append((_Html(f"<b>{escape(row.alert)}</b><br><span class=muted>{escape(row.original or 'otelprof')}"
+                           f"</span>"), badge, _Html(escape(row.description)), _Html(escape(row.recommendation)),
+                     f"{row.firing_evaluations} of {row.evaluations}", f"{row.datapoints:,}",
+                     ", ".join(row.subjects) or DASH,
+                     _Html("<br>".join(escape(f"{k}: {v}") for k, v in row.parameters))))
+    out.append('<div class="rules">' + table(
+        ("Check (original rule)", "Verdict", "What it means", "What to do", "Fired", "Datapoints", "Where",
+         "Parameters"), rows, 8, ["fired" if row.triggered else "" for row in rules.rows]) + "</div>")
+    if rules.not_evaluated:
+        out.append(p("Alerts that need live series and have no offline twin: " + ", ".join(rules.not_evaluated) + "."))
+    return section("rules", "Rules summary", "".join(out))
+
+
+def _steps(r: Report) -> str:
+    a = r.steps
+    if not a.rows:
+        return section("steps", "Step duration analysis",
+                       p("No steps were recorded: there are no step durations to analyze."))
+    out = [p(f"Per rank and phase, over every recorded step. An outlier is a step slower than the mean plus "
+             f"{a.sigma:g} standard deviations of all steps of its rank and phase; the histograms leave outliers "
+             "out so that the bulk of the distribution stays visible.")]
+    out.append(table(("Rank", "Node", "Phase", "Steps", "mean", "max", "p99", "p95", "p50", "min", "std",
+                      "Outliers", "Threshold"),
+                     [(x.rank, x.node, x.phase, f"{x.durations.count:,}", *(secs(v) for v in (
+                         x.durations.mean, x.durations.max, x.durations.p99, x.durations.p95, x.durations.p50,
+                         x.durations.min, x.durations.std)), f"{x.outliers:,}", secs(x.threshold)) for x in a.rows], 3))
+    figures = []
+    for x in a.rows[:MAX_HISTOGRAMS]:
+        if x.histogram.counts:
+            figures.append(figure(svg.histogram(x.histogram.edges, x.histogram.counts,
+                                                f"Step durations, rank {x.rank} {x.phase}", secs, width=460,
+                                                markers=[("p50", x.durations.p50), ("p95", x.durations.p95)]),
+                                  f"Rank {x.rank}, {x.phase}: {x.histogram.total:,} steps without outliers."))
+    out.append(charts(*figures))
+    if len(a.rows) > MAX_HISTOGRAMS:
+        out.append(p(f"Histograms of the first {MAX_HISTOGRAMS} rank/phase pairs are shown; the JSON output has all."))
+    outliers = [x for x in a.rows if x.outliers]
+    if outliers:
+        out.append("<h3>Outlier steps</h3>")
+        out.append(table(("Rank", "Phase", "Outliers", "Step numbers (first ones)"),
+                         [(x.rank, x.phase, f"{x.outliers:,}", ", ".join(map(str, x.outlier_steps))
+                           + (" …" if x.outliers > len(x.outlier_steps) else "")) for x in outliers], 2))
+        out.append(p("Open these steps on the timeline (otelprof timeline) to see which region grew; the "
+                     "CPU/I/O bottleneck sections show whether the node was starved at the time."))
+    throughput = [x for x in a.rows if x.samples_per_second is not None or x.tokens_per_second is not None]
+    if throughput:
+        out.append("<h3>Throughput</h3>")
+        out.append(table(("Rank", "Phase", "Samples per step (median)", "Samples/s", "Tokens/s"),
+                         [(x.rank, x.phase, num(x.samples_per_step), num(x.samples_per_second),
+                           num(x.tokens_per_second)) for x in throughput], 2))
+        if a.throughput:
+            out.append(p("All ranks together: " + ", ".join(f"{phase} {num(v)} samples/s" for phase, v in a.throughput)
+                         + " (time inside steps; time between steps is not counted)."))
+    return section("steps", "Step duration analysis", "".join(out))
+
+
+def _gpu(r: Report) -> str:
+    g = r.gpus
+    if not g.gpus:
+        return section("gpu", "GPU utilization analysis",
+                       p("No GPU was sampled (no NVIDIA GPU, or the NVML library was not visible in the container)."))
+    out = [p(f"Per GPU over the whole run: the box spans the 25th to 75th percentile with the median, whiskers reach "
+             f"1.5 interquartile ranges (clipped to the data), the dot is the mean. A GPU whose 95th percentile stays "
+             f"below {pct(g.threshold_p95, 0)} is under-used; one whose 5th percentile is below "
+             f"{pct(g.threshold_p5, 0)} while its 95th is above {pct(g.threshold_p95, 0)} swings between busy "
+             "and idle, typically waiting for input or for other ranks.")]
+    texts = []
+    for x in g.gpus:
+        label = f"GPU {x.gpu} on {x.node}"
+        if x.idle:
+            texts.append(f"{label} never ran a kernel: an unused device (check CUDA_VISIBLE_DEVICES and the ranks "
+                         "per node).")
+        elif x.underused:
+            texts.append(f"{label}: the 95th percentile of utilization was only {pct(x.utilization.p95)} "
+                         f"(max {pct(x.utilization.max)}).")
+        elif x.fluctuating:
+            texts.append(f"{label} fluctuates: 5th percentile {pct(x.utilization.p5)}, 95th {pct(x.utilization.p95)}.")
+    for t in texts:
+        out.append(note(t, "warn"))
+    if not texts:
+        out.append(note("Every GPU was busy most of the time.", "good"))
+    out.append(charts(figure(svg.boxplots([(f"{x.node} GPU {x.gpu}", x.utilization) for x in g.gpus],
+                                          "GPU utilization", _pct0, 0.0, 1.0, width=760),
+                             "Utilization per GPU.")))
+    out.append(table(("Node", "GPU", "min", "p5", "p25", "p50", "p75", "p95", "max", "mean", "Power (median)",
+                      "Temperature (median)"),
+                     [(x.node, x.gpu, *(pct(v) for v in (x.utilization.min, x.utilization.p5, x.utilization.q1,
+                                                         x.utilization.median, x.utilization.q3, x.utilization.p95,
+                                                         x.utilization.max, x.utilization.mean)),
+                       f"{x.power:.0f} W" if x.power is not None else DASH,
+                       f"{x.temperature:.0f} °C" if x.temperature is not None else DASH) for x in g.gpus], 2))
+    return section("gpu", "GPU utilization analysis", "".join(out))
+
+
+def _balance(r: Report) -> str:
+    b = r.load
+    out = []
+    if b.gpus:
+        out.append(p("How alike the GPUs worked: the distribution of each GPU's utilization (2 % bins), the "
+                     "Jensen-Shannon distance between those distributions (0 identical, 0.83 disjoint), and the "
+                     "spread between the busiest and the least busy GPU's mean utilization."))
+        if len(b.gpus) == 1:
+            out.append(note("The job used a single GPU: there is nothing to balance."))
+        else:
+            far = [d for d in b.distances if _ok(d.distance) and d.distance > b.distance_threshold]
+            spread = b.spread or 0.0
+            kind = "warn" if far or spread > b.threshold else "good"
+            out.append(note(f"Mean utilization spreads over {pct(spread)} between GPUs (the alert's threshold is "
+                            f"{pct(b.threshold, 0)}); {len(far)} pair(s) are farther apart than "
+                            f"{b.distance_threshold:g}.", kind))
+        first = b.gpus[0].histogram
+        out.append(charts(figure(svg.overlaid(first.edges, [(f"{g.node}/{g.gpu}", g.histogram.counts)
+                                                           for g in b.gpus[:10]], "GPU utilization distributions",
+                                              _pct0, width=760),
+                                 "Samples per utilization bin, one line per GPU (first 10).")))
+        worst = sorted((d for d in b.distances if _ok(d.distance)), key=lambda d: -d.distance)[:10]
+        if worst:
+            out.append(table(("GPU", "Compared with", "Distance"), [(d.a, d.b, f"{d.distance:.3f}") for d in worst], 2))
+    else:
+        out.append(p("No GPU was sampled, so GPU load balance cannot be judged."))
+    if b.ranks:
+        out.append("<h3>Ranks</h3>")
+        out.append(p("Per phase, each rank's mean compute time per step (step time minus data-loader wait and "
+                     "collective time) against the median over ranks. A straggler makes every other rank wait in "
+                     "its collectives, so it shows as the one rank with more compute and less collective time."))
+        stragglers = [x for x in b.ranks if x.straggler]
+        if stragglers:
+            out.append(note("Straggler(s): " + ", ".join(f"rank {x.rank} ({x.phase}, {x.ratio:.2f} times the median)"
+                                                         for x in stragglers) + ".", "warn"))
+        out.append(table(("Phase", "Rank", "Median step", "Mean compute", "Mean collective", "Compute / median"),
+                         [(x.phase, x.rank, secs(x.median_step), secs(x.mean_compute), secs(x.mean_collective),
+                           f"{x.ratio:.2f}" if _ok(x.ratio) else DASH) for x in b.ranks], 2,
+                         ["fired" if x.straggler else "" for x in b.ranks]))
+        phases = sorted({x.phase for x in b.ranks})
+        if len({x.rank for x in b.ranks}) > 1:
+            out.append(charts(*(figure(svg.bars([(f"rank {x.rank}", x.mean_compute) for x in b.ranks
+                                                 if x.phase == phase], f"Compute per step, {phase}", secs, width=460),
+                                       f"Mean compute time per step, {phase}.") for phase in phases[:4])))
+    return section("balance", "Workload balancing", "".join(out))
+
+
+def _dataloader(r: Report) -> str:
+    d = r.dataloader
+    out = []
+    if not d.phases:
+        out.append(p(f"No step recorded a “{d.region}” region, so input waits are unknown. "
+                     "otelprof.torch.instrument(dataloader=...) (or otelprof run) measures the wait for every "
+                     f"batch; without PyTorch wrap the fetch in otelprof.annotate(\"{d.region}\")."))
+    else:
+        out.append(p(f"The “{d.region}” region is the time from asking for the next batch to getting it. A step "
+                     f"counts as input-bound when it waits more than {pct(d.input_bound_threshold, 0)} of its time."))
+        worst = max(d.phases, key=lambda x: x.wait_share)
+        if worst.wait_share > 0.2:
+            out.append(note(f"Rank {worst.rank} ({worst.phase}) spent {pct(worst.wait_share)} of its step time "
+                            "waiting for data: the input pipeline limits training. More loader workers, "
+                            "prefetching, faster storage or cheaper preprocessing shorten the wait.", "warn"))
+        out.append(table(("Rank", "Phase", "Steps", "Steps waiting", "Wait p25", "Wait p50", "Wait p95", "Wait max",
+                          "Wait share", "Input-bound steps"),
+                         [(x.rank, x.phase, f"{x.steps:,}", f"{x.steps_waiting:,}", secs(x.wait_p25),
+                           secs(x.wait.p50), secs(x.wait.p95), secs(x.wait.max), pct(x.wait_share),
+                           f"{x.input_bound_steps:,}") for x in d.phases], 2))
+        figures = [figure(svg.histogram(x.histogram.edges, x.histogram.counts, f"Data-loader wait, rank {x.rank}",
+                                        secs, width=460, markers=[("p25", x.wait_p25), ("p50", x.wait.p50),
+                                                                  ("p95", x.wait.p95)]),
+                          f"Wait per step, rank {x.rank} {x.phase}.") for x in d.phases[:MAX_HISTOGRAMS]
+                   if x.histogram.counts]
+        out.append(charts(*figures))
+    for loader in d.loaders:
+        parts = []
+        if loader.workers is not None and loader.cpus_available:
+            low, high = d.min_workers_share * loader.cpus_available, d.max_workers_share * loader.cpus_available
+            parts.append(f"Rank {loader.rank}'s data loader runs {loader.workers} worker process(es) with "
+                         f"{loader.cpus_available:g} CPUs available.")
+            if loader.workers < low:
+                parts.append(f"That is fewer than {pct(d.min_workers_share, 0)} of the CPUs: more workers would "
+                             "load batches in parallel (mind the other ranks on the node).")
+            elif loader.workers > high:
+                parts.append(f"That is more than {pct(d.max_workers_share, 0)} of the CPUs: the workers compete for "
+                             "cores; fewer would do.")
+        elif loader.workers is not None:
+            parts.append(f"Rank {loader.rank}'s data loader runs {loader.workers} worker process(es).")
+        if loader.pin_memory is False and r.gpus.gpus:
+            parts.append("pin_memory is off: with pin_memory=True host-to-GPU copies of each batch are faster "
+                         "and can overlap with compute.")
+        if parts:
+            out.append(note(" ".join(parts), "warn" if len(parts) > 1 else ""))
+    return section("dataloader", "Data loading analysis", "".join(out))
+
+
+def _batch(r: Report) -> str:
+    b = r.batch
+    out = [p(f"When CPUs, GPUs and GPU memory all stay below their thresholds at the 95th percentile (CPU "
+             f"{pct(b.cpu_threshold_p95, 0)}, GPU {pct(b.gpu_threshold_p95, 0)}, GPU memory "
+             f"{pct(b.memory_threshold_p95, 0)}), the devices have room for more work per step: a larger batch, "
+             "or a smaller instance.")]
+    if b.gpus:
+        small = [g for g in b.gpus if g.small]
+        if small:
+            out.append(note("Room for a larger batch on: " + ", ".join(f"{g.node} GPU {g.gpu}" for g in small) + ".",
+                            "warn"))
+        out.append(table(("Node", "GPU", "CPU p95 (node mean)", "GPU p95", "GPU memory p95", "All below"),
+                         [(g.node, g.gpu, pct(g.cpu_p95), pct(g.utilization_p95), pct(g.memory_p95),
+                           "yes" if g.small else "no") for g in b.gpus], 2, ["fired" if g.small else ""
+                                                                            for g in b.gpus]))
+    else:
+        out.append(p("No GPU was sampled, so the batch size cannot be judged against GPU use."))
+    boxes = [(f"{n.node} CPU", BoxPlot.of(n.cpu.mean)) for n in r.system.nodes]
+    boxes += [(f"{g.node} GPU {g.gpu}", g.utilization) for g in r.gpus.gpus]
+    boxes += [(f"{g.node} GPU {g.gpu} memory", g.memory) for g in r.gpus.gpus]
+    if boxes:
+        out.append(charts(figure(svg.boxplots(boxes, "Use of CPUs, GPUs and GPU memory", _pct0, 0.0, 1.0, width=760),
+                                 "Node CPU (bucket means over time), GPU utilization and GPU memory per GPU.")))
+    if b.samples_per_step:
+        out.append(p("Recorded batch size (samples per step, median): " + ", ".join(
+            f"rank {rank} {phase}: {num(v)}" for rank, phase, v in b.samples_per_step[:16]) + "."))
+    return section("batch", "Batch size", "".join(out))
+
+
+def _bottleneck(r: Report, io: bool) -> str:
+    b = r.io_bottleneck if io else r.cpu_bottleneck
+    anchor, title = ("io-bottleneck", "I/O bottlenecks") if io else ("cpu-bottleneck", "CPU bottlenecks")
+    what = "I/O wait" if io else "busy"
+    out = [p(f"A sample counts when some logical CPU was above {pct(b.busy_threshold, 0)} {what} while some GPU was "
+             f"below {pct(b.gpu_threshold, 0)} utilization. The check fires when more than {pct(b.threshold, 0)} "
+             "of the samples in its window count.")]
+    if not b.nodes:
+        out.append(p("No node samples were recorded."))
+        return section(anchor, title, "".join(out))
+    for n in b.nodes:
+        out.append(f"<h3>Node {escape(n.node)}</h3>")
+        if n.low_gpu == 0 and not r.gpus.gpus:
+            out.append(p(f"{n.datapoints:,} samples, {n.busy:,} with a CPU above the threshold; no GPU was sampled, "
+                         "so no sample can show GPUs waiting."))
+            continue
+        kind = "warn" if n.fraction > b.threshold else ""
+        out.append(note(f"{n.coincidences:,} of {n.datapoints:,} samples ({pct(n.fraction)}) had a GPU waiting while "
+                        f"a CPU was {what}; {n.low_gpu:,} samples had a GPU below the threshold in all.", kind))
+        figures = [figure(svg.pie([("GPUs above the threshold", n.datapoints - n.low_gpu),
+                                   ("GPU low, CPUs not", n.low_gpu - n.coincidences),
+                                   (f"GPU low while a CPU {what}", n.coincidences)], "Samples", num),
+                          "All samples of the node, by what the GPUs and CPUs did.")]
+        if n.regions:
+            figures.append(figure(svg.bars([(name, count) for name, count in n.regions[:12]],
+                                           "Regions during the coincidences", num, width=460),
+                                  "What the node's ranks were doing in those samples (rank-samples per region)."))
+        out.append(charts(*figures))
+    return section(anchor, title, "".join(out))
+
+
+def _memory(r: Report) -> str:
+    g = r.gpus
+    out = []
+    if g.gpus:
+        out.append(p("GPU memory in use as a share of each device's memory. Memory that keeps growing over the run "
+                     "ends in an out-of-memory error; memory that stays low leaves room for a larger batch."))
+        for x in g.gpus:
+            msgs = []
+            if x.memory.p95 < 0.5:
+                msgs.append(f"its 95th percentile is only {pct(x.memory.p95)}")
+            if x.memory.p95 - x.memory.p5 > 0.5:
+                msgs.append(f"it swings from {pct(x.memory.p5)} (p5) to {pct(x.memory.p95)} (p95)")
+            if x.memory_growth > 0.05:
+                msgs.append(f"it grew by {pct(x.memory_growth)} of the device between the first and last tenth of "
+                            "the run")
+            if x.memory.max > 0.95:
+                msgs.append(f"it peaked at {pct(x.memory.max)}, close to capacity")
+            if msgs:
+                out.append(note(f"GPU {x.gpu} on {x.node}: " + "; ".join(msgs) + ".",
+                                "warn" if x.memory_growth > 0.05 or x.memory.max > 0.95 else ""))
+        out.append(table(("Node", "GPU", "Memory", "max", "p95", "p50", "p5", "Growth"),
+                         [(x.node, x.gpu, size(x.memory_total), pct(x.memory.max), pct(x.memory.p95),
+                           pct(x.memory.median), pct(x.memory.p5), pct(x.memory_growth)) for x in g.gpus], 2))
+        out.append(charts(
+            figure(svg.boxplots([(f"{x.node} GPU {x.gpu}", x.memory) for x in g.gpus], "GPU memory", _pct0, 0.0, 1.0,
+                                width=760), "Memory in use per GPU."),
+            figure(svg.lines([(f"GPU {x.gpu}", x.memory_series) for x in g.gpus[:10]], "GPU memory over time", _pct0,
+                             0.0, 1.0, width=760, x_fmt=_elapsed), "GPU memory over time (bucket means).")))
+    else:
+        out.append(p("No GPU was sampled."))
+    rss = [row for row in r.system.process_rows if row.unit == sysmod.UNIT_BYTES]
+    if rss:
+        out.append("<h3>Host memory of the training processes</h3>")
+        out.append(table(("Rank", "RSS max", "p50", "min"), [(row.subject, size(row.max), size(row.p50),
+                                                                 size(row.min)) for row in rss]))
+    return section("gpu-memory", "GPU memory", "".join(out))
+
+
+# ---------------------------------------------------------------------------------------- page
+
+def render(report: Report) -> str:
+    s = report.summary
+    sections = [
+        _summary(report), _system(report), _framework(report), _rules(report),
+        '<h2 class="muted">Analyzing the training loop</h2>',
+        _steps(report), _gpu(report), _balance(report), _dataloader(report), _batch(report),
+        _bottleneck(report, io=False), _bottleneck(report, io=True), _memory(report),
+    ]
+    if report.notes:
+        sections.append(section("notes", "Notes", "".join(note(n) for n in report.notes)))
+    nav = "".join(f'<a href="#{anchor}">{escape(title)}</a>' for anchor, title in SECTIONS)
+    meta = (f"run {escape(s.run_id or '?')} · {len(s.ranks)} rank(s) on {len(s.nodes)} node(s) · "
+            f"{escape(secs(s.duration))} · source {escape(report.source)} · generated {escape(when(report.generated))}")
+    footer = ("Generated by otelprof from the run recording (or Prometheus). The figures are computed on the "
+              "recorded samples and steps; the checks are the offline twin of otelprof's Prometheus alert rules. "
+              "The report is informational: confirm a finding on the timeline (otelprof timeline) before acting.")
+    return PAGE.format(version=escape(__version__), title=escape(f"otelprof report: {s.job or s.run_id or 'run'}"),
+                       style=STYLE, heading=escape(f"Training profile: {s.job or s.run_id or 'run'}"), meta=meta,
+                       nav=nav, sections="\n".join(sections), footer=escape(footer))

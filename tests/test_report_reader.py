@@ -1,0 +1,180 @@
+"""The reader's columnar fast path (bulk parsing of the recorder's own step format) gives exactly what
+parsing every line as JSON gives, for awkward names and values too; samples become columns."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from otelprof.recording import reader, schema
+from otelprof.recording.reader import Annotation, RankRecording, Step, read_recording
+from tests.test_report_fixtures import NS, T0, dumps, manifest, small_run, step_line, write_lines, write_rank
+
+AWKWARD = ["a,b", "x],[y", 'quo"te', "back\\slash", "ünïcode", "[br", "br]", "", "a:b", '"', "},{"]
+
+
+def _slow(path: Path) -> RankRecording:
+    """The same rank parsed line by line through JSON (the reader's fallback)."""
+    rank = RankRecording(path, json.loads((path / schema.MANIFEST).read_text()))
+    for line in (path / schema.STEPS).read_text().splitlines():
+        if line.strip():
+            reader._parse_line(line, rank)
+    return rank
+
+
+def _same(a: RankRecording, b: RankRecording) -> None:
+    assert len(a.steps) == len(b.steps)
+    for x, y in zip(a.steps, b.steps):
+        assert (x.phase, x.number, x.start_ns, x.duration_ns, x.error) == (y.phase, y.number, y.start_ns,
+                                                                          y.duration_ns, y.error)
+        assert x.annotations == y.annotations
+        assert x.scalars.keys() == y.scalars.keys()
+        for k in x.scalars:
+            assert x.scalars[k] == y.scalars[k] or (math.isnan(x.scalars[k]) and math.isnan(y.scalars[k]))
+    assert a.annotations == b.annotations and a.phases == b.phases and a.scalars == b.scalars
+
+
+def _recorder_line(phase: str, number: int, start: int, duration: int, regions: list[tuple[str, int, int, int]],
+                   scalars: dict[str, float], error: str | None = None) -> str:
+    """A step line formatted like otelprof.recorder.Recorder._step_line."""
+    parts = [f'{{"k":"s","ph":{json.dumps(phase)},"n":{number},"t":{start},"d":{duration}']
+    if regions:
+        parts.append(',"a":[' + ",".join(f"[{json.dumps(n)},{o},{d},{depth}]" for n, o, d, depth in regions) + "]")
+    if scalars:
+        parts.append(',"x":{' + ",".join(f"{json.dumps(k)}:{v!r}" if math.isfinite(v) else f'{json.dumps(k)}:"{v}"'
+                                         for k, v in scalars.items()) + "}")
+    if error:
+        parts.append(f',"err":{json.dumps(error)}')
+    return "".join(parts) + "}"
+
+
+def test_fast_path_matches_json_for_plain_steps(tmp_path: Path) -> None:
+    run = small_run(tmp_path)
+    fast = read_recording(run).ranks[0]
+    assert fast.step_columns.ann_names == ["dataloader", "forward", "backward"]
+    _same(fast, _slow(run / "rank-0"))
+    step = fast.steps[19]
+    assert step.duration == 1.0 and step.annotations[0].name == "dataloader"
+    assert step.annotations[0].start_ns == step.start_ns and step.annotations[0].phase == "train"
+    assert fast.steps[-1].phase == "eval" and fast.steps[-1] == fast.steps[24]
+    assert [s.number for s in fast.steps[18:21]] == [18, 19, 0]
+    with pytest.raises(IndexError):
+        fast.steps[25]
+    first = fast.steps[0]  # made without the dataclass __init__: must be the same value
+    start = first.start_ns
+    expected = Step("train", 0, start, 100_000_000, (
+        Annotation("dataloader", start, 20_000_000, 0, "train"), Annotation("forward", start + 20_000_000, 30_000_000,
+                                                                            0, "train"),
+        Annotation("backward", start + 50_000_000, 40_000_000, 0, "train")), {"loss": 2.0, "samples": 32.0}, None)
+    assert first == expected and repr(first) == repr(expected)
+    assert hash(first.annotations[1]) == hash(expected.annotations[1])
+    with pytest.raises(AttributeError):
+        first.number = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", AWKWARD)
+def test_awkward_region_and_scalar_names_parse_like_json(tmp_path: Path, name: str) -> None:
+    directory = write_rank(tmp_path / "run", 0, manifest(), [])
+    start = int(T0 * NS)
+    lines = [
+        _recorder_line("train", 0, start, 100, [("forward", 1, 50, 0), (name, 60, 30, 1)],
+                       {"loss": 1.5, name: 2.0, "g": math.nan}),
+        _recorder_line(name or "p", 1, start + 200, 100, [(name, 0, 10, 0)], {"loss": math.inf}, "ValueError"),
+        _recorder_line("train", 2, start + 400, 100, [], {}),
+    ]
+    write_lines(directory / schema.STEPS, lines)
+    fast = read_recording(directory).ranks[0]
+    slow = _slow(directory)
+    _same(fast, slow)
+    assert fast.steps[0].annotations[1].name == name and fast.steps[0].scalars[name] == 2.0
+    assert math.isnan(fast.steps[0].scalars["g"]) and fast.steps[1].scalars["loss"] == math.inf
+    assert fast.steps[1].error == "ValueError" and fast.steps[2].annotations == ()
+
+
+def test_other_layouts_and_corrupt_lines(tmp_path: Path) -> None:
+    directory = write_rank(tmp_path / "run", 0, manifest(), [step_line("train", 0, T0, 0.1)])
+    write_lines(directory / schema.STEPS, [
+        json.dumps({"k": "s", "ph": "train", "n": 1, "t": int(T0 * NS) + 10**8, "d": 5, "x": {"loss": 1.0}}),  # spaces
+        dumps({"k": "x", "name": "lr", "v": 0.1, "ph": "train", "t": 5}),
+        '{"k":"s","ph":"train","n":2,"t":1,"d":',  # truncated
+        "garbage",
+    ])
+    rank = read_recording(directory).ranks[0]
+    assert [s.number for s in rank.steps] == [0, 1]
+    assert rank.scalars == [(5, "train", "lr", 0.1)]
+    assert rank.skipped_lines == 2
+
+
+def test_truncated_last_step_line_is_skipped_and_counted(tmp_path: Path) -> None:
+    run = small_run(tmp_path)
+    with open(run / "rank-0" / schema.STEPS, "a") as handle:
+        handle.write('{"k":"s","ph":"train","n":20,"t":17000000')  # a killed writer
+    rank = read_recording(run).ranks[0]
+    assert len(rank.steps) == 25 and rank.skipped_lines == 1
+    assert rank.step_columns.ann_names == ["dataloader", "forward", "backward"]  # still the fast path
+
+
+def test_sample_columns(tmp_path: Path) -> None:
+    run = small_run(tmp_path)
+    write_lines(run / "rank-0" / schema.SAMPLES, ['{"t":1,"cpu":[0.5', '{"t":"x"}', '{"t":2,"cpu":"bad"}'])
+    recording = read_recording(run, samples=True)
+    rank = recording.ranks[0]
+    c = rank.sample_columns()
+    assert len(c) == 10 and c.cores == 4 and c.node_samples == 10 and c.skipped_lines == 3
+    assert list(c.cpu_mean) == pytest.approx([(i + 1) / 10 for i in range(10)])
+    assert c.iow_max[9] == 0.6 and c.iow_mean[9] == pytest.approx(0.15)
+    assert list(c.gpus["1"]["u"]) == pytest.approx([(9 - i) / 10 for i in range(10)])
+    assert c.core_busy_sum == pytest.approx([5.5] * 4)
+    assert recording.skipped_lines == 3
+
+
+def test_process_only_samples_in_bulk_and_gpus_that_come_and_go(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    write_rank(run, 1, manifest(rank=1), samples=[{"t": 1, "pid": 5, "pcpu": 0.5, "rss": 10},
+                                                  {"t": 2, "pid": 5, "rss": 20}])
+    write_rank(run, 0, manifest(), samples=[{"t": 1, "cpu": [1.0], "gpu": {"0": {"u": 0.5}}},
+                                            {"t": 2, "cpu": [0.0]},
+                                            {"t": 3, "cpu": [0.5], "gpu": {"0": {"u": 0.7}, "1": {"u": 0.1}}}])
+    recording = read_recording(run, samples=True)
+    one = recording.ranks[1].sample_columns()
+    assert list(one.t_ns) == [1, 2] and list(one.rss) == [10.0, 20.0]
+    assert one.pcpu[0] == 0.5 and math.isnan(one.pcpu[1]) and math.isnan(one.cpu_mean[0])
+    zero = recording.ranks[0].sample_columns()
+    u0, u1 = list(zero.gpus["0"]["u"]), list(zero.gpus["1"]["u"])
+    assert u0[0] == 0.5 and math.isnan(u0[1]) and u0[2] == 0.7
+    assert math.isnan(u1[0]) and math.isnan(u1[1]) and u1[2] == 0.1
+
+
+def test_parallel_read_gives_the_same_recording(tmp_path: Path) -> None:
+    run = small_run(tmp_path)
+    write_rank(run, 1, manifest(rank=1), [step_line("train", 0, T0 + 10, 0.5, [("forward", 0, 0.2, 0)])],
+               [{"t": 5, "pid": 1, "rss": 3}])
+    one = read_recording(run, samples=True, workers=1)
+    two = read_recording(run, samples=True, workers=2)
+    for a, b in zip(one.ranks, two.ranks):
+        _same(a, b)
+        assert list(a.sample_columns().t_ns) == list(b.sample_columns().t_ns)
+    calls: list[tuple[int, int]] = []
+    read_recording(run, samples=True, workers=2, progress=lambda done, total: calls.append((done, total)))
+    assert calls[-1][0] == calls[-1][1] and len(calls) == 4
+
+
+def test_last_metric_snapshot_reads_from_the_end(tmp_path: Path) -> None:
+    import otelprof
+
+    session = otelprof.init(job_name="snap", record_dir=str(tmp_path))
+    with otelprof.step():
+        otelprof.record("samples", 3)
+    run_dir = session.run_dir
+    otelprof.shutdown()
+    assert run_dir is not None
+    rank = read_recording(run_dir).ranks[0]
+    with open(run_dir / schema.METRICS, "a") as handle:
+        handle.write('{"resourceMetrics":[')  # a torn last line
+    snapshot = rank.last_metric_snapshot()
+    assert snapshot is not None and rank.skipped_lines == 1
+    names = {m.name for rm in snapshot.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert "otelprof.steps" in names
