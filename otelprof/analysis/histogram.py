@@ -51,4 +51,6 @@ def bucket_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[floa
         start = uppers[b - 1]
         count -= counts[b - 1]
         rank -= counts[b - 1]
+    if count == 0:  # q = 0 with an empty first bucket: Prometheus computes 0/0, i.e. NaN
+        return math.nan
     return start + (end - start) * (rank / count)
