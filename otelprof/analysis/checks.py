@@ -38,6 +38,19 @@ class Sample:
     cpu: tuple[float, ...]
     iowait: tuple[float, ...] = ()
     gpus: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    summary: tuple[float, float, float | None] | None = None
+    """(max busy, mean busy, max iowait) when the per-CPU values were not kept (long recordings)."""
+
+    def busy_max(self, io: bool) -> float | None:
+        if self.summary is not None:
+            return self.summary[2] if io else self.summary[0]
+        values = self.iowait if io else self.cpu
+        return max(values) if values else None
+
+    def busy_mean(self) -> float | None:
+        if self.summary is not None:
+            return self.summary[1]
+        return sum(self.cpu) / len(self.cpu) if self.cpu else None
 
 
 @dataclass(frozen=True)
@@ -150,9 +163,9 @@ class _Checks:
         high = self.c.io_threshold if io else self.c.cpu_threshold
 
         def hit(s: Sample) -> bool:
-            busy = s.iowait if io else s.cpu
+            peak = s.busy_max(io)
             low = [u for u, _ in s.gpus.values() if u is not None]
-            return bool(busy) and max(busy) > high and bool(low) and min(low) < self.c.gpu_threshold
+            return peak is not None and peak > high and bool(low) and min(low) < self.c.gpu_threshold
 
         def condition(t: float) -> list[Firing]:
             out = []
@@ -175,7 +188,7 @@ class _Checks:
                     continue
                 window = self.window(r, t, self.w)
                 util, mem = self.gpu_values(window, 0), self.gpu_values(window, 1)
-                node_cpu = [sum(s.cpu) / len(s.cpu) for s in window if s.cpu]
+                node_cpu = [m for m in map(Sample.busy_mean, window) if m is not None]
                 for gpu, values in sorted(util.items()):
                     if max(values) <= 0:
                         continue  # never busy: an unused device
@@ -469,6 +482,31 @@ def _run(alert: Alert, condition: Condition, datapoints: int, times: Sequence[fl
 
 # -------------------------------------------------------------------- from a recording
 
+def _number(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _samples(rank: RankRecording) -> list[Sample]:
+    """Node samples from the reader's columns: per-CPU maxima and means, not 64-value tuples."""
+    columns = rank.sample_columns()
+    gpu_columns = [(str(index), g.get("u"), g.get("mu"), g.get("mt")) for index, g in columns.gpus.items()]
+    samples = []
+    for i, (t_ns, cpu_max) in enumerate(zip(columns.t_ns, columns.cpu_max)):
+        if math.isnan(cpu_max):
+            continue  # a process-only sample: this rank does not sample the node
+        gpus: dict[str, tuple[float | None, float | None]] = {}
+        for index, util, used, total in gpu_columns:
+            u = _number(util[i]) if util is not None else None
+            mu = _number(used[i]) if used is not None else None
+            mt = _number(total[i]) if total is not None else None
+            if u is None and mu is None:
+                continue  # the GPU was not in this sample
+            gpus[index] = (u, mu / mt if mu is not None and mt else None)
+        samples.append(Sample(t_ns / 1e9, (), (), gpus,
+                              (cpu_max, columns.cpu_mean[i], _number(columns.iow_max[i]))))
+    return samples
+
+
 def rank_data(rank: RankRecording) -> RankData:
     """The checks' view of one rank's recording."""
     manifest = rank.manifest
@@ -492,15 +530,7 @@ def rank_data(rank: RankRecording) -> RankData:
         steps.append(StepRecord(phase, start_ns / 1e9, (start_ns + duration_ns) / 1e9, waits[i] / 1e9,
                                 collectives[i] / 1e9, losses.get(i), norms.get(i),
                                 detector.observe(duration_ns / 1e9)))
-    samples = []
-    for raw in rank.samples():
-        if "cpu" not in raw:
-            continue  # a rank that does not sample the node
-        gpus: dict[str, tuple[float | None, float | None]] = {}
-        for index, g in (raw.get("gpu") or {}).items():
-            memory = g["mu"] / g["mt"] if g.get("mu") is not None and g.get("mt") else None
-            gpus[str(index)] = (g.get("u"), memory)
-        samples.append(Sample(raw["t"] / 1e9, tuple(raw["cpu"]), tuple(raw.get("iow", ())), gpus))
+    samples = _samples(rank)
     times = [x for x in (life.get("shutdown"), life.get("last_step_end"),
                          samples[-1].t if samples else None) if x is not None]
     start = float(life.get("process_start") or (steps[0].start if steps else samples[0].t if samples else 0.0))
