@@ -27,11 +27,12 @@ import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from otelprof import semconv as sc
+from otelprof._http import QuietHandler
 
 log = logging.getLogger("otelprof.webhook")
 
@@ -295,8 +296,9 @@ class WebhookReceiver:
                 decision["result"] = f"ignored: unknown action {action!r}"
             else:
                 labels = dict(item.labels)
-                if self.control_port_base is not None and labels.get("local_rank", "0").isdigit():
-                    labels["control_port"] = str(self.control_port_base + int(labels.get("local_rank", "0")))
+                local_rank = labels.get(sc.prometheus_label(sc.LABEL_LOCAL_RANK), "0")
+                if self.control_port_base is not None and local_rank.isdigit():
+                    labels["control_port"] = str(self.control_port_base + int(local_rank))
                 urls = self.targets.resolve(labels, self.job_label, self.rank_label)
                 outcomes = [(url, self._send(item, action, url, sent)) for url in urls]
                 results = [f"{url}: {outcome}" for url, outcome in outcomes]
@@ -343,7 +345,7 @@ class WebhookReceiver:
 
     def _suspend(self, labels: Mapping[str, str]) -> str:
         assert self.kubernetes is not None
-        namespace, job = labels.get("namespace"), labels.get(self.job_label)
+        namespace, job = labels.get(sc.SCRAPE_LABEL_NAMESPACE), labels.get(self.job_label)
         if not namespace or not job:
             return "failed: cannot suspend the Job: the alert has no namespace or job_name label"
         if self.dry_run:
@@ -366,7 +368,7 @@ class WebhookServer:
     def start(self, host: str, port: int) -> None:
         receiver = self.receiver
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def _serve(self, method: str) -> None:
                 raw_length = self.headers.get("Content-Length")
                 try:
@@ -401,9 +403,6 @@ class WebhookServer:
 
             def do_POST(self) -> None:
                 self._serve("POST")
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return None
 
         self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True

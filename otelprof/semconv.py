@@ -44,6 +44,11 @@ LABEL_NETWORK_DIRECTION = "network.io.direction"
 LABEL_ERROR_TYPE = "error.type"
 LABEL_SOURCE = "source"
 GPU_LABELS: tuple[str, ...] = (LABEL_GPU, LABEL_HW_ID)
+SCRAPE_LABEL_POD_IP = "pod_ip"
+"""Not emitted by otelprof: the PodMonitor / scrape config add the pod IP under this label, so an
+alert names the pod the webhook must reach."""
+SCRAPE_LABEL_NAMESPACE = "namespace"
+"""Added by the PodMonitor / scrape config: the pod's namespace."""
 
 OTHER_LABEL_VALUE = "other"
 """Value of ``phase``/``annotation`` once ``OTELPROF_MAX_LABEL_VALUES`` names are in use."""

@@ -9,6 +9,7 @@ bookmarks rely on them); new panels get new ids.
 
 from __future__ import annotations
 
+from otelprof import semconv as sc
 from otelprof.mixin.config import (
     DASHBOARD_GPU_SYSTEM,
     DASHBOARD_RANKS,
@@ -26,10 +27,11 @@ TAG = "otelprof"
 # Variable names (URL parameters are var-<name>): the Prometheus label names they filter.
 VAR_DATASOURCE = "datasource"
 VAR_TEMPO = "tempo"
-VAR_JOB = "job_name"
-VAR_NODE = "node"
-VAR_RANK = "rank"
-VAR_GPU = "gpu"
+# Variables are named after the labels they filter, so alert links can set them.
+VAR_JOB = sc.prometheus_label(sc.LABEL_JOB)
+VAR_NODE = sc.prometheus_label(sc.LABEL_NODE)
+VAR_RANK = sc.prometheus_label(sc.LABEL_RANK)
+VAR_GPU = sc.prometheus_label(sc.LABEL_GPU)
 VAR_TRACE_ID = "trace_id"
 
 # ---- Training report

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from otelprof.dashboards.ids import VAR_JOB
+
 Json = dict[str, Any]
 
 PROMETHEUS = "prometheus"
@@ -221,7 +223,7 @@ class Variable:
             var["regex"] = ""
         if self.kind == "query":
             var["refresh"] = 2  # on time range change: jobs come and go
-            var["sort"] = 7 if self.name != "job_name" else 1
+            var["sort"] = 7 if self.name != VAR_JOB else 1
         elif self.kind == "datasource":
             var["refresh"] = 1
         if self.include_all and self.all_value:
