@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from otelprof.config import Config
@@ -58,6 +59,36 @@ class OutlierDetector:
             self._sumsq = math.fsum(d * d for d in self.window)
             self._since_resum = 0
         return is_outlier
+
+
+def flag_outliers(durations: Iterable[float], sigma: float, min_steps: int, window: int = 256) -> bytearray:
+    """:meth:`OutlierDetector.observe` over a whole series (same arithmetic, same verdicts), in one loop."""
+    flags = bytearray()
+    append = flags.append
+    recent: deque[float] = deque(maxlen=window)
+    total = squares = 0.0
+    since = 0
+    for duration in durations:
+        n = len(recent)
+        if sigma > 0 and n >= min_steps:
+            mean = total / n
+            variance = max(squares / n - mean * mean, 0.0)
+            append(duration > max(mean + sigma * math.sqrt(variance), mean + MIN_EXCESS))
+        else:
+            append(0)
+        if n == window:
+            old = recent[0]
+            total -= old
+            squares -= old * old
+        recent.append(duration)
+        total += duration
+        squares += duration * duration
+        since += 1
+        if since >= 4096:
+            total = math.fsum(recent)
+            squares = math.fsum(d * d for d in recent)
+            since = 0
+    return flags
 
 
 OUTLIER_DEBT = 0.01

@@ -186,6 +186,27 @@ def test_rules_summary_reports_a_fired_check(tmp_path: Path) -> None:
     assert report.rules.rows[0] == fired[0]  # most often fired first
 
 
+def test_checks_in_a_forked_process_match_and_survive_its_death(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long recordings evaluate the checks in a forked process: same result; if it dies, they run here."""
+    import os
+
+    from otelprof.analysis import rules
+    from otelprof.mixin import MixinConfig
+
+    recording = load(small_run(tmp_path))
+    config = MixinConfig(max_initialization_time="5s")
+    inline = rules.rules_summary(recording, 18.25, config)
+    assert inline.fired  # something to compare
+    assert rules.rules_summary_later(recording, 18.25, config, background=True)() == inline
+
+    def die(*args: object) -> None:
+        os._exit(3)
+
+    monkeypatch.setattr(rules, "_evaluate_into", die)
+    assert rules.rules_summary_later(recording, 18.25, config, background=True)() == inline
+
+
 def test_json_form_is_strict_and_complete(report: Report) -> None:
     import json
 

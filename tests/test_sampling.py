@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from otelprof.sampling import OutlierDetector, SpanSelector
+from otelprof.sampling import OutlierDetector, SpanSelector, flag_outliers
 
 
 def test_outlier_threshold_is_mean_plus_sigma_population_stddev() -> None:
@@ -32,6 +32,19 @@ def test_running_sums_stay_exact_over_a_long_window() -> None:
     window = list(detector.window)
     expected = statistics.fmean(window) + 3 * statistics.pstdev(window)
     assert detector.threshold() == pytest.approx(expected, rel=1e-9)
+
+
+def test_flagging_a_whole_series_gives_the_detectors_verdicts() -> None:
+    """The offline checks flag a recording's steps in one loop; the live recorder observes one by one."""
+    import random
+
+    rng = random.Random(7)
+    durations = [0.05 + rng.random() * 0.002 + (0.5 if rng.random() < 0.01 else 0.0) for _ in range(10_000)]
+    for sigma, min_steps in ((3.0, 20), (1.0, 5), (0.0, 20)):
+        detector = OutlierDetector(sigma, min_steps)
+        expected = [detector.observe(d) for d in durations]
+        assert list(map(bool, flag_outliers(durations, sigma, min_steps))) == expected
+    assert sum(flag_outliers(durations, 3.0, 20)) > 50  # the injected slow steps
 
 
 def test_budget_spends_at_most_its_share_of_step_time() -> None:

@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import accumulate, compress, repeat
 
 from otelprof import semconv as sc
-from otelprof.analysis.histogram import bucket_quantile, cumulative_counts
+from otelprof.analysis.histogram import bucket_quantile
 from otelprof.mixin.alerts import Alert, alerts
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.recording.reader import RankRecording, Recording
-from otelprof.sampling import OutlierDetector
+from otelprof.sampling import flag_outliers
 
 BUCKETS = sc.RATIO_BUCKETS
 
@@ -77,6 +81,10 @@ class RankData:
     end: float
     samples: list[Sample] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
+    sample_table: SampleTable | None = None
+    """The samples as columns (made from ``samples`` when not given)."""
+    step_table: StepTable | None = None
+    """The steps as columns (made from ``steps`` when not given)."""
 
     @property
     def subject(self) -> str:
@@ -109,19 +117,188 @@ class CheckResult:
 Condition = Callable[[float], list[Firing]]
 
 
-class _Window:
-    """Items sorted by time; ``between(a, b)`` = those with a < t <= b (the rules' windows)."""
+class _Series:
+    """Values at sorted times; a window is the index range of ``start < t <= end`` (the rules' windows).
 
-    def __init__(self, items: Sequence[object], times: Sequence[float]) -> None:
-        self.items = items
-        self.times = list(times)
+    For quantiles each value's ratio-bucket index is computed once (on first use), so a window's
+    ``histogram_quantile`` counts bytes instead of re-bucketing every value."""
 
-    def between(self, start: float, end: float) -> Sequence[object]:
-        return self.items[bisect.bisect_right(self.times, start):bisect.bisect_right(self.times, end)]
+    __slots__ = ("times", "values", "_buckets", "_positive")
+
+    def __init__(self, times: Iterable[float], values: Iterable[float]) -> None:
+        self.times = array("d", times)
+        self.values = array("d", values)
+        self._buckets: bytes | None = None
+        self._positive: array[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def span(self, start: float, end: float) -> tuple[int, int]:
+        return bisect.bisect_right(self.times, start), bisect.bisect_right(self.times, end)
+
+    def mean(self, i: int, j: int) -> float:
+        return sum(self.values[i:j]) / (j - i)
+
+    def any_positive(self, i: int, j: int) -> bool:
+        if self._positive is None:
+            self._positive = array("q", accumulate(map((0.0).__lt__, self.values), initial=0))
+        return self._positive[j] > self._positive[i]
+
+    def quantile(self, q: float, i: int, j: int) -> float:
+        if self._buckets is None:
+            self._buckets = bytes(map(partial(bisect.bisect_left, BUCKETS), self.values))
+        window = self._buckets[i:j]
+        return bucket_quantile(q, BUCKETS, list(accumulate(map(window.count, range(len(BUCKETS) + 1)))))
 
 
-def _quantile(q: float, values: Iterable[float]) -> float:
-    return bucket_quantile(q, BUCKETS, cumulative_counts(values, BUCKETS))
+_EMPTY = _Series((), ())
+
+
+@dataclass(frozen=True)
+class SampleTable:
+    """One rank's node samples as the checks read them: per-sample hits, per-GPU series."""
+
+    times: array[float]
+    cpu_hits: array[int]
+    """Running count of samples that were CPU-bottleneck coincidences (``cpu_hits[i]`` = before sample i)."""
+    io_hits: array[int]
+    cpu_mean: _Series
+    """Mean busy share over the node's CPUs, where known."""
+    util: dict[str, _Series]
+    memory: dict[str, _Series]
+    """GPU memory used / total."""
+
+    @staticmethod
+    def build(times: Sequence[float], busy_max: Sequence[float], busy_mean: Sequence[float],
+              iowait_max: Sequence[float], util: dict[str, Sequence[float]], memory: dict[str, Sequence[float]],
+              config: MixinConfig) -> SampleTable:
+        """From per-sample columns, NaN where a sample lacks a value."""
+        lowest = _LowestGPU(list(util.values()))
+
+        def hits(peaks: Sequence[float], high: float) -> array[int]:
+            hit = map(lowest.below, map(high.__lt__, peaks), range(len(peaks)), repeat(config.gpu_threshold))
+            return array("q", accumulate(hit, initial=0))
+
+        def series(values: Sequence[float]) -> _Series:
+            known = list(map(operator.eq, values, values))  # not NaN
+            return _Series(compress(times, known), compress(values, known))
+
+        return SampleTable(array("d", times), hits(busy_max, config.cpu_threshold),
+                           hits(iowait_max, config.io_threshold), series(busy_mean),
+                           {g: series(v) for g, v in util.items()}, {g: series(v) for g, v in memory.items()})
+
+    @staticmethod
+    def from_samples(samples: Sequence[Sample], config: MixinConfig) -> SampleTable:
+        gpus = sorted({g for s in samples for g in s.gpus})
+
+        def column(values: Iterable[float | None]) -> list[float]:
+            return [math.nan if v is None else float(v) for v in values]
+
+        util = {g: column(s.gpus[g][0] if g in s.gpus else None for s in samples) for g in gpus}
+        memory = {g: column(s.gpus[g][1] if g in s.gpus else None for s in samples) for g in gpus}
+        return SampleTable.build([s.t for s in samples], column(s.busy_max(False) for s in samples),
+                                 column(s.busy_mean() for s in samples), column(s.busy_max(True) for s in samples),
+                                 {g: v for g, v in util.items() if any(map(operator.eq, v, v))},
+                                 {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config)
+
+    def span(self, start: float, end: float) -> tuple[int, int]:
+        return bisect.bisect_right(self.times, start), bisect.bisect_right(self.times, end)
+
+
+class _LowestGPU:
+    """The least busy GPU of a sample, computed only for samples that need it (a CPU above threshold)."""
+
+    def __init__(self, util: list[Sequence[float]]) -> None:
+        self.util = util
+
+    def below(self, busy: bool, index: int, low: float) -> bool:
+        """One bottleneck coincidence: ``busy`` (a CPU or iowait above its threshold) while a GPU is below ``low``."""
+        return busy and any(u[index] < low for u in self.util)  # NaN compares False
+
+
+@dataclass(frozen=True)
+class PhaseSteps:
+    """One phase's steps of one rank, by end time."""
+
+    ends: array[float]
+    compute: array[float]
+    """Step time minus the time gradient all-reduces were in flight."""
+    outliers: array[int]
+    """1 for a step the recorder's outlier detector flagged."""
+    inputs: _Series
+    """Share of the step spent waiting for data, for steps that waited."""
+    losses: _Series
+    """Finite losses."""
+    norms: _Series
+    """Finite gradient norms."""
+    bad_losses: array[float]
+    """End times of steps with a non-finite loss."""
+    bad_norms: array[float]
+
+    def span(self, start: float, end: float) -> tuple[int, int]:
+        return bisect.bisect_right(self.ends, start), bisect.bisect_right(self.ends, end)
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """One rank's steps as the checks read them: every end time, and per phase columns."""
+
+    ends: array[float]
+    phases: dict[str, PhaseSteps]
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @staticmethod
+    def build(phase_names: Sequence[str], phase: Sequence[int], start: Sequence[float], end: Sequence[float],
+              wait: Sequence[float], collective: Sequence[float], outliers: Mapping[int, Sequence[int]],
+              losses: tuple[Sequence[int], Sequence[float]], norms: tuple[Sequence[int], Sequence[float]]) -> StepTable:
+        """From per-step columns (``phase`` codes into ``phase_names``), per-phase outlier flags in step
+        order, and the sparse (step index, value) pairs of losses and gradient norms."""
+        phases = {}
+        for code, name in enumerate(phase_names):
+            mask = list(map(code.__eq__, phase))
+            if not any(mask):
+                continue
+            starts, ends = list(compress(start, mask)), list(compress(end, mask))
+            waits = list(compress(wait, mask))
+            waited = [w > 0 and e > s for s, e, w in zip(starts, ends, waits)]
+            ratios = [min(w / (e - s), 1.0) for s, e, w in zip(compress(starts, waited), compress(ends, waited),
+                                                                   compress(waits, waited))]
+            loss_values, bad_losses = _scalar_series(code, phase, end, *losses)
+            norm_values, bad_norms = _scalar_series(code, phase, end, *norms)
+            compute = map(operator.sub, map(operator.sub, ends, starts), compress(collective, mask))
+            phases[name] = PhaseSteps(
+                array("d", ends), array("d", compute),
+                array("q", accumulate(outliers.get(code, bytes(len(ends))), initial=0)),
+                _Series(compress(ends, waited), ratios), loss_values, norm_values, bad_losses, bad_norms)
+        return StepTable(array("d", end), phases)
+
+    @staticmethod
+    def from_records(steps: Sequence[StepRecord]) -> StepTable:
+        names = list(dict.fromkeys(s.phase for s in steps))
+        codes = [names.index(s.phase) for s in steps]
+        outliers: dict[int, list[int]] = {}
+        for code, s in zip(codes, steps):
+            outliers.setdefault(code, []).append(int(s.outlier))
+        losses = [(i, s.loss) for i, s in enumerate(steps) if s.loss is not None]
+        norms = [(i, s.grad_norm) for i, s in enumerate(steps) if s.grad_norm is not None]
+        return StepTable.build(names, codes, [s.start for s in steps], [s.end for s in steps], [s.wait for s in steps],
+                               [s.collective for s in steps], outliers,
+                               ([i for i, _ in losses], [v for _, v in losses]),
+                               ([i for i, _ in norms], [v for _, v in norms]))
+
+
+def _scalar_series(code: int, phase: Sequence[int], end: Sequence[float], index: Sequence[int],
+                   values: Sequence[float]) -> tuple[_Series, array[float]]:
+    """A scalar's finite values of one phase by step end time, and the end times of its non-finite values."""
+    mine = list(map(code.__eq__, map(phase.__getitem__, index)))
+    ends = list(map(end.__getitem__, compress(index, mine)))
+    mine_values = list(compress(values, mine))
+    finite = list(map(math.isfinite, mine_values))
+    return (_Series(compress(ends, finite), compress(mine_values, finite)),
+            array("d", compress(ends, map(operator.not_, finite))))
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -134,8 +311,8 @@ class _Checks:
         self.c = config
         self.w = seconds(config.window)
         self.patience = seconds(config.patience)
-        self.samples = {id(r): _Window(r.samples, [s.t for s in r.samples]) for r in ranks}
-        self.steps = {id(r): _Window(r.steps, [s.end for s in r.steps]) for r in ranks}
+        self.samples = {id(r): r.sample_table or SampleTable.from_samples(r.samples, config) for r in ranks}
+        self.steps = {id(r): r.step_table or StepTable.from_records(r.steps) for r in ranks}
 
     def warm(self, rank: RankData, t: float) -> bool:
         return t - rank.process_start > self.patience
@@ -143,36 +320,27 @@ class _Checks:
     def alive(self, rank: RankData, t: float) -> bool:
         return rank.process_start <= t <= rank.end
 
-    def window(self, rank: RankData, t: float, width: float, offset: float = 0.0) -> list[Sample]:
-        return list(self.samples[id(rank)].between(t - offset - width, t - offset))  # type: ignore[arg-type]
-
-    def step_window(self, rank: RankData, t: float, width: float, offset: float = 0.0) -> list[StepRecord]:
-        return list(self.steps[id(rank)].between(t - offset - width, t - offset))  # type: ignore[arg-type]
-
-    def gpu_values(self, samples: Sequence[Sample], index: int) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {}
-        for s in samples:
-            for gpu, pair in s.gpus.items():
-                if pair[index] is not None:
-                    out.setdefault(gpu, []).append(float(pair[index]))  # type: ignore[arg-type]
+    def gpu_windows(self, series: dict[str, _Series], start: float, end: float) -> dict[str, tuple[_Series, int, int]]:
+        """Per GPU with values in the window: its series and the window's index range."""
+        out = {}
+        for gpu, values in series.items():
+            i, j = values.span(start, end)
+            if j > i:
+                out[gpu] = (values, i, j)
         return out
 
     # ---------------------------------------------------------------- system
     def bottleneck(self, io: bool) -> Condition:
         threshold = self.c.io_bottleneck_threshold if io else self.c.cpu_bottleneck_threshold
-        high = self.c.io_threshold if io else self.c.cpu_threshold
-
-        def hit(s: Sample) -> bool:
-            peak = s.busy_max(io)
-            low = [u for u, _ in s.gpus.values() if u is not None]
-            return peak is not None and peak > high and bool(low) and min(low) < self.c.gpu_threshold
 
         def condition(t: float) -> list[Firing]:
             out = []
             for r in self.ranks:
-                window = self.window(r, t, self.w)
-                if window and self.warm(r, t) and self.alive(r, t):
-                    fraction = sum(hit(s) for s in window) / len(window)
+                table = self.samples[id(r)]
+                i, j = table.span(t - self.w, t)
+                if j > i and self.warm(r, t) and self.alive(r, t):
+                    hits = table.io_hits if io else table.cpu_hits
+                    fraction = (hits[j] - hits[i]) / (j - i)
                     if fraction > threshold:
                         out.append(Firing(r.subject, fraction))
             return out
@@ -186,21 +354,23 @@ class _Checks:
             for r in self.ranks:
                 if not (self.warm(r, t) and self.alive(r, t)):
                     continue
-                window = self.window(r, t, self.w)
-                util, mem = self.gpu_values(window, 0), self.gpu_values(window, 1)
-                node_cpu = [m for m in map(Sample.busy_mean, window) if m is not None]
-                for gpu, values in sorted(util.items()):
-                    if max(values) <= 0:
+                table = self.samples[id(r)]
+                util = self.gpu_windows(table.util, t - self.w, t)
+                mem = self.gpu_windows(table.memory, t - self.w, t)
+                cpu_i, cpu_j = table.cpu_mean.span(t - self.w, t)
+                for gpu, (values, i, j) in sorted(util.items()):
+                    if not values.any_positive(i, j):
                         continue  # never busy: an unused device
-                    p95, p5 = _quantile(0.95, values), _quantile(0.05, values)
+                    p95, p5 = values.quantile(0.95, i, j), values.quantile(0.05, i, j)
                     subject = f"{r.subject} gpu {gpu}"
                     if kind == "under" and p95 < c.low_gpu_threshold_p95:
                         out.append(Firing(subject, p95))
                     elif kind == "fluctuating" and p5 < c.low_gpu_threshold_p5 and p95 > c.low_gpu_threshold_p95:
                         out.append(Firing(subject, p5))
-                    elif (kind == "batch" and p95 < c.batch_size_gpu_threshold_p95 and mem.get(gpu)
-                          and _quantile(0.95, mem[gpu]) < c.batch_size_gpu_memory_threshold_p95
-                          and node_cpu and _quantile(0.95, node_cpu) < c.batch_size_cpu_threshold_p95):
+                    elif (kind == "batch" and p95 < c.batch_size_gpu_threshold_p95 and gpu in mem
+                          and mem[gpu][0].quantile(0.95, *mem[gpu][1:]) < c.batch_size_gpu_memory_threshold_p95
+                          and cpu_j > cpu_i
+                          and table.cpu_mean.quantile(0.95, cpu_i, cpu_j) < c.batch_size_cpu_threshold_p95):
                         out.append(Firing(subject, p95))
             return out
         return condition
@@ -211,11 +381,11 @@ class _Checks:
         for r in self.ranks:
             if not (self.warm(r, t) and self.alive(r, t)):
                 continue
-            now = self.gpu_values(self.window(r, t, m), 1)
-            before = self.gpu_values(self.window(r, t, m, offset=m), 1)
+            memory = self.samples[id(r)].memory
+            now, before = self.gpu_windows(memory, t - m, t), self.gpu_windows(memory, t - 2 * m, t - m)
             for gpu in sorted(now):
-                if before.get(gpu):
-                    increase = _mean(now[gpu]) - _mean(before[gpu])
+                if gpu in before:
+                    increase = now[gpu][0].mean(*now[gpu][1:]) - before[gpu][0].mean(*before[gpu][1:])
                     if increase > self.c.gpu_memory_increase:
                         out.append(Firing(f"{r.subject} gpu {gpu}", increase))
         return out
@@ -225,9 +395,10 @@ class _Checks:
         out = []
         for r in self.ranks:
             if self.alive(r, t):
-                for gpu, values in sorted(self.gpu_values(self.window(r, t, width), 1).items()):
-                    if _mean(values) > self.c.gpu_memory_capacity_threshold:
-                        out.append(Firing(f"{r.subject} gpu {gpu}", _mean(values)))
+                for gpu, (values, i, j) in sorted(self.gpu_windows(self.samples[id(r)].memory, t - width, t).items()):
+                    mean = values.mean(i, j)
+                    if mean > self.c.gpu_memory_capacity_threshold:
+                        out.append(Firing(f"{r.subject} gpu {gpu}", mean))
         return out
 
     def load_imbalance(self, t: float) -> list[Firing]:
@@ -236,12 +407,20 @@ class _Checks:
             live = [r for r in ranks if self.alive(r, t)]
             if not live or not all(self.warm(r, t) for r in live):
                 continue
-            means = [_mean(v) for r in live for v in self.gpu_values(self.window(r, t, self.w), 0).values()]
+            means = [values.mean(i, j) for r in live
+                     for values, i, j in self.gpu_windows(self.samples[id(r)].util, t - self.w, t).values()]
             if len(means) > 1 and max(means) - min(means) > self.c.load_balancing_threshold:
                 out.append(Firing(f"job {job}", max(means) - min(means)))
         return out
 
     # ---------------------------------------------------------------- steps
+    def phase_windows(self, rank: RankData, start: float, end: float) -> Iterable[tuple[str, PhaseSteps, int, int]]:
+        """Per phase with steps ending in the window: its columns and the window's index range."""
+        for phase, steps in self.steps[id(rank)].phases.items():
+            i, j = steps.span(start, end)
+            if j > i:
+                yield phase, steps, i, j
+
     def straggler(self, t: float) -> list[Firing]:
         width = seconds(self.c.straggler_window)
         out = []
@@ -250,8 +429,8 @@ class _Checks:
             for r in ranks:
                 if not self.alive(r, t):
                     continue
-                for phase, steps in _by_phase(self.step_window(r, t, width)).items():
-                    compute[(phase, r.rank)] = sum(s.end - s.start - s.collective for s in steps) / len(steps)
+                for phase, steps, i, j in self.phase_windows(r, t - width, t):
+                    compute[(phase, r.rank)] = sum(steps.compute[i:j]) / (j - i)
             for phase in sorted({p for p, _ in compute}):
                 values = {rank: v for (p, rank), v in compute.items() if p == phase}
                 if len(values) > 1:
@@ -265,10 +444,10 @@ class _Checks:
         width = seconds(self.c.step_outlier_window)
         out = []
         for r in self.ranks:
-            for phase, steps in _by_phase(self.step_window(r, t, width)).items():
-                count = sum(s.outlier for s in steps)
-                if (count > self.c.step_outlier_n_outliers and len(steps) > self.c.step_outlier_min_steps
-                        and count > self.c.step_outlier_min_share * len(steps)):
+            for phase, steps, i, j in self.phase_windows(r, t - width, t):
+                count = steps.outliers[j] - steps.outliers[i]
+                if (count > self.c.step_outlier_n_outliers and j - i > self.c.step_outlier_min_steps
+                        and count > self.c.step_outlier_min_share * (j - i)):
                     out.append(Firing(f"{r.subject} {phase}", count))
         return out
 
@@ -276,7 +455,8 @@ class _Checks:
         limit = seconds(self.c.max_initialization_time)
         out = []
         for r in self.ranks:
-            first = r.steps[0].end if r.steps else math.inf
+            ends = self.steps[id(r)].ends
+            first = ends[0] if ends else math.inf
             if self.alive(r, t) and t - r.process_start > limit and first > t:
                 out.append(Firing(r.subject, t - r.process_start))
         return out
@@ -285,15 +465,16 @@ class _Checks:
         width = seconds(self.c.input_bound_window)
         out = []
         for r in self.ranks:
-            for phase, steps in _by_phase(self.step_window(r, t, width)).items():
-                ratios = [min(s.wait / (s.end - s.start), 1.0) for s in steps if s.wait > 0 and s.end > s.start]
-                if ratios and _mean(ratios) > self.c.input_bound_threshold:
-                    out.append(Firing(f"{r.subject} {phase}", _mean(ratios)))
+            for phase, steps, _, _ in self.phase_windows(r, t - width, t):
+                i, j = steps.inputs.span(t - width, t)
+                if j > i and steps.inputs.mean(i, j) > self.c.input_bound_threshold:
+                    out.append(Firing(f"{r.subject} {phase}", steps.inputs.mean(i, j)))
         return out
 
     # ---------------------------------------------------------------- training
-    def _losses(self, steps: Iterable[StepRecord], phase: str) -> list[float]:
-        return [s.loss for s in steps if s.phase == phase and s.loss is not None and math.isfinite(s.loss)]
+    def _losses(self, r: RankData, phase: str) -> _Series:
+        steps = self.steps[id(r)].phases.get(phase)
+        return steps.losses if steps is not None else _EMPTY
 
     def loss_not_decreasing(self, t: float) -> list[Firing]:
         lw = seconds(self.c.loss_window)
@@ -301,10 +482,10 @@ class _Checks:
         for r in self.ranks:
             if t - r.process_start <= 2 * lw or not self.alive(r, t):
                 continue
-            now = self._losses(self.step_window(r, t, lw), self.c.train_phase)
-            before = self._losses(self.step_window(r, t, lw, offset=lw), self.c.train_phase)
-            if now and before:
-                mean_now, mean_before = _mean(now), _mean(before)
+            losses = self._losses(r, self.c.train_phase)
+            (i, j), (k, m) = losses.span(t - lw, t), losses.span(t - 2 * lw, t - lw)
+            if j > i and m > k:
+                mean_now, mean_before = losses.mean(i, j), losses.mean(k, m)
                 if mean_now > mean_before - self.c.loss_diff_percent / 100 * abs(mean_before):
                     out.append(Firing(r.subject, mean_now))
         return out
@@ -314,11 +495,11 @@ class _Checks:
         out: list[Firing] = []
         for r in self.ranks:
             counts: dict[str, int] = {}
-            for s in self.step_window(r, t, width):
-                for name, value in (("loss", s.loss), ("grad_norm", s.grad_norm)):
-                    if value is not None and not math.isfinite(value):
-                        key = f"{r.subject} {s.phase} {name}"
-                        counts[key] = counts.get(key, 0) + 1
+            for phase, steps in self.steps[id(r)].phases.items():
+                for name, ends in (("loss", steps.bad_losses), ("grad_norm", steps.bad_norms)):
+                    count = bisect.bisect_right(ends, t) - bisect.bisect_right(ends, t - width)
+                    if count:
+                        counts[f"{r.subject} {phase} {name}"] = count
             out.extend(Firing(k, v) for k, v in sorted(counts.items()))
         return out
 
@@ -326,17 +507,21 @@ class _Checks:
         width = seconds(self.c.vanishing_gradient_window)
         out = []
         for r in self.ranks:
-            steps = [s for s in self.step_window(r, t, width) if s.phase == self.c.train_phase]
-            norms = [s.grad_norm for s in steps if s.grad_norm is not None and math.isfinite(s.grad_norm)]
-            if steps and norms and max(norms) < self.c.vanishing_gradient_threshold:
-                out.append(Firing(r.subject, max(norms)))
+            steps = self.steps[id(r)].phases.get(self.c.train_phase)
+            if steps is None:
+                continue
+            i, j = steps.norms.span(t - width, t)
+            if j > i:
+                largest = max(steps.norms.values[i:j])
+                if largest < self.c.vanishing_gradient_threshold:
+                    out.append(Firing(r.subject, largest))
         return out
 
     def stalled(self, t: float) -> list[Firing]:
         limit = seconds(self.c.stalled_training_threshold)
         out = []
         for r in self.ranks:
-            ends = self.steps[id(r)].times
+            ends = self.steps[id(r)].ends
             i = bisect.bisect_right(ends, t)
             if i and self.alive(r, t) and t - ends[i - 1] > limit:
                 out.append(Firing(r.subject, t - ends[i - 1]))
@@ -344,15 +529,11 @@ class _Checks:
 
     def _held_mean(self, r: RankData, t: float, width: float, phase: str) -> float | None:
         """Mean of a loss gauge over the window: the window's values, else the last one before (held)."""
-        window = self._losses(self.step_window(r, t, width), phase)
-        if window:
-            return _mean(window)
-        index = bisect.bisect_right(self.steps[id(r)].times, t - width)
-        for i in range(index - 1, -1, -1):
-            step = r.steps[i]
-            if step.phase == phase and step.loss is not None and math.isfinite(step.loss):
-                return step.loss
-        return None
+        losses = self._losses(r, phase)
+        i, j = losses.span(t - width, t)
+        if j > i:
+            return losses.mean(i, j)
+        return losses.values[i - 1] if i else None
 
     def overfit(self, t: float) -> list[Firing]:
         width = seconds(self.c.overfit_window)
@@ -370,8 +551,8 @@ class _Checks:
 
     def conditions(self) -> dict[str, tuple[Condition, int]]:
         """Condition and datapoint count per alert short name."""
-        samples = sum(len(r.samples) for r in self.ranks)
-        steps = sum(len(r.steps) for r in self.ranks)
+        samples = sum(len(t.times) for t in self.samples.values())
+        steps = sum(len(t) for t in self.steps.values())
         return {
             "CPUBottleneck": (self.bottleneck(io=False), samples),
             "IOBottleneck": (self.bottleneck(io=True), samples),
@@ -482,63 +663,60 @@ def _run(alert: Alert, condition: Condition, datapoints: int, times: Sequence[fl
 
 # -------------------------------------------------------------------- from a recording
 
-def _number(value: float) -> float | None:
-    return None if math.isnan(value) else value
-
-
-def _samples(rank: RankRecording) -> list[Sample]:
+def _sample_table(rank: RankRecording, config: MixinConfig) -> SampleTable:
     """Node samples from the reader's columns: per-CPU maxima and means, not 64-value tuples."""
     columns = rank.sample_columns()
-    gpu_columns = [(str(index), g.get("u"), g.get("mu"), g.get("mt")) for index, g in columns.gpus.items()]
-    samples = []
-    for i, (t_ns, cpu_max) in enumerate(zip(columns.t_ns, columns.cpu_max)):
-        if math.isnan(cpu_max):
-            continue  # a process-only sample: this rank does not sample the node
-        gpus: dict[str, tuple[float | None, float | None]] = {}
-        for index, util, used, total in gpu_columns:
-            u = _number(util[i]) if util is not None else None
-            mu = _number(used[i]) if used is not None else None
-            mt = _number(total[i]) if total is not None else None
-            if u is None and mu is None:
-                continue  # the GPU was not in this sample
-            gpus[index] = (u, mu / mt if mu is not None and mt else None)
-        samples.append(Sample(t_ns / 1e9, (), (), gpus,
-                              (cpu_max, columns.cpu_mean[i], _number(columns.iow_max[i]))))
-    return samples
+    node = list(map(operator.eq, columns.cpu_max, columns.cpu_max))  # NaN: a process-only sample
+    nan = array("d", [math.nan]) * len(columns)
+
+    def kept(values: Sequence[float] | None) -> list[float]:
+        return list(compress(nan if values is None else values, node))
+
+    def ratio(used: list[float], total: list[float]) -> list[float]:
+        if 0.0 in total:
+            return [u / t if t else math.nan for u, t in zip(used, total)]
+        return list(map(operator.truediv, used, total))  # NaN propagates
+
+    util = {str(index): kept(g.get("u")) for index, g in columns.gpus.items()}
+    memory = {str(index): ratio(kept(g.get("mu")), kept(g.get("mt"))) for index, g in columns.gpus.items()}
+    return SampleTable.build([t / 1e9 for t in compress(columns.t_ns, node)], kept(columns.cpu_max),
+                             kept(columns.cpu_mean), kept(columns.iow_max),
+                             {g: v for g, v in util.items() if any(map(operator.eq, v, v))},
+                             {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config)
 
 
-def rank_data(rank: RankRecording) -> RankData:
+def _step_table(rank: RankRecording, sigma: float, min_steps: int) -> StepTable:
+    """Steps from the reader's columns: a million Step objects with their annotations would cost ~25 s here."""
+    columns = rank.step_columns
+    start = [t / 1e9 for t in columns.start_ns]
+    end = [(t + d) / 1e9 for t, d in zip(columns.start_ns, columns.duration_ns)]
+    outliers = {}
+    for code in set(columns.phase):
+        mask = map(code.__eq__, columns.phase)
+        outliers[code] = flag_outliers([d / 1e9 for d in compress(columns.duration_ns, mask)], sigma, min_steps)
+    return StepTable.build(columns.phase_names, columns.phase, start, end,
+                           [w / 1e9 for w in columns.annotation_sums(sc.REGION_DATALOADER)],
+                           [c / 1e9 for c in columns.annotation_sums(sc.REGION_COLLECTIVE)],
+                           outliers, columns.scalar("loss"), columns.scalar("grad_norm"))
+
+
+def rank_data(rank: RankRecording, config: MixinConfig | None = None) -> RankData:
     """The checks' view of one rank's recording."""
     manifest = rank.manifest
     resource = manifest.get("resource") or {}
-    config = manifest.get("config") or {}
+    recorded = manifest.get("config") or {}
     life = rank.lifecycle
-    detectors: dict[str, OutlierDetector] = {}
-    # From the reader's columns: a million Step objects with their annotations would cost ~25 s here.
-    columns = rank.step_columns
-    waits = columns.annotation_sums(sc.REGION_DATALOADER)
-    collectives = columns.annotation_sums(sc.REGION_COLLECTIVE)
-    losses = dict(zip(*columns.scalar("loss")))
-    norms = dict(zip(*columns.scalar("grad_norm")))
-    steps = []
-    for i, (code, start_ns, duration_ns) in enumerate(zip(columns.phase, columns.start_ns, columns.duration_ns)):
-        phase = columns.phase_names[code]
-        detector = detectors.get(phase)
-        if detector is None:
-            detector = detectors[phase] = OutlierDetector(float(config.get("outlier_sigma", 3)),
-                                                          int(config.get("outlier_min_steps", 20)))
-        steps.append(StepRecord(phase, start_ns / 1e9, (start_ns + duration_ns) / 1e9, waits[i] / 1e9,
-                                collectives[i] / 1e9, losses.get(i), norms.get(i),
-                                detector.observe(duration_ns / 1e9)))
-    samples = _samples(rank)
-    times = [x for x in (life.get("shutdown"), life.get("last_step_end"),
-                         samples[-1].t if samples else None) if x is not None]
-    start = float(life.get("process_start") or (steps[0].start if steps else samples[0].t if samples else 0.0))
+    steps = _step_table(rank, float(recorded.get("outlier_sigma", 3)), int(recorded.get("outlier_min_steps", 20)))
+    samples = _sample_table(rank, config or MixinConfig())
+    first_start = rank.step_columns.start_ns[0] / 1e9 if len(steps) else None
+    last_sample = samples.times[-1] if samples.times else None
+    times = [x for x in (life.get("shutdown"), life.get("last_step_end"), last_sample) if x is not None]
+    start = float(life.get("process_start") or (first_start if first_start is not None else last_sample or 0.0))
     return RankData(str(resource.get(sc.SERVICE_NAME, "")), rank.rank,
                     str(resource.get(sc.K8S_NODE_NAME) or resource.get(sc.HOST_NAME, "")), start,
-                    max(times) if times else start, samples, steps)
+                    max(times) if times else start, sample_table=samples, step_table=steps)
 
 
 def evaluate(recording: Recording, config: MixinConfig | None = None, interval: float = 10.0) -> list[CheckResult]:
     """Every offline-capable alert check on a recording (all ranks)."""
-    return evaluate_ranks([rank_data(r) for r in recording.ranks], config, interval)
+    return evaluate_ranks([rank_data(r, config) for r in recording.ranks], config, interval)

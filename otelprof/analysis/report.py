@@ -21,7 +21,7 @@ from otelprof.analysis.dataloader import DataLoaderAnalysis, dataloader_analysis
 from otelprof.analysis.framework import FrameworkSummary, framework_summary
 from otelprof.analysis.gpu import GpuAnalysis, gpu_analysis
 from otelprof.analysis.loadbalance import LoadBalance, load_balance
-from otelprof.analysis.rules import RulesSummary, rules_summary, skipped_rules
+from otelprof.analysis.rules import RulesSummary, rules_summary_later, skipped_rules
 from otelprof.analysis.run import RunView
 from otelprof.analysis.steps import StepAnalysis, step_analysis
 from otelprof.analysis.summary import JobSummary, job_summary
@@ -30,6 +30,8 @@ from otelprof.mixin.config import MixinConfig
 from otelprof.recording.reader import Recording, read_recording
 
 FORMAT_VERSION = 1
+ORIGIN_RECORDING = "recording"
+ORIGIN_PROMETHEUS = "prometheus"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class Report:
     load: LoadBalance
     dataloader: DataLoaderAnalysis
     notes: tuple[str, ...] = ()
+    origin: str = ORIGIN_RECORDING
+    """Where the figures come from: ORIGIN_RECORDING (every step, region and operator window) or
+    ORIGIN_PROMETHEUS (metrics only: histograms at bucket resolution, counters, gauges)."""
 
 
 def load(path: str | Path, progress: Callable[[str], None] | None = None) -> Recording:
@@ -72,6 +77,10 @@ def build_report(recording: Recording, config: MixinConfig | None = None, check_
                  progress: Callable[[str], None] | None = None, checks: bool = True) -> Report:
     config = config or MixinConfig()
     view = RunView(recording, progress)
+    if checks:  # started first: on long runs they go on in another process beside the analyses below
+        duration = job_summary(view).duration
+        view.say(f"offline checks ({duration or 0:.0f} s of run)")
+        rules_later = rules_summary_later(recording, duration, config, check_interval)
     system = system_usage(view)
     view.say("framework summary")
     framework = framework_summary(view)
@@ -82,10 +91,9 @@ def build_report(recording: Recording, config: MixinConfig | None = None, check_
     io = bottleneck(view, "io", config)
     load_ = load_balance(view, config)
     loader = dataloader_analysis(view, config)
-    summary = job_summary(view)
     if checks:
-        view.say(f"offline checks ({summary.duration or 0:.0f} s of run)")
-        rules = rules_summary(recording, summary.duration, config, check_interval)
+        view.say("offline checks: collecting the results")
+        rules = rules_later()
     else:
         rules = skipped_rules("the checks were not evaluated for this report (--no-checks); otelprof check RUN_DIR "
                               "evaluates them")

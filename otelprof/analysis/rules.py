@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
+from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.reader import Recording
@@ -15,6 +18,8 @@ from otelprof.recording.reader import Recording
 MIN_INTERVAL = 10.0
 MAX_EVALUATIONS = 360
 """Long runs are evaluated at a coarser interval so that the checks take a bounded time."""
+BACKGROUND_STEPS = 200_000
+"""Recordings with more steps than this evaluate the checks in a forked process, beside the other analyses."""
 
 
 @dataclass(frozen=True)
@@ -86,3 +91,49 @@ def rules_summary(recording: Recording, duration: float | None, config: MixinCon
 
 def skipped_rules(reason: str) -> RulesSummary:
     return RulesSummary(0.0, (), (), None, reason)
+
+
+def rules_summary_later(recording: Recording, duration: float | None, config: MixinConfig | None = None,
+                        interval: float | None = None, background: bool | None = None) -> Callable[[], RulesSummary]:
+    """Start :func:`rules_summary`; the returned function waits for its result.
+
+    On long recordings (``background`` unset: more than :data:`BACKGROUND_STEPS` steps) the checks
+    run in a forked process that shares the parsed recording, so that on a machine with several
+    CPUs they cost no time beside the report's other analyses. If the process cannot start or
+    dies, the checks run here instead."""
+    if background is None:
+        background = sum(len(r.step_columns) for r in recording.ranks) > BACKGROUND_STEPS
+    if background and "fork" in multiprocessing.get_all_start_methods():
+        try:
+            context = multiprocessing.get_context("fork")
+            receive, send = context.Pipe(duplex=False)
+            child = context.Process(target=_evaluate_into, args=(send, recording, duration, config, interval),
+                                    name="otelprof-checks", daemon=True)
+            child.start()
+            send.close()  # the child holds the only writer: its death ends the pipe
+        except OSError:
+            logging.getLogger("otelprof.report").warning("cannot start a process for the checks; running them here")
+        else:
+            return lambda: _receive(receive, child, recording, duration, config, interval)
+    result = rules_summary(recording, duration, config, interval)
+    return lambda: result
+
+
+def _evaluate_into(send: Connection, recording: Recording, duration: float | None, config: MixinConfig | None,
+                   interval: float | None) -> None:
+    send.send(rules_summary(recording, duration, config, interval))
+    send.close()
+
+
+def _receive(receive: Connection, child: multiprocessing.process.BaseProcess, recording: Recording,
+             duration: float | None, config: MixinConfig | None, interval: float | None) -> RulesSummary:
+    try:
+        result: RulesSummary = receive.recv()
+    except (EOFError, OSError):
+        logging.getLogger("otelprof.report").warning(
+            "the checks' process ended without a result (exit code %s); running them here", child.exitcode)
+        result = rules_summary(recording, duration, config, interval)
+    finally:
+        receive.close()
+        child.join(5.0)
+    return result
