@@ -48,7 +48,7 @@ def _torch_trainer(batch_size: int, seed: int) -> tuple[Callable[[], float], Cal
         return prototypes[labels] + 3.0 * torch.randn(batch_size, 1, 28, 28), labels
 
     def train_step() -> float:
-        with otelprof.annotate("data"):
+        with otelprof.annotate(REGION_DATALOADER):
             x, y = batch()
         with otelprof.annotate("forward"):
             loss = loss_fn(model(x), y)
@@ -61,7 +61,7 @@ def _torch_trainer(batch_size: int, seed: int) -> tuple[Callable[[], float], Cal
         return float(loss.detach())
 
     def eval_step() -> float:
-        with otelprof.annotate("data"):
+        with otelprof.annotate(REGION_DATALOADER):
             x, y = batch()
         with torch.no_grad(), otelprof.annotate("forward"):
             return float(loss_fn(model(x), y))
@@ -97,7 +97,7 @@ def _python_trainer(batch_size: int, seed: int) -> tuple[Callable[[], float], Ca
         return total / len(rows), grad
 
     def train_step() -> float:
-        with otelprof.annotate("data"):
+        with otelprof.annotate(REGION_DATALOADER):
             rows = batch()
         with otelprof.annotate("forward"):
             loss, grad = loss_and_grad(rows)
@@ -108,7 +108,7 @@ def _python_trainer(batch_size: int, seed: int) -> tuple[Callable[[], float], Ca
         return loss
 
     def eval_step() -> float:
-        with otelprof.annotate("data"):
+        with otelprof.annotate(REGION_DATALOADER):
             rows = batch()
         with otelprof.annotate("forward"):
             return loss_and_grad(rows)[0]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from otelprof import environment_variables as ev
+from otelprof import semconv as sc
 from otelprof.cli import main
 
 
@@ -62,6 +63,6 @@ def test_demo_records_a_run_and_prints_where(tmp_path: Path) -> None:
 
     rank = read_recording(run_dir).ranks[0]
     assert len(rank.steps) > 10
-    assert {"data", "forward", "backward", "optimizer"} <= {a.name for a in rank.steps[0].annotations}
+    assert {sc.REGION_DATALOADER, "forward", "backward", "optimizer"} <= {a.name for a in rank.steps[0].annotations}
     assert {a.name for a in rank.annotations} >= {"initialization", "checkpoint"}
     assert rank.manifest["status"] == "finished"

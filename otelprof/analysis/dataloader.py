@@ -10,7 +10,7 @@ from itertools import compress
 
 from otelprof import semconv as sc
 from otelprof.analysis.run import RunView, last_values
-from otelprof.analysis.stats import Distribution, Histogram, quantile
+from otelprof.analysis.stats import Bucket, Distribution, Histogram, quantile
 from otelprof.mixin.config import MixinConfig
 
 
@@ -31,6 +31,9 @@ class LoaderPhase:
     wait_share: float
     """Total wait over total step time."""
     histogram: Histogram
+    max_bucket: Bucket | None = None
+    """When only the wait histogram is known (Prometheus): the bucket holding the longest wait
+    (``wait.max`` is then NaN)."""
 
 
 @dataclass(frozen=True)

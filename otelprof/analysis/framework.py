@@ -18,7 +18,7 @@ from typing import Any
 
 from otelprof import semconv as sc
 from otelprof.analysis.run import RunView
-from otelprof.analysis.stats import share
+from otelprof.analysis.stats import Bucket, share
 
 TOP = 20
 BETWEEN_STEPS = "between steps"
@@ -36,6 +36,9 @@ class Region:
     """Of the time inside steps (regions at depth 0 add up to at most 1)."""
     depth: int
     """Smallest nesting depth seen (0: directly inside the step)."""
+    max_bucket: Bucket | None = None
+    """When only the region-duration histogram is known (Prometheus): the bucket holding the longest
+    instance (``max`` is then NaN)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ class FrameworkSummary:
     gpu_activity: tuple[tuple[str, float], ...]
     kernel_precision: tuple[tuple[str, float], ...]
     windows: tuple[ProfileWindow, ...]
+    window_counts: tuple[tuple[int, int], ...] = ()
+    """When only metrics are known (Prometheus): (rank, operator-profiling windows completed) from the
+    ``otelprof.profile.windows`` counter; the windows themselves and their operators are not known."""
 
 
 def _regions(totals: dict[str, list[float]], step_time: float, top: int) -> tuple[Region, ...]:

@@ -4,8 +4,11 @@ Prometheus's HTTP API, for one job and a time range.
 What Prometheus keeps is coarser than a recording: distributions come from the per-sample and
 per-step histograms (quantiles at bucket resolution, interpolated like ``histogram_quantile``),
 gauges are known at scrape resolution, and there are no individual steps, regions or operator
-windows. The result is the same :class:`~otelprof.analysis.report.Report`; what Prometheus cannot
-give stays empty, and the report's notes say so.
+windows. The result is the same :class:`~otelprof.analysis.report.Report` with origin
+``prometheus``: minima and maxima are the histogram buckets that hold them (:class:`Bucket`),
+outliers and operator-profiling windows are counted by their counters, and what only spans or a
+recording hold (outlier step numbers, operator tables, nesting depths) stays empty for the report to
+point there.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from otelprof.analysis.dataloader import DataLoaderAnalysis, LoaderConfig, Loade
 from otelprof.analysis.framework import BETWEEN_STEPS, FrameworkSummary, Region
 from otelprof.analysis.gpu import GpuAnalysis, GpuUsage
 from otelprof.analysis.loadbalance import GpuDistance, GpuLoad, LoadBalance, RankLoad, js_distance
-from otelprof.analysis.report import FORMAT_VERSION, Report
+from otelprof.analysis.report import FORMAT_VERSION, ORIGIN_PROMETHEUS, Report
 from otelprof.analysis.rules import RuleRow, RulesSummary
-from otelprof.analysis.stats import BoxPlot, Distribution, Histogram, Series, share
+from otelprof.analysis.stats import BoxPlot, Bucket, Distribution, Histogram, Series, share
 from otelprof.analysis.steps import PhaseSteps, StepAnalysis
 from otelprof.analysis.summary import JobSummary, RankSummary
 from otelprof.analysis.system import (
@@ -173,6 +176,19 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
         return NAN
 
 
+def extreme_buckets(buckets: list[tuple[float, float]]) -> tuple[Bucket | None, Bucket | None]:
+    """The buckets holding the smallest and the largest observation, from (upper bound, cumulative count)
+    pairs sorted by bound (``+Inf`` last); None when there is no observation. The first bucket's lower
+    edge is 0 (otelprof's histograms hold durations and ratios)."""
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None, None
+    lows = [0.0] + [b for b, _ in buckets[:-1]]
+    first = next(i for i, (_, c) in enumerate(buckets) if c > 0)
+    last = next(i for i, (_, c) in enumerate(buckets) if c >= total)
+    return Bucket(lows[first], buckets[first][0]), Bucket(lows[last], buckets[last][0])
+
+
 def _box(buckets: list[tuple[float, float]], total: float, count: float) -> BoxPlot:
     if not buckets or not count:
         return BoxPlot.of(())
@@ -266,10 +282,12 @@ def report_from_prometheus(url: str, job: str, start: float | None = None, end: 
     first, last = datetime.datetime.fromtimestamp(start, utc), datetime.datetime.fromtimestamp(end, utc)
     notes = (f"From Prometheus {client.url}, job {job}, {first:%Y-%m-%d %H:%M:%S} to {last:%Y-%m-%d %H:%M:%S} UTC. "
              "Distributions "
-             "come from histograms (bucket resolution), so minima, maxima and exact outliers are not known; "
-             "individual steps, regions and operator windows are only in a recording (otelprof report RUN_DIR).",)
+             "come from histograms (bucket resolution): quantiles are interpolated within buckets, and minima "
+             "and maxima are shown as the bucket that holds them. Outlier steps and operator-profiling windows "
+             "are counted, not listed; the steps, regions and operator tables themselves are in the traces "
+             "(Tempo) and the recording (otelprof report RUN_DIR).",)
     return Report(FORMAT_VERSION, f"{client.url} job={job}", time.time(), summary, system, framework, rules, steps,
-                  gpus, batch_size(system, gpus, steps, config), cpu, io, load, loader, notes)
+                  gpus, batch_size(system, gpus, steps, config), cpu, io, load, loader, notes, ORIGIN_PROMETHEUS)
 
 
 def _quantile_rows(node: str, metric: str, unit: str, buckets: list[tuple[float, float]] | None,
@@ -355,13 +373,14 @@ def _steps(qs: _Queries, rank_nodes: dict[str, str]) -> StepAnalysis:
         b = buckets.get(key, [])
         dist = Distribution(int(n), total / n, NAN, NAN, bucket_quantile(0.5, b), bucket_quantile(0.95, b),
                             bucket_quantile(0.99, b), NAN)
+        fastest, slowest = extreme_buckets(b)
         per_second = samples[key] / total if samples.get(key) and total else None
         if per_second is not None:
             throughput[key[1]] = throughput.get(key[1], 0.0) + per_second
         rows.append(PhaseSteps(int(key[0]) if key[0].isdigit() else -1, rank_nodes.get(key[0], ""), key[1], dist, NAN,
                                int(outliers.get(key, 0.0)), (), _per_bucket(b),
                                samples[key] / n if samples.get(key) else None, per_second,
-                               tokens[key] / total if tokens.get(key) and total else None))
+                               tokens[key] / total if tokens.get(key) and total else None, fastest, slowest))
     return StepAnalysis(NAN, tuple(rows), tuple(sorted(throughput.items())))
 
 
@@ -370,6 +389,11 @@ def _framework(qs: _Queries, summary: JobSummary) -> FrameworkSummary:
     label = sc.prometheus_label(sc.LABEL_ANNOTATION)
     sums = qs.by(f"sum by ({label}, {PHASE}) ({qs.delta(sc.ANNOTATION_DURATION, 'sum')})", label, PHASE)
     counts = qs.by(f"sum by ({label}, {PHASE}) ({qs.delta(sc.ANNOTATION_DURATION, 'count')})", label, PHASE)
+    longest = {
+        True: qs.histogram(sc.ANNOTATION_DURATION, label, extra=f'{PHASE}!="{_escape(sc.NO_PHASE)}"'),
+        False: qs.histogram(sc.ANNOTATION_DURATION, label, extra=f'{PHASE}="{_escape(sc.NO_PHASE)}"'),
+    }
+    windows = qs.by(f"sum by ({RANK}) ({qs.delta(sc.PROFILE_WINDOWS)})", RANK)
     loop = sum((r.last_step_end or 0) - (r.first_step_start or 0) for r in summary.ranks
                if r.first_step_start and r.last_step_end)
     in_steps = sum(phase_time.values())
@@ -385,15 +409,19 @@ def _framework(qs: _Queries, summary: JobSummary) -> FrameworkSummary:
         entry[0] += counts.get((name, phase), 0.0)
         entry[1] += total
 
-    def regions(acc: dict[str, list[float]]) -> tuple[Region, ...]:
-        rows = [Region(name, int(c), t, t / c if c else NAN, NAN, share(t, in_steps), 0)
+    def regions(acc: dict[str, list[float]], in_step: bool) -> tuple[Region, ...]:
+        rows = [Region(name, int(c), t, t / c if c else NAN, NAN, share(t, in_steps), 0,
+                       extreme_buckets(longest[in_step].get((name,), []))[1])
                 for name, (c, t) in acc.items()]
         return tuple(sorted(rows, key=lambda r: -r.total))
 
     forward = inside.get(sc.REGION_FORWARD, [0.0, 0.0])[1]
     backward = inside.get(sc.REGION_BACKWARD, [0.0, 0.0])[1]
+    window_counts = tuple(sorted((int(rank), round(n)) for (rank,), n in windows.items()
+                          if rank.isdigit() and round(n) > 0))
     return FrameworkSummary(tuple(phases), share(between, loop), forward, backward, share(forward, forward + backward),
-                            regions(inside), regions(outside), (), (), 0.0, 0.0, (), (), ())
+                            regions(inside, True), regions(outside, False), (), (), 0.0, 0.0, (), (), (),
+                            window_counts)
 
 
 def _gpus(qs: _Queries, config: MixinConfig, origin: float) -> GpuAnalysis:
@@ -532,7 +560,8 @@ def _loader(qs: _Queries, config: MixinConfig) -> DataLoaderAnalysis:
                                                                bucket_quantile(0.99, b), NAN),
             bucket_quantile(0.25, b), Distribution(int(n), NAN, NAN, NAN, bucket_quantile(0.5, r),
                                                    bucket_quantile(0.95, r), bucket_quantile(0.99, r), NAN),
-            int(bound), share(wait_sum.get(key, 0.0), step_sum.get(key, 0.0)), _per_bucket(b)))
+            int(bound), share(wait_sum.get(key, 0.0), step_sum.get(key, 0.0)), _per_bucket(b),
+            extreme_buckets(b)[1]))
     workers = qs.by(f"last_over_time({qs.s(sc.DATALOADER_WORKERS)}[{qs.window}])", RANK)
     pins = qs.by(f"last_over_time({qs.s(sc.DATALOADER_PIN_MEMORY)}[{qs.window}])", RANK)
     cpus = qs.by(f"last_over_time({qs.s(sc.CPU_AVAILABLE)}[{qs.window}])", RANK)

@@ -60,6 +60,17 @@ class Distribution:
 
 
 @dataclass(frozen=True)
+class Bucket:
+    """A value known only to lie in one histogram bucket: ``low < value <= high``.
+
+    What a Prometheus histogram tells about a minimum or a maximum; ``low`` is 0 for the first bucket
+    and ``high`` infinite for the ``+Inf`` bucket."""
+
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
 class BoxPlot:
     """Box (quartiles), Tukey whiskers (1.5 IQR, clipped to the data) and the 5th/95th percentiles."""
 

@@ -11,7 +11,7 @@ from itertools import compress, repeat
 from operator import mul, sub
 
 from otelprof.analysis.run import RunView
-from otelprof.analysis.stats import Distribution, Histogram, finite, quantile
+from otelprof.analysis.stats import Bucket, Distribution, Histogram, finite, quantile
 
 MAX_LISTED_OUTLIERS = 50
 
@@ -35,6 +35,11 @@ class PhaseSteps:
     samples_per_second: float | None
     """Recorded samples over the time spent in this phase's steps."""
     tokens_per_second: float | None
+    min_bucket: Bucket | None = None
+    """When only the step-duration histogram is known (Prometheus): the bucket holding the fastest step
+    (``durations.min`` is then NaN)."""
+    max_bucket: Bucket | None = None
+    """Likewise the bucket holding the slowest step."""
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from html import escape
 
+from otelprof import semconv as sc
 from otelprof._version import __version__
 from otelprof.analysis import system as sysmod
-from otelprof.analysis.report import Report
-from otelprof.analysis.stats import BoxPlot
+from otelprof.analysis.report import ORIGIN_PROMETHEUS, Report
+from otelprof.analysis.stats import BoxPlot, Bucket
 from otelprof.report import svg
 from otelprof.report.template import PAGE, STYLE
 
@@ -92,6 +93,30 @@ def when(unix: float | None) -> str:
         return DASH
     assert unix is not None
     return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def bounds(b: Bucket | None, fmt: Callable[[float], str] = secs) -> str:
+    """A value known only to a histogram bucket, as that bucket: "≤ 25 ms", "> 25 ms, ≤ 50 ms", "> 600 s"."""
+    if b is None:
+        return DASH
+    if not _ok(b.high):
+        return f"> {fmt(b.low)}"
+    if b.low <= 0:
+        return f"≤ {fmt(b.high)}"
+    return f"> {fmt(b.low)}, ≤ {fmt(b.high)}"
+
+
+def extreme(value: float, bucket: Bucket | None, fmt: Callable[[float], str] = secs) -> str:
+    """An exact minimum or maximum when known, else the histogram bucket that holds it."""
+    return fmt(value) if _ok(value) or bucket is None else bounds(bucket, fmt)
+
+
+def _from_prometheus(r: Report) -> bool:
+    return r.origin == ORIGIN_PROMETHEUS
+
+
+IN_RECORDING = "the recording (otelprof report RUN_DIR)"
+"""Where the figures Prometheus lacks are: wording shared by the sections."""
 
 
 def _unit_fmt(unit: str) -> Callable[[float], str]:
@@ -289,14 +314,20 @@ def _framework(r: Report) -> str:
         out.append(charts(figure(svg.bars([(x.name, x.total) for x in f.regions[:15]], "Region time", secs),
                                  "Total time per annotated region, all ranks.")))
         out.append(table(("Region", "Depth", "Count", "Total", "Mean", "Max", "Share of step time"),
-                         [(x.name, x.depth, f"{x.count:,}", secs(x.total), secs(x.mean), secs(x.max), pct(x.share))
-                          for x in f.regions], 1))
+                         [(x.name, DASH if _from_prometheus(r) else x.depth, f"{x.count:,}", secs(x.total),
+                           secs(x.mean), extreme(x.max, x.max_bucket), pct(x.share)) for x in f.regions], 1))
+        if _from_prometheus(r):
+            out.append(p("From Prometheus: the maximum is the histogram bucket holding the longest instance; "
+                         f"nesting depths are in the traces (Tempo) and {IN_RECORDING}."))
     if f.outside_steps:
         out.append("<h3>Regions outside steps</h3>")
         out.append(table(("Region", "Count", "Total", "Mean", "Max"),
-                         [(x.name, f"{x.count:,}", secs(x.total), secs(x.mean), secs(x.max)) for x in f.outside_steps]))
+                         [(x.name, f"{x.count:,}", secs(x.total), secs(x.mean), extreme(x.max, x.max_bucket))
+                          for x in f.outside_steps]))
     out.append("<h3>Operators</h3>")
-    if not f.windows:
+    if _from_prometheus(r):
+        out.append(_operators_elsewhere(r))
+    elif not f.windows:
         out.append(p("No operator-profiling window was recorded. Run torch.profiler for a few steps with "
                      "otelprof.torch.profile_window(start_step, num_steps), or on a running job with "
                      "otelprof capture URL --steps N; the top CPU and GPU operators then appear here."))
@@ -330,6 +361,20 @@ def _framework(r: Report) -> str:
         if mixes:
             out.append(charts(*mixes))
     return section("framework", "Framework metrics summary", "".join(out))
+
+
+def _operators_elsewhere(r: Report) -> str:
+    """Prometheus counts operator-profiling windows; their operators are span events and recording lines."""
+    counts = r.framework.window_counts
+    where = (f"their top CPU and GPU operators are events of the {sc.SPAN_PROFILE} spans (Tempo) and tables in "
+             f"{IN_RECORDING}; Prometheus only counts the windows ({sc.PROFILE_WINDOWS.name}).")
+    if not counts:
+        return p("No operator-profiling window completed in the range. Run torch.profiler for a few steps with "
+                 "otelprof.torch.profile_window(start_step, num_steps), or on a running job with otelprof capture "
+                 f"URL --steps N; {where}")
+    total = sum(n for _, n in counts)
+    return p(f"{total:,} operator-profiling window(s) completed in the range ("
+             + ", ".join(f"rank {rank}: {n:,}" for rank, n in counts) + f"); {where}")
 
 
 def _rules(r: Report) -> str:
@@ -374,20 +419,33 @@ def _steps(r: Report) -> str:
     if not a.rows:
         return section("steps", "Step duration analysis",
                        p("No steps were recorded: there are no step durations to analyze."))
-    out = [p(f"Per rank and phase, over every recorded step. An outlier is a step slower than the mean plus "
-             f"{a.sigma:g} standard deviations of all steps of its rank and phase; the histograms leave outliers "
-             "out so that the bulk of the distribution stays visible.")]
+    live = _from_prometheus(r)
+    if live:
+        out = [p("Per rank and phase, from the step-duration histogram over the range: the mean is exact (sum over "
+                 "count), percentiles are interpolated within buckets, and min and max are the bucket that holds "
+                 "them (“> 25 ms, ≤ 50 ms”). Outliers are counted live by each process "
+                 f"({sc.STEP_OUTLIERS.name}): steps slower than the mean plus OTELPROF_OUTLIER_SIGMA standard "
+                 "deviations of the recent steps of their phase, so the threshold moves. The standard deviation "
+                 f"and exact min and max need the individual steps: {IN_RECORDING}.")]
+    else:
+        out = [p(f"Per rank and phase, over every recorded step. An outlier is a step slower than the mean plus "
+                 f"{a.sigma:g} standard deviations of all steps of its rank and phase; the histograms leave "
+                 "outliers out so that the bulk of the distribution stays visible.")]
     out.append(table(("Rank", "Node", "Phase", "Steps", "mean", "max", "p99", "p95", "p50", "min", "std",
                       "Outliers", "Threshold"),
-                     [(x.rank, x.node, x.phase, f"{x.durations.count:,}", *(secs(v) for v in (
-                         x.durations.mean, x.durations.max, x.durations.p99, x.durations.p95, x.durations.p50,
-                         x.durations.min, x.durations.std)), f"{x.outliers:,}", secs(x.threshold)) for x in a.rows], 3))
+                     [(x.rank, x.node, x.phase, f"{x.durations.count:,}", secs(x.durations.mean),
+                       extreme(x.durations.max, x.max_bucket),
+                       *(secs(v) for v in (x.durations.p99, x.durations.p95, x.durations.p50)),
+                       extreme(x.durations.min, x.min_bucket), secs(x.durations.std), f"{x.outliers:,}",
+                       "rolling, per process" if live else secs(x.threshold)) for x in a.rows], 3))
     figures = []
     for x in a.rows[:MAX_HISTOGRAMS]:
         if x.histogram.counts:
             figures.append(figure(svg.histogram(x.histogram.edges, x.histogram.counts,
                                                 f"Step durations, rank {x.rank} {x.phase}", secs, width=460,
                                                 markers=[("p50", x.durations.p50), ("p95", x.durations.p95)]),
+                                  f"Rank {x.rank}, {x.phase}: {x.histogram.total:,} steps per histogram bucket, "
+                                  "outliers included." if live else
                                   f"Rank {x.rank}, {x.phase}: {x.histogram.total:,} steps without outliers."))
     out.append(charts(*figures))
     if len(a.rows) > MAX_HISTOGRAMS:
@@ -395,11 +453,15 @@ def _steps(r: Report) -> str:
     outliers = [x for x in a.rows if x.outliers]
     if outliers:
         out.append("<h3>Outlier steps</h3>")
+        where = (f"not in Prometheus: {sc.SPAN_STEP} spans with {sc.ATTR_STEP_OUTLIER} = true (Tempo), or "
+                 f"{IN_RECORDING}")
         out.append(table(("Rank", "Phase", "Outliers", "Step numbers (first ones)"),
-                         [(x.rank, x.phase, f"{x.outliers:,}", ", ".join(map(str, x.outlier_steps))
+                         [(x.rank, x.phase, f"{x.outliers:,}", where if live else ", ".join(map(str, x.outlier_steps))
                            + (" …" if x.outliers > len(x.outlier_steps) else "")) for x in outliers], 2))
-        out.append(p("Open these steps on the timeline (otelprof timeline) to see which region grew; the "
-                     "CPU/I/O bottleneck sections show whether the node was starved at the time."))
+        out.append(p(("Open these steps in Tempo, or on the recording's timeline (otelprof timeline RUN_DIR), "
+                      if live else "Open these steps on the timeline (otelprof timeline) ")
+                     + "to see which region grew; the CPU/I/O bottleneck sections show whether the node was starved "
+                     "at the time."))
     throughput = [x for x in a.rows if x.samples_per_second is not None or x.tokens_per_second is not None]
     if throughput:
         out.append("<h3>Throughput</h3>")
@@ -515,7 +577,7 @@ def _dataloader(r: Report) -> str:
         out.append(table(("Rank", "Phase", "Steps", "Steps waiting", "Wait p25", "Wait p50", "Wait p95", "Wait max",
                           "Wait share", "Input-bound steps"),
                          [(x.rank, x.phase, f"{x.steps:,}", f"{x.steps_waiting:,}", secs(x.wait_p25),
-                           secs(x.wait.p50), secs(x.wait.p95), secs(x.wait.max), pct(x.wait_share),
+                           secs(x.wait.p50), secs(x.wait.p95), extreme(x.wait.max, x.max_bucket), pct(x.wait_share),
                            f"{x.input_bound_steps:,}") for x in d.phases], 2))
         figures = [figure(svg.histogram(x.histogram.edges, x.histogram.counts, f"Data-loader wait, rank {x.rank}",
                                         secs, width=460, markers=[("p25", x.wait_p25), ("p50", x.wait.p50),
