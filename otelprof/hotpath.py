@@ -27,6 +27,8 @@ STEP = "s"
 ANNOTATION = "a"
 SCALAR = "x"
 PHASE = "p"
+DEVICE = "d"
+"""Device times resolved after their steps closed (CUDA events): ``(DEVICE, [(phase, number, region, ns), ...])``."""
 
 _active: Recorder | None = None
 class _ThreadState(threading.local):

@@ -7,6 +7,7 @@ Only one thread processes at a time (``_drain_lock``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -103,6 +104,7 @@ class Recorder:
         self.dataloader_wait = r.histogram(sc.DATALOADER_WAIT)
         self.dataloader_wait_ratio = r.histogram(sc.DATALOADER_WAIT_RATIO)
         self.collective_duration = r.histogram(sc.COLLECTIVE_DURATION)
+        self.device_duration = r.histogram(sc.REGION_DEVICE_DURATION)
         self.scalar_gauges = {name: r.gauge(spec) for name, spec in sc.SCALAR_GAUGES.items()}
         self.scalar_counters = {name: r.counter(spec) for name, spec in sc.SCALAR_COUNTERS.items()}
         r.gauge(sc.PROCESS_START_TIME).set(lifecycle.get("process_start") or time.time())
@@ -154,6 +156,8 @@ class Recorder:
                     self._scalar_alone(*item[1:])
                 elif kind == hot.PHASE:
                     self._phase(*item[1:])
+                elif kind == hot.DEVICE:
+                    self._device(item[1])
         if self._collected:
             began = time.perf_counter()
             spans = [self._collected.popleft() for _ in range(len(self._collected))]
@@ -295,6 +299,20 @@ class Recorder:
             self.writer.add_json(schema.STEPS, {"k": schema.KIND_SCALAR, "name": name,
                                                 "v": value if math.isfinite(value) else str(value),
                                                 "ph": phase, "t": self._unix_ns(at_ns)})
+
+    def _device(self, times: list[tuple[str, int | None, str, int]]) -> None:
+        """Device times of regions (CUDA events), resolved after their steps closed: the histogram, and one
+        late steps.jsonl line per step (a step's regions may also arrive over several lines)."""
+        observe = self.device_duration.observe
+        for phase, _number, name, duration_ns in times:
+            observe(duration_ns / 1e9, (self._phase_label(phase), self._annotation_label(name)))
+        if self.writer is None:
+            return
+        q = self._json_name
+        for (phase, number), group in itertools.groupby(times, key=lambda t: (t[0], t[1])):
+            step = f',"n":{number}' if number is not None else ""
+            regions = ",".join(f"[{q(name)},{duration_ns}]" for _, _, name, duration_ns in group)
+            self.writer.add(schema.STEPS, f'{{"k":"d","ph":{q(phase)}{step},"a":[{regions}]}}')
 
     def _annotation(self, name: str, phase: str | None, start_ns: int, end_ns: int, error: str | None) -> None:
         label = self._phase_label(phase) if phase is not None else sc.NO_PHASE

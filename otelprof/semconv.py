@@ -91,6 +91,8 @@ REGION_BACKWARD = "backward"
 REGION_OPTIMIZER = "optimizer"
 REGION_COLLECTIVE = "collective"
 """Time a gradient all-reduce was in flight (DDP communication hook)."""
+DEVICE_TIMED_REGIONS: tuple[str, ...] = (REGION_FORWARD, REGION_BACKWARD, REGION_OPTIMIZER)
+"""Regions that also get a device time from CUDA events when the model is on a CUDA device."""
 
 SPAN_PROFILE = "otelprof.profile"
 """One span per operator-profiling window; its events are the top operators."""
@@ -136,7 +138,8 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(LABEL_PHASE, "metric", "train, eval, ... (`none` outside steps); bounded."),
     AttributeSpec(LABEL_ANNOTATION, "metric", "Annotated region name; bounded by `OTELPROF_MAX_LABEL_VALUES`."),
     AttributeSpec(LABEL_SCALAR, "metric", "Which recorded scalar (loss, grad_norm)."),
-    AttributeSpec(LABEL_EXPORTER, "metric", "queue, otlp_traces, otlp_metrics, recording."),
+    AttributeSpec(LABEL_EXPORTER, "metric", "queue, otlp_traces, otlp_metrics, recording; cuda_events: CUDA event "
+                  "pairs that waited too long for the GPU (device times dropped)."),
     AttributeSpec(LABEL_REASON, "metric", "Why a span was built; on otelprof.sampler.errors the error; "
                   "on otelprof.gpu.throttle the clock-event reason."),
     AttributeSpec(LABEL_GPU, "metric", "GPU index as NVML numbers them in the container."),
@@ -244,6 +247,11 @@ CUDA_MEMORY_RESERVED = MetricSpec(
 CUDA_MEMORY_PEAK = MetricSpec(
     "otelprof.cuda.memory.peak", Kind.GAUGE, "By", "Peak memory held by tensors since start (torch.cuda).",
     (LABEL_GPU,))
+REGION_DEVICE_DURATION = MetricSpec(
+    "otelprof.region.device.duration", Kind.HISTOGRAM, "s",
+    "Device time of the forward, backward and optimizer regions on CUDA, from CUDA events read once the GPU got "
+    "there: from the stream reaching the region to it finishing the region's work.", (LABEL_PHASE, LABEL_ANNOTATION),
+    DURATION_BUCKETS)
 INTEGRATION_ERRORS = MetricSpec(
     "otelprof.integration.errors", Kind.COUNTER, "{error}",
     "Framework hooks that failed and were removed (training went on without them).", ("hook",))
@@ -386,7 +394,7 @@ STEP_METRICS: tuple[MetricSpec, ...] = (
 """From the step/annotation API and the recorder: present whenever steps run."""
 FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
     DATALOADER_WORKERS, DATALOADER_PIN_MEMORY, CUDA_MEMORY_ALLOCATED, CUDA_MEMORY_RESERVED, CUDA_MEMORY_PEAK,
-    INTEGRATION_ERRORS, PROFILE_WINDOWS,
+    REGION_DEVICE_DURATION, INTEGRATION_ERRORS, PROFILE_WINDOWS,
 )
 """Set by the PyTorch integration when it sees a data loader / CUDA."""
 

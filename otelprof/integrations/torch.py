@@ -1,12 +1,19 @@
 """PyTorch in one line: ``otelprof.integrations.torch.instrument(model=..., optimizer=..., dataloader=...)``.
 
-What each region measures (host time, i.e. what the Python training loop waits for):
+What each region measures. Regions are host time, i.e. what the Python training loop waits for; on CPU
+that is the work itself, on CUDA mostly the time to queue the kernels (the GPU runs them later):
 
 * ``dataloader`` — from asking the data loader for the next batch to getting it: input wait.
 * ``forward`` — the instrumented module's forward call.
-* ``backward`` — ``Tensor.backward()``: the autograd pass (on CUDA, until the kernels are queued).
-* ``optimizer`` — ``optimizer.step()`` (plus the gradient norm when asked for).
-* ``collective`` — a DDP gradient all-reduce from launch to completion (communication hook).
+* ``backward`` — ``Tensor.backward()``: the autograd pass (on CUDA, until its kernels are queued).
+* ``optimizer`` — ``optimizer.step()`` (the gradient norm, when asked for, is computed just before it).
+* ``collective`` — a DDP gradient all-reduce from launch until its future completes (communication hook;
+  gloo completes it when the reduction is done, NCCL as soon as it is queued on its stream).
+
+When the model's parameters are on a CUDA device, forward, backward and optimizer also get a device time
+(:mod:`otelprof.integrations.cuda_timing`): CUDA events around the region, read once the GPU has passed
+them, never waited for; ``otelprof.region.device.duration`` and late ``"k":"d"`` lines in the recording.
+On CPU there is no timer at all (one attribute check per hook).
 
 Steps: when the user marks none, a step runs from the first event of an iteration (batch fetch,
 forward) to the end of ``optimizer.step()`` — with gradient accumulation, one step per optimizer
@@ -32,6 +39,8 @@ import torch
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import warn_once
+from otelprof.integrations import cuda_timing
+from otelprof.integrations.cuda_timing import DeviceTimer
 from otelprof.integrations.torch_profiler import ProfileWindows
 
 __all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_window", "uninstrument"]
@@ -132,6 +141,21 @@ class _AutoSteps:
         hot._step_numbers[phase] = step.number + 1
 
 
+class _Undecided:
+    """``device_timer`` until a forward shows where the model lives; regions before it get no device time."""
+
+    def begin(self, region: str) -> None:
+        return None
+
+    def end(self, region: str) -> None:
+        return None
+
+
+_UNDECIDED = _Undecided()
+HOOK_CUDA_EVENTS = "cuda_events"
+"""``hook`` label of ``otelprof.integration.errors`` when the CUDA event API failed and device timing stopped."""
+
+
 class _TimedIterator:
     """Wraps a data-loader iterator: each ``next()`` is a ``dataloader`` region."""
 
@@ -179,6 +203,8 @@ class TorchInstrumentation:
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.windows = ProfileWindows()
+        self.device_timer: DeviceTimer | _Undecided | None = _UNDECIDED
+        """CUDA event timing: decided at the first forward of a module with parameters; None on CPU."""
 
     # ------------------------------------------------------------------ failure handling
     def guarded(self, hook: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -189,6 +215,8 @@ class TorchInstrumentation:
             raise
         except Exception as exc:
             self._remove_hook(hook)
+            if hook == "forward":  # device times are read at each forward: without it the timer would only fill
+                self._close_device_timer()
             _with_registry(lambda r: r.counter(sc.INTEGRATION_ERRORS).add(1, (hook,)))
             warn_once(f"torch-hook:{hook}", "otelprof: the %s hook failed (%r) and was removed; training goes on "
                       "without it", hook, exc)
@@ -259,6 +287,13 @@ class TorchInstrumentation:
         self.auto.saw_work = True
         if not module.training and self.auto.current is not None and hot.current_phase() == hot.DEFAULT_PHASE:
             self.auto.retag("eval")
+        timer = self.device_timer
+        if timer is not None:
+            if isinstance(timer, _Undecided):
+                timer = self._decide_device_timer(module)
+            if timer is not None:
+                timer.poll()  # once per iteration: resolve what the GPU has finished, never wait
+                timer.begin(sc.REGION_FORWARD)
         region = hot._Region(sc.REGION_FORWARD)
         region.__enter__()
         self._forward_regions.append(region)
@@ -266,6 +301,42 @@ class TorchInstrumentation:
     def forward_end(self) -> None:
         if self._forward_regions:
             self._forward_regions.pop().__exit__(None, None, None)
+        timer = self.device_timer
+        if timer is not None:
+            timer.end(sc.REGION_FORWARD)
+
+    # ------------------------------------------------------------------ device time (CUDA events)
+    def _decide_device_timer(self, module: Any) -> DeviceTimer | None:
+        """A :class:`DeviceTimer` when ``module`` lives on a CUDA device, else None for good; undecided while
+        modules without parameters or buffers run."""
+        backend = cuda_timing.backend
+        try:
+            on_cuda = backend.on_cuda(module)
+            if on_cuda is None:
+                return None
+            timer = DeviceTimer(backend, self._device_timer_failed, self._device_pairs_dropped) \
+                if on_cuda and backend.available() else None
+        except Exception as exc:
+            self._device_timer_failed(exc)
+            return None
+        self.device_timer = timer
+        return timer
+
+    def _close_device_timer(self) -> None:
+        timer, self.device_timer = self.device_timer, None
+        if isinstance(timer, DeviceTimer):
+            timer.close()
+
+    def _device_timer_failed(self, exc: Exception) -> None:
+        self.device_timer = None
+        _with_registry(lambda r: r.counter(sc.INTEGRATION_ERRORS).add(1, (HOOK_CUDA_EVENTS,)))
+        warn_once(f"torch-hook:{HOOK_CUDA_EVENTS}", "otelprof: CUDA event timing failed (%r) and was turned off; "
+                  "device times are not measured, host times go on", exc)
+
+    def _device_pairs_dropped(self, count: int) -> None:
+        _with_registry(lambda r: r.counter(sc.EXPORTER_DROPPED).add(count, (cuda_timing.DROPPED_LABEL,)))
+        warn_once("torch:cuda-events-dropped", "otelprof: more than %d CUDA event pairs waited for the GPU; the "
+                  "oldest are dropped and counted (their device times are lost)", cuda_timing.PENDING_PAIRS)
 
     def add_model(self, model: Any) -> None:
         if model in self.models:
@@ -315,6 +386,9 @@ class TorchInstrumentation:
         if self.loss and tensor.numel() == 1:
             # CPU: a number now is cheaper than holding the tensor; CUDA: converted off the hot path.
             hot.record("loss", tensor.item() if tensor.device.type == "cpu" else tensor.detach())
+        timer = self.device_timer
+        if timer is not None:
+            timer.begin(sc.REGION_BACKWARD)
         region = hot._Region(sc.REGION_BACKWARD)
         region.__enter__()
         self._backward_regions.append(region)
@@ -322,6 +396,9 @@ class TorchInstrumentation:
     def backward_end(self) -> None:
         if self._backward_regions:
             self._backward_regions.pop().__exit__(None, None, None)
+        timer = self.device_timer
+        if timer is not None:
+            timer.end(sc.REGION_BACKWARD)
 
     # ------------------------------------------------------------------ optimizer
     def optimizer_begin(self, optimizer: Any) -> None:
@@ -332,6 +409,9 @@ class TorchInstrumentation:
             if grads:
                 norms = torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads])
                 hot.record("grad_norm", torch.linalg.vector_norm(norms))
+        timer = self.device_timer
+        if timer is not None:
+            timer.begin(sc.REGION_OPTIMIZER)
         region = hot._Region(sc.REGION_OPTIMIZER)
         region.__enter__()
         self._optimizer_region = region
@@ -340,6 +420,9 @@ class TorchInstrumentation:
         region, self._optimizer_region = self._optimizer_region, None
         if region is not None:
             region.__exit__(None, None, None)
+        timer = self.device_timer
+        if timer is not None:
+            timer.end(sc.REGION_OPTIMIZER)
         groups = getattr(optimizer, "param_groups", None)
         if groups and "lr" in groups[0]:
             lr = groups[0]["lr"]
@@ -418,6 +501,7 @@ class TorchInstrumentation:
             self.closed = True
             for hook in list(self._removers):
                 self._remove_hook(hook)
+            self._close_device_timer()
             self.auto.close()
             if self in _active:
                 _active.remove(self)

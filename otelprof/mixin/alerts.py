@@ -726,7 +726,9 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
                     "and traces of this period are incomplete.",
             thresholds=_params(("window", c.dropped_window)),
             todo="exporter=otlp_*: the OTel collector is down or slow. exporter=recording: the disk is full or "
-                 "slow. exporter=queue: raise OTELPROF_QUEUE_SIZE or trace fewer steps (OTELPROF_SPAN_BUDGET).",
+                 "slow. exporter=queue: raise OTELPROF_QUEUE_SIZE or trace fewer steps (OTELPROF_SPAN_BUDGET). "
+                 "exporter=cuda_events: the GPU ran far behind the training loop or no forward ran to read the "
+                 "CUDA events; only device times (otelprof_region_device_duration_seconds) are missing.",
             deviations="No original."))
     return [target_down, absent, system_absent, gpu_absent, dropped]
 

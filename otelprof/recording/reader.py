@@ -52,6 +52,16 @@ class Step:
 
 
 @dataclass(frozen=True)
+class DeviceTime:
+    """Device (CUDA event) time of one region of the step ``phase``/``number`` (None: outside steps)."""
+
+    phase: str
+    number: int | None
+    name: str
+    duration_ns: int
+
+
+@dataclass(frozen=True)
 class Span:
     name: str
     trace_id: str
@@ -300,6 +310,8 @@ class RankRecording:
     annotations: list[Annotation] = field(default_factory=list)
     scalars: list[tuple[int, str, str, float]] = field(default_factory=list)
     phases: list[tuple[int, str]] = field(default_factory=list)
+    device_times: list[DeviceTime] = field(default_factory=list)
+    """Device times of regions on CUDA, in the order the GPU finished them."""
     skipped_lines: int = 0
     """Truncated or corrupt lines skipped, each counted once however often its file is read."""
     _sample_columns: SampleColumns | None = field(default=None, repr=False)
@@ -503,6 +515,7 @@ def read_rank(path: Path) -> RankRecording:
         rank.annotations.clear()
         rank.scalars.clear()
         rank.phases.clear()
+        rank.device_times.clear()
         rank.skipped_lines = 0
         for line in text.splitlines():
             line = line.strip()
@@ -620,6 +633,10 @@ def _parse_step_line(data: dict[str, Any], rank: RankRecording) -> None:
         rank.scalars.append((int(data["t"]), str(data["ph"]), str(data["name"]), float(data["v"])))
     elif kind == schema.KIND_PHASE:
         rank.phases.append((int(data["t"]), str(data["ph"])))
+    elif kind == schema.KIND_DEVICE:
+        number = int(data["n"]) if data.get("n") is not None else None
+        rank.device_times.extend([DeviceTime(str(data["ph"]), number, str(name), int(duration))
+                                  for name, duration in data["a"]])
     else:
         raise ValueError(f"unknown record kind {kind!r}")
 

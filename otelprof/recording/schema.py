@@ -17,6 +17,8 @@
 * annotation outside steps: ``{"k":"a","name":...,"ph":phase_or_null,"t":start,"d":duration}``
 * scalar outside steps: ``{"k":"x","name":...,"v":value,"ph":phase,"t":time}``
 * phase switch: ``{"k":"p","ph":phase,"t":time}``
+* device times of a step's regions, written when the GPU got there (after the step's own line; a step
+  may get several): ``{"k":"d","ph":phase,"n":number,"a":[[name,duration],...]}`` (CUDA only)
 
 ``samples.jsonl`` records, one per sample: ``{"t":time,"pid":pid,"pcpu":process_cpu_ratio,"rss":bytes,
 "cpu":[busy ratio per CPU],"iow":[iowait ratio per CPU],"mem":host_memory_ratio,"disk":[read_bytes,write_bytes],
@@ -26,7 +28,8 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
+"""1.1: device-time lines (``"k":"d"``) in steps.jsonl."""
 SCHEMA_MAJOR = 1
 
 MANIFEST = "manifest.json"
@@ -40,6 +43,7 @@ KIND_STEP = "s"
 KIND_ANNOTATION = "a"
 KIND_SCALAR = "x"
 KIND_PHASE = "p"
+KIND_DEVICE = "d"
 
 STATUS_RUNNING = "running"
 STATUS_FINISHED = "finished"
