@@ -31,6 +31,9 @@ DEVICE = "d"
 """Device times resolved after their steps closed (CUDA events): ``(DEVICE, [(phase, number, region, ns), ...])``."""
 
 _active: Recorder | None = None
+MAX_STEP_ANNOTATIONS = 4096
+"""Regions kept inside one step; past this (a step that never ends) they are recorded on their own, so
+that an open step cannot grow without bound."""
 class _ThreadState(threading.local):
     """Per-thread hot-path state; class defaults keep attribute reads on the fast path."""
 
@@ -207,8 +210,10 @@ class _Region:
 def _close_region(name: str, start_ns: int, end_ns: int, step: StepContext | None, depth: int,
                   error: str | None) -> None:
     if step is not None and not step.closed:
-        step.annotations.append((name, start_ns, end_ns, depth, error))
-        return
+        annotations = step.annotations
+        if len(annotations) < MAX_STEP_ANNOTATIONS:
+            annotations.append((name, start_ns, end_ns, depth, error))
+            return
     recorder = _active
     if recorder is not None:
         recorder.submit((ANNOTATION, name, _phase[0] if step is not None else None, start_ns, end_ns, error))

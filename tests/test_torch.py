@@ -119,6 +119,54 @@ def test_gradient_accumulation_is_one_step_per_update(tmp_path: Path) -> None:
     assert rank.steps[0].scalars["samples"] == 16  # the last micro-batch's size (record keeps the last value)
 
 
+def test_without_a_hooked_optimizer_a_step_runs_from_fetch_to_fetch(tmp_path: Path) -> None:
+    """Data loader (and model) only: no optimizer.step() ends steps, so each fetch does; nothing piles up."""
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    otorch.instrument(model=model, dataloader=loader)
+    _train(model, optimizer, loader)
+    otorch.uninstrument()
+    _, _, only_loader = _parts()
+    otorch.instrument(dataloader=only_loader)
+    for _ in only_loader:
+        pass
+    rank = _recording(session)
+    trained, fetched = rank.steps[:8], rank.steps[8:]
+    assert [[a.name for a in s.annotations] for s in trained] == [REGIONS[:3]] * 8
+    assert [[a.name for a in s.annotations] for s in fetched] == [[sc.REGION_DATALOADER]] * 8
+
+
+def test_an_optimizer_calling_its_base_step_is_timed_once(tmp_path: Path) -> None:
+    """Each class's step() is wrapped by torch: a subclass calling super().step() fires the hooks twice."""
+    class Clipped(torch.optim.SGD):
+        def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+            return super().step(closure)
+
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, _, loader = _parts()
+    torch.optim.SGD(model.parameters(), lr=0.05)  # an instance of the base class wraps SGD.step too
+    optimizer = Clipped(model.parameters(), lr=0.05)
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    _train(model, optimizer, loader)
+    rank = _recording(session)
+    assert len(rank.steps) == 8
+    assert all([a.name for a in s.annotations] == REGIONS for s in rank.steps)
+
+
+def test_a_step_that_never_ends_keeps_a_bounded_list(tmp_path: Path) -> None:
+    from otelprof import hotpath
+
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    with otelprof.step() as step:
+        for _ in range(hotpath.MAX_STEP_ANNOTATIONS + 10):
+            with otelprof.annotate("layer"):
+                pass
+        assert len(step.annotations) == hotpath.MAX_STEP_ANNOTATIONS
+    rank = _recording(session)
+    assert len(rank.steps[0].annotations) == hotpath.MAX_STEP_ANNOTATIONS
+    assert [a.name for a in rank.annotations] == ["layer"] * 10  # the rest: recorded on their own
+
+
 def test_user_marked_steps_get_the_regions_and_no_auto_steps(tmp_path: Path) -> None:
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
     model, optimizer, loader = _parts()

@@ -93,6 +93,9 @@ class _AutoSteps:
         self.current: hot.StepContext | None = None
         self.saw_backward = False
         self.saw_work = False
+        self.fetched = False
+        self.by_optimizer = False
+        """An optimizer is hooked: its ``step()`` ends steps (several fetches per step: gradient accumulation)."""
 
     def _ours(self) -> bool:
         return self.current is not None and _open_step() is self.current
@@ -102,12 +105,15 @@ class _AutoSteps:
             return
         step = hot.StepContext(None, None)
         step.__enter__()
-        self.current, self.saw_backward, self.saw_work = step, False, False
+        self.current, self.saw_backward, self.saw_work, self.fetched = step, False, False, False
 
     def on_fetch(self) -> None:
-        if self._ours() and self.saw_work and not self.saw_backward:
-            self.close()  # an evaluation iteration: fetch -> forward -> next fetch
+        if self._ours() and ((self.saw_work and not self.saw_backward) or (self.fetched and not self.by_optimizer)):
+            # An evaluation iteration (fetch -> forward -> next fetch), or no optimizer.step() to end steps:
+            # then a step runs from one fetch to the next.
+            self.close()
         self.ensure()
+        self.fetched = True
 
     def close(self) -> None:
         step, self.current = self.current, None
@@ -176,13 +182,25 @@ class _TimedIterator:
         owner = self._owner
         if hot._active is None or owner.closed:
             return next(self._iterator)
-        region = owner.guarded("dataloader", owner.fetch_begin)
+        # The hook bodies inline, not through guarded(): this runs every step.
+        try:
+            region = owner.fetch_begin()
+        except hot.StopTraining:
+            raise
+        except Exception as exc:
+            owner.failed("dataloader", exc)
+            region = None
         try:
             batch = next(self._iterator)
         except StopIteration:
             owner.guarded("dataloader", owner.fetch_end, region, None, True)
             raise
-        owner.guarded("dataloader", owner.fetch_end, region, batch, False)
+        try:
+            owner.fetch_end(region, batch, False)
+        except hot.StopTraining:
+            raise
+        except Exception as exc:
+            owner.failed("dataloader", exc)
         return batch
 
 
@@ -198,6 +216,7 @@ class TorchInstrumentation:
         self._removers: dict[str, list[Callable[[], None]]] = {}
         self._forward_regions: list[Any] = []
         self._optimizer_region: Any = None
+        self._optimizer_depth = 0
         self._backward_regions: list[Any] = []
         self._global_depth = threading.local()
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -214,13 +233,50 @@ class TorchInstrumentation:
         except hot.StopTraining:
             raise
         except Exception as exc:
-            self._remove_hook(hook)
-            if hook == "forward":  # device times are read at each forward: without it the timer would only fill
-                self._close_device_timer()
-            _with_registry(lambda r: r.counter(sc.INTEGRATION_ERRORS).add(1, (hook,)))
-            warn_once(f"torch-hook:{hook}", "otelprof: the %s hook failed (%r) and was removed; training goes on "
-                      "without it", hook, exc)
+            self.failed(hook, exc)
             return None
+
+    def failed(self, hook: str, exc: Exception) -> None:
+        """A hook raised: remove it, count it, warn once; training goes on."""
+        self._remove_hook(hook)
+        if hook == "forward":  # device times are read at each forward: without it the timer would only fill
+            self._close_device_timer()
+        _with_registry(lambda r: r.counter(sc.INTEGRATION_ERRORS).add(1, (hook,)))
+        warn_once(f"torch-hook:{hook}", "otelprof: the %s hook failed (%r) and was removed; training goes on "
+                  "without it", hook, exc)
+
+    # Hooks torch calls every step: the bodies guarded inline (one frame less than guarded()).
+    def _forward_pre_hook(self, module: Any, args: Any) -> None:
+        try:
+            self.forward_begin(module)
+        except hot.StopTraining:
+            raise
+        except Exception as exc:
+            self.failed("forward", exc)
+
+    def _forward_post_hook(self, module: Any, args: Any, output: Any) -> None:
+        try:
+            self.forward_end()
+        except hot.StopTraining:
+            raise
+        except Exception as exc:
+            self.failed("forward", exc)
+
+    def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self.optimizer_begin(optimizer)
+        except hot.StopTraining:
+            raise
+        except Exception as exc:
+            self.failed("optimizer", exc)
+
+    def _optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self.optimizer_end(optimizer)
+        except hot.StopTraining:
+            raise
+        except Exception as exc:
+            self.failed("optimizer", exc)
 
     def _remove_hook(self, hook: str) -> None:
         for remove in self._removers.pop(hook, []):
@@ -265,7 +321,7 @@ class TorchInstrumentation:
         try:
             loader.__class__ = type(cls.__name__, (cls,), {"__iter__": __iter__, "_otelprof_instrumented": True,
                                                           "__module__": cls.__module__})
-        except TypeError:
+        except (TypeError, AttributeError):  # a C type, __slots__, or a loader that refuses attribute changes
             warn_once("torch:dataloader-class", "otelprof: cannot instrument data loader %s; wrap its iterator "
                       "with otelprof.annotate('dataloader') instead", cls.__name__)
             return
@@ -346,8 +402,8 @@ class TorchInstrumentation:
                       type(model).__name__)
             return
         self.models.add(model)
-        pre = model.register_forward_pre_hook(lambda m, args: self.guarded("forward", self.forward_begin, m))
-        post = model.register_forward_hook(lambda m, args, out: self.guarded("forward", self.forward_end))
+        pre = model.register_forward_pre_hook(self._forward_pre_hook)
+        post = model.register_forward_hook(self._forward_post_hook)
         self._on_remove("forward", pre.remove)
         self._on_remove("forward", post.remove)
         self._add_comm_hook(model)
@@ -385,7 +441,7 @@ class TorchInstrumentation:
         self.auto.saw_work = self.auto.saw_backward = True
         if self.loss and tensor.numel() == 1:
             # CPU: a number now is cheaper than holding the tensor; CUDA: converted off the hot path.
-            hot.record("loss", tensor.item() if tensor.device.type == "cpu" else tensor.detach())
+            hot.record("loss", tensor.item() if tensor.is_cpu else tensor.detach())
         timer = self.device_timer
         if timer is not None:
             timer.begin(sc.REGION_BACKWARD)
@@ -402,6 +458,9 @@ class TorchInstrumentation:
 
     # ------------------------------------------------------------------ optimizer
     def optimizer_begin(self, optimizer: Any) -> None:
+        self._optimizer_depth += 1
+        if self._optimizer_depth > 1:
+            return  # a subclass's step() calling super().step(): both are wrapped, time the outer one
         self.auto.ensure()
         self.auto.saw_work = True
         if self.grad_norm:
@@ -417,6 +476,9 @@ class TorchInstrumentation:
         self._optimizer_region = region
 
     def optimizer_end(self, optimizer: Any) -> None:
+        self._optimizer_depth = max(self._optimizer_depth - 1, 0)
+        if self._optimizer_depth:
+            return
         region, self._optimizer_region = self._optimizer_region, None
         if region is not None:
             region.__exit__(None, None, None)
@@ -427,7 +489,7 @@ class TorchInstrumentation:
         if groups and "lr" in groups[0]:
             lr = groups[0]["lr"]
             hot.record("learning_rate", float(lr) if not isinstance(lr, torch.Tensor) else lr.detach())
-        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        if torch.cuda.is_initialized() and torch.cuda.is_available():  # type: ignore[no-untyped-call]
             device = torch.cuda.current_device()
             allocated = torch.cuda.memory_allocated(device)
             reserved = torch.cuda.memory_reserved(device)
@@ -449,10 +511,9 @@ class TorchInstrumentation:
                       "%s; ignored", type(optimizer).__name__)
             return
         self.optimizers.add(optimizer)
-        pre = optimizer.register_step_pre_hook(
-            lambda opt, args, kwargs: self.guarded("optimizer", self.optimizer_begin, opt))
-        post = optimizer.register_step_post_hook(
-            lambda opt, args, kwargs: self.guarded("optimizer", self.optimizer_end, opt))
+        self.auto.by_optimizer = True
+        pre = optimizer.register_step_pre_hook(self._optimizer_pre_hook)
+        post = optimizer.register_step_post_hook(self._optimizer_post_hook)
         self._on_remove("optimizer", pre.remove)
         self._on_remove("optimizer", post.remove)
 
@@ -475,11 +536,10 @@ class TorchInstrumentation:
             if depth.value == 0:
                 self.guarded("forward", self.forward_end)
 
+        self.auto.by_optimizer = True
         handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post),
-                   optim_module.register_optimizer_step_pre_hook(
-                       lambda opt, a, k: self.guarded("optimizer", self.optimizer_begin, opt)),
-                   optim_module.register_optimizer_step_post_hook(
-                       lambda opt, a, k: self.guarded("optimizer", self.optimizer_end, opt))]
+                   optim_module.register_optimizer_step_pre_hook(self._optimizer_pre_hook),
+                   optim_module.register_optimizer_step_post_hook(self._optimizer_post_hook)]
         for handle in handles[:2]:
             self._on_remove("forward", handle.remove)
         for handle in handles[2:]:
@@ -521,11 +581,19 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         inst = _active[-1] if _active and hot._active is not None else None
         if inst is None:
             return original(self, *args, **kwargs)
-        inst.guarded("backward", inst.backward_begin, self)
+        try:
+            inst.backward_begin(self)
+        except hot.StopTraining:
+            raise
+        except Exception as exc:
+            inst.failed("backward", exc)
         try:
             return original(self, *args, **kwargs)
         finally:
-            inst.guarded("backward", inst.backward_end)
+            try:
+                inst.backward_end()
+            except Exception as exc:  # StopTraining included: backward_end never raises it on purpose
+                inst.failed("backward", exc)
 
     return backward
 
@@ -592,8 +660,10 @@ def instrument(
             session = _session()
             if session is not None and hasattr(session, "capture_handler"):
                 session.capture_handler = inst._capture
-        else:
+        else:  # one instrumentation per process: what any caller asked for is on
             inst.grad_norm = inst.grad_norm or grad_norm
+            inst.loss = inst.loss or loss
+            inst.count_samples = inst.count_samples or count_samples
         if model is not None:
             inst.add_model(model)
         if optimizer is not None:
