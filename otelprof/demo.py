@@ -1,7 +1,8 @@
 """``otelprof demo``: a small model trained on synthetic data on the CPU, recorded locally.
 
 Uses PyTorch when it is installed, a pure-Python model otherwise. A data stall
-is injected now and then so the recording shows outlier steps.
+is injected now and then inside the data loader (the ``dataloader`` region, before
+the batch is built), so it shows as an outlier step and as time spent waiting for data.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ import otelprof
 from otelprof.recording.reader import read_recording
 from otelprof.semconv import REGION_DATALOADER
 
+STALL = 0.05
+"""Seconds of the data-loader stall injected every ``stall_every`` seconds of training: on any machine about
+1 % of the time, so it stands out as an outlier step without making the run input-bound."""
+
 
 @dataclass(frozen=True)
 class DemoResult:
@@ -27,7 +32,11 @@ class DemoResult:
     backend: str
 
 
-def _torch_trainer(batch_size: int, seed: int) -> tuple[Callable[[], float], Callable[[], float], Callable[[], None]]:
+Trainer = tuple[Callable[[float], float], Callable[[], float], Callable[[], None]]
+"""A train step (given seconds the data loader stalls first), an eval step and a checkpoint."""
+
+
+def _torch_trainer(batch_size: int, seed: int) -> Trainer:
     import torch
     from torch import nn
 
@@ -47,8 +56,10 @@ def _torch_trainer(batch_size: int, seed: int) -> tuple[Callable[[], float], Cal
         labels = torch.randint(0, 10, (batch_size,))
         return prototypes[labels] + 3.0 * torch.randn(batch_size, 1, 28, 28), labels
 
-    def train_step() -> float:
+    def train_step(stall: float = 0.0) -> float:
         with otelprof.annotate(REGION_DATALOADER):
+            if stall:
+                time.sleep(stall)  # an injected slow data loader
             x, y = batch()
         with otelprof.annotate("forward"):
             loss = loss_fn(model(x), y)
@@ -73,7 +84,7 @@ def _torch_trainer(batch_size: int, seed: int) -> tuple[Callable[[], float], Cal
     return train_step, eval_step, checkpoint
 
 
-def _python_trainer(batch_size: int, seed: int) -> tuple[Callable[[], float], Callable[[], float], Callable[[], None]]:
+def _python_trainer(batch_size: int, seed: int) -> Trainer:
     rng = random.Random(seed)
     with otelprof.annotate("initialization"):
         true_w = [rng.uniform(-1, 1) for _ in range(16)]
@@ -96,8 +107,10 @@ def _python_trainer(batch_size: int, seed: int) -> tuple[Callable[[], float], Ca
                 grad[i] += 2 * err * xi / len(rows)
         return total / len(rows), grad
 
-    def train_step() -> float:
+    def train_step(stall: float = 0.0) -> float:
         with otelprof.annotate(REGION_DATALOADER):
+            if stall:
+                time.sleep(stall)  # an injected slow data loader
             rows = batch()
         with otelprof.annotate("forward"):
             loss, grad = loss_and_grad(rows)
@@ -125,7 +138,7 @@ def run_demo(
     record_dir: str | None = None,
     batch_size: int = 64,
     eval_every: int = 100,
-    stall_every: int = 150,
+    stall_every: float = 5.0,
     seed: int = 0,
     progress: Callable[[str], None] = print,
     loader_delay: float = 0.0,
@@ -134,7 +147,9 @@ def run_demo(
     """Train for about ``duration`` seconds and return where the recording is.
 
     ``loader_delay`` injects a slow data loader: from ``loader_delay_after`` seconds on, every training
-    step first waits that many seconds in a ``dataloader`` region (input-bound steps).
+    step waits that many seconds more in its ``dataloader`` region (input-bound steps). Every
+    ``stall_every`` seconds (0: never) the data loader of one training step also stalls for 50 ms
+    (an outlier step).
     """
     session = otelprof.init(job_name="otelprof-demo", record_dir=record_dir)
     try:
@@ -147,16 +162,17 @@ def run_demo(
         progress(f"otelprof demo: training a small {backend} model on synthetic data for {duration:.0f} s")
         started = time.monotonic()
         next_report = started + 5.0
+        next_stall = started + stall_every if stall_every > 0 else math.inf
         steps = 0
         while time.monotonic() - started < duration:
+            stall = 0.0
+            if loader_delay > 0 and time.monotonic() - started >= loader_delay_after:
+                stall += loader_delay  # a slow data loader: input-bound steps
+            if time.monotonic() >= next_stall:
+                stall += STALL  # an input stall: an outlier step
+                next_stall += stall_every
             with otelprof.step():
-                if loader_delay > 0 and time.monotonic() - started >= loader_delay_after:
-                    with otelprof.annotate(REGION_DATALOADER):
-                        time.sleep(loader_delay)  # an injected slow data loader: input-bound steps
-                loss = train_step()
-                if stall_every and steps % stall_every == stall_every - 1:
-                    with otelprof.annotate("data_stall"):
-                        time.sleep(0.05)  # an injected input stall: shows up as an outlier step
+                loss = train_step(stall)
                 otelprof.record("loss", loss)
                 otelprof.record("samples", batch_size)
             steps += 1

@@ -189,12 +189,13 @@ def _check_meaning(results: dict[tuple[str, int, int], list[dict[str, Any]]]) ->
     # "Data wait share per rank" is a recording rule over the input-bound window (5m, longer than this run),
     # so each point is the mean wait share of all train steps so far. The demo builds every batch in a
     # dataloader region, so the steps before the injected slow loader count too, with the small share batch
-    # building takes, and they are most of the run's steps (each several times shorter than a stalled one):
-    # the panel ends well under the 50 % line even though every stalled step is above it (the 4 s input-bound
-    # timeline, 103, shows that). What proves the stall here is the rise: without it the series stays flat
-    # at the batch-building share (about 4 % here), with it the last point is several times that (about
-    # 20 % here, 5x; a faster machine runs more unstalled steps per stalled one, so the factor shrinks,
-    # to about 2.5 for steps 5x faster).
+    # building takes (and the demo's 50 ms loader stall every 5 s, in the same region: 1 % more on any
+    # machine), and they are most of the run's steps (each several times shorter than a slowed one):
+    # the panel ends well under the 50 % line even though every slowed step is above it (the 4 s input-bound
+    # timeline, 103, shows that). What proves the slow loader here is the rise: without it the series stays
+    # flat at the batch-building share and the stalls (about 4 % here), with it the last point is several
+    # times that (20 to 25 % here, about 5x; a faster machine runs more unslowed steps per slowed one, so
+    # the factor shrinks, to about 2.5 for steps 5x faster).
     [wait] = results[(ranks, ids.RANKS_WAIT_RATIO, 0)]
     before, after = float(wait["values"][0][1]), float(wait["values"][-1][1])
     assert before < 0.25 and after > 2 * before, (before, after)

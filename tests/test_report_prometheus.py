@@ -1,34 +1,47 @@
 """otelprof report --prometheus: a real Prometheus scrapes a real instrumented process; the report's
 main sections come back from PromQL and agree with what the process did.
 
-The process runs 40 train steps: an 11 ms ``dataloader`` region, then a ``forward`` region of 15 ms
-(even steps) or 115 ms (odd steps); the last step stalls, 301 ms in its data loader and 201 ms in its
-forward pass. Sleeps only overrun, and on a shared machine an overrun of tens of milliseconds happens,
-so every expectation sits far from a bucket's upper edge (duration buckets ... 10, 25, 50 ... 100,
-150, 200, 300, 500, 750 ms): the fastest step (26 ms and a little, the best of 20) is in the bucket
-(25 ms, 50 ms]; the slowest, the stalled one (502 ms), in (500 ms, 750 ms]; the longest forward region
-in (200 ms, 300 ms]; the longest data-loader wait in (300 ms, 500 ms]. The live outlier detector
-(mean + 3 sigma of the recent steps, from the 20th step on) sees steps of 26 and 126 ms, a threshold
+The process runs 40 train steps: an 11 ms ``dataloader`` region (but every fourth step, 3, 7 ... 35,
+gets its batch at once: no region, 31 steps wait), then a ``forward`` region of 15 ms (even steps) or
+115 ms (odd steps); the last step stalls, 301 ms in its data loader and 201 ms in its forward pass.
+Sleeps only overrun, and on a shared machine an overrun of tens of milliseconds happens, so every
+expectation sits far from a bucket's upper edge (duration buckets ... 10, 25, 50 ... 100, 150, 200,
+300, 500, 750 ms): the fastest step (26 ms and a little, the best of 20) is in the bucket (25 ms,
+50 ms]; the slowest, the stalled one (502 ms), in (500 ms, 750 ms]; the longest forward region in
+(200 ms, 300 ms]; the longest data-loader wait in (300 ms, 500 ms]. The live outlier detector (mean +
+3 sigma of the recent steps, from the 20th step on) sees steps of 26, 115 and 126 ms, a threshold
 about 225 ms, and flags exactly the stalled step. Two operator-profiling windows are counted as the
 PyTorch integration counts them.
+
+The node sampler reads two fake GPUs that hold still: utilization 62 % and 82 %, memory 33 % and 97 %
+of the device; utilization buckets are 5 % wide (ratio buckets 0.05 ... 1.0), so every sample of a GPU
+lands in one known bucket, and the pooled node rows span the two. CPU and host memory are whatever
+this machine does: they are checked for their form (bucket or exact value, source, count), not value.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import subprocess
 import sys
 import time
+from html import escape
 from pathlib import Path
 
+import psutil
 import pytest
 
 import otelprof
+import otelprof.session
 from otelprof import semconv as sc
+from otelprof.analysis import system as sysmod
 from otelprof.analysis.prometheus import PrometheusError, extreme_buckets, parse_time, report_from_prometheus
 from otelprof.analysis.report import ORIGIN_PROMETHEUS
 from otelprof.analysis.stats import Bucket
-from otelprof.report.html import SECTIONS, render
+from otelprof.collectors.sampler import Sampler
+from otelprof.report.html import SECTIONS, bounds, pct, render, secs
+from tests.fake_nvml import FakeNvml
 from tests.servers import prometheus
 
 STEPS = 40
@@ -37,17 +50,37 @@ LOADER, FAST, SLOW = 0.011, 0.015, 0.115
 LOADER_STALL, FORWARD_STALL = 0.301, 0.201
 """...and of the last step."""
 PROFILE_WINDOWS = 2
+NO_WAIT = frozenset(range(3, STEPS - 1, 4))
+"""Steps that get their batch at once: no dataloader region."""
+GPU_UTILIZATION, GPU_MEMORY = (0.62, 0.82), (0.33, 0.97)
+"""The fake GPUs 0 and 1, every sample."""
+SCRAPES = 5
+"""Scrapes of the node's gauges to wait for: enough for quantiles over scrapes and the sample counter's slope."""
 
 
 def _loader(i: int) -> float:
-    return LOADER_STALL if i == STEPS - 1 else LOADER
+    return LOADER_STALL if i == STEPS - 1 else 0.0 if i in NO_WAIT else LOADER
+
+
+def _fake_gpus() -> FakeNvml:
+    fake = FakeNvml()
+    tick = fake.data["ticks"][0]
+    for index, (utilization, memory) in enumerate(zip(GPU_UTILIZATION, GPU_MEMORY)):
+        gpu = tick[str(index)]
+        gpu.update(utilization=utilization, memory_used=int(memory * gpu["memory_total"]))
+    fake.data["ticks"] = [tick]
+    return fake
 
 
 def _forward(i: int) -> float:
     return FORWARD_STALL if i == STEPS - 1 else FAST if i % 2 == 0 else SLOW
 
 
-def test_report_from_a_live_prometheus(tmp_path: Path) -> None:
+def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _fake_gpus()
+    monkeypatch.setattr(otelprof.session, "Sampler", functools.partial(Sampler, nvml_factory=lambda: fake))
+    for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
     session = otelprof.init(job_name="promreport", record_dir=str(tmp_path / "runs"),
                             metrics_exporters=("prometheus",), prometheus_port=0)
     assert isinstance(session, otelprof.Session) and session.metrics_address is not None
@@ -55,8 +88,9 @@ def test_report_from_a_live_prometheus(tmp_path: Path) -> None:
     with prometheus(tmp_path, [f"{host}:{port}"]) as prom:
         for i in range(STEPS):
             with otelprof.step():
-                with otelprof.annotate(sc.REGION_DATALOADER):
-                    time.sleep(_loader(i))
+                if _loader(i):
+                    with otelprof.annotate(sc.REGION_DATALOADER):
+                        time.sleep(_loader(i))
                 with otelprof.annotate(sc.REGION_FORWARD):
                     time.sleep(_forward(i))
                 otelprof.record("samples", 16)
@@ -65,6 +99,8 @@ def test_report_from_a_live_prometheus(tmp_path: Path) -> None:
                     session.registry.counter(sc.PROFILE_WINDOWS).add(1)
         prom.wait_for(f'{sc.STEPS.prometheus_name}_total{{job_name="promreport"}} == {STEPS}')
         prom.wait_for(f'{sc.NODE_CPU_UTILIZATION.prometheus_name}_count{{job_name="promreport"}} > 2')
+        prom.wait_for(f'count_over_time({sc.SYSTEM_MEMORY_UTILIZATION.prometheus_name}{{job_name="promreport"}}[1m]) '
+                      f'>= {SCRAPES}')
         report = report_from_prometheus(prom.url, "promreport")
         summary = report.summary
         assert summary.job == "promreport" and summary.steps_per_phase == (("train", STEPS),)
@@ -82,7 +118,9 @@ def test_report_from_a_live_prometheus(tmp_path: Path) -> None:
         cpu = report.system.row(summary.nodes[0], "CPU")
         assert cpu is not None and 0.0 <= cpu.p50 <= 1.0 and cpu.datapoints >= 2
         [loader] = report.dataloader.phases
-        assert loader.steps == STEPS and 0.01 <= loader.wait.p50 <= 0.025
+        waiting = STEPS - len(NO_WAIT)
+        assert (loader.steps, loader.steps_waiting) == (STEPS, waiting)  # all steps; those with a dataloader region
+        assert 0.01 <= loader.wait.p50 <= 0.025 and regions[sc.REGION_DATALOADER].count == waiting
         assert report.rules.error is not None  # this Prometheus has no otelprof rules loaded
 
         # what only buckets and counters can say, said at their resolution
@@ -95,6 +133,45 @@ def test_report_from_a_live_prometheus(tmp_path: Path) -> None:
         assert regions[sc.REGION_DATALOADER].max_bucket == Bucket(0.3, 0.5)
         assert loader.max_bucket == Bucket(0.3, 0.5) and math.isnan(loader.wait.max)
         assert report.framework.window_counts == ((0, PROFILE_WINDOWS),) and report.framework.windows == ()
+
+        # system: histogram rows at bucket resolution, gauges exact over their scrapes, and the node's facts
+        node = summary.nodes[0]
+        assert (cpu.source, cpu.max_bucket is not None, cpu.min_bucket is not None) == (sysmod.SOURCE_HISTOGRAM,
+                                                                                         True, True)
+        assert math.isnan(cpu.max) and math.isnan(cpu.min)  # a bucket edge is no maximum
+        assert cpu.min_bucket.high <= cpu.max_bucket.high and cpu.max_bucket.high - cpu.max_bucket.low <= 0.0501
+        gpu = report.system.row(node, "GPU")
+        gpu_memory = report.system.row(node, "GPU memory")
+        assert gpu is not None and gpu_memory is not None and gpu.source == sysmod.SOURCE_HISTOGRAM
+        assert (gpu.min_bucket, gpu.max_bucket) == (Bucket(0.6, 0.65), Bucket(0.8, 0.85))  # both GPUs pooled
+        assert (gpu_memory.min_bucket, gpu_memory.max_bucket) == (Bucket(0.3, 0.35), Bucket(0.95, 1.0))
+        memory = report.system.row(node, "CPU memory")
+        assert memory is not None and memory.source == sysmod.SOURCE_SCRAPES
+        assert memory.datapoints >= SCRAPES  # the scrapes its exact figures cover (was 0)
+        assert 0 < memory.min <= memory.p50 <= memory.max <= 1 and memory.max_bucket is None
+        assert summary.start is not None and summary.end is not None
+        every = max(math.ceil((summary.end - summary.start) / 1000), 1)  # 1 s unless the range passes 1000 s
+        for metric in ("CPU, busiest core", "I/O wait"):
+            row = report.system.row(node, metric)
+            assert row is not None and row.source == sysmod.SOURCE_EVALUATED and row.resolution == every, metric
+            assert 0 <= row.min <= row.max <= 1 and row.datapoints >= SCRAPES - 1, metric  # per-CPU: a sample later
+        [usage] = report.system.nodes
+        assert (usage.sampled_by_rank, usage.gpus) == (0, ("0", "1"))
+        assert usage.cores == len(psutil.cpu_times(percpu=True))  # the per-CPU series, as the sampler reads them
+        assert 0.4 <= usage.interval <= 1.0  # OTELPROF_SAMPLE_INTERVAL_MS 500; an overrun skips ticks, never adds
+        gpus = {g.gpu: g for g in report.gpus.gpus}
+        for index, (utilization, used) in enumerate(zip(GPU_UTILIZATION, GPU_MEMORY)):
+            g = gpus[str(index)]
+            held = Bucket(round(utilization - 0.02, 2), round(utilization + 0.03, 2))  # 0.62 in (0.6, 0.65]
+            assert (g.utilization.min_bucket, g.utilization.max_bucket) == (held, held)
+            assert g.utilization.mean == pytest.approx(utilization)  # exact: sum over count
+            assert math.isnan(g.utilization.min) and math.isnan(g.utilization.max) and not g.idle
+            assert g.memory.mean == pytest.approx(used, abs=1e-6)
+            assert g.memory_growth == 0.0 or math.isnan(g.memory_growth)  # constant, or no scrape in a tenth
+        assert gpus["1"].memory.max_bucket == Bucket(0.95, 1.0)
+        # job summary: the otelprof version and run from the processes' target_info
+        assert summary.otelprof_version == otelprof.__version__ and summary.schema_version == ""
+        assert summary.run_id == session.config.run_id and summary.world_size == 1
 
         html = render(report)
         for anchor, _ in SECTIONS:
@@ -111,6 +188,21 @@ def test_report_from_a_live_prometheus(tmp_path: Path) -> None:
         assert "<td>&gt; 300 ms, ≤ 500 ms</td>" in _section(html, "dataloader")
         assert "<td>&gt; 200 ms, ≤ 300 ms</td>" in framework_html  # the longest forward region
         assert "<td></td>" not in html and '<td class="l"></td>' not in html  # no blank cell anywhere
+        summary_html = _section(html, "summary")
+        assert f"<td class=\"l\">otelprof {otelprof.__version__}</td>" in summary_html and "schema" not in summary_html
+        system_html = _section(html, "system")
+        assert f"<td>{escape(bounds(cpu.max_bucket, pct))}</td>" in system_html
+        assert "<td>&gt; 80.0 %, ≤ 85.0 %</td>" in system_html and "<td>&gt; 60.0 %, ≤ 65.0 %</td>" in system_html
+        assert f"<td>{memory.datapoints:,}</td><td>gauge, as scraped</td>" in system_html
+        assert f"<td>evaluated every {secs(every)}</td>" in system_html
+        assert (f"samples about every {escape(secs(usage.interval))}, {usage.cores} logical CPUs, 2 GPU(s) (0, 1); "
+                "sampled by rank 0.</p>") in system_html
+        assert "rank -1" not in system_html and "about every -" not in system_html and " 0 logical" not in system_html
+        gpu_html = _section(html, "gpu")
+        assert "<td>&gt; 60.0 %, ≤ 65.0 %</td>" in gpu_html and "<td>&gt; 80.0 %, ≤ 85.0 %</td>" in gpu_html
+        assert "<td>62.0 %</td>" in gpu_html and "<td>82.0 %</td>" in gpu_html  # the exact means
+        assert "peaked at &gt; 95.0 %, ≤ 100.0 %, close to capacity" in _section(html, "gpu-memory")
+        assert f"<td>{STEPS}</td><td>{waiting}</td>" in _section(html, "dataloader")
         result = subprocess.run([sys.executable, "-m", "otelprof", "report", "--prometheus", prom.url, "--job",
                                  "promreport", "--from", "now-10m", "-o", str(tmp_path / "live.json")],
                                 capture_output=True, text=True, timeout=120)

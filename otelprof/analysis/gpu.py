@@ -34,7 +34,8 @@ class GpuUsage:
     idle: bool
     """Never busy: an unused device."""
     memory_growth: float
-    """Mean memory ratio of the last tenth of the run minus the first tenth."""
+    """Mean memory ratio of the last tenth of the run minus the first tenth (from Prometheus: of the scraped
+    gauge over the range; NaN when a tenth holds no scrape)."""
     utilization_series: Series
     memory_series: Series
 

@@ -5,7 +5,9 @@ What Prometheus keeps is coarser than a recording: distributions come from the p
 per-step histograms (quantiles at bucket resolution, interpolated like ``histogram_quantile``),
 gauges are known at scrape resolution, and there are no individual steps, regions or operator
 windows. The result is the same :class:`~otelprof.analysis.report.Report` with origin
-``prometheus``: minima and maxima are the histogram buckets that hold them (:class:`Bucket`),
+``prometheus``: minima and maxima are the histogram buckets that hold them (:class:`Bucket`), each system
+row says whether it comes from a per-sample histogram, a gauge as scraped or an expression evaluated over the
+range (``UsageRow.source``), the job's otelprof version and run ids come from ``target_info``,
 outliers and operator-profiling windows are counted by their counters, and what only spans or a
 recording hold (outlier step numbers, operator tables, nesting depths) stays empty for the report to
 point there.
@@ -36,6 +38,9 @@ from otelprof.analysis.stats import BoxPlot, Bucket, Distribution, Histogram, Se
 from otelprof.analysis.steps import PhaseSteps, StepAnalysis
 from otelprof.analysis.summary import JobSummary, RankSummary
 from otelprof.analysis.system import (
+    SOURCE_EVALUATED,
+    SOURCE_HISTOGRAM,
+    SOURCE_SCRAPES,
     UNIT_RATE,
     UNIT_RATIO,
     NodeUsage,
@@ -190,12 +195,15 @@ def extreme_buckets(buckets: list[tuple[float, float]]) -> tuple[Bucket | None, 
 
 
 def _box(buckets: list[tuple[float, float]], total: float, count: float) -> BoxPlot:
+    """A box plot at bucket resolution: exact mean (sum over count), interpolated quantiles, min and max as
+    the buckets holding them (NaN ``min``/``max``), whiskers clipped to those buckets' outer edges."""
     if not buckets or not count:
         return BoxPlot.of(())
     q = [bucket_quantile(p, buckets) for p in (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)]
     iqr = q[4] - q[2]
-    return BoxPlot(int(count), q[0], q[1], q[2], q[3], q[4], q[5], q[6], total / count,
-                   max(q[0], q[2] - 1.5 * iqr), min(q[6], q[4] + 1.5 * iqr))
+    low, high = extreme_buckets(buckets)
+    return BoxPlot(int(count), NAN, q[1], q[2], q[3], q[4], q[5], NAN, total / count,
+                   max(q[0], q[2] - 1.5 * iqr), min(q[6], q[4] + 1.5 * iqr), low, high)
 
 
 def _per_bucket(buckets: list[tuple[float, float]]) -> Histogram:
@@ -261,7 +269,9 @@ def report_from_prometheus(url: str, job: str, start: float | None = None, end: 
     training = training_end - training_start if training_start and training_end else None
     init = training_start - job_start if training_start else None
     final = end - training_end if training_end else None
-    summary = JobSummary("", job, "", "", len(ranks), tuple(ranks), tuple(nodes), job_start, end, duration,
+    run_ids, versions, world_size = _resource(qs)
+    summary = JobSummary(", ".join(run_ids), job, ", ".join(versions), "", max(world_size or 0, len(ranks)),
+                         tuple(ranks), tuple(nodes), job_start, end, duration,
                          training_start, training_end, training, init, final, max(share(init or 0, duration), 0),
                          max(share(training or 0, duration), 0), max(share(final or 0, duration), 0),
                          tuple(sorted(per_phase.items())), (), 0,
@@ -283,19 +293,64 @@ def report_from_prometheus(url: str, job: str, start: float | None = None, end: 
     notes = (f"From Prometheus {client.url}, job {job}, {first:%Y-%m-%d %H:%M:%S} to {last:%Y-%m-%d %H:%M:%S} UTC. "
              "Distributions "
              "come from histograms (bucket resolution): quantiles are interpolated within buckets, and minima "
-             "and maxima are shown as the bucket that holds them. Outlier steps and operator-profiling windows "
-             "are counted, not listed; the steps, regions and operator tables themselves are in the traces "
+             "and maxima are shown as the bucket that holds them. Gauges are known at their scrapes only: their "
+             "figures are exact over the scraped values, which miss the samples in between. Outlier steps and "
+             "operator-profiling windows are counted, not listed; the steps, regions and operator tables "
+             "themselves are in the traces "
              "(Tempo) and the recording (otelprof report RUN_DIR).",)
     return Report(FORMAT_VERSION, f"{client.url} job={job}", time.time(), summary, system, framework, rules, steps,
                   gpus, batch_size(system, gpus, steps, config), cpu, io, load, loader, notes, ORIGIN_PROMETHEUS)
 
 
-def _quantile_rows(node: str, metric: str, unit: str, buckets: list[tuple[float, float]] | None,
+def _resource(qs: _Queries) -> tuple[list[str], list[str], int | None]:
+    """The run ids, otelprof versions and world size of the job's processes, from their OpenTelemetry resource:
+    ``target_info`` (the /metrics endpoint's, labelled service_name; a collector's, job), or resource attributes
+    a collector copied onto the series. Empty when Prometheus has neither."""
+    run_id, version, world = (sc.prometheus_label(a) for a in (sc.OTELPROF_RUN_ID, sc.OTELPROF_VERSION,
+                                                                sc.OTELPROF_WORLD_SIZE))
+    name = _escape(qs.job)
+    found = []
+    for selector in (f'target_info{{{sc.prometheus_label(sc.SERVICE_NAME)}="{name}"}}', f'target_info{{job="{name}"}}',
+                     qs.s(sc.PROCESS_START_TIME)):
+        found += [m for m, _ in qs.q(f"last_over_time({selector}[{qs.window}])") if m.get(version) or m.get(run_id)]
+    sizes = [int(m[world]) for m in found if m.get(world, "").isdigit()]
+    return (sorted({m[run_id] for m in found if m.get(run_id)}), sorted({m[version] for m in found if m.get(version)}),
+            max(sizes) if sizes else None)
+
+
+QUANTILES = (1.0, 0.99, 0.95, 0.5, 0.0)
+RATE_WINDOW = 60
+"""Seconds: network and disk rows are rates over this window."""
+
+
+def _histogram_row(node: str, metric: str, unit: str, buckets: list[tuple[float, float]] | None,
                    count: float) -> UsageRow | None:
+    """Every sample, at bucket resolution: interpolated quantiles, max and min as the buckets holding them."""
     if not buckets or not count:
         return None
-    top, p99, p95, p50, low = (bucket_quantile(q, buckets) for q in (1.0, 0.99, 0.95, 0.5, 0.0))
-    return UsageRow(node, metric, unit, top, p99, p95, p50, low, int(count))
+    p99, p95, p50 = (bucket_quantile(q, buckets) for q in (0.99, 0.95, 0.5))
+    low, high = extreme_buckets(buckets)
+    return UsageRow(node, metric, unit, NAN, p99, p95, p50, NAN, int(count), SOURCE_HISTOGRAM, None, high, low)
+
+
+def _gauge_rows(qs: _Queries, metric: str, unit: str, expr: str, scraped: str, step: int | None = None
+                ) -> dict[str, UsageRow]:
+    """Per node: quantiles of ``expr``. With ``step`` None ``expr`` is a gauge selector and the quantiles
+    are over its scraped values (SOURCE_SCRAPES); else ``expr`` is evaluated every ``step`` seconds
+    (SOURCE_EVALUATED). Datapoints are the scrapes of ``scraped``, the underlying series."""
+    if step is None:
+        values = {q: qs.by(f"max by ({NODE}) (quantile_over_time({q}, {expr}[{qs.window}]))", NODE)
+                  for q in QUANTILES}
+    else:
+        values = {q: qs.by(f"quantile_over_time({q}, ({expr})[{qs.window}:{step}s])", NODE) for q in QUANTILES}
+    scrapes = qs.by(f"max by ({NODE}) (count_over_time({scraped}[{qs.window}]))", NODE)
+    rows = {}
+    for (node,), p50 in values[0.5].items():
+        top, p99, p95, _, low = (values[q].get((node,), NAN) for q in QUANTILES)
+        rows[node] = UsageRow(node, metric, unit, top, p99, p95, p50, low, int(scrapes.get((node,), 0)),
+                              SOURCE_SCRAPES if step is None else SOURCE_EVALUATED,
+                              None if step is None else float(step))
+    return rows
 
 
 def _system(qs: _Queries, nodes: list[str], origin: float) -> SystemUsage:
@@ -306,35 +361,48 @@ def _system(qs: _Queries, nodes: list[str], origin: float) -> SystemUsage:
     gpu_n = qs.by(f"sum by ({NODE}) ({qs.delta(sc.GPU_UTILIZATION_DISTRIBUTION, 'count')})", NODE)
     mem_h = qs.histogram(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, NODE)
     mem_n = qs.by(f"sum by ({NODE}) ({qs.delta(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, 'count')})", NODE)
-    step = max((qs.end - qs.start) / 1000, 15.0)
-    host: dict[float, dict[tuple[str, ...], float]] = {}
-    iowait: dict[float, dict[tuple[str, ...], float]] = {}
-    network: dict[float, dict[tuple[str, ...], float]] = {}
-    iowait_cpus = qs.s(sc.SYSTEM_CPU_UTILIZATION, extra=MODE + '="iowait"')
-    iow_expr = f"avg by ({NODE}) ({iowait_cpus})"
-    net_expr = f"sum by ({NODE}) (rate({qs.s(sc.SYSTEM_NETWORK_IO)}[1m]))"
-    for q in (1.0, 0.99, 0.95, 0.5, 0.0):
-        host[q] = qs.by(f"max by ({NODE}) (quantile_over_time({q}, {qs.s(sc.SYSTEM_MEMORY_UTILIZATION)}[{qs.window}]))",
-                        NODE)
-        iowait[q] = qs.by(f"quantile_over_time({q}, ({iow_expr})[{qs.window}:{step:.0f}s])", NODE)
-        network[q] = qs.by(f"quantile_over_time({q}, ({net_expr})[{qs.window}:{step:.0f}s])", NODE)
-    busy_cpus = qs.s(sc.SYSTEM_CPU_UTILIZATION, extra=MODE + '!~"idle|iowait"')
+    # Expressions over several series are evaluated at this step: at most 1000 points per node, and every
+    # scrape seen while scrapes are at least a step apart.
+    step = max(math.ceil((qs.end - qs.start) / 1000), 1)
+    cpu_label = sc.prometheus_label(sc.LABEL_CPU)
     idle_cpus = qs.s(sc.SYSTEM_CPU_UTILIZATION, extra=MODE + '="idle"')
+    iowait_cpus = qs.s(sc.SYSTEM_CPU_UTILIZATION, extra=MODE + '="iowait"')
+    busy_cpus = qs.s(sc.SYSTEM_CPU_UTILIZATION, extra=MODE + '!~"idle|iowait"')
+    memory = qs.s(sc.SYSTEM_MEMORY_UTILIZATION)
+    network, disk = qs.s(sc.SYSTEM_NETWORK_IO), qs.s(sc.SYSTEM_DISK_IO)
     busy = f"sum by ({NODE}) ({busy_cpus}) / count by ({NODE}) ({idle_cpus})"
+    busiest = f"max by ({NODE}) (sum by ({NODE}, {cpu_label}) ({busy_cpus}))"
+    iowait = f"avg by ({NODE}) ({iowait_cpus})"
+    gauges = {
+        "CPU, busiest core": _gauge_rows(qs, "CPU, busiest core", UNIT_RATIO, busiest, idle_cpus, step),
+        "I/O wait": _gauge_rows(qs, "I/O wait", UNIT_RATIO, iowait, iowait_cpus, step),
+        "CPU memory": _gauge_rows(qs, "CPU memory", UNIT_RATIO, memory, memory),
+        "Network": _gauge_rows(qs, "Network", UNIT_RATE, f"sum by ({NODE}) (rate({network}[{RATE_WINDOW}s]))",
+                               network, step),
+        "Disk": _gauge_rows(qs, "Disk", UNIT_RATE, f"sum by ({NODE}) (rate({disk}[{RATE_WINDOW}s]))", disk, step),
+    }
+    facts = _node_facts(qs, cpu_label)
     range_step = max((qs.end - qs.start) / 400, 1.0)
-    cpu_series = {m.get(NODE, ""): pts for m, pts in qs.client.query_range(busy, qs.start, qs.end, range_step)}
-    gpu_series = {m.get(NODE, ""): pts for m, pts in qs.client.query_range(
-        f"avg by ({NODE}) ({qs.s(sc.GPU_UTILIZATION)})", qs.start, qs.end, range_step)}
+
+    def over_time(expr: str) -> dict[str, list[tuple[float, float]]]:
+        return {m.get(NODE, ""): pts for m, pts in qs.client.query_range(expr, qs.start, qs.end, range_step)}
+
+    series = {name: over_time(expr) for name, expr in (
+        ("cpu", busy), ("busiest", busiest), ("iowait", iowait), ("memory", f"max by ({NODE}) ({memory})"),
+        ("gpu", f"avg by ({NODE}) ({qs.s(sc.GPU_UTILIZATION)})"),
+        ("gpu memory", f"avg by ({NODE}) ({qs.s(sc.GPU_MEMORY_UTILIZATION)})"))}
     out_nodes = []
     for node in nodes:
         key = (node,)
         candidates = [
-            _quantile_rows(node, "CPU", UNIT_RATIO, cpu_h.get(key), cpu_n.get(key, 0.0)),
-            _gauge_row(node, "I/O wait", UNIT_RATIO, iowait, key),
-            _gauge_row(node, "CPU memory", UNIT_RATIO, host, key),
-            _quantile_rows(node, "GPU", UNIT_RATIO, gpu_h.get(key), gpu_n.get(key, 0.0)),
-            _quantile_rows(node, "GPU memory", UNIT_RATIO, mem_h.get(key), mem_n.get(key, 0.0)),
-            _gauge_row(node, "Network", UNIT_RATE, network, key),
+            _histogram_row(node, "CPU", UNIT_RATIO, cpu_h.get(key), cpu_n.get(key, 0.0)),
+            gauges["CPU, busiest core"].get(node),
+            gauges["I/O wait"].get(node),
+            gauges["CPU memory"].get(node),
+            _histogram_row(node, "GPU", UNIT_RATIO, gpu_h.get(key), gpu_n.get(key, 0.0)),
+            _histogram_row(node, "GPU memory", UNIT_RATIO, mem_h.get(key), mem_n.get(key, 0.0)),
+            gauges["Network"].get(node),
+            gauges["Disk"].get(node),
         ]
         node_rows = [r for r in candidates if r is not None]
         rows += node_rows
@@ -342,19 +410,39 @@ def _system(qs: _Queries, nodes: list[str], origin: float) -> SystemUsage:
             continue
         cpu_row = next((r for r in node_rows if r.metric == "CPU"), None)
         gpu_row = next((r for r in node_rows if r.metric == "GPU"), None)
-        empty = Series((), (), ())
-        out_nodes.append(NodeUsage(node, -1, int(cpu_n.get(key, 0.0)), NAN, 0, (), verdict(cpu_row, gpu_row), (),
-                                   _series(cpu_series.get(node, []), origin), empty, empty, empty,
-                                   _series(gpu_series.get(node, []), origin), empty))
+        rank, interval, cores, gpus = facts.get(node, (-1, NAN, 0, ()))
+        plots = {name: _series(points.get(node, []), origin) for name, points in series.items()}
+        out_nodes.append(NodeUsage(node, rank, int(cpu_n.get(key, 0.0)), interval, cores, gpus,
+                                   verdict(cpu_row, gpu_row), (), plots["cpu"], plots["busiest"], plots["iowait"],
+                                   plots["memory"], plots["gpu"], plots["gpu memory"]))
     return SystemUsage(tuple(rows), (), tuple(out_nodes))
 
 
-def _gauge_row(node: str, metric: str, unit: str, values: dict[float, dict[tuple[str, ...], float]],
-               key: tuple[str, ...]) -> UsageRow | None:
-    if key not in values.get(0.5, {}):
-        return None
-    top, p99, p95, p50, low = (values[q].get(key, NAN) for q in (1.0, 0.99, 0.95, 0.5, 0.0))
-    return UsageRow(node, metric, unit, top, p99, p95, p50, low, 0)
+def _node_facts(qs: _Queries, cpu_label: str) -> dict[str, tuple[int, float, int, tuple[str, ...]]]:
+    """Per node: the rank that sampled it (the one with most samples), the seconds between samples (the
+    slope of its sample counter over the range; NaN when the counter reset or has too few scrapes),
+    the logical CPUs (distinct CPUs of its per-CPU series; 0 when none) and its GPUs."""
+    samples = qs.s(sc.SAMPLER_SAMPLES)
+    taken = qs.by(f"sum by ({NODE}, {RANK}) ({qs.delta(sc.SAMPLER_SAMPLES)})", NODE, RANK)
+    slopes = qs.by(f"deriv({samples}[{qs.window}]) and (resets({samples}[{qs.window}]) == 0)", NODE, RANK)
+    idle = qs.s(sc.SYSTEM_CPU_UTILIZATION, extra=MODE + '="idle"')
+    cores = qs.by(f"count by ({NODE}) (count by ({NODE}, {cpu_label}) (last_over_time({idle}[{qs.window}])))",
+                  NODE)
+    gpus: dict[str, list[str]] = {}
+    for node, gpu in qs.by(f"group by ({NODE}, {GPU}) (last_over_time("
+                           f"{qs.s(sc.GPU_UTILIZATION_DISTRIBUTION, 'count')}[{qs.window}]))", NODE, GPU):
+        gpus.setdefault(node, []).append(gpu)
+    best: dict[str, tuple[float, str]] = {}
+    for (node, rank), n in taken.items():
+        if n > 0 and rank.isdigit() and n > best.get(node, (0.0, ""))[0]:
+            best[node] = (n, rank)
+    out = {}
+    for node in {*best, *(n for (n,) in cores), *gpus}:
+        rank = best.get(node, (0.0, ""))[1]
+        slope = slopes.get((node, rank), NAN)
+        out[node] = (int(rank) if rank else -1, 1 / slope if slope > 0 else NAN, int(cores.get((node,), 0)),
+                     tuple(sorted(gpus.get(node, ()), key=gpu_order)))
+    return out
 
 
 def _steps(qs: _Queries, rank_nodes: dict[str, str]) -> StepAnalysis:
@@ -435,16 +523,31 @@ def _gpus(qs: _Queries, config: MixinConfig, origin: float) -> GpuAnalysis:
     power = qs.by(f"max by ({NODE}, {GPU}) (quantile_over_time(0.5, {qs.s(sc.GPU_POWER)}[{qs.window}]))", NODE, GPU)
     temp = qs.by(f"max by ({NODE}, {GPU}) (quantile_over_time(0.5, {qs.s(sc.GPU_TEMPERATURE)}[{qs.window}]))",
                  NODE, GPU)
+    # memory growth: the scraped gauge's mean over the last tenth of the range minus over the first tenth
+    tenth = max((qs.end - qs.start) / 10, 1.0)
+    mean_memory = f"max by ({NODE}, {GPU}) (avg_over_time({qs.s(sc.GPU_MEMORY_UTILIZATION)}[{tenth * 1000:.0f}ms]))"
+    first_tenth = {tuple(m.get(label, "") for label in (NODE, GPU)): v
+                   for m, v in qs.client.query(mean_memory, qs.start + tenth)}
+    last_tenth = qs.by(mean_memory, NODE, GPU)
+    range_step = max((qs.end - qs.start) / 400, 1.0)
+
+    def over_time(spec: sc.MetricSpec) -> dict[tuple[str, ...], Series]:
+        return {(m.get(NODE, ""), m.get(GPU, "")): _series(points, origin) for m, points in qs.client.query_range(
+            f"max by ({NODE}, {GPU}) ({qs.s(spec)})", qs.start, qs.end, range_step)}
+
+    util_series, memory_series = over_time(sc.GPU_UTILIZATION), over_time(sc.GPU_MEMORY_UTILIZATION)
     rows = []
     for key in sorted(util_n, key=lambda k: (k[0], gpu_order(k[1]))):
         ubox = _box(util.get(key, []), util_sum.get(key, 0.0), util_n[key])
         mbox = _box(mem.get(key, []), mem_sum.get(key, 0.0), mem_n.get(key, 0.0))
+        busy = ubox.count > 0 and ubox.mean > 0  # some sample above 0, from the exact sum (max is a bucket)
+        growth = last_tenth[key] - first_tenth[key] if key in last_tenth and key in first_tenth else NAN
         empty = Series((), (), ())
         rows.append(GpuUsage(
             key[0], key[1], ubox, mbox, totals.get(key), power.get(key), temp.get(key),
-            ubox.count > 0 and ubox.p95 < config.low_gpu_threshold_p95 and ubox.max > 0,
+            busy and ubox.p95 < config.low_gpu_threshold_p95,
             ubox.count > 0 and ubox.p5 < config.low_gpu_threshold_p5 and ubox.p95 > config.low_gpu_threshold_p95,
-            ubox.count > 0 and ubox.max <= 0, 0.0, empty, empty))
+            ubox.count > 0 and not busy, growth, util_series.get(key, empty), memory_series.get(key, empty)))
     return GpuAnalysis(config.low_gpu_threshold_p95, config.low_gpu_threshold_p5, tuple(rows))
 
 
@@ -542,6 +645,7 @@ def _loader(qs: _Queries, config: MixinConfig) -> DataLoaderAnalysis:
     wait_sum = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.DATALOADER_WAIT, 'sum')})", RANK, PHASE)
     wait_n = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.DATALOADER_WAIT, 'count')})", RANK, PHASE)
     step_sum = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.STEP_DURATION, 'sum')})", RANK, PHASE)
+    step_n = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.STEP_DURATION, 'count')})", RANK, PHASE)
     ratios = qs.histogram(sc.DATALOADER_WAIT_RATIO, RANK, PHASE)
     phases = []
     for key in sorted(wait_n):
@@ -554,8 +658,9 @@ def _loader(qs: _Queries, config: MixinConfig) -> DataLoaderAnalysis:
         if r:
             below = max((c for le, c in r if le <= config.input_bound_threshold), default=0.0)
             bound = r[-1][1] - below
+        steps = round(max(step_n.get(key, n), n))  # every step of the phase; the wait histogram counts those waiting
         phases.append(LoaderPhase(
-            int(key[0]), key[1], int(n), int(n), Distribution(int(n), wait_sum.get(key, 0.0) / n, NAN, NAN,
+            int(key[0]), key[1], steps, round(n), Distribution(int(n), wait_sum.get(key, 0.0) / n, NAN, NAN,
                                                                bucket_quantile(0.5, b), bucket_quantile(0.95, b),
                                                                bucket_quantile(0.99, b), NAN),
             bucket_quantile(0.25, b), Distribution(int(n), NAN, NAN, NAN, bucket_quantile(0.5, r),

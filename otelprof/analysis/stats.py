@@ -85,6 +85,10 @@ class BoxPlot:
     mean: float
     whisker_low: float
     whisker_high: float
+    min_bucket: Bucket | None = None
+    max_bucket: Bucket | None = None
+    """When only a histogram is known (Prometheus): the buckets holding the smallest and the largest value
+    (``min`` and ``max`` are then NaN; the whiskers stop at those buckets' outer edges)."""
 
     @classmethod
     def of(cls, values: Iterable[float]) -> BoxPlot:

@@ -16,12 +16,23 @@ from dataclasses import dataclass
 from functools import partial
 
 from otelprof.analysis.run import RunView, across, gpu_memory_ratio
-from otelprof.analysis.stats import Series, finite, quantile
+from otelprof.analysis.stats import Bucket, Series, finite, quantile
 from otelprof.recording.reader import SampleColumns
 
 UNIT_RATIO = "ratio"
 UNIT_BYTES = "bytes"
 UNIT_RATE = "bytes/s"
+
+SOURCE_SAMPLES = "samples"
+"""Every sample of the recording: all figures exact."""
+SOURCE_HISTOGRAM = "histogram"
+"""Prometheus, a per-sample histogram: every sample counted, quantiles interpolated within buckets, max and
+min known only as the bucket that holds them (``max_bucket`` / ``min_bucket``; ``max`` and ``min`` NaN)."""
+SOURCE_SCRAPES = "scrapes"
+"""Prometheus, a gauge as scraped: exact over the scraped values; samples between scrapes are not seen."""
+SOURCE_EVALUATED = "evaluated"
+"""Prometheus, an expression over gauges or counters (a mean or maximum over CPUs, a rate) evaluated every
+``resolution`` seconds over the range: exact at those points only."""
 
 VERDICT_UNDERUSED = "underutilized"
 """GPU p95 and CPU p95 both below the busy threshold: a smaller instance would do."""
@@ -47,16 +58,24 @@ class UsageRow:
     p50: float
     min: float
     datapoints: int
+    """Samples; for SOURCE_SCRAPES and SOURCE_EVALUATED the scrapes of the underlying series."""
+    source: str = SOURCE_SAMPLES
+    resolution: float | None = None
+    """SOURCE_EVALUATED: seconds between the evaluations."""
+    max_bucket: Bucket | None = None
+    min_bucket: Bucket | None = None
 
 
 @dataclass(frozen=True)
 class NodeUsage:
     node: str
     sampled_by_rank: int
+    """-1 when unknown."""
     samples: int
     interval: float
-    """Median seconds between samples."""
+    """Median seconds between samples (from Prometheus: the sample counter's slope; NaN when unknown)."""
     cores: int
+    """Logical CPUs; 0 when unknown."""
     gpus: tuple[str, ...]
     verdict: str
     core_mean: tuple[float, ...]

@@ -15,6 +15,7 @@ from html import escape
 from otelprof import semconv as sc
 from otelprof._version import __version__
 from otelprof.analysis import system as sysmod
+from otelprof.analysis.prometheus import RATE_WINDOW
 from otelprof.analysis.report import ORIGIN_PROMETHEUS, Report
 from otelprof.analysis.stats import BoxPlot, Bucket
 from otelprof.report import svg
@@ -194,6 +195,9 @@ def _summary(r: Report) -> str:
         ("Training loop", f"{secs(s.training_duration)} ({pct(s.training_share)})"),
         ("Finalization", f"{secs(s.finalization)} ({pct(s.finalization_share)})"),
         ("Steps", ", ".join(f"{phase}: {n:,}" for phase, n in s.steps_per_phase) or "none"),
+        ("Instrumented with", (f"otelprof {s.otelprof_version}" if s.otelprof_version else
+                               f"{DASH} (no target_info series of the job carries {sc.OTELPROF_VERSION})"))
+        if _from_prometheus(r) else
         ("Recorded with", f"otelprof {s.otelprof_version or '?'}, recording schema {s.schema_version or '?'}"),
     ]
     out.append(charts(table(("Statistic", "Value"), rows, 2),
@@ -225,13 +229,29 @@ def _system(r: Report) -> str:
                  "GPUs every 500 ms in one process per node (local rank 0 by default) unless "
                  "OTELPROF_SYSTEM_METRICS is off.")
         return section("system", "System usage statistics", body + _process_rows(r))
-    out = [p("Each figure is first averaged over the node's devices in every sample (the mean busy share of the "
-             "logical CPUs, the mean utilization of the GPUs), then summarized over the whole run. “Busiest core” "
-             "is the most loaded logical CPU of each sample, the one the CPU-bottleneck check looks at.")]
-    out.append(table(("Node", "Metric", "Unit", "max", "p99", "p95", "p50", "min", "Samples"),
-                     [(row.subject, row.metric, row.unit, *(_unit_fmt(row.unit)(v) for v in
-                                                           (row.max, row.p99, row.p95, row.p50, row.min)),
-                       f"{row.datapoints:,}") for row in u.rows], 3))
+    if _from_prometheus(r):
+        out = [p("From Prometheus, each row says where its figures come from. A per-sample histogram counts every "
+                 "sample: CPU is the mean busy share of the logical CPUs in each sample; GPU and GPU memory pool "
+                 "the samples of all the node's GPUs (Prometheus keeps a histogram per GPU, not the per-sample "
+                 "mean). Its percentiles are interpolated within buckets, and its max and min are the bucket that "
+                 "holds them (“> 95.0 %, ≤ 100.0 %”). A gauge as scraped gives exact values, but only at the "
+                 "scrapes: samples between scrapes are not seen. Rows “evaluated every …” are expressions over "
+                 "several series — the busiest logical CPU, the mean I/O wait over CPUs, network and disk traffic "
+                 f"as {RATE_WINDOW:g}-second rates — computed at those times over the range, exact there. "
+                 "Datapoints are the samples of a histogram, the scrapes of the series otherwise.")]
+        out.append(table(("Node", "Metric", "Unit", "max", "p99", "p95", "p50", "min", "Datapoints", "Source"),
+                         [(row.subject, row.metric, row.unit, extreme(row.max, row.max_bucket, _unit_fmt(row.unit)),
+                           *(_unit_fmt(row.unit)(v) for v in (row.p99, row.p95, row.p50)),
+                           extreme(row.min, row.min_bucket, _unit_fmt(row.unit)), f"{row.datapoints:,}",
+                           _usage_source(row)) for row in u.rows], 3))
+    else:
+        out = [p("Each figure is first averaged over the node's devices in every sample (the mean busy share of the "
+                 "logical CPUs, the mean utilization of the GPUs), then summarized over the whole run. “Busiest "
+                 "core” is the most loaded logical CPU of each sample, the one the CPU-bottleneck check looks at.")]
+        out.append(table(("Node", "Metric", "Unit", "max", "p99", "p95", "p50", "min", "Samples"),
+                         [(row.subject, row.metric, row.unit, *(_unit_fmt(row.unit)(v) for v in
+                                                               (row.max, row.p99, row.p95, row.p50, row.min)),
+                           f"{row.datapoints:,}") for row in u.rows], 3))
     for n in u.nodes:
         cpu = u.row(n.node, "CPU")
         gpu = u.row(n.node, "GPU")
@@ -255,8 +275,7 @@ def _system(r: Report) -> str:
             sysmod.VERDICT_UNDERUSED, sysmod.VERDICT_CPU_BOUND) else ""
         out.append(f"<h3>Node {escape(n.node)}</h3>")
         out.append(note(text, kind))
-        out.append(p(f"{n.samples:,} samples about every {secs(n.interval)}, {n.cores} logical CPUs, "
-                     f"{len(n.gpus)} GPU(s); sampled by rank {n.sampled_by_rank}."))
+        out.append(p(_node_facts(n)))
         series = [("CPU mean", n.cpu), ("busiest core", n.cpu_max), ("I/O wait", n.iowait), ("memory", n.memory)]
         if n.gpus:
             series += [("GPU mean", n.gpu), ("GPU memory", n.gpu_memory)]
@@ -269,6 +288,26 @@ def _system(r: Report) -> str:
                                   "a single-threaded stage."))
         out.append(charts(*figures))
     return section("system", "System usage statistics", "".join(out) + _process_rows(r))
+
+
+def _usage_source(row: sysmod.UsageRow) -> str:
+    if row.source == sysmod.SOURCE_HISTOGRAM:
+        return "per-sample histogram"
+    if row.source == sysmod.SOURCE_SCRAPES:
+        return "gauge, as scraped"
+    if row.source == sysmod.SOURCE_EVALUATED:
+        return f"evaluated every {secs(row.resolution)}"
+    return "every sample"
+
+
+def _node_facts(n: sysmod.NodeUsage) -> str:
+    """One line of what is known about how the node was sampled; unknown parts are left out."""
+    facts = [f"{n.samples:,} samples" + (f" about every {secs(n.interval)}" if _ok(n.interval) else "")]
+    if n.cores:
+        facts.append(f"{n.cores} logical CPUs")
+    facts.append(f"{len(n.gpus)} GPU(s)" + (f" ({', '.join(n.gpus)})" if n.gpus else ""))
+    by = f"; sampled by rank {n.sampled_by_rank}" if n.sampled_by_rank >= 0 else ""
+    return ", ".join(facts) + by + "."
 
 
 def _elapsed(v: float) -> str:
@@ -492,7 +531,7 @@ def _gpu(r: Report) -> str:
                          "per node).")
         elif x.underused:
             texts.append(f"{label}: the 95th percentile of utilization was only {pct(x.utilization.p95)} "
-                         f"(max {pct(x.utilization.max)}).")
+                         f"(max {extreme(x.utilization.max, x.utilization.max_bucket, pct)}).")
         elif x.fluctuating:
             texts.append(f"{label} fluctuates: 5th percentile {pct(x.utilization.p5)}, 95th {pct(x.utilization.p95)}.")
     for t in texts:
@@ -502,13 +541,19 @@ def _gpu(r: Report) -> str:
     out.append(charts(figure(svg.boxplots([(f"{x.node} GPU {x.gpu}", x.utilization) for x in g.gpus],
                                           "GPU utilization", _pct0, 0.0, 1.0, width=760),
                              "Utilization per GPU.")))
+    if _from_prometheus(r):
+        out.append(p("From Prometheus: per-sample histograms per GPU. The mean is exact (sum over count), the "
+                     "percentiles are interpolated within buckets, and min and max are the bucket that holds them; "
+                     "power and temperature are medians of the gauges as scraped."))
+    u = [x.utilization for x in g.gpus]
     out.append(table(("Node", "GPU", "min", "p5", "p25", "p50", "p75", "p95", "max", "mean", "Power (median)",
                       "Temperature (median)"),
-                     [(x.node, x.gpu, *(pct(v) for v in (x.utilization.min, x.utilization.p5, x.utilization.q1,
-                                                         x.utilization.median, x.utilization.q3, x.utilization.p95,
-                                                         x.utilization.max, x.utilization.mean)),
+                     [(x.node, x.gpu, extreme(b.min, b.min_bucket, pct),
+                       *(pct(v) for v in (b.p5, b.q1, b.median, b.q3, b.p95)), extreme(b.max, b.max_bucket, pct),
+                       pct(b.mean),
                        f"{x.power:.0f} W" if x.power is not None else DASH,
-                       f"{x.temperature:.0f} °C" if x.temperature is not None else DASH) for x in g.gpus], 2))
+                       f"{x.temperature:.0f} °C" if x.temperature is not None else DASH) for x, b in zip(g.gpus, u)],
+                     2))
     return section("gpu", "GPU utilization analysis", "".join(out))
 
 
@@ -516,7 +561,8 @@ def _balance(r: Report) -> str:
     b = r.load
     out = []
     if b.gpus:
-        out.append(p("How alike the GPUs worked: the distribution of each GPU's utilization (2 % bins), the "
+        bins = "its histogram buckets" if _from_prometheus(r) else "2 % bins"
+        out.append(p(f"How alike the GPUs worked: the distribution of each GPU's utilization ({bins}), the "
                      "Jensen-Shannon distance between those distributions (0 identical, 0.83 disjoint), and the "
                      "spread between the busiest and the least busy GPU's mean utilization."))
         if len(b.gpus) == 1:
@@ -568,7 +614,10 @@ def _dataloader(r: Report) -> str:
                      f"batch; without PyTorch wrap the fetch in otelprof.annotate(\"{d.region}\")."))
     else:
         out.append(p(f"The “{d.region}” region is the time from asking for the next batch to getting it. A step "
-                     f"counts as input-bound when it waits more than {pct(d.input_bound_threshold, 0)} of its time."))
+                     f"counts as input-bound when it waits more than {pct(d.input_bound_threshold, 0)} of its time."
+                     + (" From Prometheus: steps are counted by the step-duration histogram, steps waiting (those "
+                        f"with a “{d.region}” region) by the wait histogram, whose buckets give the percentiles and "
+                        "the bucket holding the longest wait." if _from_prometheus(r) else "")))
         worst = max(d.phases, key=lambda x: x.wait_share)
         if worst.wait_share > 0.2:
             out.append(note(f"Rank {worst.rank} ({worst.phase}) spent {pct(worst.wait_share)} of its step time "
@@ -682,14 +731,20 @@ def _memory(r: Report) -> str:
             if x.memory_growth > 0.05:
                 msgs.append(f"it grew by {pct(x.memory_growth)} of the device between the first and last tenth of "
                             "the run")
-            if x.memory.max > 0.95:
-                msgs.append(f"it peaked at {pct(x.memory.max)}, close to capacity")
+            full = x.memory.max > 0.95 or (x.memory.max_bucket is not None and x.memory.max_bucket.low >= 0.95)
+            if full:
+                msgs.append(f"it peaked at {extreme(x.memory.max, x.memory.max_bucket, pct)}, close to capacity")
             if msgs:
                 out.append(note(f"GPU {x.gpu} on {x.node}: " + "; ".join(msgs) + ".",
-                                "warn" if x.memory_growth > 0.05 or x.memory.max > 0.95 else ""))
+                                "warn" if x.memory_growth > 0.05 or full else ""))
         out.append(table(("Node", "GPU", "Memory", "max", "p95", "p50", "p5", "Growth"),
-                         [(x.node, x.gpu, size(x.memory_total), pct(x.memory.max), pct(x.memory.p95),
-                           pct(x.memory.median), pct(x.memory.p5), pct(x.memory_growth)) for x in g.gpus], 2))
+                         [(x.node, x.gpu, size(x.memory_total), extreme(x.memory.max, x.memory.max_bucket, pct),
+                           pct(x.memory.p95), pct(x.memory.median), pct(x.memory.p5), pct(x.memory_growth))
+                          for x in g.gpus], 2))
+        if _from_prometheus(r):
+            out.append(p("From Prometheus: max is the histogram bucket holding the largest sample, the percentiles "
+                         "are interpolated within buckets; growth is the scraped gauge's mean over the last tenth "
+                         "of the range minus over the first tenth (“-” when a tenth holds no scrape)."))
         out.append(charts(
             figure(svg.boxplots([(f"{x.node} GPU {x.gpu}", x.memory) for x in g.gpus], "GPU memory", _pct0, 0.0, 1.0,
                                 width=760), "Memory in use per GPU."),
