@@ -229,21 +229,24 @@ def _pss(process: psutil.Process) -> int:
         return int(process.memory_info().rss)
 
 
-def _phase_times(lines: list[str]) -> str:
-    """Seconds spent reading, analysing and in the checks, from the progress lines' timestamps."""
+def _phase_times(lines: list[str], total: float) -> str:
+    """Seconds spent reading, in the analyses (the checks run beside them in a second process on long
+    runs) and after them (waiting for the checks, rendering), from the progress lines' timestamps."""
     stamps: dict[str, float] = {}
     for line in lines:
         if line.startswith("[") and "]" in line:
             at = float(line[1:line.index("]")].strip().rstrip("s").strip())
             text = line[line.index("]") + 1:].strip()
-            key = "read" if text.startswith("reading") else "checks" if text.startswith("offline checks") else "other"
+            key = ("read" if text.startswith("reading") else "collect" if text.startswith("offline checks: collecting")
+                   else "other")
             stamps.setdefault(key + " first", at)
             stamps[key + " last"] = at
     read = stamps.get("read last", 0.0)
-    checks = stamps.get("checks first")
-    if checks is None:
+    collect = stamps.get("collect first")
+    if collect is None:
         return f"read {read:.1f} s, then analyses and rendering"
-    return f"read {read:.1f} s, analyses {checks - read:.1f} s, then the checks and rendering"
+    return (f"read {read:.1f} s, analyses with the checks beside them {collect - read:.1f} s, "
+            f"then {max(total - collect, 0.0):.1f} s (the checks' rest, rendering, start-up)")
 
 
 def main() -> int:
@@ -267,7 +270,7 @@ def main() -> int:
                                     ("JSON, with the checks", root / "report.json", ("--format", "json"))):
             print(f"otelprof report -> {label}", file=sys.stderr)
             seconds, peak, lines = _run_report(run, out, *options)
-            results[label] = (seconds, peak, out.stat().st_size, _phase_times(lines))
+            results[label] = (seconds, peak, out.stat().st_size, _phase_times(lines, seconds))
         print(f"\n{hours:g} h, {steps:,} steps on 8 ranks, {_du(run) / 2**20:.0f} MiB recording, "
               f"{os.cpu_count()} CPUs")
         print("| report | time (s) | peak RSS (MiB) | output (KiB) | where the time went | goal <= 30 s, <= 2048 MiB |")
