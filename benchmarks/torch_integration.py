@@ -13,6 +13,10 @@ Variants, interleaved in one process (order rotated each round), medians of per-
 * profiling window    — instrumented, with an otelprof window (torch.profiler) over 5 of the round's steps;
 * torch.profiler      — the loop inside ``torch.profiler.profile`` (CPU activities), for comparison.
 
+Then, per loop, paired blocks: one model and one session, alternating a bare block and an instrumented
+block (``instrument`` / ``uninstrument`` in between) 40 times; the median of the adjacent blocks'
+differences is the steady-state cost, free of the drifts between separate rounds.
+
 Every variant gets its own fresh model and runs ``WARMUP`` steps after ``init()`` before the timed
 steps: the one-time work (threads starting, the first steps traced as spans, torch.profiler's set-up)
 is reported separately as "start-up", so that "added per step" is the steady-state cost.
@@ -135,6 +139,33 @@ def measure(make: Callable[[], Any], steps: int, rounds: int, classify: bool) ->
     return results
 
 
+def paired(make: Callable[[], Any], blocks: int, block_steps: int, classify: bool) -> dict[str, float]:
+    """Steady-state cost from adjacent blocks of one model: bare, then instrumented, ``blocks`` times
+    (one session throughout; instrument / uninstrument between blocks). Adjacent blocks share the
+    machine's state, so their difference cancels slow drifts that separate rounds cannot."""
+    model, optimizer, loader = make()
+    run_loop(model, optimizer, loader, WARMUP, classify)
+    differences, bare_steps = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        otelprof.init(record_dir=tmp, system_metrics=False)
+        try:
+            for _ in range(blocks):
+                bare = run_loop(model, optimizer, loader, block_steps, classify)
+                otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+                run_loop(model, optimizer, loader, 2, classify)  # the first iteration with fresh hooks
+                instrumented = run_loop(model, optimizer, loader, block_steps, classify)
+                otorch.uninstrument()
+                differences.append((instrumented - bare) / block_steps * 1e6)
+                bare_steps.append(bare / block_steps * 1e6)
+        finally:
+            otelprof.shutdown()
+    differences.sort()
+    step = statistics.median(bare_steps)
+    return {"step_us": step, "added_us": statistics.median(differences),
+            "added_q1_us": differences[len(differences) // 4], "added_q3_us": differences[(3 * len(differences)) // 4],
+            "share": statistics.median(differences) / step}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -155,9 +186,17 @@ def main() -> None:
         for v, r in results.items():
             print(f"  {v:<18} {r['step_us']:>8.0f}us {(r['ratio'] - 1) * 100:>+8.2f}% {r['added_us']:>+10.1f}us "
                   f"{r['added_q1_us']:>+8.1f}..{r['added_q3_us']:<+8.1f} {r['startup_ms']:>8.1f}ms")
+    blocks = 6 if args.quick else 40
+    for loop, make, block_steps, classify in (("cnn", make_cnn, 50, True), ("tiny", make_tiny, 1000, False)):
+        if args.only in (None, loop):
+            out[f"{loop} paired"] = result = paired(make, blocks, block_steps, classify)
+            print(f"\n{loop} loop, paired blocks ({blocks} x {block_steps} steps bare, then instrumented): step "
+                  f"{result['step_us']:.0f}us, instrumented adds {result['added_us']:+.1f}us "
+                  f"(quartiles {result['added_q1_us']:+.1f}..{result['added_q3_us']:+.1f}) = "
+                  f"{result['share'] * 100:+.2f} % of the step")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
-    if len(out) < 2:
+    if "cnn" not in out or "tiny" not in out:
         return
     cnn_step = out["cnn"]["bare"]["step_us"]
     print("\nfixed cost per step (tiny loop) as a share of the CNN step "
