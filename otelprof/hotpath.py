@@ -32,8 +32,9 @@ DEVICE = "d"
 
 _active: Recorder | None = None
 MAX_STEP_ANNOTATIONS = 4096
-"""Regions kept inside one step; past this (a step that never ends) they are recorded on their own, so
-that an open step cannot grow without bound."""
+"""Regions kept inside one step; past this (a step that never ends) they are dropped and counted
+(``otelprof.exporter.dropped{exporter="step_regions"}``), so that an open step cannot grow without bound."""
+dropped_regions = 0
 class _ThreadState(threading.local):
     """Per-thread hot-path state; class defaults keep attribute reads on the fast path."""
 
@@ -213,7 +214,10 @@ def _close_region(name: str, start_ns: int, end_ns: int, step: StepContext | Non
         annotations = step.annotations
         if len(annotations) < MAX_STEP_ANNOTATIONS:
             annotations.append((name, start_ns, end_ns, depth, error))
-            return
+        else:
+            global dropped_regions
+            dropped_regions += 1
+        return
     recorder = _active
     if recorder is not None:
         recorder.submit((ANNOTATION, name, _phase[0] if step is not None else None, start_ns, end_ns, error))

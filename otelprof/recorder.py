@@ -74,6 +74,7 @@ class Recorder:
         self.queue: deque[tuple[Any, ...]] = deque()
         self.queue_dropped = 0
         self._reported_dropped = 0
+        self._reported_regions = hot.dropped_regions  # the counter is per process, the metric per session
         # perf_counter_ns() + offset = Unix time in ns
         self.offset_ns = time.time_ns() - time.perf_counter_ns()
         self._drain_lock = threading.RLock()
@@ -144,6 +145,12 @@ class Recorder:
     def _drain(self) -> None:
         queue = self.queue
         with self.registry.lock:
+            regions = hot.dropped_regions
+            if regions != self._reported_regions:
+                self.dropped.add(regions - self._reported_regions, (sc.DROPPED_STEP_REGIONS,))
+                self._reported_regions = regions
+                warn_once("step-regions", "otelprof: a step holds %d regions; more are dropped and counted (a "
+                          "step that never ends?)", hot.MAX_STEP_ANNOTATIONS)
             if self.queue_dropped != self._reported_dropped:
                 self.dropped.add(self.queue_dropped - self._reported_dropped, ("queue",))
                 self._reported_dropped = self.queue_dropped

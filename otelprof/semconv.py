@@ -91,6 +91,8 @@ REGION_BACKWARD = "backward"
 REGION_OPTIMIZER = "optimizer"
 REGION_COLLECTIVE = "collective"
 """Time a gradient all-reduce was in flight (DDP communication hook)."""
+DROPPED_STEP_REGIONS = "step_regions"
+"""``exporter`` label of ``otelprof.exporter.dropped`` for regions past the per-step cap."""
 DEVICE_TIMED_REGIONS: tuple[str, ...] = (REGION_FORWARD, REGION_BACKWARD, REGION_OPTIMIZER)
 """Regions that also get a device time from CUDA events when the model is on a CUDA device."""
 
@@ -139,7 +141,8 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(LABEL_ANNOTATION, "metric", "Annotated region name; bounded by `OTELPROF_MAX_LABEL_VALUES`."),
     AttributeSpec(LABEL_SCALAR, "metric", "Which recorded scalar (loss, grad_norm)."),
     AttributeSpec(LABEL_EXPORTER, "metric", "queue, otlp_traces, otlp_metrics, recording; cuda_events: CUDA event "
-                  "pairs that waited too long for the GPU (device times dropped)."),
+                  "pairs that waited too long for the GPU (device times dropped); step_regions: regions past "
+                  "4096 in one step (a step that never ends)."),
     AttributeSpec(LABEL_REASON, "metric", "Why a span was built; on otelprof.sampler.errors the error; "
                   "on otelprof.gpu.throttle the clock-event reason."),
     AttributeSpec(LABEL_GPU, "metric", "GPU index as NVML numbers them in the container."),

@@ -155,16 +155,43 @@ def test_an_optimizer_calling_its_base_step_is_timed_once(tmp_path: Path) -> Non
 
 def test_a_step_that_never_ends_keeps_a_bounded_list(tmp_path: Path) -> None:
     from otelprof import hotpath
+    from tests.test_catalog import _scrape
 
-    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, metrics_exporters=("prometheus",),
+                            prometheus_port=0)
     with otelprof.step() as step:
         for _ in range(hotpath.MAX_STEP_ANNOTATIONS + 10):
             with otelprof.annotate("layer"):
                 pass
         assert len(step.annotations) == hotpath.MAX_STEP_ANNOTATIONS
+    label = f'exporter="{sc.DROPPED_STEP_REGIONS}"'
+    lines = [line for line in _scrape(session).splitlines()
+             if line.startswith(sc.EXPORTER_DROPPED.prometheus_name) and label in line]
+    assert len(lines) == 1 and float(lines[0].rsplit(" ", 1)[1]) == 10
     rank = _recording(session)
-    assert len(rank.steps[0].annotations) == hotpath.MAX_STEP_ANNOTATIONS
-    assert [a.name for a in rank.annotations] == ["layer"] * 10  # the rest: recorded on their own
+    assert len(rank.steps[0].annotations) == hotpath.MAX_STEP_ANNOTATIONS and not rank.annotations
+
+
+def test_automatic_steps_always_end(tmp_path: Path) -> None:
+    """Without a hooked optimizer the event that opened a step starts the next; with one, an eval forward does."""
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    otorch.instrument(model=model)  # the model only: a step per forward (with its backward)
+    _train(model, optimizer, loader)
+    otorch.uninstrument()
+    model2, optimizer2, loader2 = _parts()
+    otorch.instrument(model=model2, optimizer=optimizer2)
+    _train(model2, optimizer2, loader2)
+    model2.eval()
+    with torch.no_grad():
+        for x, _ in loader2:  # no data-loader hook: each eval forward is a step
+            model2(x)
+    otorch.uninstrument()  # ends the last one
+    rank = _recording(session)
+    names = [[a.name for a in s.annotations] for s in rank.steps]
+    assert names[:8] == [[sc.REGION_FORWARD, sc.REGION_BACKWARD]] * 8
+    assert names[8:16] == [REGIONS[1:]] * 8
+    assert [(s.phase, len(n)) for s, n in zip(rank.steps[16:], names[16:])] == [("eval", 1)] * 8
 
 
 def test_user_marked_steps_get_the_regions_and_no_auto_steps(tmp_path: Path) -> None:

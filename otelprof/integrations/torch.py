@@ -85,35 +85,40 @@ def _open_step() -> hot.StepContext | None:
     return step
 
 
+FETCH, FORWARD, BACKWARD, OPTIMIZER = "fetch", "forward", "backward", "optimizer"
+"""The events that start or continue an automatic step."""
+
+
 class _AutoSteps:
-    """Opens steps the user did not mark and closes them at ``optimizer.step()`` (or the next fetch
-    when the iteration had no backward)."""
+    """Opens steps the user did not mark at the first event of an iteration and closes them at the end
+    of ``optimizer.step()``; with an optimizer hooked, several fetch/forward/backward rounds before its
+    ``step()`` are one step (gradient accumulation). An event of the kind that opened the step starts the
+    next one when no optimizer is hooked, or in evaluation (no backward: a fetch, or a forward of a
+    module in eval mode) — so an automatic step always ends."""
 
     def __init__(self) -> None:
         self.current: hot.StepContext | None = None
+        self.leader = ""
+        """The kind of event that opened the current step."""
         self.saw_backward = False
         self.saw_work = False
-        self.fetched = False
         self.by_optimizer = False
-        """An optimizer is hooked: its ``step()`` ends steps (several fetches per step: gradient accumulation)."""
+        """An optimizer is hooked: its ``step()`` ends steps."""
 
     def _ours(self) -> bool:
         return self.current is not None and _open_step() is self.current
 
-    def ensure(self) -> None:
+    def begin(self, kind: str, evaluating: bool = False) -> None:
+        """An iteration event: end our step when ``kind`` starts the next iteration, open one when none is.
+        With an optimizer hooked, only a fetch or an evaluation forward (a step without backward) does."""
+        if kind == self.leader and self.current is not None and self._ours() and (
+                not self.by_optimizer or (not self.saw_backward and (kind == FETCH or evaluating))):
+            self.close()
         if hot._active is None or _open_step() is not None:
             return
         step = hot.StepContext(None, None)
         step.__enter__()
-        self.current, self.saw_backward, self.saw_work, self.fetched = step, False, False, False
-
-    def on_fetch(self) -> None:
-        if self._ours() and ((self.saw_work and not self.saw_backward) or (self.fetched and not self.by_optimizer)):
-            # An evaluation iteration (fetch -> forward -> next fetch), or no optimizer.step() to end steps:
-            # then a step runs from one fetch to the next.
-            self.close()
-        self.ensure()
-        self.fetched = True
+        self.current, self.leader, self.saw_backward, self.saw_work = step, kind, False, False
 
     def close(self) -> None:
         step, self.current = self.current, None
@@ -288,7 +293,7 @@ class TorchInstrumentation:
 
     # ------------------------------------------------------------------ data loader
     def fetch_begin(self) -> Any:
-        self.auto.on_fetch()
+        self.auto.begin(FETCH)
         region = hot._Region(sc.REGION_DATALOADER)
         region.__enter__()
         return region
@@ -339,7 +344,7 @@ class TorchInstrumentation:
 
     # ------------------------------------------------------------------ model
     def forward_begin(self, module: Any) -> None:
-        self.auto.ensure()
+        self.auto.begin(FORWARD, not module.training)
         self.auto.saw_work = True
         if not module.training and self.auto.current is not None and hot.current_phase() == hot.DEFAULT_PHASE:
             self.auto.retag("eval")
@@ -437,7 +442,7 @@ class TorchInstrumentation:
 
     # ------------------------------------------------------------------ backward
     def backward_begin(self, tensor: Any) -> None:
-        self.auto.ensure()
+        self.auto.begin(BACKWARD)
         self.auto.saw_work = self.auto.saw_backward = True
         if self.loss and tensor.numel() == 1:
             # CPU: a number now is cheaper than holding the tensor; CUDA: converted off the hot path.
@@ -461,7 +466,7 @@ class TorchInstrumentation:
         self._optimizer_depth += 1
         if self._optimizer_depth > 1:
             return  # a subclass's step() calling super().step(): both are wrapped, time the outer one
-        self.auto.ensure()
+        self.auto.begin(OPTIMIZER)
         self.auto.saw_work = True
         if self.grad_norm:
             grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
