@@ -15,7 +15,8 @@ Variants, interleaved in one process (order rotated each round), medians of per-
 
 Then, per loop, paired blocks: one model and one session, alternating a bare block and an instrumented
 block (``instrument`` / ``uninstrument`` in between) 40 times; the median of the adjacent blocks'
-differences is the steady-state cost, free of the drifts between separate rounds.
+differences is the steady-state cost, free of the drifts between separate rounds; an A/A run of the
+same shape (both blocks bare) shows how far apart two identical blocks land on the machine.
 
 Every variant gets its own fresh model and runs ``WARMUP`` steps after ``init()`` before the timed
 steps: the one-time work (threads starting, the first steps traced as spans, torch.profiler's set-up)
@@ -139,10 +140,12 @@ def measure(make: Callable[[], Any], steps: int, rounds: int, classify: bool) ->
     return results
 
 
-def paired(make: Callable[[], Any], blocks: int, block_steps: int, classify: bool) -> dict[str, float]:
+def paired(make: Callable[[], Any], blocks: int, block_steps: int, classify: bool,
+           control: bool = False) -> dict[str, float]:
     """Steady-state cost from adjacent blocks of one model: bare, then instrumented, ``blocks`` times
     (one session throughout; instrument / uninstrument between blocks). Adjacent blocks share the
-    machine's state, so their difference cancels slow drifts that separate rounds cannot."""
+    machine's state, so their difference cancels slow drifts that separate rounds cannot. ``control``:
+    both blocks bare (an A/A run: how far apart two identical blocks land here)."""
     model, optimizer, loader = make()
     run_loop(model, optimizer, loader, WARMUP, classify)
     differences, bare_steps = [], []
@@ -151,7 +154,8 @@ def paired(make: Callable[[], Any], blocks: int, block_steps: int, classify: boo
         try:
             for _ in range(blocks):
                 bare = run_loop(model, optimizer, loader, block_steps, classify)
-                otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+                if not control:
+                    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
                 run_loop(model, optimizer, loader, 2, classify)  # the first iteration with fresh hooks
                 instrumented = run_loop(model, optimizer, loader, block_steps, classify)
                 otorch.uninstrument()
@@ -189,11 +193,13 @@ def main() -> None:
     blocks = 6 if args.quick else 40
     for loop, make, block_steps, classify in (("cnn", make_cnn, 50, True), ("tiny", make_tiny, 1000, False)):
         if args.only in (None, loop):
-            out[f"{loop} paired"] = result = paired(make, blocks, block_steps, classify)
-            print(f"\n{loop} loop, paired blocks ({blocks} x {block_steps} steps bare, then instrumented): step "
-                  f"{result['step_us']:.0f}us, instrumented adds {result['added_us']:+.1f}us "
-                  f"(quartiles {result['added_q1_us']:+.1f}..{result['added_q3_us']:+.1f}) = "
-                  f"{result['share'] * 100:+.2f} % of the step")
+            for label, control in (("paired", False), ("paired A/A control", True)):
+                out[f"{loop} {label}"] = result = paired(make, blocks, block_steps, classify, control)
+                second = "bare again" if control else "instrumented"
+                print(f"\n{loop} loop, {label} ({blocks} x {block_steps} steps bare, then {second}): step "
+                      f"{result['step_us']:.0f}us, {second} adds {result['added_us']:+.1f}us "
+                      f"(quartiles {result['added_q1_us']:+.1f}..{result['added_q3_us']:+.1f}) = "
+                      f"{result['share'] * 100:+.2f} % of the step")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     if "cnn" not in out or "tiny" not in out:
