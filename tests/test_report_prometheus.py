@@ -169,6 +169,20 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
             assert g.memory.mean == pytest.approx(used, abs=1e-6)
             assert g.memory_growth == 0.0 or math.isnan(g.memory_growth)  # constant, or no scrape in a tenth
         assert gpus["1"].memory.max_bucket == Bucket(0.95, 1.0)
+        # training processes: rank 0's own gauges as scraped, exact at the scrapes (CPU share varies: bounds only)
+        procs = {row.metric: row for row in report.system.process_rows}
+        assert sorted(procs) == ["Process CPU", "Process memory (RSS)"]
+        rss_now = psutil.Process().memory_info().rss
+        for row in procs.values():
+            assert (row.subject, row.source, row.resolution) == ("rank 0", sysmod.SOURCE_SCRAPES, None), row.metric
+            assert (row.max_bucket, row.min_bucket) == (None, None) and row.datapoints >= SCRAPES, row.metric
+            assert 0 <= row.min <= row.p50 <= row.p95 <= row.p99 <= row.max, row.metric
+        assert procs["Process CPU"].unit == sysmod.UNIT_RATIO and procs["Process CPU"].max <= 1.5  # share of CPUs
+        rss = procs["Process memory (RSS)"]
+        assert rss.unit == sysmod.UNIT_BYTES and rss.min >= 10 * 2**20 and rss.max <= 2 * rss_now  # this process
+        # rank status: its series are still scraped at the range end (every 1 s here)
+        [rank0] = summary.ranks
+        assert rank0.status == "running" and "scraped every 1 s" in rank0.status_basis, rank0.status_basis
         # job summary: the otelprof version and run from the processes' target_info
         assert summary.otelprof_version == otelprof.__version__ and summary.schema_version == ""
         assert summary.run_id == session.config.run_id and summary.world_size == 1
@@ -195,6 +209,9 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
         assert "<td>&gt; 80.0 %, ≤ 85.0 %</td>" in system_html and "<td>&gt; 60.0 %, ≤ 65.0 %</td>" in system_html
         assert f"<td>{memory.datapoints:,}</td><td>gauge, as scraped</td>" in system_html
         assert f"<td>evaluated every {secs(every)}</td>" in system_html
+        processes_html = system_html[system_html.index("<h3>Training processes</h3>"):]
+        assert '<td class="l">rank 0</td><td class="l">Process CPU</td>' in processes_html
+        assert processes_html.count("<td>gauge, as scraped</td>") == 2
         assert (f"samples about every {escape(secs(usage.interval))}, {usage.cores} logical CPUs, 2 GPU(s) (0, 1); "
                 "sampled by rank 0.</p>") in system_html
         assert "rank -1" not in system_html and "about every -" not in system_html and " 0 logical" not in system_html
@@ -209,7 +226,11 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
         assert result.returncode == 0, result.stderr
         with pytest.raises(PrometheusError, match="no otelprof series of job"):
             report_from_prometheus(prom.url, "no-such-job")
-    otelprof.shutdown()
+        # the process stops serving /metrics: a few scrape intervals later its rank has stopped
+        otelprof.shutdown()
+        time.sleep(5)
+        [rank0] = report_from_prometheus(prom.url, "promreport", end=time.time()).summary.ranks
+        assert rank0.status == "stopped" and "scraped every 1 s" in rank0.status_basis, rank0.status_basis
 
 
 def _section(html: str, anchor: str) -> str:

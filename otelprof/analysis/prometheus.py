@@ -15,7 +15,9 @@ point there.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import itertools
 import json
 import math
 import time
@@ -41,6 +43,7 @@ from otelprof.analysis.system import (
     SOURCE_EVALUATED,
     SOURCE_HISTOGRAM,
     SOURCE_SCRAPES,
+    UNIT_BYTES,
     UNIT_RATE,
     UNIT_RATIO,
     NodeUsage,
@@ -96,6 +99,12 @@ class Client:
         data = self._get("/api/v1/query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                                  "step": f"{max(step, 1.0):.0f}"})
         return [(dict(r["metric"]), [(float(t), float(v)) for t, v in r["values"]]) for r in data.get("result", [])]
+
+    def query_raw(self, promql: str, at: float) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        """A range selector at ``at``: the raw samples (scrape time, value) of each series."""
+        data = self._get("/api/v1/query", {"query": promql, "time": f"{at:.3f}"})
+        return [(dict(r["metric"]), [(float(t), float(v)) for t, v in r.get("values", [])])
+                for r in data.get("result", [])]
 
     def rules(self) -> list[dict[str, Any]]:
         data = self._get("/api/v1/rules", {"type": "alert"})
@@ -255,10 +264,13 @@ def report_from_prometheus(url: str, job: str, start: float | None = None, end: 
     rank_start = {rank: v for (rank, _), v in starts.items()}
     nodes = sorted(set(rank_nodes.values()))
     ranks = []
-    for rank in sorted(rank_start, key=lambda r: int(r) if r.isdigit() else 1 << 30):
-        ranks.append(RankSummary(int(rank) if rank.isdigit() else -1, 0, rank_nodes[rank], "unknown",
+    rank_names = sorted(rank_start, key=lambda r: int(r) if r.isdigit() else 1 << 30)
+    statuses = _rank_status(qs, rank_names, now)
+    for rank in rank_names:
+        status, basis = statuses[rank]
+        ranks.append(RankSummary(int(rank) if rank.isdigit() else -1, 0, rank_nodes[rank], status,
                                  rank_start[rank], firsts.get((rank,)), ranks_last.get((rank,)), None,
-                                 int(sum(v for (r, _), v in steps_by.items() if r == rank)), 0, ()))
+                                 int(sum(v for (r, _), v in steps_by.items() if r == rank)), 0, (), basis))
     per_phase: dict[str, int] = {}
     for (_, phase), v in steps_by.items():
         per_phase[phase] = per_phase.get(phase, 0) + round(v)
@@ -277,7 +289,7 @@ def report_from_prometheus(url: str, job: str, start: float | None = None, end: 
                          tuple(sorted(per_phase.items())), (), 0,
                          () if per_phase else ("no steps in the range",))
     say("system usage")
-    system = _system(qs, nodes, job_start)
+    system = dataclasses.replace(_system(qs, nodes, job_start), process_rows=_process_rows(qs, rank_names))
     say("steps and regions")
     steps = _steps(qs, rank_nodes)
     framework = _framework(qs, summary)
@@ -333,24 +345,71 @@ def _histogram_row(node: str, metric: str, unit: str, buckets: list[tuple[float,
     return UsageRow(node, metric, unit, NAN, p99, p95, p50, NAN, int(count), SOURCE_HISTOGRAM, None, high, low)
 
 
-def _gauge_rows(qs: _Queries, metric: str, unit: str, expr: str, scraped: str, step: int | None = None
-                ) -> dict[str, UsageRow]:
-    """Per node: quantiles of ``expr``. With ``step`` None ``expr`` is a gauge selector and the quantiles
-    are over its scraped values (SOURCE_SCRAPES); else ``expr`` is evaluated every ``step`` seconds
-    (SOURCE_EVALUATED). Datapoints are the scrapes of ``scraped``, the underlying series."""
+def _gauge_rows(qs: _Queries, metric: str, unit: str, expr: str, scraped: str, step: int | None = None,
+                by: str = NODE) -> dict[str, UsageRow]:
+    """Per node (or per value of label ``by``): quantiles of ``expr``. With ``step`` None ``expr`` is a gauge
+    selector and the quantiles are over its scraped values (SOURCE_SCRAPES: max and min exact at the scrapes,
+    quantile 1 and 0 of them); else ``expr`` is evaluated every ``step`` seconds (SOURCE_EVALUATED).
+    Datapoints are the scrapes of ``scraped``, the underlying series."""
     if step is None:
-        values = {q: qs.by(f"max by ({NODE}) (quantile_over_time({q}, {expr}[{qs.window}]))", NODE)
+        values = {q: qs.by(f"max by ({by}) (quantile_over_time({q}, {expr}[{qs.window}]))", by)
                   for q in QUANTILES}
     else:
-        values = {q: qs.by(f"quantile_over_time({q}, ({expr})[{qs.window}:{step}s])", NODE) for q in QUANTILES}
-    scrapes = qs.by(f"max by ({NODE}) (count_over_time({scraped}[{qs.window}]))", NODE)
+        values = {q: qs.by(f"quantile_over_time({q}, ({expr})[{qs.window}:{step}s])", by) for q in QUANTILES}
+    scrapes = qs.by(f"max by ({by}) (count_over_time({scraped}[{qs.window}]))", by)
     rows = {}
-    for (node,), p50 in values[0.5].items():
-        top, p99, p95, _, low = (values[q].get((node,), NAN) for q in QUANTILES)
-        rows[node] = UsageRow(node, metric, unit, top, p99, p95, p50, low, int(scrapes.get((node,), 0)),
-                              SOURCE_SCRAPES if step is None else SOURCE_EVALUATED,
-                              None if step is None else float(step))
+    for (key,), p50 in values[0.5].items():
+        top, p99, p95, _, low = (values[q].get((key,), NAN) for q in QUANTILES)
+        rows[key] = UsageRow(key, metric, unit, top, p99, p95, p50, low, int(scrapes.get((key,), 0)),
+                             SOURCE_SCRAPES if step is None else SOURCE_EVALUATED,
+                             None if step is None else float(step))
     return rows
+
+
+def _process_rows(qs: _Queries, ranks: list[str]) -> tuple[UsageRow, ...]:
+    """Per rank, the gauges the sampler exports on every rank (process CPU share, resident memory) as
+    scraped over the range: max and min exact at the scrapes, quantiles over the scraped values; samples
+    between scrapes are not seen. Subjects ``rank N`` as in a recording's report."""
+    out = []
+    for metric, unit, spec in (("Process CPU", UNIT_RATIO, sc.PROCESS_CPU_UTILIZATION),
+                               ("Process memory (RSS)", UNIT_BYTES, sc.PROCESS_MEMORY_USAGE)):
+        rows = _gauge_rows(qs, metric, unit, qs.s(spec), qs.s(spec), by=RANK)
+        out += [dataclasses.replace(rows[rank], subject=f"rank {rank}") for rank in ranks if rank in rows]
+    return tuple(out)
+
+
+STATUS_TAIL = 900.0
+"""Seconds before the range end in which the raw scrapes of each process are read for its status."""
+STATUS_INTERVALS = 3
+"""A process is running when its series were last scraped at most this many scrape intervals before the end."""
+
+
+def _rank_status(qs: _Queries, ranks: list[str], now: float) -> dict[str, tuple[str, str]]:
+    """Per rank: (status, basis). ``running`` when its own series (the process-start gauge every rank
+    exports while it lives) was last scraped within STATUS_INTERVALS scrape intervals (median gap of its
+    scrapes) of the range end; ``stopped`` when the scrapes ended before that; ``unknown`` otherwise, with
+    why. A stopped process exited or became unreachable to Prometheus; the series cannot tell which."""
+    at = min(qs.end, now)
+    tail = max(min(STATUS_TAIL, at - qs.start), 1.0)
+    raw: dict[str, list[float]] = {}
+    try:
+        for m, points in qs.client.query_raw(f"{qs.s(sc.PROCESS_START_TIME)}[{tail:.0f}s]", at):
+            raw.setdefault(m.get(RANK, ""), []).extend(t for t, _ in points)
+    except PrometheusError as error:
+        return {rank: ("unknown", f"raw scrapes not readable: {error}") for rank in ranks}
+    out = {}
+    for rank in ranks:
+        times = sorted(set(raw.get(rank, [])))
+        if len(times) < 2:
+            out[rank] = ("unknown", f"{len(times)} scrape(s) of {sc.PROCESS_START_TIME.prometheus_name} in the "
+                                    f"last {tail:.0f} s of the range: no scrape interval to judge by")
+            continue
+        gaps = sorted(b - a for a, b in itertools.pairwise(times))
+        interval = gaps[len(gaps) // 2]
+        ago = at - times[-1]
+        status = "running" if ago <= STATUS_INTERVALS * interval else "stopped"
+        out[rank] = (status, f"last scraped {ago:.0f} s before the range end, scraped every {interval:.0f} s")
+    return out
 
 
 def _system(qs: _Queries, nodes: list[str], origin: float) -> SystemUsage:

@@ -29,6 +29,8 @@ class RankSummary:
     skipped_lines: int
     dropped: tuple[tuple[str, float], ...]
     """Records the training process dropped instead of blocking (by exporter), from the manifest."""
+    status_basis: str = ""
+    """What the status rests on, or why it is unknown (from Prometheus: the process's last scrape)."""
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,8 @@ def _summary(r: Report) -> str:
         out.append("<h3>Ranks</h3>" + table(
             ("Rank", "Local rank", "Node", "Status", "Started", "First step", "Last step end", "Shutdown", "Steps",
              "Dropped records", "Skipped lines"),
-            [(x.rank, x.local_rank, x.node, x.status, when(x.process_start), when(x.first_step_start),
+            [(x.rank, x.local_rank, x.node, f"{x.status} ({x.status_basis})" if x.status_basis else x.status,
+              when(x.process_start), when(x.first_step_start),
               when(x.last_step_end), when(x.shutdown), f"{x.steps:,}",
               ", ".join(f"{k}: {v:,.0f}" for k, v in x.dropped if v) or "0", x.skipped_lines) for x in s.ranks], 4))
     return section("summary", "Training job summary", "".join(out))
@@ -318,6 +319,15 @@ def _process_rows(r: Report) -> str:
     rows = r.system.process_rows
     if not rows:
         return ""
+    if _from_prometheus(r):
+        return "<h3>Training processes</h3>" + p(
+            "Each rank's own CPU use (a share of the CPUs the container may use) and resident memory, from the "
+            "gauges as scraped over the range: max and min are exact at the scrapes, the percentiles are over "
+            "the scraped values; samples between scrapes are not seen.") + table(
+            ("Rank", "Metric", "max", "p99", "p95", "p50", "min", "Datapoints", "Source"),
+            [(row.subject, row.metric, *(_unit_fmt(row.unit)(v) for v in (row.max, row.p99, row.p95, row.p50,
+                                                                          row.min)),
+              f"{row.datapoints:,}", _usage_source(row)) for row in rows], 2)
     return "<h3>Training processes</h3>" + p(
         "Each rank's own CPU use (a share of the CPUs the container may use) and resident memory.") + table(
         ("Rank", "Metric", "max", "p99", "p95", "p50", "min", "Samples"),
