@@ -25,20 +25,33 @@ class QuietHandler(BaseHTTPRequestHandler):
 
 
 class BackgroundServer:
-    """One ``ThreadingHTTPServer`` serving on a daemon thread until :meth:`stop`."""
+    """One ``ThreadingHTTPServer``: :meth:`start` serves it on a daemon thread, or :meth:`bind` then
+    :meth:`serve_forever` in the caller's thread; until :meth:`stop`."""
+
+    poll_interval = 0.5
+    """Seconds :meth:`stop` may wait for the serving loop to notice."""
 
     def __init__(self) -> None:
         self._server: ThreadingHTTPServer | None = None
         self.address: tuple[str, int] | None = None
 
-    def start(self, host: str, port: int, handler: type[BaseHTTPRequestHandler], name: str) -> tuple[str, int]:
-        """Bind and serve; raises OSError when the address cannot be bound (port 0: any free port)."""
+    def bind(self, host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> tuple[str, int]:
+        """Bind; raises OSError when the address cannot be bound (port 0: any free port)."""
         server = ThreadingHTTPServer((host, port), handler)
         server.daemon_threads = True
         self._server = server
-        threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
         self.address = (host, int(server.server_address[1]))
         return self.address
+
+    def serve_forever(self) -> None:
+        assert self._server is not None
+        self._server.serve_forever(poll_interval=self.poll_interval)
+
+    def start(self, host: str, port: int, handler: type[BaseHTTPRequestHandler], name: str) -> tuple[str, int]:
+        """Bind and serve on a daemon thread named ``name``."""
+        address = self.bind(host, port, handler)
+        threading.Thread(target=self.serve_forever, name=name, daemon=True).start()
+        return address
 
     def stop(self) -> None:
         if self._server is not None:

@@ -27,12 +27,11 @@ import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from otelprof import semconv as sc
-from otelprof._http import QuietHandler
+from otelprof._http import BackgroundServer, QuietHandler
 
 log = logging.getLogger("otelprof.webhook")
 
@@ -359,13 +358,14 @@ class WebhookReceiver:
         return f"Job {namespace}/{job} suspended ({status})"
 
 
-class WebhookServer:
-    def __init__(self, receiver: WebhookReceiver) -> None:
-        self.receiver = receiver
-        self._server: ThreadingHTTPServer | None = None
-        self.address: tuple[str, int] | None = None
+class WebhookServer(BackgroundServer):
+    poll_interval = 0.1
 
-    def start(self, host: str, port: int) -> None:
+    def __init__(self, receiver: WebhookReceiver) -> None:
+        super().__init__()
+        self.receiver = receiver
+
+    def _handler(self) -> type[QuietHandler]:
         receiver = self.receiver
 
         class Handler(QuietHandler):
@@ -404,22 +404,11 @@ class WebhookServer:
             def do_POST(self) -> None:
                 self._serve("POST")
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self.address = (host, int(self._server.server_address[1]))
+        return Handler
 
-    def serve_forever(self) -> None:
-        assert self._server is not None
-        self._server.serve_forever(poll_interval=0.1)
+    def listen(self, host: str, port: int) -> tuple[str, int]:
+        """Bind (serve with :meth:`serve_forever`); raises OSError when the address cannot be bound."""
+        return self.bind(host, port, self._handler())
 
     def start_background(self, host: str, port: int) -> tuple[str, int]:
-        self.start(host, port)
-        threading.Thread(target=self.serve_forever, name="otelprof-webhook", daemon=True).start()
-        assert self.address is not None
-        return self.address
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        return self.start(host, port, self._handler(), "otelprof-webhook")

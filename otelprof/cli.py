@@ -206,7 +206,7 @@ def _cmd_webhook(args: argparse.Namespace) -> int:
                                        control_port_base=args.control_port_base, kubernetes=kubernetes)
     server = actions.WebhookServer(receiver)
     try:
-        server.start(args.host, args.port)
+        server.listen(args.host, args.port)
     except OSError as exc:
         print(f"otelprof webhook: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

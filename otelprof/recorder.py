@@ -113,7 +113,7 @@ class Recorder:
         self.scalar_gauges = {name: r.gauge(spec) for name, spec in sc.SCALAR_GAUGES.items()}
         self.scalar_counters = {name: r.counter(spec) for name, spec in sc.SCALAR_COUNTERS.items()}
         r.gauge(sc.PROCESS_START_TIME).set(lifecycle.get("process_start") or time.time())
-        self.dropped.add(0, ("queue",))
+        self.dropped.add(0, (sc.DROPPED_QUEUE,))
         registry.before_collect(self.drain)
 
     # ------------------------------------------------------------------ hot path entry
@@ -152,7 +152,7 @@ class Recorder:
                 warn_once("step-regions", "otelprof: a step holds %d regions; more are dropped and counted (a "
                           "step that never ends?)", hot.MAX_STEP_ANNOTATIONS)
             if self.queue_dropped != self._reported_dropped:
-                self.dropped.add(self.queue_dropped - self._reported_dropped, ("queue",))
+                self.dropped.add(self.queue_dropped - self._reported_dropped, (sc.DROPPED_QUEUE,))
                 self._reported_dropped = self.queue_dropped
                 warn_once("queue-full", "otelprof: record queue full (OTELPROF_QUEUE_SIZE=%d); "
                           "records are dropped and counted", self.capacity)

@@ -91,8 +91,15 @@ REGION_BACKWARD = "backward"
 REGION_OPTIMIZER = "optimizer"
 REGION_COLLECTIVE = "collective"
 """Time a gradient all-reduce was in flight (DDP communication hook)."""
+# ``exporter`` label values of ``otelprof.exporter.dropped`` besides the exporters' own names.
+DROPPED_QUEUE = "queue"
+"""Records the hot path could not queue (the recorder's queue was full)."""
+DROPPED_RECORDING = "recording"
+"""Lines the run recording could not write (disk full, I/O error)."""
+DROPPED_CUDA_EVENTS = "cuda_events"
+"""CUDA event pairs that waited too long for the GPU (device times dropped)."""
 DROPPED_STEP_REGIONS = "step_regions"
-"""``exporter`` label of ``otelprof.exporter.dropped`` for regions past the per-step cap."""
+"""Regions past the per-step cap (a step that never ends)."""
 DEVICE_TIMED_REGIONS: tuple[str, ...] = (REGION_FORWARD, REGION_BACKWARD, REGION_OPTIMIZER)
 """Regions that also get a device time from CUDA events when the model is on a CUDA device."""
 

@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelprof import hotpath as hot
+from otelprof import semconv as sc
 from otelprof._log import logger, reset_warnings, warn_once
 from otelprof._version import __version__
 from otelprof.collectors.sampler import Sampler
@@ -144,7 +145,7 @@ class Session:
         self.recorder.count_dropped(exporter, amount)
 
     def _writer_dropped(self, amount: int) -> None:
-        self.recorder.count_dropped("recording", amount)
+        self.recorder.count_dropped(sc.DROPPED_RECORDING, amount)
 
     def _writer_bytes(self, amount: int) -> None:
         with self.registry.lock:

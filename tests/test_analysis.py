@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -198,13 +200,22 @@ def test_checks_in_a_forked_process_match_and_survive_its_death(tmp_path: Path,
     config = MixinConfig(max_initialization_time="5s")
     inline = rules.rules_summary(recording, 18.25, config)
     assert inline.fired  # something to compare
-    assert rules.rules_summary_later(recording, 18.25, config, background=True)() == inline
+    real = rules.rules_summary
+
+    def tagged(*args: Any) -> rules.RulesSummary:  # which process evaluated: its pid in ``skipped``
+        return dataclasses.replace(real(*args), skipped=str(os.getpid()))
+
+    monkeypatch.setattr(rules, "rules_summary", tagged)
+    forked = rules.rules_summary_later(recording, 18.25, config, background=True)()
+    assert dataclasses.replace(forked, skipped=None) == inline
+    assert forked.skipped not in (None, str(os.getpid()))  # a second process did the work
 
     def die(*args: object) -> None:
         os._exit(3)
 
     monkeypatch.setattr(rules, "_evaluate_into", die)
-    assert rules.rules_summary_later(recording, 18.25, config, background=True)() == inline
+    fallback = rules.rules_summary_later(recording, 18.25, config, background=True)()
+    assert dataclasses.replace(fallback, skipped=None) == inline and fallback.skipped == str(os.getpid())
 
 
 def test_json_form_is_strict_and_complete(report: Report) -> None:

@@ -42,18 +42,12 @@ class Sample:
     cpu: tuple[float, ...]
     iowait: tuple[float, ...] = ()
     gpus: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
-    summary: tuple[float, float, float | None] | None = None
-    """(max busy, mean busy, max iowait) when the per-CPU values were not kept (long recordings)."""
 
     def busy_max(self, io: bool) -> float | None:
-        if self.summary is not None:
-            return self.summary[2] if io else self.summary[0]
         values = self.iowait if io else self.cpu
         return max(values) if values else None
 
     def busy_mean(self) -> float | None:
-        if self.summary is not None:
-            return self.summary[1]
         return sum(self.cpu) / len(self.cpu) if self.cpu else None
 
 
@@ -299,10 +293,6 @@ def _scalar_series(code: int, phase: Sequence[int], end: Sequence[float], index:
     finite = list(map(math.isfinite, mine_values))
     return (_Series(compress(ends, finite), compress(mine_values, finite)),
             array("d", compress(ends, map(operator.not_, finite))))
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
 
 
 class _Checks:
@@ -585,13 +575,6 @@ def _by_job(ranks: Iterable[RankData]) -> dict[str, list[RankData]]:
     out: dict[str, list[RankData]] = {}
     for r in ranks:
         out.setdefault(r.job, []).append(r)
-    return out
-
-
-def _by_phase(steps: Iterable[StepRecord]) -> dict[str, list[StepRecord]]:
-    out: dict[str, list[StepRecord]] = {}
-    for s in steps:
-        out.setdefault(s.phase, []).append(s)
     return out
 
 

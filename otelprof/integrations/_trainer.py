@@ -25,6 +25,7 @@ from typing import Any
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import warn_once
+from otelprof.integrations._iterators import IteratorProxy
 
 PENDING_FETCHES = 64
 """Fetches kept while no step is open (a loader iterated outside the trainer must not grow memory)."""
@@ -298,21 +299,12 @@ class StepTracker:
                 loader.__class__ = cls
 
 
-class _TimedFetches:
+class _TimedFetches(IteratorProxy):
     """A data-loader iterator whose ``next()`` calls are timed for a :class:`StepTracker`."""
 
     def __init__(self, iterator: Iterator[Any], tracker: StepTracker) -> None:
-        self._iterator = iterator
+        super().__init__(iterator)
         self._tracker = tracker
-
-    def __iter__(self) -> _TimedFetches:
-        return self
-
-    def __len__(self) -> int:
-        return len(self._iterator)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._iterator, name)
 
     def __next__(self) -> Any:
         tracker = self._tracker

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from otelprof import hotpath as hot
+from otelprof import semconv as sc
 
 __all__ = ["CUDA", "DROPPED_LABEL", "PENDING_PAIRS", "Backend", "DeviceTimer", "backend"]
 
@@ -41,7 +42,7 @@ POOL_PAIRS = 16
 """Resolved pairs kept for reuse."""
 MAX_OPEN = 8
 """Begun pairs of one region whose end has not come (a forward that raised skips its end hook)."""
-DROPPED_LABEL = "cuda_events"
+DROPPED_LABEL = sc.DROPPED_CUDA_EVENTS
 """``exporter`` label of ``otelprof.exporter.dropped`` for pairs dropped from the pending queue."""
 
 

@@ -40,6 +40,7 @@ from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import warn_once
 from otelprof.integrations import cuda_timing
+from otelprof.integrations._iterators import IteratorProxy
 from otelprof.integrations.cuda_timing import DeviceTimer
 from otelprof.integrations.torch_profiler import ProfileWindows
 
@@ -167,21 +168,12 @@ HOOK_CUDA_EVENTS = "cuda_events"
 """``hook`` label of ``otelprof.integration.errors`` when the CUDA event API failed and device timing stopped."""
 
 
-class _TimedIterator:
+class _TimedIterator(IteratorProxy):
     """Wraps a data-loader iterator: each ``next()`` is a ``dataloader`` region."""
 
     def __init__(self, iterator: Iterator[Any], owner: TorchInstrumentation) -> None:
-        self._iterator = iterator
+        super().__init__(iterator)
         self._owner = owner
-
-    def __iter__(self) -> _TimedIterator:
-        return self
-
-    def __len__(self) -> int:
-        return len(self._iterator)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._iterator, name)
 
     def __next__(self) -> Any:
         owner = self._owner
