@@ -45,7 +45,7 @@ class Config:
     metric_export_interval: float = 10.0
     prometheus_host: str = "127.0.0.1"
     prometheus_port: int = 9464
-    span_budget: float = 0.005
+    span_budget: float = 0.001
     span_first_steps: int = 10
     span_every: int = 0
     span_windows: tuple[tuple[int, int], ...] = ()

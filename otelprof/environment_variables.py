@@ -116,7 +116,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTEL_EXPORTER_PROMETHEUS_PORT, "prometheus_port", "9464",
            "Base port of `/metrics`; each process listens on base + `LOCAL_RANK`, so ranks in one pod "
            "never collide (0: any free port). A port in use gives one warning and no endpoint for that process."),
-    EnvVar(OTELPROF_SPAN_BUDGET, "span_budget", "0.005",
+    EnvVar(OTELPROF_SPAN_BUDGET, "span_budget", "0.001",
            "Share of step time the background thread may spend building spans for sampled steps "
            "(0-1). First steps, every-Kth steps, windows and outliers are always traced."),
     EnvVar(OTELPROF_SPAN_FIRST_STEPS, "span_first_steps", "10",

@@ -3,10 +3,16 @@
 Runs off the hot path: a background thread drains the queue every flush
 interval, and a scrape or export drains it first so it always sees fresh data.
 Only one thread processes at a time (``_drain_lock``).
+
+The background thread shares the GIL with the training loop, so its work costs the loop time
+unless it runs while the loop waits without the GIL. Integrations call :meth:`Recorder.wake` just
+before such a wait (``loss.backward()``: the autograd engine runs without the GIL), and the
+pending records are processed then, in the shadow of the backward pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -16,7 +22,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 from otelprof import hotpath as hot
@@ -27,6 +32,7 @@ from otelprof.metrics import MetricRegistry
 from otelprof.recording import schema
 from otelprof.recording.writer import RecordingWriter
 from otelprof.sampling import OutlierDetector, SpanSelector
+from otelprof.span_builder import SpanBuilder
 
 SpanSink = Callable[[Sequence[ReadableSpan]], None]
 
@@ -50,6 +56,8 @@ class LabelCap:
         return sc.OTHER_LABEL_VALUE
 
 
+_DATALOADER = sc.REGION_DATALOADER
+_COLLECTIVE = sc.REGION_COLLECTIVE
 DRAIN_CHUNK = 16
 """Records processed between two hand-overs of the GIL (about 0.3 ms of work)."""
 
@@ -78,14 +86,20 @@ class Recorder:
         # perf_counter_ns() + offset = Unix time in ns
         self.offset_ns = time.time_ns() - time.perf_counter_ns()
         self._drain_lock = threading.RLock()
+        self._wake = threading.Lock()
+        """Held while nobody asked the background thread to run; :meth:`wake` releases it."""
+        self._wake.acquire()
         self._span_sinks = list(span_sinks)
         self._collected: deque[ReadableSpan] = deque()  # ended spans; appended from any thread
         tracer_provider.add_span_processor(_CollectSpans(self._collected))
-        self._tracer = tracer_provider.get_tracer("otelprof")
+        self._spans = SpanBuilder(tracer_provider)
         self._selector = SpanSelector.from_config(config)
         self._span_seconds = 0.0  # build + export time of spans not yet settled with the selector
         self._json_names: dict[str, str] = {}
         self._annotation_keys: dict[tuple[str, str], tuple[str, str]] = {}
+        self._region_prefixes: dict[str, str] = {}
+        self._latest: dict[str, tuple[int, int, int]] = {}
+        """Per phase label, since the last _settle_steps: (steps, last end in perf ns, last number)."""
         self._outliers: dict[str, OutlierDetector] = {}
         self._seen: dict[str, int] = {}
         self._phase_label = LabelCap(sc.LABEL_PHASE, config.max_label_values)
@@ -124,6 +138,21 @@ class Recorder:
             queue.append(item)
         else:
             self.queue_dropped += 1
+
+    def wake(self) -> None:
+        """Have the background thread process the pending records now. Cheap (a lock release, no
+        wait); called by integrations just before the training thread runs without the GIL."""
+        if self.queue:
+            self.wake_up()
+
+    def wake_up(self) -> None:
+        """Wake the background thread whether or not records are pending (shutdown)."""
+        with contextlib.suppress(RuntimeError):  # already woken and not yet waiting again
+            self._wake.release()
+
+    def wait(self, timeout: float) -> bool:
+        """Background thread: sleep until :meth:`wake` or ``timeout``; True when woken."""
+        return self._wake.acquire(timeout=timeout)
 
     def arm_window(self, start_step: int, num_steps: int) -> None:
         """Trace every step numbered ``start_step`` .. ``start_step + num_steps - 1`` (any phase)."""
@@ -171,6 +200,8 @@ class Recorder:
                         self._phase(*item[1:])
                     elif kind == hot.DEVICE:
                         self._device(item[1])
+                if self._latest:
+                    self._settle_steps()
             # Hand the GIL over between chunks: a training thread coming back from a kernel that ran
             # without the GIL would otherwise wait up to the interpreter's switch interval (5 ms).
             time.sleep(0)
@@ -207,41 +238,41 @@ class Recorder:
         scalars: dict[str, Any] | None,
         error: str | None,
     ) -> None:
+        # Written for the cost per step: this runs once per training step, on a thread that shares the GIL
+        # with the training loop. What only needs the last value (step counters, last step time and number,
+        # lifecycle) is kept per phase and applied once per chunk (_settle_steps).
         label = self._phase_label(phase)
         if self._current_phase != label:
             self._phase(phase, start_ns)
         labels = (label,)
-        duration = (end_ns - start_ns) / 1e9
-        start_unix = self._unix_ns(start_ns)
-        end_unix = self._unix_ns(end_ns)
+        step_ns = end_ns - start_ns
+        duration = step_ns / 1e9
+        start_unix = start_ns + self.offset_ns
         self.step_duration.observe(duration, labels)
-        self.steps.add(1, labels)
-        self.step_last.set(end_unix / 1e9, labels)
-        self.step_number.set(number, labels)
+        latest = self._latest.get(label)
+        self._latest[label] = (1 if latest is None else latest[0] + 1, end_ns, number)
         if self.lifecycle.get("first_step_start") is None:
-            self.lifecycle["first_step_start"] = start_unix / 1e9
-            self.step_first.set(start_unix / 1e9)
-            if self.writer is not None:
-                self.writer.update_manifest(lifecycle=dict(self.lifecycle))
-        self.lifecycle["last_step_end"] = end_unix / 1e9
+            self._first_step(start_unix)
         wait_ns = collective_ns = 0
-        keys = self._annotation_keys
-        for name, a_start, a_end, _depth, _err in annotations:
-            key = keys.get((label, name))
-            if key is None:
-                if len(keys) > 10_000:  # raw names past the label cap would grow it for ever
-                    keys.clear()
-                key = keys[(label, name)] = (label, self._annotation_label(name))
-            self.annotation_duration.observe((a_end - a_start) / 1e9, key)
-            if name == sc.REGION_DATALOADER:
-                wait_ns += a_end - a_start
-            elif name == sc.REGION_COLLECTIVE:
-                collective_ns += a_end - a_start
-        if wait_ns:
-            self.dataloader_wait.observe(wait_ns / 1e9, labels)
-            self.dataloader_wait_ratio.observe(min(wait_ns / max(end_ns - start_ns, 1), 1.0), labels)
-        if collective_ns:
-            self.collective_duration.observe(collective_ns / 1e9, labels)
+        if annotations:
+            keys = self._annotation_keys
+            observe = self.annotation_duration.observe
+            for name, a_start, a_end, _depth, _err in annotations:
+                key = keys.get((label, name))
+                if key is None:
+                    if len(keys) > 10_000:  # raw names past the label cap would grow it for ever
+                        keys.clear()
+                    key = keys[(label, name)] = (label, self._annotation_label(name))
+                observe((a_end - a_start) / 1e9, key)
+                if name == _DATALOADER:
+                    wait_ns += a_end - a_start
+                elif name == _COLLECTIVE:
+                    collective_ns += a_end - a_start
+            if wait_ns:
+                self.dataloader_wait.observe(wait_ns / 1e9, labels)
+                self.dataloader_wait_ratio.observe(min(wait_ns / max(step_ns, 1), 1.0), labels)
+            if collective_ns:
+                self.collective_duration.observe(collective_ns / 1e9, labels)
         values = self._scalars(scalars, label) if scalars else None
         detector = self._outliers.get(phase)
         if detector is None:
@@ -253,11 +284,31 @@ class Recorder:
         seen = self._seen.get(phase, 0)
         self._seen[phase] = seen + 1
         if self.writer is not None:
-            self.writer.add(schema.STEPS, self._step_line(phase, number, start_ns, start_unix, end_ns, annotations,
+            self.writer.add(schema.STEPS, self._step_line(phase, number, start_ns, start_unix, step_ns, annotations,
                                                           values, error))
         reason = self._selector.select(seen, number, duration, outlier, 1 + len(annotations))
         if reason is not None:
             self._build_step_spans(reason, phase, number, start_ns, end_ns, annotations, values, error, outlier)
+
+    def _first_step(self, start_unix: int) -> None:
+        self.lifecycle["first_step_start"] = start_unix / 1e9
+        self.step_first.set(start_unix / 1e9)
+        if self.writer is not None:
+            self.writer.update_manifest(lifecycle=dict(self.lifecycle))
+
+    def _settle_steps(self) -> None:
+        """Apply the per-phase step totals of the records just processed (under the registry lock)."""
+        last_end = None
+        for label, (count, end_ns, number) in self._latest.items():
+            labels = (label,)
+            self.steps.add(count, labels)
+            self.step_last.set((end_ns + self.offset_ns) / 1e9, labels)
+            self.step_number.set(number, labels)
+            if last_end is None or end_ns > last_end:
+                last_end = end_ns
+        self._latest.clear()
+        if last_end is not None:
+            self.lifecycle["last_step_end"] = (last_end + self.offset_ns) / 1e9
 
     def _json_name(self, name: str) -> str:
         encoded = self._json_names.get(name)
@@ -267,28 +318,37 @@ class Recorder:
                 self._json_names[name] = encoded
         return encoded
 
-    def _step_line(self, phase: str, number: int, start_ns: int, start_unix: int, end_ns: int,
+    def _region_prefix(self, name: str) -> str:
+        """``["name",`` — the start of a region in a step line."""
+        prefix = self._region_prefixes.get(name)
+        if prefix is None:
+            prefix = f"[{self._json_name(name)},"
+            if len(self._region_prefixes) < 10_000:
+                self._region_prefixes[name] = prefix
+        return prefix
+
+    def _step_line(self, phase: str, number: int, start_ns: int, start_unix: int, step_ns: int,
                    annotations: list[tuple[str, int, int, int, str | None]], values: dict[str, float] | None,
                    error: str | None) -> str:
         """The steps.jsonl record of a step (schema.py), formatted directly: json.dumps costs 3x more."""
-        q = self._json_name
-        parts = [f'{{"k":"s","ph":{q(phase)},"n":{number},"t":{start_unix},"d":{end_ns - start_ns}']
+        line = f'{{"k":"s","ph":{self._json_name(phase)},"n":{number},"t":{start_unix},"d":{step_ns}'
         if annotations:
-            parts.append(',"a":[' + ",".join(f"[{q(name)},{a0 - start_ns},{a1 - a0},{depth}]"
-                                             for name, a0, a1, depth, _ in annotations) + "]")
+            prefix = self._region_prefix
+            line += ',"a":[' + ",".join([f"{prefix(name)}{a0 - start_ns},{a1 - a0},{depth}]"
+                                         for name, a0, a1, depth, _ in annotations]) + "]"
         if values:
             # Like scalars outside steps: NaN/inf as strings, so every line stays strict JSON.
-            parts.append(',"x":{' + ",".join(f"{q(k)}:{v!r}" if math.isfinite(v) else f'{q(k)}:"{v}"'
-                                             for k, v in values.items()) + "}")
+            q = self._json_name
+            line += ',"x":{' + ",".join([f"{q(k)}:{v!r}" if math.isfinite(v) else f'{q(k)}:"{v}"'
+                                         for k, v in values.items()]) + "}"
         if error:
-            parts.append(f',"err":{q(error)}')
-        parts.append("}")
-        return "".join(parts)
+            line += f',"err":{self._json_name(error)}'
+        return line + "}"
 
     def _scalars(self, scalars: dict[str, Any], label: str) -> dict[str, float]:
         values: dict[str, float] = {}
         for name, raw in scalars.items():
-            value = _to_float(name, raw)
+            value = raw if type(raw) is float else _to_float(name, raw)  # floats: the common case
             if value is None:
                 continue
             values[name] = value
@@ -337,13 +397,15 @@ class Recorder:
             self.writer.add_json(schema.STEPS, {"k": schema.KIND_ANNOTATION, "name": name, "ph": phase,
                                                 "t": self._unix_ns(start_ns), "d": end_ns - start_ns})
         began = time.perf_counter()
-        span = self._tracer.start_span(name, start_time=self._unix_ns(start_ns), attributes={
-            sc.ATTR_ANNOTATION: True, sc.ATTR_SPAN_REASON: "annotation"})
+        attributes: dict[str, Any] = {sc.ATTR_ANNOTATION: True, sc.ATTR_SPAN_REASON: "annotation"}
         if error:
-            span.set_attribute(sc.ATTR_ERROR, error)
-        span.end(end_time=self._unix_ns(end_ns))
+            attributes[sc.ATTR_ERROR] = error
+        context = self._spans.new_trace(name, attributes)
+        if context is not None:
+            self._collected.append(self._spans.span(name, context, None, self._unix_ns(start_ns),
+                                                    self._unix_ns(end_ns), attributes))
+            self.spans_built.add(1, ("annotation",))
         self._span_seconds += time.perf_counter() - began
-        self.spans_built.add(1, ("annotation",))
 
     def _build_step_spans(
         self,
@@ -365,20 +427,24 @@ class Recorder:
                 attributes[sc.ATTR_SCALAR_PREFIX + name] = value
         if error:
             attributes[sc.ATTR_ERROR] = error
-        root = self._tracer.start_span(sc.SPAN_STEP, context=trace.set_span_in_context(trace.INVALID_SPAN),
-                                       start_time=self._unix_ns(start_ns), attributes=attributes)
+        builder = self._spans
+        root = builder.new_trace(sc.SPAN_STEP, attributes)
+        if root is None:  # the configured OTEL_TRACES_SAMPLER dropped this trace
+            return
+        unix = self.offset_ns
+        collected = self._collected
+        child_attributes = {sc.ATTR_ANNOTATION: True}
         # Nesting: an annotation's parent is the innermost enclosing annotation one level up.
         parents: list[Any] = [root]
         for name, a_start, a_end, depth, a_error in sorted(annotations, key=lambda a: (a[1], a[3])):
             del parents[depth + 1:]
             parent = parents[min(depth, len(parents) - 1)]
-            child = self._tracer.start_span(name, context=trace.set_span_in_context(parent),
-                                            start_time=self._unix_ns(a_start), attributes={sc.ATTR_ANNOTATION: True})
-            if a_error:
-                child.set_attribute(sc.ATTR_ERROR, a_error)
-            child.end(end_time=self._unix_ns(a_end))
-            parents.append(child)
-        root.end(end_time=self._unix_ns(end_ns))
+            context = builder.child_context(parent)
+            collected.append(builder.span(name, context, parent, a_start + unix, a_end + unix,
+                                          {**child_attributes, sc.ATTR_ERROR: a_error} if a_error
+                                          else child_attributes))
+            parents.append(context)
+        collected.append(builder.span(sc.SPAN_STEP, root, None, start_ns + unix, end_ns + unix, attributes))
         self._span_seconds += time.perf_counter() - began
         self.spans_built.add(1 + len(annotations), (reason,))
 

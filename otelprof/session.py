@@ -153,12 +153,23 @@ class Session:
 
     # ------------------------------------------------------------------ background loop
     def _run(self) -> None:
+        """Process records when woken (see :meth:`Recorder.wake`) or every flush interval; flush the
+        recording and export metrics on their own intervals."""
+        flush_interval = self.config.flush_interval
+        next_flush = time.monotonic() + flush_interval
         next_export = time.monotonic() + self.config.metric_export_interval
-        while not self._stop.wait(self.config.flush_interval):
+        while not self._stop.is_set():
+            self.recorder.wait(max(next_flush - time.monotonic(), 0.0))
+            if self._stop.is_set():
+                return
             try:
                 self.recorder.drain()
-                if time.monotonic() >= next_export:
-                    next_export = time.monotonic() + self.config.metric_export_interval
+                now = time.monotonic()
+                if now < next_flush:
+                    continue
+                next_flush = now + flush_interval
+                if now >= next_export:
+                    next_export = now + self.config.metric_export_interval
                     self._export_metrics()
                 if self.writer is not None:
                     self.writer.flush()
@@ -267,6 +278,7 @@ class Session:
         try:
             hot._activate(None) if hot._active is self.recorder else None
             self._stop.set()
+            self.recorder.wake_up()
             self._thread.join(max(min(1.0, deadline - time.monotonic()), 0.0))
             if self.sampler is not None:
                 self.sampler.stop(max(min(1.0, deadline - time.monotonic()), 0.0))

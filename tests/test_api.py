@@ -173,6 +173,33 @@ def test_span_selection_first_every_window_and_outliers(record_dir: Path) -> Non
     assert len(rank.steps) == 60  # every step is in the timing record, traced or not
 
 
+@pytest.mark.parametrize(("sampler", "arg", "traced"), [("always_off", None, 0), ("traceidratio", "0.5", None),
+                                                        ("parentbased_always_on", None, 40)])
+def test_spans_follow_the_otel_traces_sampler(record_dir: Path, monkeypatch: pytest.MonkeyPatch, sampler: str,
+                                              arg: str | None, traced: int | None) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    if arg is not None:
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+
+    def body() -> None:
+        for _ in range(40):
+            with otelprof.step(), otelprof.annotate("forward"):
+                pass
+        with otelprof.annotate("checkpoint"):
+            pass
+
+    rank = _run(record_dir, body, span_first_steps=40)
+    spans = list(rank.spans())
+    roots = [s for s in spans if s.name == sc.SPAN_STEP]
+    if traced is None:  # a ratio: some traces kept, some dropped, each whole
+        assert 0 < len(roots) < 40
+    else:
+        assert len(roots) == traced
+    children = [s for s in spans if s.name == "forward"]
+    assert {c.trace_id for c in children} == {r.trace_id for r in roots}
+    assert len(rank.steps) == 40  # the timing record keeps every step whatever the sampler says
+
+
 def test_budget_limits_span_cost(record_dir: Path) -> None:
     def body() -> None:
         for _ in range(400):
@@ -268,3 +295,28 @@ def test_reader_rejects_unknown_schema_and_non_recordings(tmp_path: Path) -> Non
     (rank_dir / schema.MANIFEST).write_text(json.dumps({"schema_version": "2.0"}))
     with pytest.raises(RecordingError, match=r"schema 2\.0"):
         read_recording(tmp_path / "run")
+
+
+def test_wake_processes_pending_records_before_the_flush_interval(record_dir: Path) -> None:
+    session = otelprof.init(job_name="api", record_dir=str(record_dir), flush_interval=10.0, system_metrics=False)
+    assert isinstance(session, otelprof.Session)
+    recorder = session.recorder
+    try:
+        time.sleep(0.05)  # the background thread is waiting on its 10 s interval
+        with otelprof.step():
+            pass
+        assert len(recorder.queue) == 1
+        recorder.wake()
+        deadline = time.monotonic() + 5.0
+        while recorder.queue and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert not recorder.queue
+        with recorder.registry.lock:  # processed by the background thread, not by a snapshot's drain
+            assert recorder.steps.values == {("train",): 1}
+        recorder.wake()  # nothing pending: no-op
+        recorder.wake_up()
+        recorder.wake_up()  # twice before the thread waits again: harmless
+    finally:
+        began = time.monotonic()
+        otelprof.shutdown()
+        assert time.monotonic() - began < 5.0  # shutdown wakes the thread instead of waiting 10 s

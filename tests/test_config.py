@@ -15,7 +15,7 @@ def test_defaults_without_environment() -> None:
     assert config.metrics_exporters == ()
     assert config.prometheus_host == "127.0.0.1"
     assert config.prometheus_rank_port == 9464
-    assert config.span_budget == 0.005
+    assert config.span_budget == 0.001
     assert config.shutdown_timeout == 3.0
 
 
@@ -96,7 +96,7 @@ def test_unknown_override_is_ignored_with_a_warning(caplog: pytest.LogCaptureFix
         config = Config.from_env({}, no_such_setting=1, span_budget="bad")
     assert "no_such_setting" in caplog.text
     assert "span_budget" in caplog.text
-    assert config.span_budget == 0.005
+    assert config.span_budget == 0.001
 
 
 def test_every_config_field_is_documented() -> None:
