@@ -142,8 +142,11 @@ class Recorder:
     def wake(self) -> None:
         """Have the background thread process the pending records now. Cheap (a lock release, no
         wait); called by integrations just before the training thread runs without the GIL."""
-        if self.queue:
-            self.wake_up()
+        if self.queue and self._wake.locked():
+            try:  # noqa: SIM105 (a suppress() block costs more on this per-step path)
+                self._wake.release()
+            except RuntimeError:
+                pass  # another thread woke it in between
 
     def wake_up(self) -> None:
         """Wake the background thread whether or not records are pending (shutdown)."""

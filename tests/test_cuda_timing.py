@@ -270,10 +270,10 @@ def test_a_removed_forward_hook_stops_the_timer(tmp_path: Path, monkeypatch: pyt
     assert isinstance(inst.device_timer, cuda_timing.DeviceTimer)
     records = gpu.calls["record"]
 
-    def broken(module: Any) -> None:
+    def broken(region: str) -> None:
         raise RuntimeError("hook bug")
 
-    monkeypatch.setattr(inst, "forward_begin", broken)
+    monkeypatch.setattr(inst.device_timer, "begin", broken)  # the forward pre-hook is the first to fail
     assert _train(model, optimizer, loader, 3, finish=True) == 3
     assert inst.device_timer is None and gpu.calls["record"] == records  # nothing would read the events
 

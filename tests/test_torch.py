@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,36 @@ def test_a_step_that_never_ends_keeps_a_bounded_list(tmp_path: Path) -> None:
     assert len(rank.steps[0].annotations) == hotpath.MAX_STEP_ANNOTATIONS and not rank.annotations
 
 
+def test_the_hooks_keep_the_region_bound_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from otelprof import hotpath
+
+    monkeypatch.setattr(hotpath, "MAX_STEP_ANNOTATIONS", 2)
+    dropped = hotpath.dropped_regions
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    _train(model, optimizer, loader)
+    assert hotpath.dropped_regions == dropped + 2 * 8  # backward and optimizer of each step
+    rank = _recording(session)
+    assert [[a.name for a in s.annotations] for s in rank.steps] == [REGIONS[:2]] * 8
+    assert all(s.scalars["learning_rate"] == 0.05 and s.scalars["samples"] == 16 for s in rank.steps)
+
+
+def test_backward_arguments_are_passed_on(tmp_path: Path) -> None:
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    otorch.instrument(model=model, optimizer=optimizer)
+    x, y = next(iter(loader))
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward(retain_graph=True)
+    loss.backward(None, False)  # a second pass needs the graph the first one kept
+    optimizer.step()
+    rank = _recording(session)
+    [step] = rank.steps
+    assert [a.name for a in step.annotations] == [sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_BACKWARD,
+                                                  sc.REGION_OPTIMIZER]
+
+
 def test_automatic_steps_always_end(tmp_path: Path) -> None:
     """Without a hooked optimizer the event that opened a step starts the next; with one, an eval forward does."""
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
@@ -269,10 +300,11 @@ def test_a_failing_hook_is_removed_counted_and_training_goes_on(
     model, optimizer, loader = _parts()
     inst = otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
 
-    def broken(module: Any) -> None:
-        raise RuntimeError("hook bug")
+    class Broken(deque[Any]):
+        def append(self, item: Any) -> None:
+            raise RuntimeError("hook bug")
 
-    monkeypatch.setattr(inst, "forward_begin", broken)
+    monkeypatch.setattr(inst, "_forward_regions", Broken())  # the forward pre-hook raises
     with caplog.at_level(logging.WARNING, logger="otelprof"):
         losses = _train(model, optimizer, loader)
     assert len(losses) == 8

@@ -30,6 +30,7 @@ import contextlib
 import functools
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from time import perf_counter_ns
 from typing import Any
@@ -80,14 +81,39 @@ def _batch_size(batch: Any) -> int | None:
     return None
 
 
+def _record_cuda_memory() -> None:
+    """CUDA memory gauges, after each optimizer step once CUDA is initialized."""
+    if not torch.cuda.is_available():
+        return
+    device = torch.cuda.current_device()
+    allocated = torch.cuda.memory_allocated(device)
+    reserved = torch.cuda.memory_reserved(device)
+    peak = torch.cuda.max_memory_allocated(device)
+
+    def update(r: Any) -> None:
+        r.gauge(sc.CUDA_MEMORY_ALLOCATED).set(allocated, (str(device),))
+        r.gauge(sc.CUDA_MEMORY_RESERVED).set(reserved, (str(device),))
+        r.gauge(sc.CUDA_MEMORY_PEAK).set(peak, (str(device),))
+
+    _with_registry(update)
+
+
 def _open_step() -> hot.StepContext | None:
     """The step open on this thread (the user's or an automatic one)."""
-    step: hot.StepContext | None = getattr(hot._tls, "step", None)
-    return step
+    return hot._tls.step
 
 
 FETCH, FORWARD, BACKWARD, OPTIMIZER = "fetch", "forward", "backward", "optimizer"
 """The events that start or continue an automatic step."""
+
+# Region names as module globals: one lookup on the hot path instead of two.
+_DATALOADER, _FORWARD = sc.REGION_DATALOADER, sc.REGION_FORWARD
+_BACKWARD, _OPTIMIZER = sc.REGION_BACKWARD, sc.REGION_OPTIMIZER
+_Tensor = torch.Tensor
+_cuda = torch.cuda
+_cuda_globals = vars(torch.cuda)
+_OpenRegion = tuple[int, "hot.StepContext | None", int]
+"""A region a hook opened: (start_ns, step, depth), closed by ``hot._end_region``."""
 
 
 class _AutoSteps:
@@ -107,26 +133,31 @@ class _AutoSteps:
         """An optimizer is hooked: its ``step()`` ends steps."""
 
     def _ours(self) -> bool:
-        return self.current is not None and _open_step() is self.current
+        return self.current is not None and hot._tls.step is self.current
 
-    def begin(self, kind: str, evaluating: bool = False) -> None:
-        """An iteration event: end our step when ``kind`` starts the next iteration, open one when none is.
-        With an optimizer hooked, only a fetch or an evaluation forward (a step without backward) does."""
-        if kind == self.leader and self.current is not None and self._ours() and (
+    def begin(self, kind: str, step: hot.StepContext | None, evaluating: bool = False) -> hot.StepContext | None:
+        """An iteration event, with ``step`` the step open on the thread: end our step when ``kind`` starts
+        the next iteration, open one when none is. With an optimizer hooked, only a fetch or an evaluation
+        forward (a step without backward) does. Returns the step open afterwards.
+
+        The hooks call it only when it can do something — no step is open, or ours is and an event of this
+        ``kind`` opened it — with that test inlined, so that the usual event costs no call."""
+        if step is not None and step is self.current and kind == self.leader and (
                 not self.by_optimizer or (not self.saw_backward and (kind == FETCH or evaluating))):
             self.close()
-        if hot._active is None or _open_step() is not None:
-            return
-        step = hot.StepContext(None, None)
-        step.__enter__()
+            step = hot._tls.step
+        if step is not None or hot._active is None:
+            return step
+        step = hot._begin_step(None)
         self.current, self.leader, self.saw_backward, self.saw_work = step, kind, False, False
+        return step
 
     def close(self) -> None:
-        step, self.current = self.current, None
-        if step is None:
-            return
-        if _open_step() is step:
-            step.__exit__(None, None, None)
+        step = self.current
+        if step is not None:
+            self.current = None
+            if hot._tls.step is step:
+                step.__exit__(None, None, None)
 
     def cancel(self) -> None:
         """Drop a step that only saw the fetch that ended the epoch."""
@@ -137,7 +168,6 @@ class _AutoSteps:
             self.current = None
             step.closed = True
             hot._tls.step = step._previous
-            hot._tls.depth = step._depth
             if hot._step_numbers.get(step.phase) == step.number + 1:
                 hot._step_numbers[step.phase] = step.number
 
@@ -151,6 +181,12 @@ class _AutoSteps:
         step.phase = phase
         step.number = hot._step_numbers.get(phase, 0)
         hot._step_numbers[phase] = step.number + 1
+
+
+class _Nesting(threading.local):
+    """Module calls in progress on this thread (``add_everything``: only top-level calls are forwards)."""
+
+    value = 0
 
 
 class _Undecided:
@@ -173,13 +209,16 @@ class _TimedIterator(IteratorProxy):
 
     def __init__(self, iterator: Iterator[Any], owner: TorchInstrumentation) -> None:
         super().__init__(iterator)
-        self._owner = owner
+        # Owner and iterator in one attribute: with IteratorProxy's __getattr__ every attribute read on this
+        # class takes the slow path (~450 machine instructions), so __next__ makes one.
+        self._state = (owner, iterator)
 
     def __next__(self) -> Any:
-        owner = self._owner
+        owner, iterator = self._state
         if hot._active is None or owner.closed:
-            return next(self._iterator)
+            return next(iterator)
         # The hook bodies inline, not through guarded(): this runs every step.
+        region: _OpenRegion | None
         try:
             region = owner.fetch_begin()
         except hot.StopTraining:
@@ -188,7 +227,7 @@ class _TimedIterator(IteratorProxy):
             owner.failed("dataloader", exc)
             region = None
         try:
-            batch = next(self._iterator)
+            batch = next(iterator)
         except StopIteration:
             owner.guarded("dataloader", owner.fetch_end, region, None, True)
             raise
@@ -211,11 +250,13 @@ class TorchInstrumentation:
         self.closed = False
         self.auto = _AutoSteps()
         self._removers: dict[str, list[Callable[[], None]]] = {}
-        self._forward_regions: list[Any] = []
-        self._optimizer_region: Any = None
+        # Stacks (a forward or backward may run inside another): deques, as a list shrinks and grows its
+        # storage when it goes from one item to none and back, every step.
+        self._forward_regions: deque[_OpenRegion] = deque()
+        self._optimizer_region: _OpenRegion | None = None
         self._optimizer_depth = 0
-        self._backward_regions: list[Any] = []
-        self._global_depth = threading.local()
+        self._backward_regions: deque[_OpenRegion] = deque()
+        self._global_depth = _Nesting()
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.windows = ProfileWindows()
@@ -242,39 +283,6 @@ class TorchInstrumentation:
         warn_once(f"torch-hook:{hook}", "otelprof: the %s hook failed (%r) and was removed; training goes on "
                   "without it", hook, exc)
 
-    # Hooks torch calls every step: the bodies guarded inline (one frame less than guarded()).
-    def _forward_pre_hook(self, module: Any, args: Any) -> None:
-        try:
-            self.forward_begin(module)
-        except hot.StopTraining:
-            raise
-        except Exception as exc:
-            self.failed("forward", exc)
-
-    def _forward_post_hook(self, module: Any, args: Any, output: Any) -> None:
-        try:
-            self.forward_end()
-        except hot.StopTraining:
-            raise
-        except Exception as exc:
-            self.failed("forward", exc)
-
-    def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        try:
-            self.optimizer_begin(optimizer)
-        except hot.StopTraining:
-            raise
-        except Exception as exc:
-            self.failed("optimizer", exc)
-
-    def _optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        try:
-            self.optimizer_end(optimizer)
-        except hot.StopTraining:
-            raise
-        except Exception as exc:
-            self.failed("optimizer", exc)
-
     def _remove_hook(self, hook: str) -> None:
         for remove in self._removers.pop(hook, []):
             with contextlib.suppress(Exception):
@@ -284,22 +292,51 @@ class TorchInstrumentation:
         self._removers.setdefault(hook, []).append(remove)
 
     # ------------------------------------------------------------------ data loader
-    def fetch_begin(self) -> Any:
-        self.auto.begin(FETCH)
-        region = hot._Region(sc.REGION_DATALOADER)
-        region.__enter__()
-        return region
+    # The hooks that run every step (fetch, forward, backward, optimizer) are written for the training
+    # loop, where their code is cold in the CPU caches and each call, thread-local read and allocation
+    # shows: the automatic step's usual case is tested inline before calling _AutoSteps.begin, regions
+    # are (start_ns, step, depth) tuples instead of hot._Region objects, scalars go straight into the
+    # step (what hot.record does, when a session runs and a step is open).
+    def fetch_begin(self) -> _OpenRegion:
+        """Before the data loader's ``next()``: may open a step, begins the ``dataloader`` region."""
+        auto = self.auto
+        step = hot._tls.step
+        if step is None or (step is auto.current and auto.leader == FETCH):
+            step = auto.begin(FETCH, step)
+        if step is None:
+            return perf_counter_ns(), None, 0
+        depth = step.depth
+        step.depth = depth + 1
+        return perf_counter_ns(), step, depth
 
-    def fetch_end(self, region: Any, batch: Any, exhausted: bool) -> None:
+    def fetch_end(self, region: _OpenRegion | None, batch: Any, exhausted: bool) -> None:
+        """After it: ends the region, records the batch's samples (or drops a step the epoch's end opened)."""
+        step = None
         if region is not None:
-            region.__exit__(None, None, None)
+            start, step, depth = region
+            if step is not None and not step.closed and len(annotations := step.annotations) < hot.MAX_STEP_ANNOTATIONS:
+                step.depth = depth  # hot._end_region's usual case inline (so are the other hooks'): a call less
+                annotations.append((_DATALOADER, start, perf_counter_ns(), depth, None))
+            else:
+                hot._end_region(_DATALOADER, start, step, depth)
         if exhausted:
             self.auto.cancel()
             return
         if self.count_samples:
-            size = _batch_size(batch)
+            kind = type(batch)
+            if (kind is tuple or kind is list) and batch and type(first := batch[0]) is _Tensor:
+                shape = first.shape  # the usual (inputs, targets) batch, without _batch_size's loop
+                size = shape[0] if shape else None
+            else:
+                size = _batch_size(batch)
             if size:
-                hot.record("samples", size)
+                if step is not None and hot._active is not None:  # the fetch's step: the one open
+                    scalars = step.scalars
+                    if scalars is None:
+                        scalars = step.scalars = {}
+                    scalars["samples"] = size
+                else:
+                    hot.record("samples", size)
 
     def add_dataloader(self, loader: Any) -> None:
         if getattr(loader, "_otelprof_instrumented", False):
@@ -335,28 +372,62 @@ class TorchInstrumentation:
             _with_registry(lambda r: r.gauge(sc.DATALOADER_PIN_MEMORY).set(1 if pin else 0))
 
     # ------------------------------------------------------------------ model
-    def forward_begin(self, module: Any) -> None:
-        self.auto.begin(FORWARD, not module.training)
-        self.auto.saw_work = True
-        if not module.training and self.auto.current is not None and hot.current_phase() == hot.DEFAULT_PHASE:
-            self.auto.retag("eval")
-        timer = self.device_timer
-        if timer is not None:
-            if isinstance(timer, _Undecided):
-                timer = self._decide_device_timer(module)
+    def _forward_pre_hook(self, module: Any, args: Any) -> None:
+        """Before the model's forward: may open a step (see _AutoSteps), begins the ``forward`` region."""
+        try:
+            auto = self.auto
+            step = hot._tls.step
+            training = module.training
+            if step is None or (step is auto.current and auto.leader == FORWARD):
+                step = auto.begin(FORWARD, step, not training)
+            auto.saw_work = True
+            if not training and auto.current is not None and hot._phase[0] == hot.DEFAULT_PHASE:
+                auto.retag("eval")
+            timer = self.device_timer
             if timer is not None:
-                timer.poll()  # once per iteration: resolve what the GPU has finished, never wait
-                timer.begin(sc.REGION_FORWARD)
-        region = hot._Region(sc.REGION_FORWARD)
-        region.__enter__()
-        self._forward_regions.append(region)
+                if isinstance(timer, _Undecided):
+                    timer = self._decide_device_timer(module)
+                if timer is not None:
+                    timer.poll()  # once per iteration: resolve what the GPU has finished, never wait
+                    timer.begin(_FORWARD)
+            if step is None:
+                self._forward_regions.append((perf_counter_ns(), None, 0))
+                return
+            depth = step.depth
+            step.depth = depth + 1
+            self._forward_regions.append((perf_counter_ns(), step, depth))
+        except hot.StopTraining:
+            raise
+        except Exception as exc:
+            self.failed("forward", exc)
+
+    def _forward_post_hook(self, module: Any, args: Any, output: Any) -> None:
+        """After the model's forward: ends the ``forward`` region."""
+        try:
+            regions = self._forward_regions
+            if regions:
+                start, step, depth = regions.pop()
+                if (step is not None and not step.closed
+                        and len(annotations := step.annotations) < hot.MAX_STEP_ANNOTATIONS):
+                    step.depth = depth
+                    annotations.append((_FORWARD, start, perf_counter_ns(), depth, None))
+                else:
+                    hot._end_region(_FORWARD, start, step, depth)
+            timer = self.device_timer
+            if timer is not None:
+                timer.end(_FORWARD)
+        except hot.StopTraining:
+            raise
+        except Exception as exc:
+            self.failed("forward", exc)
+
+    def forward_begin(self, module: Any) -> None:
+        """What the forward pre-hook does (a failure removes the forward hooks)."""
+        self._forward_pre_hook(module, ())
 
     def forward_end(self) -> None:
-        if self._forward_regions:
-            self._forward_regions.pop().__exit__(None, None, None)
-        timer = self.device_timer
-        if timer is not None:
-            timer.end(sc.REGION_FORWARD)
+        """What the forward hook does (a failure removes the forward hooks)."""
+        self._forward_post_hook(None, (), None)
 
     # ------------------------------------------------------------------ device time (CUDA events)
     def _decide_device_timer(self, module: Any) -> DeviceTimer | None:
@@ -434,71 +505,138 @@ class TorchInstrumentation:
 
     # ------------------------------------------------------------------ backward
     def backward_begin(self, tensor: Any) -> None:
-        self.auto.begin(BACKWARD)
-        self.auto.saw_work = self.auto.saw_backward = True
+        """Before ``Tensor.backward()``: records the loss, begins the ``backward`` region."""
+        auto = self.auto
+        step = hot._tls.step
+        if step is None or (step is auto.current and auto.leader == BACKWARD):
+            step = auto.begin(BACKWARD, step)
+        auto.saw_work = auto.saw_backward = True
         if self.loss and tensor.numel() == 1:
             # CPU: a number now is cheaper than holding the tensor; CUDA: converted off the hot path.
-            hot.record("loss", tensor.item() if tensor.is_cpu else tensor.detach())
+            loss = tensor.item() if tensor.is_cpu else tensor.detach()
+            if step is not None and hot._active is not None:
+                scalars = step.scalars
+                if scalars is None:
+                    scalars = step.scalars = {}
+                scalars["loss"] = loss
+            else:
+                hot.record("loss", loss)
         timer = self.device_timer
         if timer is not None:
-            timer.begin(sc.REGION_BACKWARD)
-        region = hot._Region(sc.REGION_BACKWARD)
-        region.__enter__()
-        self._backward_regions.append(region)
+            timer.begin(_BACKWARD)
+        if step is None:
+            self._backward_regions.append((perf_counter_ns(), None, 0))
+            return
+        depth = step.depth
+        step.depth = depth + 1
+        self._backward_regions.append((perf_counter_ns(), step, depth))
 
     def backward_end(self) -> None:
-        if self._backward_regions:
-            self._backward_regions.pop().__exit__(None, None, None)
+        """After it: ends the ``backward`` region."""
+        regions = self._backward_regions
+        if regions:
+            start, step, depth = regions.pop()
+            if step is not None and not step.closed and len(annotations := step.annotations) < hot.MAX_STEP_ANNOTATIONS:
+                step.depth = depth
+                annotations.append((_BACKWARD, start, perf_counter_ns(), depth, None))
+            else:
+                hot._end_region(_BACKWARD, start, step, depth)
         timer = self.device_timer
         if timer is not None:
-            timer.end(sc.REGION_BACKWARD)
+            timer.end(_BACKWARD)
 
     # ------------------------------------------------------------------ optimizer
+    def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Before ``optimizer.step()``: the gradient norm when asked for, begins the ``optimizer`` region."""
+        try:
+            self._optimizer_depth += 1
+            if self._optimizer_depth > 1:
+                return  # a subclass's step() calling super().step(): both are wrapped, time the outer one
+            auto = self.auto
+            step = hot._tls.step
+            if step is None or (step is auto.current and auto.leader == OPTIMIZER):
+                step = auto.begin(OPTIMIZER, step)
+            auto.saw_work = True
+            if self.grad_norm:
+                grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+                if grads:
+                    norms = torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads])
+                    hot.record("grad_norm", torch.linalg.vector_norm(norms))
+            timer = self.device_timer
+            if timer is not None:
+                timer.begin(_OPTIMIZER)
+            if step is None:
+                self._optimizer_region = (perf_counter_ns(), None, 0)
+                return
+            depth = step.depth
+            step.depth = depth + 1
+            self._optimizer_region = (perf_counter_ns(), step, depth)
+        except hot.StopTraining:
+            raise
+        except Exception as exc:
+            self.failed("optimizer", exc)
+
+    def _optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """After ``optimizer.step()``: ends the ``optimizer`` region, records the learning rate (and CUDA
+        memory), closes the automatic step."""
+        try:
+            nesting = self._optimizer_depth - 1
+            if nesting > 0:
+                self._optimizer_depth = nesting
+                return
+            self._optimizer_depth = 0
+            region = self._optimizer_region
+            if region is None:
+                step = hot._tls.step
+            else:
+                self._optimizer_region = None
+                start, step, depth = region  # the step open at optimizer.step(): the one open now
+                if (step is not None and not step.closed
+                        and len(annotations := step.annotations) < hot.MAX_STEP_ANNOTATIONS):
+                    step.depth = depth
+                    annotations.append((_OPTIMIZER, start, perf_counter_ns(), depth, None))
+                else:
+                    hot._end_region(_OPTIMIZER, start, step, depth)
+            timer = self.device_timer
+            if timer is not None:
+                timer.end(_OPTIMIZER)
+            try:
+                groups = optimizer.param_groups  # not getattr(): a plain attribute read is much cheaper
+            except AttributeError:
+                groups = None
+            if groups and "lr" in (group := groups[0]):
+                lr = group["lr"]
+                if type(lr) is not float:  # a float (the usual) as it is; a tensor converted off the hot path
+                    lr = lr.detach() if isinstance(lr, _Tensor) else float(lr)
+                if step is not None and hot._active is not None:
+                    scalars = step.scalars
+                    if scalars is None:
+                        scalars = step.scalars = {}
+                    scalars["learning_rate"] = lr
+                else:
+                    hot.record("learning_rate", lr)
+            # torch.cuda.is_initialized() is a call into torch every step: its module's flag says False
+            # sooner on a CPU run (a torch without the flag: always ask).
+            if _cuda_globals.get("_initialized", True) and _cuda.is_initialized():  # type: ignore[no-untyped-call]
+                _record_cuda_memory()
+            auto = self.auto
+            current = auto.current
+            if current is not None:  # _AutoSteps.close() inline
+                auto.current = None
+                if step is current:
+                    current.__exit__(None, None, None)
+        except hot.StopTraining:
+            raise
+        except Exception as exc:
+            self.failed("optimizer", exc)
+
     def optimizer_begin(self, optimizer: Any) -> None:
-        self._optimizer_depth += 1
-        if self._optimizer_depth > 1:
-            return  # a subclass's step() calling super().step(): both are wrapped, time the outer one
-        self.auto.begin(OPTIMIZER)
-        self.auto.saw_work = True
-        if self.grad_norm:
-            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            if grads:
-                norms = torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads])
-                hot.record("grad_norm", torch.linalg.vector_norm(norms))
-        timer = self.device_timer
-        if timer is not None:
-            timer.begin(sc.REGION_OPTIMIZER)
-        region = hot._Region(sc.REGION_OPTIMIZER)
-        region.__enter__()
-        self._optimizer_region = region
+        """What the optimizer step pre-hook does (a failure removes the optimizer hooks)."""
+        self._optimizer_pre_hook(optimizer, (), {})
 
     def optimizer_end(self, optimizer: Any) -> None:
-        self._optimizer_depth = max(self._optimizer_depth - 1, 0)
-        if self._optimizer_depth:
-            return
-        region, self._optimizer_region = self._optimizer_region, None
-        if region is not None:
-            region.__exit__(None, None, None)
-        timer = self.device_timer
-        if timer is not None:
-            timer.end(sc.REGION_OPTIMIZER)
-        groups = getattr(optimizer, "param_groups", None)
-        if groups and "lr" in groups[0]:
-            lr = groups[0]["lr"]
-            hot.record("learning_rate", float(lr) if not isinstance(lr, torch.Tensor) else lr.detach())
-        if torch.cuda.is_initialized() and torch.cuda.is_available():  # type: ignore[no-untyped-call]
-            device = torch.cuda.current_device()
-            allocated = torch.cuda.memory_allocated(device)
-            reserved = torch.cuda.memory_reserved(device)
-            peak = torch.cuda.max_memory_allocated(device)
-
-            def update(r: Any) -> None:
-                r.gauge(sc.CUDA_MEMORY_ALLOCATED).set(allocated, (str(device),))
-                r.gauge(sc.CUDA_MEMORY_RESERVED).set(reserved, (str(device),))
-                r.gauge(sc.CUDA_MEMORY_PEAK).set(peak, (str(device),))
-
-            _with_registry(update)
-        self.auto.close()
+        """What the optimizer step post-hook does (a failure removes the optimizer hooks)."""
+        self._optimizer_post_hook(optimizer, (), {})
 
     def add_optimizer(self, optimizer: Any) -> None:
         if optimizer in self.optimizers:
@@ -521,17 +659,19 @@ class TorchInstrumentation:
         from torch.optim import optimizer as optim_module
 
         depth = self._global_depth
+        forward_pre, forward_post = self._forward_pre_hook, self._forward_post_hook  # both guarded
 
         def pre(module: Any, args: Any) -> None:
-            level = getattr(depth, "value", 0)
+            level = depth.value
             depth.value = level + 1
             if level == 0:
-                self.guarded("forward", self.forward_begin, module)
+                forward_pre(module, args)
 
         def post(module: Any, args: Any, output: Any) -> None:
-            depth.value = getattr(depth, "value", 1) - 1
-            if depth.value == 0:
-                self.guarded("forward", self.forward_end)
+            level = depth.value - 1
+            depth.value = level if level > 0 else 0  # not below 0: a call that began before the hooks did
+            if level == 0:
+                forward_post(module, args, output)
 
         self.auto.by_optimizer = True
         handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post),
@@ -584,8 +724,13 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except Exception as exc:
             inst.failed("backward", exc)
-        try:
-            return original(self, *args, **kwargs)
+        recorder = hot._active
+        if recorder is not None:
+            # The autograd pass runs without the GIL: the background thread processes the pending records
+            # in its shadow instead of taking the GIL from the training loop later.
+            recorder.wake()
+        try:  # without arguments (the usual loss.backward()) a plain call: unpacking costs ~3,000 instructions
+            return original(self, *args, **kwargs) if args or kwargs else original(self)
         finally:
             try:
                 inst.backward_end()
