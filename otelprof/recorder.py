@@ -3,11 +3,6 @@
 Runs off the hot path: a background thread drains the queue every flush
 interval, and a scrape or export drains it first so it always sees fresh data.
 Only one thread processes at a time (``_drain_lock``).
-
-The background thread shares the GIL with the training loop, so its work costs the loop time
-unless it runs while the loop waits without the GIL. Integrations call :meth:`Recorder.wake` just
-before such a wait (``loss.backward()``: the autograd engine runs without the GIL), and the
-pending records are processed then, in the shadow of the backward pass.
 """
 
 from __future__ import annotations
@@ -87,7 +82,7 @@ class Recorder:
         self.offset_ns = time.time_ns() - time.perf_counter_ns()
         self._drain_lock = threading.RLock()
         self._wake = threading.Lock()
-        """Held while nobody asked the background thread to run; :meth:`wake` releases it."""
+        """Held while nobody asked the background thread to run; :meth:`wake_up` releases it."""
         self._wake.acquire()
         self._span_sinks = list(span_sinks)
         self._collected: deque[ReadableSpan] = deque()  # ended spans; appended from any thread
@@ -139,22 +134,13 @@ class Recorder:
         else:
             self.queue_dropped += 1
 
-    def wake(self) -> None:
-        """Have the background thread process the pending records now. Cheap (a lock release, no
-        wait); called by integrations just before the training thread runs without the GIL."""
-        if self.queue and self._wake.locked():
-            try:  # noqa: SIM105 (a suppress() block costs more on this per-step path)
-                self._wake.release()
-            except RuntimeError:
-                pass  # another thread woke it in between
-
     def wake_up(self) -> None:
-        """Wake the background thread whether or not records are pending (shutdown)."""
+        """Wake the background thread now (shutdown: no wait for the rest of the flush interval)."""
         with contextlib.suppress(RuntimeError):  # already woken and not yet waiting again
             self._wake.release()
 
     def wait(self, timeout: float) -> bool:
-        """Background thread: sleep until :meth:`wake` or ``timeout``; True when woken."""
+        """Background thread: sleep until :meth:`wake_up` or ``timeout``; True when woken."""
         return self._wake.acquire(timeout=timeout)
 
     def arm_window(self, start_step: int, num_steps: int) -> None:

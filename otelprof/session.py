@@ -153,8 +153,7 @@ class Session:
 
     # ------------------------------------------------------------------ background loop
     def _run(self) -> None:
-        """Process records when woken (see :meth:`Recorder.wake`) or every flush interval; flush the
-        recording and export metrics on their own intervals."""
+        """Process records every flush interval (or when woken), export metrics on their interval."""
         flush_interval = self.config.flush_interval
         next_flush = time.monotonic() + flush_interval
         next_export = time.monotonic() + self.config.metric_export_interval

@@ -297,7 +297,7 @@ def test_reader_rejects_unknown_schema_and_non_recordings(tmp_path: Path) -> Non
         read_recording(tmp_path / "run")
 
 
-def test_wake_processes_pending_records_before_the_flush_interval(record_dir: Path) -> None:
+def test_wake_up_processes_pending_records_before_the_flush_interval(record_dir: Path) -> None:
     session = otelprof.init(job_name="api", record_dir=str(record_dir), flush_interval=10.0, system_metrics=False)
     assert isinstance(session, otelprof.Session)
     recorder = session.recorder
@@ -306,14 +306,13 @@ def test_wake_processes_pending_records_before_the_flush_interval(record_dir: Pa
         with otelprof.step():
             pass
         assert len(recorder.queue) == 1
-        recorder.wake()
+        recorder.wake_up()
         deadline = time.monotonic() + 5.0
         while recorder.queue and time.monotonic() < deadline:
             time.sleep(0.005)
         assert not recorder.queue
         with recorder.registry.lock:  # processed by the background thread, not by a snapshot's drain
             assert recorder.steps.values == {("train",): 1}
-        recorder.wake()  # nothing pending: no-op
         recorder.wake_up()
         recorder.wake_up()  # twice before the thread waits again: harmless
     finally:

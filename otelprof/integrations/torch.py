@@ -724,11 +724,6 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except Exception as exc:
             inst.failed("backward", exc)
-        recorder = hot._active
-        if recorder is not None:
-            # The autograd pass runs without the GIL: the background thread processes the pending records
-            # in its shadow instead of taking the GIL from the training loop later.
-            recorder.wake()
         try:  # without arguments (the usual loss.backward()) a plain call: unpacking costs ~3,000 instructions
             return original(self, *args, **kwargs) if args or kwargs else original(self)
         finally:
