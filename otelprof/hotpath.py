@@ -239,10 +239,28 @@ class _Region:
         return wrapper  # type: ignore[return-value]
 
 
+def _begin_region(step: StepContext | None) -> tuple[int, StepContext | None, int]:
+    """Open a region without a ``_Region`` object (integrations' per-step hooks): ``(start_ns, step, depth)``
+    for :func:`_end_region`; ``step`` is the step open on the thread."""
+    if step is None:
+        return perf_counter_ns(), None, 0
+    depth = step.depth
+    step.depth = depth + 1
+    return perf_counter_ns(), step, depth
+
+
+def _record_into(step: StepContext | None, name: str, value: Any) -> None:
+    """:func:`record` for a step the caller already holds (the one open on the thread)."""
+    if step is not None and _active is not None:
+        if step.scalars is None:
+            step.scalars = {}
+        step.scalars[name] = value
+    else:
+        record(name, value)
+
+
 def _end_region(name: str, start_ns: int, step: StepContext | None, depth: int) -> None:
-    """Close a region that an integration opened without a ``_Region`` (it noted ``start_ns``, the open
-    ``step`` and its ``depth``, and raised ``step.depth``): the record ``_Region.__exit__`` makes, no error.
-    The integrations inline the usual case (an open step with room) and call this for the others."""
+    """Close a region opened by :func:`_begin_region`: the record ``_Region.__exit__`` makes, no error."""
     end_ns = perf_counter_ns()
     if step is not None:
         step.depth = depth

@@ -69,6 +69,10 @@ def _with_registry(action: Callable[[Any], None]) -> None:
 
 def _batch_size(batch: Any) -> int | None:
     """First dimension of the first tensor in a batch (tensor, sequence or mapping)."""
+    kind = type(batch)
+    if (kind is tuple or kind is list) and batch and type(first := batch[0]) is _Tensor:
+        shape = first.shape  # the usual (inputs, targets) batch, once per step: without the loop below
+        return shape[0] if shape else None
     for _ in range(3):
         if isinstance(batch, torch.Tensor):
             return int(batch.shape[0]) if batch.dim() > 0 else None
@@ -113,7 +117,7 @@ _Tensor = torch.Tensor
 _cuda = torch.cuda
 _cuda_globals = vars(torch.cuda)
 _OpenRegion = tuple[int, "hot.StepContext | None", int]
-"""A region a hook opened: (start_ns, step, depth), closed by ``hot._end_region``."""
+"""A region a hook opened with ``hot._begin_region``: (start_ns, step, depth), closed by ``hot._end_region``."""
 
 
 class _AutoSteps:
@@ -295,48 +299,29 @@ class TorchInstrumentation:
     # The hooks that run every step (fetch, forward, backward, optimizer) are written for the training
     # loop, where their code is cold in the CPU caches and each call, thread-local read and allocation
     # shows: the automatic step's usual case is tested inline before calling _AutoSteps.begin, regions
-    # are (start_ns, step, depth) tuples instead of hot._Region objects, scalars go straight into the
-    # step (what hot.record does, when a session runs and a step is open).
+    # are (start_ns, step, depth) tuples (hot._begin_region / hot._end_region) instead of hot._Region
+    # objects, scalars go straight into the step they belong to (hot._record_into).
     def fetch_begin(self) -> _OpenRegion:
         """Before the data loader's ``next()``: may open a step, begins the ``dataloader`` region."""
         auto = self.auto
         step = hot._tls.step
         if step is None or (step is auto.current and auto.leader == FETCH):
             step = auto.begin(FETCH, step)
-        if step is None:
-            return perf_counter_ns(), None, 0
-        depth = step.depth
-        step.depth = depth + 1
-        return perf_counter_ns(), step, depth
+        return hot._begin_region(step)
 
     def fetch_end(self, region: _OpenRegion | None, batch: Any, exhausted: bool) -> None:
         """After it: ends the region, records the batch's samples (or drops a step the epoch's end opened)."""
         step = None
         if region is not None:
             start, step, depth = region
-            if step is not None and not step.closed and len(annotations := step.annotations) < hot.MAX_STEP_ANNOTATIONS:
-                step.depth = depth  # hot._end_region's usual case inline (so are the other hooks'): a call less
-                annotations.append((_DATALOADER, start, perf_counter_ns(), depth, None))
-            else:
-                hot._end_region(_DATALOADER, start, step, depth)
+            hot._end_region(_DATALOADER, start, step, depth)
         if exhausted:
             self.auto.cancel()
             return
         if self.count_samples:
-            kind = type(batch)
-            if (kind is tuple or kind is list) and batch and type(first := batch[0]) is _Tensor:
-                shape = first.shape  # the usual (inputs, targets) batch, without _batch_size's loop
-                size = shape[0] if shape else None
-            else:
-                size = _batch_size(batch)
+            size = _batch_size(batch)
             if size:
-                if step is not None and hot._active is not None:  # the fetch's step: the one open
-                    scalars = step.scalars
-                    if scalars is None:
-                        scalars = step.scalars = {}
-                    scalars["samples"] = size
-                else:
-                    hot.record("samples", size)
+                hot._record_into(step, "samples", size)
 
     def add_dataloader(self, loader: Any) -> None:
         if getattr(loader, "_otelprof_instrumented", False):
@@ -390,12 +375,7 @@ class TorchInstrumentation:
                 if timer is not None:
                     timer.poll()  # once per iteration: resolve what the GPU has finished, never wait
                     timer.begin(_FORWARD)
-            if step is None:
-                self._forward_regions.append((perf_counter_ns(), None, 0))
-                return
-            depth = step.depth
-            step.depth = depth + 1
-            self._forward_regions.append((perf_counter_ns(), step, depth))
+            self._forward_regions.append(hot._begin_region(step))
         except hot.StopTraining:
             raise
         except Exception as exc:
@@ -407,12 +387,7 @@ class TorchInstrumentation:
             regions = self._forward_regions
             if regions:
                 start, step, depth = regions.pop()
-                if (step is not None and not step.closed
-                        and len(annotations := step.annotations) < hot.MAX_STEP_ANNOTATIONS):
-                    step.depth = depth
-                    annotations.append((_FORWARD, start, perf_counter_ns(), depth, None))
-                else:
-                    hot._end_region(_FORWARD, start, step, depth)
+                hot._end_region(_FORWARD, start, step, depth)
             timer = self.device_timer
             if timer is not None:
                 timer.end(_FORWARD)
@@ -514,33 +489,18 @@ class TorchInstrumentation:
         if self.loss and tensor.numel() == 1:
             # CPU: a number now is cheaper than holding the tensor; CUDA: converted off the hot path.
             loss = tensor.item() if tensor.is_cpu else tensor.detach()
-            if step is not None and hot._active is not None:
-                scalars = step.scalars
-                if scalars is None:
-                    scalars = step.scalars = {}
-                scalars["loss"] = loss
-            else:
-                hot.record("loss", loss)
+            hot._record_into(step, "loss", loss)
         timer = self.device_timer
         if timer is not None:
             timer.begin(_BACKWARD)
-        if step is None:
-            self._backward_regions.append((perf_counter_ns(), None, 0))
-            return
-        depth = step.depth
-        step.depth = depth + 1
-        self._backward_regions.append((perf_counter_ns(), step, depth))
+        self._backward_regions.append(hot._begin_region(step))
 
     def backward_end(self) -> None:
         """After it: ends the ``backward`` region."""
         regions = self._backward_regions
         if regions:
             start, step, depth = regions.pop()
-            if step is not None and not step.closed and len(annotations := step.annotations) < hot.MAX_STEP_ANNOTATIONS:
-                step.depth = depth
-                annotations.append((_BACKWARD, start, perf_counter_ns(), depth, None))
-            else:
-                hot._end_region(_BACKWARD, start, step, depth)
+            hot._end_region(_BACKWARD, start, step, depth)
         timer = self.device_timer
         if timer is not None:
             timer.end(_BACKWARD)
@@ -565,12 +525,7 @@ class TorchInstrumentation:
             timer = self.device_timer
             if timer is not None:
                 timer.begin(_OPTIMIZER)
-            if step is None:
-                self._optimizer_region = (perf_counter_ns(), None, 0)
-                return
-            depth = step.depth
-            step.depth = depth + 1
-            self._optimizer_region = (perf_counter_ns(), step, depth)
+            self._optimizer_region = hot._begin_region(step)
         except hot.StopTraining:
             raise
         except Exception as exc:
@@ -591,12 +546,7 @@ class TorchInstrumentation:
             else:
                 self._optimizer_region = None
                 start, step, depth = region  # the step open at optimizer.step(): the one open now
-                if (step is not None and not step.closed
-                        and len(annotations := step.annotations) < hot.MAX_STEP_ANNOTATIONS):
-                    step.depth = depth
-                    annotations.append((_OPTIMIZER, start, perf_counter_ns(), depth, None))
-                else:
-                    hot._end_region(_OPTIMIZER, start, step, depth)
+                hot._end_region(_OPTIMIZER, start, step, depth)
             timer = self.device_timer
             if timer is not None:
                 timer.end(_OPTIMIZER)
@@ -608,13 +558,7 @@ class TorchInstrumentation:
                 lr = group["lr"]
                 if type(lr) is not float:  # a float (the usual) as it is; a tensor converted off the hot path
                     lr = lr.detach() if isinstance(lr, _Tensor) else float(lr)
-                if step is not None and hot._active is not None:
-                    scalars = step.scalars
-                    if scalars is None:
-                        scalars = step.scalars = {}
-                    scalars["learning_rate"] = lr
-                else:
-                    hot.record("learning_rate", lr)
+                hot._record_into(step, "learning_rate", lr)
             # torch.cuda.is_initialized() is a call into torch every step: its module's flag says False
             # sooner on a CPU run (a torch without the flag: always ask).
             if _cuda_globals.get("_initialized", True) and _cuda.is_initialized():  # type: ignore[no-untyped-call]
