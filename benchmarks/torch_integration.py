@@ -1,6 +1,7 @@
 """Cost of the PyTorch integration per step, side by side with bare torch.profiler.
 
-    python benchmarks/torch_integration.py           # ~4 minutes
+    python benchmarks/torch_integration.py           # ~6 minutes
+    python benchmarks/torch_integration.py --paired-only --only cnn   # the goal's figure, ~2 minutes
     python benchmarks/torch_integration.py --quick   # ~40 s
 
 Variants, interleaved in one process (order rotated each round), medians of per-round figures:
@@ -13,10 +14,13 @@ Variants, interleaved in one process (order rotated each round), medians of per-
 * profiling window    — instrumented, with an otelprof window (torch.profiler) over 5 of the round's steps;
 * torch.profiler      — the loop inside ``torch.profiler.profile`` (CPU activities), for comparison.
 
-Then, per loop, paired blocks: one model and one session, alternating a bare block and an instrumented
-block (``instrument`` / ``uninstrument`` in between) 40 times; the median of the adjacent blocks'
-differences is the steady-state cost, free of the drifts between separate rounds; an A/A run of the
-same shape (both blocks bare) shows how far apart two identical blocks land on the machine.
+Then, per loop, paired blocks (the figure for the goal): one model and one session, a bare block and an
+instrumented block (``instrument`` / ``uninstrument`` in between) 100 times, the order swapped each pair,
+with the background recorder processing the previous instrumented block's records during each
+instrumented block; the median of the adjacent blocks' differences is the steady-state cost, free of the
+drifts between separate rounds; an A/A run of the same shape (both blocks bare) shows how far apart two
+identical blocks land on the machine. glibc malloc's thresholds are pinned for the run (``MALLOC_PINS``;
+``--no-malloc-pin`` leaves them).
 
 Every variant gets its own fresh model and runs ``WARMUP`` steps after ``init()`` before the timed
 steps: the one-time work (threads starting, the first steps traced as spans, torch.profiler's set-up)
@@ -32,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -140,34 +146,87 @@ def measure(make: Callable[[], Any], steps: int, rounds: int, classify: bool) ->
     return results
 
 
-def paired(make: Callable[[], Any], blocks: int, block_steps: int, classify: bool,
+def paired(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool,
            control: bool = False) -> dict[str, float]:
-    """Steady-state cost from adjacent blocks of one model: bare, then instrumented, ``blocks`` times
-    (one session throughout; instrument / uninstrument between blocks). Adjacent blocks share the
-    machine's state, so their difference cancels slow drifts that separate rounds cannot. ``control``:
-    both blocks bare (an A/A run: how far apart two identical blocks land here)."""
+    """Steady-state cost from adjacent blocks of one model and one session: a bare block and an
+    instrumented one (``instrument`` / ``uninstrument`` in between, untimed), ``pairs`` times, the order
+    swapped every pair. Adjacent blocks share the machine's state, so their difference cancels the slow
+    drifts that separate rounds cannot.
+
+    The recorder works as in a real run, on its background thread and in batches, and its cost lands in
+    the instrumented blocks: at the start of each one it is woken to process the records of the previous
+    instrumented block while this one runs (what it does every flush interval during training), and it
+    has nothing to do during bare blocks. Each block's figure is its mean step (so rare slow steps count);
+    the result is the median of the pairs' differences, with their quartiles and mean. ``control``: both
+    blocks bare (an A/A run: how far apart two identical blocks land here)."""
     model, optimizer, loader = make()
+    loss_fn = torch.nn.functional.cross_entropy if classify else torch.nn.functional.mse_loss
     run_loop(model, optimizer, loader, WARMUP, classify)
-    differences, bare_steps = [], []
     with tempfile.TemporaryDirectory() as tmp:
         otelprof.init(record_dir=tmp, system_metrics=False)
+        recorder = otelprof.session.get_session().recorder  # type: ignore[union-attr]
+
+        def block(instrumented: bool) -> float:
+            if instrumented and not control:
+                otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+            batches = iter(loader)
+            for _ in range(2):  # the first iteration with fresh hooks, untimed
+                x, y = next(batches)
+                loss = loss_fn(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+            if instrumented:
+                recorder.wake_up()
+            began = time.perf_counter()
+            for _ in range(block_steps):
+                try:
+                    x, y = next(batches)
+                except StopIteration:
+                    batches = iter(loader)
+                    x, y = next(batches)
+                loss = loss_fn(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+            seconds = time.perf_counter() - began
+            otorch.uninstrument()
+            return seconds / block_steps * 1e6
+
+        differences, bare_steps = [], []
         try:
-            for _ in range(blocks):
-                bare = run_loop(model, optimizer, loader, block_steps, classify)
-                if not control:
-                    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
-                run_loop(model, optimizer, loader, 2, classify)  # the first iteration with fresh hooks
-                instrumented = run_loop(model, optimizer, loader, block_steps, classify)
-                otorch.uninstrument()
-                differences.append((instrumented - bare) / block_steps * 1e6)
-                bare_steps.append(bare / block_steps * 1e6)
+            for _ in range(3):  # warm both sides
+                block(False)
+                block(True)
+            for i in range(pairs):
+                if i % 2:
+                    bare, instrumented = block(False), block(True)
+                else:
+                    instrumented, bare = block(True), block(False)
+                differences.append(instrumented - bare)
+                bare_steps.append(bare)
         finally:
             otelprof.shutdown()
     differences.sort()
     step = statistics.median(bare_steps)
-    return {"step_us": step, "added_us": statistics.median(differences),
+    return {"step_us": step, "added_us": statistics.median(differences), "mean_us": statistics.mean(differences),
             "added_q1_us": differences[len(differences) // 4], "added_q3_us": differences[(3 * len(differences)) // 4],
             "share": statistics.median(differences) / step}
+
+
+MALLOC_PINS = {"MALLOC_MMAP_THRESHOLD_": str(16 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+"""glibc malloc settings for the whole run. By default glibc hands the CNN's activation buffers back to the
+system and faults them in again, a different number of pages each block (thousands per 50 steps here), which
+doubles the spread of an A/A comparison; pinned, every block runs with the same allocator behaviour (what
+jemalloc or tcmalloc, which PyTorch's tuning guide recommends, also give)."""
+
+
+def pin_malloc() -> None:
+    """Re-run this process with :data:`MALLOC_PINS` in its environment (glibc reads them at start)."""
+    if all(os.environ.get(k) == v for k, v in MALLOC_PINS.items()):
+        return
+    env = {**os.environ, **MALLOC_PINS}
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def main() -> None:
@@ -176,13 +235,19 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--only", choices=("cnn", "tiny"), help="run one of the two loops")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per loop (default 11, --quick 3)")
+    parser.add_argument("--pairs", type=int, default=None, help="paired blocks per loop (default 100, --quick 6)")
+    parser.add_argument("--paired-only", action="store_true", help="skip the rounds table (variants side by side)")
+    parser.add_argument("--no-malloc-pin", action="store_true",
+                        help="leave glibc malloc's thresholds alone (the A/A spread about doubles)")
     args = parser.parse_args()
+    if not args.no_malloc_pin:
+        pin_malloc()
     torch.set_num_threads(1)
     rounds = args.rounds or (3 if args.quick else 11)
-    out = {}
-    if args.only != "tiny":
+    out: dict[str, Any] = {}
+    if args.only != "tiny" and not args.paired_only:
         out["cnn"] = measure(make_cnn, 60 if args.quick else 300, rounds, True)
-    if args.only != "cnn":
+    if args.only != "cnn" and not args.paired_only:
         out["tiny"] = measure(make_tiny, 600 if args.quick else 3000, rounds, False)
     for loop, results in out.items():
         print(f"\n{loop} loop ({rounds} rounds, medians; added/step with the rounds' quartiles)")
@@ -190,16 +255,16 @@ def main() -> None:
         for v, r in results.items():
             print(f"  {v:<18} {r['step_us']:>8.0f}us {(r['ratio'] - 1) * 100:>+8.2f}% {r['added_us']:>+10.1f}us "
                   f"{r['added_q1_us']:>+8.1f}..{r['added_q3_us']:<+8.1f} {r['startup_ms']:>8.1f}ms")
-    blocks = 6 if args.quick else 40
-    for loop, make, block_steps, classify in (("cnn", make_cnn, 50, True), ("tiny", make_tiny, 1000, False)):
+    pairs = args.pairs or (6 if args.quick else 100)
+    for loop, make, block_steps, classify in (("cnn", make_cnn, 50, True), ("tiny", make_tiny, 500, False)):
         if args.only in (None, loop):
             for label, control in (("paired", False), ("paired A/A control", True)):
-                out[f"{loop} {label}"] = result = paired(make, blocks, block_steps, classify, control)
+                out[f"{loop} {label}"] = result = paired(make, pairs, block_steps, classify, control)
                 second = "bare again" if control else "instrumented"
-                print(f"\n{loop} loop, {label} ({blocks} x {block_steps} steps bare, then {second}): step "
-                      f"{result['step_us']:.0f}us, {second} adds {result['added_us']:+.1f}us "
-                      f"(quartiles {result['added_q1_us']:+.1f}..{result['added_q3_us']:+.1f}) = "
-                      f"{result['share'] * 100:+.2f} % of the step")
+                print(f"\n{loop} loop, {label} ({pairs} pairs of {block_steps}-step blocks, bare and {second}): "
+                      f"step {result['step_us']:.0f}us, {second} adds {result['added_us']:+.1f}us "
+                      f"(quartiles {result['added_q1_us']:+.1f}..{result['added_q3_us']:+.1f}, mean "
+                      f"{result['mean_us']:+.1f}) = {result['share'] * 100:+.2f} % of the step", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     if "cnn" not in out or "tiny" not in out:
