@@ -259,6 +259,18 @@ def _record_into(step: StepContext | None, name: str, value: Any) -> None:
         record(name, value)
 
 
+def _add_into(step: StepContext | None, name: str, amount: int) -> None:
+    """Add ``amount`` to the step's scalar ``name`` (per-step totals such as ``samples``)."""
+    if step is not None and _active is not None:
+        scalars = step.scalars
+        if scalars is None:
+            step.scalars = {name: amount}
+        else:
+            scalars[name] = scalars.get(name, 0) + amount
+    else:
+        record(name, amount)
+
+
 def _end_region(name: str, start_ns: int, step: StepContext | None, depth: int) -> None:
     """Close a region opened by :func:`_begin_region`: the record ``_Region.__exit__`` makes, no error."""
     end_ns = perf_counter_ns()

@@ -136,8 +136,9 @@ class Recorder:
 
     def wake_up(self) -> None:
         """Wake the background thread now (shutdown: no wait for the rest of the flush interval)."""
-        with contextlib.suppress(RuntimeError):  # already woken and not yet waiting again
-            self._wake.release()
+        if self._wake.locked():
+            with contextlib.suppress(RuntimeError):  # woken by another thread in between
+                self._wake.release()
 
     def wait(self, timeout: float) -> bool:
         """Background thread: sleep until :meth:`wake_up` or ``timeout``; True when woken."""

@@ -117,7 +117,7 @@ def test_gradient_accumulation_is_one_step_per_update(tmp_path: Path) -> None:
     rank = _recording(session)
     assert len(rank.steps) == 2
     assert [a.name for a in rank.steps[0].annotations].count(sc.REGION_FORWARD) == 4
-    assert rank.steps[0].scalars["samples"] == 16  # the last micro-batch's size (record keeps the last value)
+    assert rank.steps[0].scalars["samples"] == 64  # the four micro-batches' samples: throughput per update
 
 
 def test_without_a_hooked_optimizer_a_step_runs_from_fetch_to_fetch(tmp_path: Path) -> None:
@@ -327,6 +327,27 @@ def test_objects_without_the_expected_structure_warn(caplog: pytest.LogCaptureFi
     assert "expects a torch.nn.Module" in caplog.text
     assert "expects a torch.optim.Optimizer" in caplog.text
     assert "not iterable" in caplog.text
+
+
+def test_an_optimizer_whose_hooks_cannot_be_registered_warns_and_training_goes_on(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """An Optimizer subclass that skipped Optimizer.__init__ and wraps nothing: a warning, no exception."""
+    from otelprof._log import reset_warnings
+
+    class Stateless(torch.optim.Optimizer):
+        def __init__(self) -> None:  # no super().__init__(): no hook dictionaries
+            pass
+
+    reset_warnings()
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    with caplog.at_level(logging.WARNING, logger="otelprof"):
+        otorch.instrument(model=model, optimizer=Stateless(), dataloader=loader)
+    assert "cannot hook Stateless.step()" in caplog.text
+    _train(model, optimizer, loader)
+    rank = _recording(session)
+    assert len(rank.steps) == 8  # fetch to fetch, as without an optimizer
 
 
 def test_profile_window_records_top_operators_and_a_span(tmp_path: Path) -> None:

@@ -227,3 +227,33 @@ def test_importing_otelprof_imports_no_framework() -> None:
             "assert not loaded, loaded\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_instrument_takes_accelerate_prepared_objects(tmp_path: Path) -> None:
+    """``accelerator.prepare()``'s optimizer (an Optimizer without Optimizer's state) and loader (whose
+    ``__class__`` is a read-only property) are timed like plain ones; with gradient accumulation a step is
+    one update, its samples summed over the micro-batches; uninstrument() gives the loader back its class."""
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = torch.nn.Linear(4, 2)
+    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 2)), batch_size=8)
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    prepared_type = type(loader)
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+    otorch.uninstrument()
+    assert type(loader) is prepared_type
+    run_dir = session.run_dir
+    otelprof.shutdown()
+    steps = list(read_recording(run_dir).ranks[0].steps)
+    assert len(steps) == 4
+    micro = [sc.REGION_DATALOADER, sc.REGION_FORWARD, sc.REGION_BACKWARD]
+    assert [[a.name for a in s.annotations] for s in steps] == [micro * 2 + [sc.REGION_OPTIMIZER]] * 4
+    assert [s.scalars["samples"] for s in steps] == [16] * 4

@@ -321,7 +321,7 @@ class TorchInstrumentation:
         if self.count_samples:
             size = _batch_size(batch)
             if size:
-                hot._record_into(step, "samples", size)
+                hot._add_into(step, "samples", size)  # summed: gradient accumulation fetches several batches
 
     def add_dataloader(self, loader: Any) -> None:
         if getattr(loader, "_otelprof_instrumented", False):
@@ -338,15 +338,15 @@ class TorchInstrumentation:
             return _TimedIterator(original_iter(this), owner)
 
         try:
-            loader.__class__ = type(cls.__name__, (cls,), {"__iter__": __iter__, "_otelprof_instrumented": True,
-                                                          "__module__": cls.__module__})
+            _set_class(loader, type(cls.__name__, (cls,), {"__iter__": __iter__, "_otelprof_instrumented": True,
+                                                           "__module__": cls.__module__}))
         except (TypeError, AttributeError):  # a C type, __slots__, or a loader that refuses attribute changes
             warn_once("torch:dataloader-class", "otelprof: cannot instrument data loader %s; wrap its iterator "
                       "with otelprof.annotate('dataloader') instead", cls.__name__)
             return
 
         def restore() -> None:
-            loader.__class__ = cls
+            _set_class(loader, cls)
 
         self._on_remove("dataloader", restore)
         workers = getattr(loader, "num_workers", None)
@@ -583,16 +583,22 @@ class TorchInstrumentation:
         self._optimizer_post_hook(optimizer, (), {})
 
     def add_optimizer(self, optimizer: Any) -> None:
+        optimizer = _unwrap_optimizer(optimizer)
         if optimizer in self.optimizers:
             return
         if not hasattr(optimizer, "register_step_pre_hook"):
             warn_once("torch:optimizer", "otelprof: instrument(optimizer=...) expects a torch.optim.Optimizer, got "
                       "%s; ignored", type(optimizer).__name__)
             return
+        try:
+            pre = optimizer.register_step_pre_hook(self._optimizer_pre_hook)
+        except Exception as exc:  # an Optimizer subclass that skipped Optimizer.__init__, and kept no wrapped one
+            warn_once("torch:optimizer-hooks", "otelprof: cannot hook %s.step() (%s); no optimizer region, and "
+                      "steps end at the next fetch", type(optimizer).__name__, exc)
+            return
+        post = optimizer.register_step_post_hook(self._optimizer_post_hook)
         self.optimizers.add(optimizer)
         self.auto.by_optimizer = True
-        pre = optimizer.register_step_pre_hook(self._optimizer_pre_hook)
-        post = optimizer.register_step_post_hook(self._optimizer_post_hook)
         self._on_remove("optimizer", pre.remove)
         self._on_remove("optimizer", post.remove)
 
@@ -654,6 +660,29 @@ class TorchInstrumentation:
 
     def _capture(self, steps: int) -> dict[str, Any]:
         return self.windows.arm(hot.next_step_number(), steps)
+
+
+_object_class = object.__dict__["__class__"]
+
+
+def _set_class(obj: Any, cls: type) -> None:
+    """``obj.__class__ = cls``, also for a wrapper whose ``__class__`` is a read-only property that names the
+    wrapped object's class (accelerate's ``DataLoaderShard``): then object's own setter does it."""
+    try:
+        obj.__class__ = cls
+    except AttributeError:
+        _object_class.__set__(obj, cls)
+
+
+def _unwrap_optimizer(optimizer: Any) -> Any:
+    """The optimizer whose ``step()`` does the work: a wrapper that is an ``Optimizer`` without its state
+    (accelerate's ``AcceleratedOptimizer``: ``step()`` calls the wrapped one's, only on steps that apply
+    the gradients) gives the wrapped one."""
+    inner = getattr(optimizer, "optimizer", None)
+    if (inner is not None and inner is not optimizer and hasattr(inner, "register_step_pre_hook")
+            and "_optimizer_step_pre_hooks" not in getattr(optimizer, "__dict__", {})):
+        return inner
+    return optimizer
 
 
 def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
