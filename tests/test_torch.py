@@ -320,13 +320,19 @@ def test_a_failing_hook_is_removed_counted_and_training_goes_on(
 def test_objects_without_the_expected_structure_warn(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     from otelprof._log import reset_warnings
 
+    class Unhookable(torch.nn.Module):
+        def register_forward_pre_hook(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("no hooks here")
+
     reset_warnings()
     otelprof.init(record_dir=str(tmp_path), system_metrics=False)
     with caplog.at_level(logging.WARNING, logger="otelprof"):
         otorch.instrument(model=object(), optimizer=object(), dataloader=42)
+        otorch.instrument(model=Unhookable())
     assert "expects a torch.nn.Module" in caplog.text
     assert "expects a torch.optim.Optimizer" in caplog.text
     assert "not iterable" in caplog.text
+    assert "cannot instrument the model Unhookable (RuntimeError: no hooks here)" in caplog.text
 
 
 def test_an_optimizer_whose_hooks_cannot_be_registered_warns_and_training_goes_on(

@@ -444,9 +444,13 @@ class TorchInstrumentation:
             warn_once("torch:model", "otelprof: instrument(model=...) expects a torch.nn.Module, got %s; ignored",
                       type(model).__name__)
             return
-        self.models.add(model)
         pre = model.register_forward_pre_hook(self._forward_pre_hook)
-        post = model.register_forward_hook(self._forward_post_hook)
+        try:
+            post = model.register_forward_hook(self._forward_post_hook)
+        except Exception:
+            pre.remove()
+            raise
+        self.models.add(model)
         self._on_remove("forward", pre.remove)
         self._on_remove("forward", post.remove)
         self._add_comm_hook(model)
@@ -774,12 +778,14 @@ def instrument(
             inst.grad_norm = inst.grad_norm or grad_norm
             inst.loss = inst.loss or loss
             inst.count_samples = inst.count_samples or count_samples
-        if model is not None:
-            inst.add_model(model)
-        if optimizer is not None:
-            inst.add_optimizer(optimizer)
-        if dataloader is not None:
-            inst.add_dataloader(dataloader)
+        for part, add, obj in (("model", inst.add_model, model), ("optimizer", inst.add_optimizer, optimizer),
+                               ("dataloader", inst.add_dataloader, dataloader)):
+            if obj is not None:
+                try:
+                    add(obj)
+                except Exception as exc:  # an object of an unforeseen shape: a warning, never the job's failure
+                    warn_once(f"torch:add-{part}", "otelprof: cannot instrument the %s %s (%s: %s); ignored",
+                              part, type(obj).__name__, type(exc).__name__, exc)
         return inst
 
 
