@@ -257,3 +257,39 @@ def test_instrument_takes_accelerate_prepared_objects(tmp_path: Path) -> None:
     micro = [sc.REGION_DATALOADER, sc.REGION_FORWARD, sc.REGION_BACKWARD]
     assert [[a.name for a in s.annotations] for s in steps] == [micro * 2 + [sc.REGION_OPTIMIZER]] * 4
     assert [s.scalars["samples"] for s in steps] == [16] * 4
+
+
+def test_on_cuda_the_callbacks_regions_get_device_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward (the callback's hooks), backward and optimizer (through ``otelprof.torch``) get CUDA-event
+    device times when the model is on the GPU (a fake GPU here); host times are as before."""
+    from tests.test_cuda_timing import BACKWARD_MS, FORWARD_MS, FakeGPU, _fake_cuda
+
+    gpu = FakeGPU()
+    _fake_cuda(monkeypatch, gpu)
+
+    class OnGpu(Plain):
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            gpu.kernel(FORWARD_MS)
+            out = super().forward(input_ids, attention_mask, labels)
+            if out["loss"].requires_grad:
+                out["loss"].register_hook(lambda grad: gpu.kernel(BACKWARD_MS))
+            return out
+
+    class Finish(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            gpu.finish()  # as a loss.item() would make it
+
+    callback = OtelprofCallback(record_dir=str(tmp_path / "runs"), system_metrics=False)
+    trainer = _trainer(tmp_path, callback, model=OnGpu())
+    trainer.add_callback(Finish())
+    trainer.train()
+    rank = _only_run(tmp_path / "runs")
+    by_step: dict[tuple[str, int | None], dict[str, int]] = {}
+    for d in rank.device_times:
+        by_step.setdefault((d.phase, d.number), {})[d.name] = d.duration_ns
+    assert by_step == {("train", n): {sc.REGION_FORWARD: int(FORWARD_MS * 1e6), sc.REGION_BACKWARD:
+                                      int(BACKWARD_MS * 1e6), sc.REGION_OPTIMIZER: 0} for n in range(8)}
+    assert gpu.blocking == []  # never waited for the GPU
+    for step in rank.steps:
+        assert [a.name for a in step.annotations if a.name != sc.REGION_DATALOADER] == TRAIN_REGIONS

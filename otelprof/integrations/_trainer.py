@@ -123,6 +123,9 @@ class StepTracker:
         self.undo: Callable[[], None] | None = None
         """Run when the callback turns itself off: remove what it installed."""
         self._loaders: list[tuple[weakref.ref[Any], type]] = []
+        self.device: Any = None
+        """The ``otelprof.torch`` instrumentation whose device timer (CUDA events) also times this tracker's
+        regions, once the callback told it the model (``time_device_of``)."""
 
     # ------------------------------------------------------------------ failures
     def guarded(self, part: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -216,11 +219,15 @@ class StepTracker:
         region = hot._Region(name)
         region.__enter__()
         self.regions[name] = region
+        if self.device is not None:
+            self.device.device_begin(name, poll=name == sc.REGION_FORWARD)
 
     def end(self, name: str) -> None:
         region = self.regions.pop(name, None)
         if region is not None:
             region.__exit__(None, None, None)
+            if self.device is not None:
+                self.device.device_end(name)
 
     def add_region(self, name: str, start_ns: int, end_ns: int) -> None:
         """A region measured between two events, added to the open step."""

@@ -98,6 +98,7 @@ class OtelprofCallback(Callback):  # type: ignore[misc]
         created = otorch.instrument(loss=False, count_samples=False)  # backward timing, on-demand capture
         if inst is None:
             self._torch = created
+        self.tracker.device = created  # its CUDA event timer, once on_train_start shows the model's device
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self.tracker.guarded(PART_TEARDOWN, self._teardown, None)
@@ -121,6 +122,7 @@ class OtelprofCallback(Callback):  # type: ignore[misc]
             untime()
         self.tracker.pending.clear()
         inst, self._torch = self._torch, None
+        self.tracker.device = None
         if inst is not None:
             inst.uninstrument()
 
@@ -130,6 +132,8 @@ class OtelprofCallback(Callback):  # type: ignore[misc]
 
     def _train_start(self, trainer: Any, pl_module: Any) -> None:
         self._manual = not getattr(pl_module, "automatic_optimization", True)
+        if self.tracker.device is not None:
+            self.tracker.device.time_device_of(pl_module)
         for optimizer in getattr(trainer, "optimizers", None) or []:
             if hasattr(optimizer, "register_step_post_hook"):
                 self._optimizer_hooks.append(optimizer.register_step_post_hook(self._optimizer_done))

@@ -421,6 +421,25 @@ class TorchInstrumentation:
         self.device_timer = timer
         return timer
 
+    def time_device_of(self, module: Any) -> None:
+        """For trainer callbacks, which time the forward themselves: decide device timing from ``module`` (the
+        backward and optimizer regions this instance times then get device times too)."""
+        if isinstance(self.device_timer, _Undecided) and isinstance(module, torch.nn.Module):
+            self._decide_device_timer(module)
+
+    def device_begin(self, region: str, poll: bool = False) -> None:
+        """A callback's region begins: its device-time marker (``poll``: once per iteration, first)."""
+        timer = self.device_timer
+        if isinstance(timer, DeviceTimer):
+            if poll:
+                timer.poll()
+            timer.begin(region)
+
+    def device_end(self, region: str) -> None:
+        timer = self.device_timer
+        if isinstance(timer, DeviceTimer):
+            timer.end(region)
+
     def _close_device_timer(self) -> None:
         timer, self.device_timer = self.device_timer, None
         if isinstance(timer, DeviceTimer):

@@ -163,6 +163,8 @@ class OtelprofCallback(TrainerCallback):  # type: ignore[misc]
                                  loss=False, count_samples=False)  # backward + optimizer regions, the lr
         if before is None:
             self._torch = inst
+        self.tracker.device = inst  # its CUDA event timer times the forward too
+        inst.time_device_of(model)
         if train_dataloader is not None:
             self.tracker.time_fetches(train_dataloader)
 
@@ -179,6 +181,7 @@ class OtelprofCallback(TrainerCallback):  # type: ignore[misc]
 
     def _remove_torch_hooks(self) -> None:
         inst, self._torch = self._torch, None
+        self.tracker.device = None
         if inst is not None:
             inst.uninstrument()
 
