@@ -263,7 +263,7 @@ class Recorder:
                 self.dataloader_wait_ratio.observe(min(wait_ns / max(step_ns, 1), 1.0), labels)
             if collective_ns:
                 self.collective_duration.observe(collective_ns / 1e9, labels)
-        values = self._scalars(scalars, label) if scalars else None
+        values = self._scalars(scalars, labels) if scalars else None
         detector = self._outliers.get(phase)
         if detector is None:
             detector = self._outliers[phase] = OutlierDetector(self.config.outlier_sigma,
@@ -335,32 +335,34 @@ class Recorder:
             line += f',"err":{self._json_name(error)}'
         return line + "}"
 
-    def _scalars(self, scalars: dict[str, Any], label: str) -> dict[str, float]:
+    def _scalars(self, scalars: dict[str, Any], labels: tuple[str]) -> dict[str, float]:
         values: dict[str, float] = {}
         for name, raw in scalars.items():
-            value = raw if type(raw) is float else _to_float(name, raw)  # floats: the common case
+            kind = type(raw)  # floats and ints (loss, lr, samples): the common case
+            value = raw if kind is float else float(raw) if kind is int else _to_float(name, raw)
             if value is None:
                 continue
             values[name] = value
-            self._scalar_metric(name, value, label)
+            self._scalar_metric(name, value, labels)
         return values
 
-    def _scalar_metric(self, name: str, value: float, label: str) -> None:
-        finite = math.isfinite(value)
-        if name in sc.NONFINITE_CHECKED and not finite:
-            self.nonfinite.add(1, (label, name))
+    def _scalar_metric(self, name: str, value: float, labels: tuple[str]) -> None:
+        """The scalar's series: a gauge or a counter (the catalog never names one scalar in both)."""
+        if not math.isfinite(value):
+            if name in sc.NONFINITE_CHECKED:
+                self.nonfinite.add(1, (labels[0], name))
+            return
         gauge = self.scalar_gauges.get(name)
-        if gauge is not None and finite:
-            gauge.set(value, (label,))
-        counter = self.scalar_counters.get(name)
-        if counter is not None and finite and value >= 0:
-            counter.add(value, (label,))
+        if gauge is not None:
+            gauge.set(value, labels)
+        elif value >= 0 and (counter := self.scalar_counters.get(name)) is not None:
+            counter.add(value, labels)
 
     def _scalar_alone(self, name: str, raw: Any, phase: str, at_ns: int) -> None:
         value = _to_float(name, raw)
         if value is None:
             return
-        self._scalar_metric(name, value, self._phase_label(phase))
+        self._scalar_metric(name, value, (self._phase_label(phase),))
         if self.writer is not None:
             self.writer.add_json(schema.STEPS, {"k": schema.KIND_SCALAR, "name": name,
                                                 "v": value if math.isfinite(value) else str(value),

@@ -114,3 +114,8 @@ def test_catalog_names_are_unique_and_documented() -> None:
         assert m.description
         assert m.name.startswith(("otelprof.", "system.", "process.", "container.", "hw."))
         assert (m.kind is sc.Kind.HISTOGRAM) == bool(m.buckets)
+
+
+def test_a_scalar_is_a_gauge_or_a_counter_never_both() -> None:
+    """The recorder feeds a scalar into one series: its gauge (last value) or its counter (a total)."""
+    assert sc.SCALAR_GAUGES.keys().isdisjoint(sc.SCALAR_COUNTERS.keys())
