@@ -155,15 +155,18 @@ def paired(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool
 
     The recorder works as in a real run, on its background thread and in batches, and its cost lands in
     the instrumented blocks: at the start of each one it is woken to process the records of the previous
-    instrumented block while this one runs (what it does every flush interval during training), and it
-    has nothing to do during bare blocks. Each block's figure is its mean step (so rare slow steps count);
+    instrumented block while this one runs (what it does every flush interval during training), whatever
+    of that it has not finished when the block ends is waited for and counted in the block, and it has
+    nothing to do during bare blocks. Each block's figure is its mean step (so rare slow steps count);
     the result is the median of the pairs' differences, with their quartiles and mean. ``control``: both
     blocks bare (an A/A run: how far apart two identical blocks land here)."""
     model, optimizer, loader = make()
     loss_fn = torch.nn.functional.cross_entropy if classify else torch.nn.functional.mse_loss
     run_loop(model, optimizer, loader, WARMUP, classify)
     with tempfile.TemporaryDirectory() as tmp:
-        otelprof.init(record_dir=tmp, system_metrics=False)
+        # Only the wake-ups below start processing (the flush interval's own drains, at most every 10 s, could
+        # otherwise process an instrumented block's records during the bare block after it).
+        otelprof.init(record_dir=tmp, system_metrics=False, flush_interval=10.0)
         recorder = otelprof.session.get_session().recorder  # type: ignore[union-attr]
 
         def block(instrumented: bool) -> float:
@@ -190,6 +193,12 @@ def paired(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool
                 loss.backward()
                 optimizer.step()
             seconds = time.perf_counter() - began
+            if instrumented:
+                # The previous block's records must be processed by now, not during the next (bare) block:
+                # what the recorder has not finished is waited for and counted in this block.
+                waited = time.perf_counter()
+                with recorder._drain_lock:
+                    seconds += time.perf_counter() - waited
             otorch.uninstrument()
             return seconds / block_steps * 1e6
 
