@@ -2,6 +2,7 @@
 
     python benchmarks/torch_integration.py           # ~6 minutes
     python benchmarks/torch_integration.py --paired-only --only cnn   # the goal's figure, ~2 minutes
+    python benchmarks/torch_integration.py --paired-only --only cnn --parts   # and where it goes, ~4 minutes
     python benchmarks/torch_integration.py --quick   # ~40 s
 
 Variants, interleaved in one process (order rotated each round), medians of per-round figures:
@@ -20,7 +21,7 @@ with the background recorder processing the previous instrumented block's record
 instrumented block; the median of the adjacent blocks' differences is the steady-state cost, free of the
 drifts between separate rounds; an A/A run of the same shape (both blocks bare) shows how far apart two
 identical blocks land on the machine. glibc malloc's thresholds are pinned for the run (``MALLOC_PINS``;
-``--no-malloc-pin`` leaves them).
+``--no-malloc-pin`` leaves them). ``--parts`` splits the CNN's training-thread cost (see :func:`parts`).
 
 Every variant gets its own fresh model and runs ``WARMUP`` steps after ``init()`` before the timed
 steps: the one-time work (threads starting, the first steps traced as spans, torch.profiler's set-up)
@@ -223,6 +224,72 @@ def paired(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool
             "share": statistics.median(differences) / step}
 
 
+PARTS = ("bare again", "empty torch hooks", "otelprof inactive", "otelprof, training thread")
+
+
+def parts(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool) -> dict[str, dict[str, float]]:
+    """Where the training thread's added time goes, as medians of single steps (rare slow steps and the
+    recorder's batches do not count here; :func:`paired` has those): blocks of ``block_steps`` steps
+    alternate between bare and one of :data:`PARTS`, each step timed, the first two of a block left out.
+
+    * bare again — the A/A control;
+    * empty torch hooks — a forward pre-hook and hook doing nothing on the model: torch's own slower
+      module call once a module has hooks (no otelprof);
+    * otelprof inactive — ``instrument(model, optimizer, dataloader)`` with the session switched off on
+      the hot path: every hook runs and returns at its first check;
+    * otelprof, training thread — instrumented and active; the records are processed between blocks,
+      untimed (the recorder's share is the difference to :func:`paired`)."""
+    from otelprof import hotpath
+
+    model, optimizer, loader = make()
+    loss_fn = torch.nn.functional.cross_entropy if classify else torch.nn.functional.mse_loss
+    run_loop(model, optimizer, loader, WARMUP, classify)
+    added: dict[str, tuple[list[float], list[float]]] = {part: ([], []) for part in PARTS}
+    with tempfile.TemporaryDirectory() as tmp:
+        otelprof.init(record_dir=tmp, system_metrics=False, flush_interval=10.0)
+        recorder = otelprof.session.get_session().recorder  # type: ignore[union-attr]
+
+        def block(part: str | None) -> list[float]:
+            handles = []
+            active = hotpath._active
+            if part == "empty torch hooks":
+                handles = [model.register_forward_pre_hook(lambda m, a: None),
+                           model.register_forward_hook(lambda m, a, o: None)]
+            elif part is not None and part.startswith("otelprof"):
+                otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+                if part == "otelprof inactive":
+                    hotpath._active = None
+            batches = iter(loader)
+            times = []
+            for _ in range(block_steps):
+                began = time.perf_counter()
+                x, y = next(batches)
+                loss = loss_fn(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                times.append(time.perf_counter() - began)
+            hotpath._active = active
+            for handle in handles:
+                handle.remove()
+            otorch.uninstrument()
+            recorder.drain()
+            return times[2:]
+
+        try:
+            for i in range(pairs):
+                for part in PARTS:
+                    order = (None, part) if i % 2 else (part, None)
+                    timed = {p: block(p) for p in order}
+                    added[part][0].extend(timed[None])
+                    added[part][1].extend(timed[part])
+        finally:
+            otelprof.shutdown()
+    med = statistics.median
+    return {part: {"step_us": med(bare) * 1e6, "added_us": (med(other) - med(bare)) * 1e6}
+            for part, (bare, other) in added.items()}
+
+
 MALLOC_PINS = {"MALLOC_MMAP_THRESHOLD_": str(16 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 """glibc malloc settings for the whole run. By default glibc hands the CNN's activation buffers back to the
 system and faults them in again, a different number of pages each block (thousands per 50 steps here), which
@@ -246,6 +313,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="rounds per loop (default 11, --quick 3)")
     parser.add_argument("--pairs", type=int, default=None, help="paired blocks per loop (default 100, --quick 6)")
     parser.add_argument("--paired-only", action="store_true", help="skip the rounds table (variants side by side)")
+    parser.add_argument("--parts", action="store_true",
+                        help="also split the CNN's training-thread cost into parts (per-step medians, ~2 minutes)")
     parser.add_argument("--no-malloc-pin", action="store_true",
                         help="leave glibc malloc's thresholds alone (the A/A spread about doubles)")
     args = parser.parse_args()
@@ -274,6 +343,12 @@ def main() -> None:
                       f"step {result['step_us']:.0f}us, {second} adds {result['added_us']:+.1f}us "
                       f"(quartiles {result['added_q1_us']:+.1f}..{result['added_q3_us']:+.1f}, mean "
                       f"{result['mean_us']:+.1f}) = {result['share'] * 100:+.2f} % of the step", flush=True)
+    if args.parts and args.only in (None, "cnn"):
+        pairs = 12 if args.quick else 100
+        out["cnn parts"] = split = parts(make_cnn, pairs, 8, True)
+        print(f"\ncnn loop, training thread only ({pairs} x {len(PARTS)} pairs of 8-step blocks, medians of steps):")
+        for part, r in split.items():
+            print(f"  {part:<28} {r['added_us']:+8.1f}us  ({r['added_us'] / r['step_us'] * 100:+.2f} %)")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     if "cnn" not in out or "tiny" not in out:
