@@ -51,6 +51,21 @@ class LabelCap:
         return sc.OTHER_LABEL_VALUE
 
 
+class _Encoded(dict[str, str]):
+    """Names and their JSON forms in a step line (``template`` around the JSON string), each formatted once;
+    a hit is a plain dict lookup. At most 10,000 names are kept (raw names past the label cap)."""
+
+    def __init__(self, template: str) -> None:
+        super().__init__()
+        self.template = template
+
+    def __missing__(self, name: str) -> str:
+        encoded = self.template.format(json.dumps(name))
+        if len(self) < 10_000:
+            self[name] = encoded
+        return encoded
+
+
 _DATALOADER = sc.REGION_DATALOADER
 _COLLECTIVE = sc.REGION_COLLECTIVE
 DRAIN_CHUNK = 16
@@ -90,9 +105,10 @@ class Recorder:
         self._spans = SpanBuilder(tracer_provider)
         self._selector = SpanSelector.from_config(config)
         self._span_seconds = 0.0  # build + export time of spans not yet settled with the selector
-        self._json_names: dict[str, str] = {}
+        self._json_names = _Encoded("{}")
+        self._json_keys = _Encoded("{}:")
         self._annotation_keys: dict[tuple[str, str], tuple[str, str]] = {}
-        self._region_prefixes: dict[str, str] = {}
+        self._region_prefixes = _Encoded("[{},")
         self._latest: dict[str, tuple[int, int, int]] = {}
         """Per phase label, since the last _settle_steps: (steps, last end in perf ns, last number)."""
         self._outliers: dict[str, OutlierDetector] = {}
@@ -300,39 +316,22 @@ class Recorder:
         if last_end is not None:
             self.lifecycle["last_step_end"] = (last_end + self.offset_ns) / 1e9
 
-    def _json_name(self, name: str) -> str:
-        encoded = self._json_names.get(name)
-        if encoded is None:
-            encoded = json.dumps(name)
-            if len(self._json_names) < 10_000:
-                self._json_names[name] = encoded
-        return encoded
-
-    def _region_prefix(self, name: str) -> str:
-        """``["name",`` — the start of a region in a step line."""
-        prefix = self._region_prefixes.get(name)
-        if prefix is None:
-            prefix = f"[{self._json_name(name)},"
-            if len(self._region_prefixes) < 10_000:
-                self._region_prefixes[name] = prefix
-        return prefix
-
     def _step_line(self, phase: str, number: int, start_ns: int, start_unix: int, step_ns: int,
                    annotations: list[tuple[str, int, int, int, str | None]], values: dict[str, float] | None,
                    error: str | None) -> str:
         """The steps.jsonl record of a step (schema.py), formatted directly: json.dumps costs 3x more."""
-        line = f'{{"k":"s","ph":{self._json_name(phase)},"n":{number},"t":{start_unix},"d":{step_ns}'
+        line = f'{{"k":"s","ph":{self._json_names[phase]},"n":{number},"t":{start_unix},"d":{step_ns}'
         if annotations:
-            prefix = self._region_prefix
-            line += ',"a":[' + ",".join([f"{prefix(name)}{a0 - start_ns},{a1 - a0},{depth}]"
+            prefix = self._region_prefixes
+            line += ',"a":[' + ",".join([f"{prefix[name]}{a0 - start_ns},{a1 - a0},{depth}]"
                                          for name, a0, a1, depth, _ in annotations]) + "]"
         if values:
             # Like scalars outside steps: NaN/inf as strings, so every line stays strict JSON.
-            q = self._json_name
-            line += ',"x":{' + ",".join([f"{q(k)}:{v!r}" if math.isfinite(v) else f'{q(k)}:"{v}"'
+            key = self._json_keys
+            line += ',"x":{' + ",".join([f"{key[k]}{v!r}" if math.isfinite(v) else f'{key[k]}"{v}"'
                                          for k, v in values.items()]) + "}"
         if error:
-            line += f',"err":{self._json_name(error)}'
+            line += f',"err":{self._json_names[error]}'
         return line + "}"
 
     def _scalars(self, scalars: dict[str, Any], labels: tuple[str]) -> dict[str, float]:
@@ -376,11 +375,11 @@ class Recorder:
             observe(duration_ns / 1e9, (self._phase_label(phase), self._annotation_label(name)))
         if self.writer is None:
             return
-        q = self._json_name
+        q = self._json_names
         for (phase, number), group in itertools.groupby(times, key=lambda t: (t[0], t[1])):
             step = f',"n":{number}' if number is not None else ""
-            regions = ",".join(f"[{q(name)},{duration_ns}]" for _, _, name, duration_ns in group)
-            self.writer.add(schema.STEPS, f'{{"k":"d","ph":{q(phase)}{step},"a":[{regions}]}}')
+            regions = ",".join(f"[{q[name]},{duration_ns}]" for _, _, name, duration_ns in group)
+            self.writer.add(schema.STEPS, f'{{"k":"d","ph":{q[phase]}{step},"a":[{regions}]}}')
 
     def _annotation(self, name: str, phase: str | None, start_ns: int, end_ns: int, error: str | None) -> None:
         label = self._phase_label(phase) if phase is not None else sc.NO_PHASE
