@@ -70,18 +70,30 @@ def make_tiny() -> tuple[torch.nn.Module, torch.optim.Optimizer, DataLoader[Any]
     return model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(data, batch_size=4)
 
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def loss_function(classify: bool) -> LossFn:
+    return torch.nn.functional.cross_entropy if classify else torch.nn.functional.mse_loss
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, x: torch.Tensor,
+               y: torch.Tensor) -> None:
+    loss = loss_fn(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
 def run_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader[Any], steps: int,
              classify: bool) -> float:
     """Seconds for ``steps`` training steps."""
-    loss_fn = torch.nn.functional.cross_entropy if classify else torch.nn.functional.mse_loss
+    loss_fn = loss_function(classify)
     done = 0
     began = time.perf_counter()
     while done < steps:
         for x, y in loader:
-            loss = loss_fn(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            train_step(model, optimizer, loss_fn, x, y)
             done += 1
             if done >= steps:
                 break
@@ -162,7 +174,6 @@ def paired(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool
     the result is the median of the pairs' differences, with their quartiles and mean. ``control``: both
     blocks bare (an A/A run: how far apart two identical blocks land here)."""
     model, optimizer, loader = make()
-    loss_fn = torch.nn.functional.cross_entropy if classify else torch.nn.functional.mse_loss
     run_loop(model, optimizer, loader, WARMUP, classify)
     with tempfile.TemporaryDirectory() as tmp:
         # Only the wake-ups below start processing (the flush interval's own drains, at most every 10 s, could
@@ -173,27 +184,10 @@ def paired(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool
         def block(instrumented: bool) -> float:
             if instrumented and not control:
                 otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
-            batches = iter(loader)
-            for _ in range(2):  # the first iteration with fresh hooks, untimed
-                x, y = next(batches)
-                loss = loss_fn(model(x), y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+            run_loop(model, optimizer, loader, 2, classify)  # the first iteration with fresh hooks, untimed
             if instrumented:
                 recorder.wake_up()
-            began = time.perf_counter()
-            for _ in range(block_steps):
-                try:
-                    x, y = next(batches)
-                except StopIteration:
-                    batches = iter(loader)
-                    x, y = next(batches)
-                loss = loss_fn(model(x), y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-            seconds = time.perf_counter() - began
+            seconds = run_loop(model, optimizer, loader, block_steps, classify)
             if instrumented:
                 # The previous block's records must be processed by now, not during the next (bare) block:
                 # what the recorder has not finished is waited for and counted in this block.
@@ -242,7 +236,7 @@ def parts(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool)
     from otelprof import hotpath
 
     model, optimizer, loader = make()
-    loss_fn = torch.nn.functional.cross_entropy if classify else torch.nn.functional.mse_loss
+    loss_fn = loss_function(classify)
     run_loop(model, optimizer, loader, WARMUP, classify)
     added: dict[str, tuple[list[float], list[float]]] = {part: ([], []) for part in PARTS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -263,11 +257,7 @@ def parts(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool)
             times = []
             for _ in range(block_steps):
                 began = time.perf_counter()
-                x, y = next(batches)
-                loss = loss_fn(model(x), y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+                train_step(model, optimizer, loss_fn, *next(batches))
                 times.append(time.perf_counter() - began)
             hotpath._active = active
             for handle in handles:

@@ -233,18 +233,14 @@ def test_combining_with_torch_hooks_warns(tmp_path: Path, caplog: pytest.LogCapt
 def test_on_cuda_the_callbacks_regions_get_device_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The callback's forward and optimizer regions, and the backward it times through ``otelprof.torch``,
     get CUDA-event device times once ``on_train_start`` shows a model on the GPU (a fake GPU here)."""
-    from tests.test_cuda_timing import BACKWARD_MS, FORWARD_MS, FakeGPU, _fake_cuda
+    from tests.test_cuda_timing import FakeGPU, _fake_cuda, device_times_by_step, queue_forward, train_device_times
 
     gpu = FakeGPU()
     _fake_cuda(monkeypatch, gpu)
 
     class OnGpu(Tiny):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            gpu.kernel(FORWARD_MS)
-            out = self.net(x)
-            if out.requires_grad:
-                out.register_hook(lambda grad: gpu.kernel(BACKWARD_MS))
-            return out  # type: ignore[no-any-return]
+            return queue_forward(gpu, self.net(x))
 
         def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
             gpu.finish()  # as a loss.item() would make it
@@ -252,10 +248,6 @@ def test_on_cuda_the_callbacks_regions_get_device_times(tmp_path: Path, monkeypa
     callback = OtelprofCallback(record_dir=str(tmp_path / "runs"), system_metrics=False)
     _trainer(tmp_path, callback).fit(OnGpu(), _loader(64))
     rank = _only_run(tmp_path / "runs")
-    by_step: dict[tuple[str, int | None], dict[str, int]] = {}
-    for d in rank.device_times:
-        by_step.setdefault((d.phase, d.number), {})[d.name] = d.duration_ns
-    assert by_step == {("train", n): {sc.REGION_FORWARD: int(FORWARD_MS * 1e6), sc.REGION_BACKWARD:
-                                      int(BACKWARD_MS * 1e6), sc.REGION_OPTIMIZER: 0} for n in range(4)}
+    assert device_times_by_step(rank) == train_device_times(4, optimizer_ms=0)  # no kernel in the optimizer
     assert gpu.blocking == []  # never waited for the GPU
     assert [[a.name for a in s.annotations] for s in rank.steps] == [TRAIN_REGIONS] * 4  # host times as before

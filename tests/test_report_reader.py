@@ -178,3 +178,29 @@ def test_last_metric_snapshot_reads_from_the_end(tmp_path: Path) -> None:
     assert snapshot is not None and rank.skipped_lines == 1
     names = {m.name for rm in snapshot.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
     assert "otelprof.steps" in names
+
+
+@pytest.mark.parametrize("name", AWKWARD)
+def test_the_recorders_own_step_lines_with_awkward_names_read_back(tmp_path: Path, name: str) -> None:
+    """Lines the real recorder wrote (names JSON-encoded once and cached) read back exactly, by the fast path
+    and by JSON alike: phase, region and scalar names, a non-finite scalar, an error."""
+    import contextlib
+
+    import otelprof
+
+    phase = name or "p"
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    for _ in range(2):  # the second time from the caches
+        with otelprof.step(phase=phase), otelprof.annotate(name):
+            otelprof.record(name, 2.0)
+            otelprof.record("g", math.nan)
+    with contextlib.suppress(ValueError), otelprof.step(phase=phase):
+        raise ValueError
+    run_dir = session.run_dir
+    otelprof.shutdown()
+    fast = read_recording(run_dir).ranks[0]
+    _same(fast, _slow(fast.path))
+    assert [(s.phase, s.error) for s in fast.steps] == [(phase, None), (phase, None), (phase, "ValueError")]
+    for step in fast.steps[:2]:
+        assert [a.name for a in step.annotations] == [name]
+        assert step.scalars[name] == 2.0 and math.isnan(step.scalars["g"])

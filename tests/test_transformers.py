@@ -262,7 +262,7 @@ def test_instrument_takes_accelerate_prepared_objects(tmp_path: Path) -> None:
 def test_on_cuda_the_callbacks_regions_get_device_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Forward (the callback's hooks), backward and optimizer (through ``otelprof.torch``) get CUDA-event
     device times when the model is on the GPU (a fake GPU here); host times are as before."""
-    from tests.test_cuda_timing import BACKWARD_MS, FORWARD_MS, FakeGPU, _fake_cuda
+    from tests.test_cuda_timing import FakeGPU, _fake_cuda, device_times_by_step, queue_forward, train_device_times
 
     gpu = FakeGPU()
     _fake_cuda(monkeypatch, gpu)
@@ -270,10 +270,8 @@ def test_on_cuda_the_callbacks_regions_get_device_times(tmp_path: Path, monkeypa
     class OnGpu(Plain):
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     labels: torch.Tensor) -> dict[str, torch.Tensor]:
-            gpu.kernel(FORWARD_MS)
             out = super().forward(input_ids, attention_mask, labels)
-            if out["loss"].requires_grad:
-                out["loss"].register_hook(lambda grad: gpu.kernel(BACKWARD_MS))
+            queue_forward(gpu, out["loss"])
             return out
 
     class Finish(TrainerCallback):  # type: ignore[misc]
@@ -285,11 +283,7 @@ def test_on_cuda_the_callbacks_regions_get_device_times(tmp_path: Path, monkeypa
     trainer.add_callback(Finish())
     trainer.train()
     rank = _only_run(tmp_path / "runs")
-    by_step: dict[tuple[str, int | None], dict[str, int]] = {}
-    for d in rank.device_times:
-        by_step.setdefault((d.phase, d.number), {})[d.name] = d.duration_ns
-    assert by_step == {("train", n): {sc.REGION_FORWARD: int(FORWARD_MS * 1e6), sc.REGION_BACKWARD:
-                                      int(BACKWARD_MS * 1e6), sc.REGION_OPTIMIZER: 0} for n in range(8)}
+    assert device_times_by_step(rank) == train_device_times(8, optimizer_ms=0)  # no kernel in the optimizer
     assert gpu.blocking == []  # never waited for the GPU
     for step in rank.steps:
         assert [a.name for a in step.annotations if a.name != sc.REGION_DATALOADER] == TRAIN_REGIONS
