@@ -110,9 +110,13 @@ class StepContext:
         self.closed = True
         _tls.step = self._previous
         recorder = _active
-        if recorder is not None:
-            recorder.submit((STEP, self.phase, self.number, self.start_ns, end_ns, self.annotations,
-                             self.scalars, exc_type.__name__ if exc_type is not None else None))
+        if recorder is not None:  # Recorder.submit inline: one call less per step
+            queue = recorder.queue
+            if len(queue) < recorder.capacity:
+                queue.append((STEP, self.phase, self.number, self.start_ns, end_ns, self.annotations, self.scalars,
+                              exc_type.__name__ if exc_type is not None else None))
+            else:
+                recorder.queue_dropped += 1
         if _step_boundary and self._previous is None and exc_type is None:
             run_step_boundary()
 
@@ -272,10 +276,15 @@ def _add_into(step: StepContext | None, name: str, amount: int) -> None:
 
 
 def _end_region(name: str, start_ns: int, step: StepContext | None, depth: int) -> None:
-    """Close a region opened by :func:`_begin_region`: the record ``_Region.__exit__`` makes, no error."""
+    """Close a region opened by :func:`_begin_region`: the record ``_Region.__exit__`` makes, no error.
+    The usual case (an open step with room) is :func:`_close_region`'s first branch inline: one call less
+    per region on the training thread."""
     end_ns = perf_counter_ns()
     if step is not None:
         step.depth = depth
+        if not step.closed and len(annotations := step.annotations) < MAX_STEP_ANNOTATIONS:
+            annotations.append((name, start_ns, end_ns, depth, None))
+            return
     _close_region(name, start_ns, end_ns, step, depth, None)
 
 

@@ -162,7 +162,7 @@ class Session:
             if self._stop.is_set():
                 return
             try:
-                self.recorder.drain()
+                self.recorder.drain(background=True)
                 now = time.monotonic()
                 if now < next_flush:
                     continue

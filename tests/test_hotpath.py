@@ -105,3 +105,73 @@ def test_end_region_keeps_the_bound_and_records_a_late_region_on_its_own(
     assert hot.dropped_regions == dropped + 1
     hot._end_region("late", 3, step, 0)  # the step has closed
     assert [r[:3] for r in submitted if r[0] == hot.ANNOTATION] == [(hot.ANNOTATION, "late", "train")]
+
+
+def test_a_full_record_queue_drops_and_counts_steps_instead_of_growing(tmp_path: Path) -> None:
+    from otelprof import semconv as sc
+
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, flush_interval=10.0, queue_size=64)
+    assert isinstance(session, otelprof.Session)
+    with session.recorder._drain_lock:  # the background thread cannot process while the steps run
+        for _ in range(100):
+            with otelprof.step():
+                pass
+        assert len(session.recorder.queue) == 64
+    session.recorder.drain()
+    dropped = {p.attributes[sc.LABEL_EXPORTER]: p.value for m in session.registry.collect()
+               if m.name == sc.EXPORTER_DROPPED.name for p in m.data.data_points}
+    assert dropped[sc.DROPPED_QUEUE] == 36
+    steps = {m.name: m for m in session.registry.collect()}[sc.STEPS.name]
+    assert steps.data.data_points[0].value == 64
+
+
+@pytest.mark.parametrize(("step_ns", "paced"), [(5_000_000, True), (300_000, False)])
+def test_the_background_thread_processes_long_steps_one_at_a_time_and_short_ones_in_chunks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step_ns: int, paced: bool) -> None:
+    """Between records the background thread sleeps for real (the GIL goes to the training thread) when steps
+    are long; short steps go in chunks; a drain from another thread (a scrape, shutdown) never sleeps."""
+    from otelprof import recorder as rec_module
+
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, flush_interval=10.0)
+    assert isinstance(session, otelprof.Session)
+    recorder = session.recorder
+    sleeps: list[float] = []
+    monkeypatch.setattr(rec_module, "_sleep", sleeps.append)
+
+    def queue_steps(count: int) -> None:
+        for number in range(count):
+            recorder.submit((hot.STEP, "train", number, number * step_ns, (number + 1) * step_ns, [], None, None))
+
+    with recorder._drain_lock:
+        queue_steps(1)
+    recorder.drain()  # the first step tells the pace
+    assert sleeps == [0]
+    sleeps.clear()
+    with recorder._drain_lock:
+        queue_steps(40)
+    recorder.drain(background=True)
+    assert not recorder.queue
+    assert sleeps == ([rec_module.BACKGROUND_PAUSE] * 40 if paced else [0] * 3)
+    sleeps.clear()
+    with recorder._drain_lock:
+        queue_steps(40)
+    recorder.drain()
+    assert sleeps == [0] * 3
+
+
+def test_a_backlog_is_processed_at_full_speed_even_for_long_steps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from otelprof import recorder as rec_module
+
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, flush_interval=10.0)
+    assert isinstance(session, otelprof.Session)
+    recorder = session.recorder
+    recorder._last_step_ns = 10_000_000
+    sleeps: list[float] = []
+    monkeypatch.setattr(rec_module, "_sleep", sleeps.append)
+    monkeypatch.setattr(rec_module, "GENTLE_BACKLOG", 8)
+    with recorder._drain_lock:
+        for number in range(32):
+            recorder.submit((hot.STEP, "train", number, 0, 10_000_000, [], None, None))
+    recorder.drain(background=True)
+    assert not recorder.queue and sleeps == [0, 0]

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -300,15 +299,15 @@ def test_a_failing_hook_is_removed_counted_and_training_goes_on(
     model, optimizer, loader = _parts()
     inst = otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
 
-    class Broken(deque[Any]):
-        def append(self, item: Any) -> None:
+    class BrokenTimer:
+        def poll(self) -> None:
             raise RuntimeError("hook bug")
 
-    monkeypatch.setattr(inst, "_forward_regions", Broken())  # the forward pre-hook raises
+    monkeypatch.setattr(inst, "device_timer", BrokenTimer())  # the forward pre-hook raises
     with caplog.at_level(logging.WARNING, logger="otelprof"):
         losses = _train(model, optimizer, loader)
     assert len(losses) == 8
-    assert not model._forward_pre_hooks  # removed
+    assert type(model) is torch.nn.Sequential  # the timed forward removed
     assert caplog.text.count("forward hook failed") == 1
     [errors] = [m for m in session.registry.collect() if m.name == sc.INTEGRATION_ERRORS.name]
     assert errors.data.data_points[0].value == 1
@@ -321,6 +320,12 @@ def test_objects_without_the_expected_structure_warn(caplog: pytest.LogCaptureFi
     from otelprof._log import reset_warnings
 
     class Unhookable(torch.nn.Module):
+        """A forward of its own (timed with hooks, not a subclass) and no hooks."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.forward = lambda x: x
+
         def register_forward_pre_hook(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("no hooks here")
 
@@ -333,6 +338,89 @@ def test_objects_without_the_expected_structure_warn(caplog: pytest.LogCaptureFi
     assert "expects a torch.optim.Optimizer" in caplog.text
     assert "not iterable" in caplog.text
     assert "cannot instrument the model Unhookable (RuntimeError: no hooks here)" in caplog.text
+
+
+def test_an_instrumented_model_pickles_and_copies_as_itself_without_the_instrumentation(tmp_path: Path) -> None:
+    """The timed forward is a subclass of the model's class: ``torch.save`` and ``copy.deepcopy`` (EMA copies)
+    work, the copies are of the original class, and uninstrument() gives the model its class back."""
+    import copy
+    import io
+
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    assert type(model) is not torch.nn.Sequential and isinstance(model, torch.nn.Sequential)
+    assert type(model).__name__ == "Sequential" and repr(model).startswith("Sequential(")
+    assert not model._forward_pre_hooks  # torch's fast call path: no module hooks
+    ema = copy.deepcopy(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert type(ema) is torch.nn.Sequential and type(loaded) is torch.nn.Sequential
+    _train(model, optimizer, loader)
+    x = torch.randn(4, 8)
+    with otelprof.step():
+        ema(x), loaded(x)  # not timed: the copies have no instrumentation
+    otorch.uninstrument()
+    assert type(model) is torch.nn.Sequential
+    ema.load_state_dict(model.state_dict())
+    assert torch.equal(ema(x), model(x))
+    rank = _recording(session)
+    assert len(rank.steps) == 9 and not rank.steps[-1].annotations
+    assert all([a.name for a in s.annotations] == REGIONS for s in rank.steps[:8])
+
+
+def test_a_model_with_its_own_forward_attribute_is_timed_with_hooks(tmp_path: Path) -> None:
+    """A forward set on the instance (as some wrappers do) would bypass a subclass: module hooks time it."""
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    model.forward = model.forward  # type: ignore[method-assign]
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    assert type(model) is torch.nn.Sequential and model._forward_pre_hooks and model._forward_hooks
+    _train(model, optimizer, loader)
+    otorch.uninstrument()
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    rank = _recording(session)
+    assert all([a.name for a in s.annotations] == REGIONS for s in rank.steps)
+
+
+def test_a_forward_that_raises_passes_the_error_on_and_closes_its_region(tmp_path: Path) -> None:
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    with otelprof.step() as step:
+        with pytest.raises(RuntimeError):
+            model(torch.randn(4, 3))  # wrong width: torch's own error reaches the caller
+        assert step.depth == 0
+    with otelprof.step():
+        model(torch.randn(4, 8))
+    rank = _recording(session)
+    assert [[(a.name, a.depth) for a in s.annotations] for s in rank.steps] == [[(sc.REGION_FORWARD, 0)]] * 2
+
+
+def test_a_failing_backward_hook_is_turned_off_after_its_first_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from otelprof._log import reset_warnings
+
+    reset_warnings()
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model, optimizer, loader = _parts()
+    inst = otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+
+    def broken(tensor: Any) -> Any:
+        raise RuntimeError("hook bug")
+
+    monkeypatch.setattr(inst, "backward_begin", broken)
+    with caplog.at_level(logging.WARNING, logger="otelprof"):
+        losses = _train(model, optimizer, loader)
+    assert len(losses) == 8 and caplog.text.count("backward hook failed") == 1
+    [errors] = [m for m in session.registry.collect() if m.name == sc.INTEGRATION_ERRORS.name]
+    assert errors.data.data_points[0].value == 1  # once, not once per step
+    rank = _recording(session)
+    assert len(rank.steps) == 8 and all(sc.REGION_BACKWARD not in [a.name for a in s.annotations]
+                                        for s in rank.steps)
 
 
 def test_an_optimizer_whose_hooks_cannot_be_registered_warns_and_training_goes_on(

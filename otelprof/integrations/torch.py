@@ -27,6 +27,7 @@ A hook that raises is removed and counted (``otelprof_integration_errors_total``
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import functools
 import threading
 import weakref
@@ -221,22 +222,48 @@ class _TimedIterator(IteratorProxy):
         owner, iterator = self._state
         if hot._active is None or owner.closed:
             return next(iterator)
-        # The hook bodies inline, not through guarded(): this runs every step.
-        region: _OpenRegion | None
+        # TorchInstrumentation.fetch_begin and fetch_end inline, not through guarded(): this runs every step,
+        # and on the training thread each call is paid in cold caches (see the note above fetch_begin).
+        step: hot.StepContext | None = None
+        depth = 0
         try:
-            region = owner.fetch_begin()
+            auto = owner.auto
+            step = hot._tls.step
+            if step is None or (step is auto.current and auto.leader == FETCH):
+                step = auto.begin(FETCH, step)
+            if step is not None:
+                depth = step.depth
+                step.depth = depth + 1
+            start = perf_counter_ns()
         except hot.StopTraining:
             raise
         except Exception as exc:
             owner.failed("dataloader", exc)
-            region = None
+            return next(iterator)
         try:
             batch = next(iterator)
         except StopIteration:
-            owner.guarded("dataloader", owner.fetch_end, region, None, True)
+            owner.guarded("dataloader", owner.fetch_end, (start, step, depth), None, True)
             raise
         try:
-            owner.fetch_end(region, batch, False)
+            hot._end_region(_DATALOADER, start, step, depth)
+            if owner.count_samples:
+                # _batch_size's and hot._add_into's usual cases inline: (inputs, targets) batches, a step open
+                kind = type(batch)
+                if (kind is tuple or kind is list) and batch and type(first := batch[0]) is _Tensor:
+                    shape = first.shape
+                    size = shape[0] if shape else None
+                else:
+                    size = _batch_size(batch)
+                if size:
+                    if step is not None and hot._active is not None:
+                        scalars = step.scalars
+                        if scalars is None:
+                            step.scalars = {"samples": size}
+                        else:  # summed: gradient accumulation fetches several batches
+                            scalars["samples"] = scalars.get("samples", 0) + size
+                    else:
+                        hot.record("samples", size)
         except hot.StopTraining:
             raise
         except Exception as exc:
@@ -259,7 +286,9 @@ class TorchInstrumentation:
         self._forward_regions: deque[_OpenRegion] = deque()
         self._optimizer_region: _OpenRegion | None = None
         self._optimizer_depth = 0
-        self._backward_regions: deque[_OpenRegion] = deque()
+        self.backward_off = False
+        """The backward hook failed: ``Tensor.backward`` stays patched (other instrumentations may share it)
+        but this one no longer times it."""
         self._global_depth = _Nesting()
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -281,6 +310,8 @@ class TorchInstrumentation:
     def failed(self, hook: str, exc: Exception) -> None:
         """A hook raised: remove it, count it, warn once; training goes on."""
         self._remove_hook(hook)
+        if hook == "backward":
+            self.backward_off = True
         if hook == "forward":  # device times are read at each forward: without it the timer would only fill
             self._close_device_timer()
         _with_registry(lambda r: r.counter(sc.INTEGRATION_ERRORS).add(1, (hook,)))
@@ -338,8 +369,7 @@ class TorchInstrumentation:
             return _TimedIterator(original_iter(this), owner)
 
         try:
-            _set_class(loader, type(cls.__name__, (cls,), {"__iter__": __iter__, "_otelprof_instrumented": True,
-                                                           "__module__": cls.__module__}))
+            _set_class(loader, _instrumented_subclass(cls, {"__iter__": __iter__}))
         except (TypeError, AttributeError):  # a C type, __slots__, or a loader that refuses attribute changes
             warn_once("torch:dataloader-class", "otelprof: cannot instrument data loader %s; wrap its iterator "
                       "with otelprof.annotate('dataloader') instead", cls.__name__)
@@ -375,7 +405,12 @@ class TorchInstrumentation:
                 if timer is not None:
                     timer.poll()  # once per iteration: resolve what the GPU has finished, never wait
                     timer.begin(_FORWARD)
-            self._forward_regions.append(hot._begin_region(step))
+            if step is None:  # hot._begin_region inline
+                self._forward_regions.append((perf_counter_ns(), None, 0))
+            else:
+                depth = step.depth
+                step.depth = depth + 1
+                self._forward_regions.append((perf_counter_ns(), step, depth))
         except hot.StopTraining:
             raise
         except Exception as exc:
@@ -463,16 +498,76 @@ class TorchInstrumentation:
             warn_once("torch:model", "otelprof: instrument(model=...) expects a torch.nn.Module, got %s; ignored",
                       type(model).__name__)
             return
-        pre = model.register_forward_pre_hook(self._forward_pre_hook)
-        try:
-            post = model.register_forward_hook(self._forward_post_hook)
-        except Exception:
-            pre.remove()
-            raise
+        if not self._wrap_forward(model):
+            pre = model.register_forward_pre_hook(self._forward_pre_hook)
+            try:
+                post = model.register_forward_hook(self._forward_post_hook)
+            except Exception:
+                pre.remove()
+                raise
+            self._on_remove("forward", pre.remove)
+            self._on_remove("forward", post.remove)
         self.models.add(model)
-        self._on_remove("forward", pre.remove)
-        self._on_remove("forward", post.remove)
         self._add_comm_hook(model)
+
+    def _wrap_forward(self, model: Any) -> bool:
+        """Time ``model``'s forward through a subclass of its class whose ``forward`` runs the two hooks around
+        the original, made the model's class until uninstrumented. Module hooks would do the same, but a module
+        with hooks takes torch's slow call path (about a fifth of the integration's cost per step on the
+        benchmarks' loops), and hooks that hold this instrumentation would make the model impossible to pickle
+        or deep-copy. The subclass pickles and copies as the original class, uninstrumented. False when that
+        cannot be done (an instance-level ``forward``, a class that refuses the change): then hooks."""
+        cls = type(model)
+        if "forward" in vars(model) or getattr(cls, "_otelprof_instrumented", False):
+            return False
+        original = cls.forward
+        pre, post = self._forward_pre_hook, self._forward_post_hook
+        owner = self
+
+        def forward(this: Any, *args: Any, **kwargs: Any) -> Any:
+            # The hooks' usual case inline — a step open that a forward does not end, a module in training mode,
+            # no device timer — and the hooks themselves otherwise: on the training thread each call counts.
+            region: tuple[hot.StepContext, int, int] | None = None
+            hooked = False
+            try:
+                step = hot._tls.step
+                auto = owner.auto
+                if (step is None or owner.device_timer is not None or not this.training
+                        or (step is auto.current and auto.leader == FORWARD)):
+                    hooked = True
+                    pre(this, args)
+                else:
+                    auto.saw_work = True
+                    depth = step.depth
+                    step.depth = depth + 1
+                    region = (step, depth, perf_counter_ns())
+            except hot.StopTraining:
+                raise
+            except Exception as exc:
+                owner.failed("forward", exc)
+            try:  # without keyword arguments (the usual model(x)) a plain call: unpacking them costs more
+                return original(this, *args, **kwargs) if kwargs else original(this, *args)
+            finally:
+                if region is not None:
+                    try:
+                        hot._end_region(_FORWARD, region[2], region[0], region[1])
+                    except Exception as exc:
+                        owner.failed("forward", exc)
+                elif hooked:
+                    post(this, args, None)
+
+        subclass = _instrumented_subclass(cls, {"forward": forward})
+        try:
+            _set_class(model, subclass)
+        except (TypeError, AttributeError):
+            return False
+
+        def restore() -> None:
+            if type(model) is subclass:
+                _set_class(model, cls)
+
+        self._on_remove("forward", restore)
+        return True
 
     def _add_comm_hook(self, model: Any) -> None:
         ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
@@ -502,8 +597,9 @@ class TorchInstrumentation:
                       "measured", exc)
 
     # ------------------------------------------------------------------ backward
-    def backward_begin(self, tensor: Any) -> None:
-        """Before ``Tensor.backward()``: records the loss, begins the ``backward`` region."""
+    def backward_begin(self, tensor: Any) -> _OpenRegion:
+        """Before ``Tensor.backward()``: records the loss, begins the ``backward`` region (ended by
+        :meth:`backward_end`)."""
         auto = self.auto
         step = hot._tls.step
         if step is None or (step is auto.current and auto.leader == BACKWARD):
@@ -512,18 +608,25 @@ class TorchInstrumentation:
         if self.loss and tensor.numel() == 1:
             # CPU: a number now is cheaper than holding the tensor; CUDA: converted off the hot path.
             loss = tensor.item() if tensor.is_cpu else tensor.detach()
-            hot._record_into(step, "loss", loss)
+            if step is not None and hot._active is not None:  # hot._record_into inline
+                if step.scalars is None:
+                    step.scalars = {"loss": loss}
+                else:
+                    step.scalars["loss"] = loss
+            else:
+                hot.record("loss", loss)
         timer = self.device_timer
         if timer is not None:
             timer.begin(_BACKWARD)
-        self._backward_regions.append(hot._begin_region(step))
+        if step is None:  # hot._begin_region inline
+            return perf_counter_ns(), None, 0
+        depth = step.depth
+        step.depth = depth + 1
+        return perf_counter_ns(), step, depth
 
-    def backward_end(self) -> None:
+    def backward_end(self, region: _OpenRegion) -> None:
         """After it: ends the ``backward`` region."""
-        regions = self._backward_regions
-        if regions:
-            start, step, depth = regions.pop()
-            hot._end_region(_BACKWARD, start, step, depth)
+        hot._end_region(_BACKWARD, region[0], region[1], region[2])
         timer = self.device_timer
         if timer is not None:
             timer.end(_BACKWARD)
@@ -548,7 +651,12 @@ class TorchInstrumentation:
             timer = self.device_timer
             if timer is not None:
                 timer.begin(_OPTIMIZER)
-            self._optimizer_region = hot._begin_region(step)
+            if step is None:  # hot._begin_region inline
+                self._optimizer_region = (perf_counter_ns(), None, 0)
+            else:
+                depth = step.depth
+                step.depth = depth + 1
+                self._optimizer_region = (perf_counter_ns(), step, depth)
         except hot.StopTraining:
             raise
         except Exception as exc:
@@ -581,7 +689,13 @@ class TorchInstrumentation:
                 lr = group["lr"]
                 if type(lr) is not float:  # a float (the usual) as it is; a tensor converted off the hot path
                     lr = lr.detach() if isinstance(lr, _Tensor) else float(lr)
-                hot._record_into(step, "learning_rate", lr)
+                if step is not None and hot._active is not None:  # hot._record_into inline
+                    if step.scalars is None:
+                        step.scalars = {"learning_rate": lr}
+                    else:
+                        step.scalars["learning_rate"] = lr
+                else:
+                    hot.record("learning_rate", lr)
             # torch.cuda.is_initialized() is a call into torch every step: its module's flag says False
             # sooner on a CPU run (a torch without the flag: always ask).
             if _cuda_globals.get("_initialized", True) and _cuda.is_initialized():  # type: ignore[no-untyped-call]
@@ -686,6 +800,27 @@ class TorchInstrumentation:
 
 
 _object_class = object.__dict__["__class__"]
+_NEWOBJ: Any = copyreg.__newobj__  # type: ignore[attr-defined]  # (not in the type stubs)
+_RECONSTRUCTOR: Any = copyreg._reconstructor  # type: ignore[attr-defined]
+
+
+def _instrumented_subclass(cls: type, namespace: dict[str, Any]) -> type:
+    """A subclass of ``cls`` with ``namespace`` (the timed methods) that an instrumented object gets as its class:
+    same name and module; pickled and copied (``copy.deepcopy``, ``torch.save``) as an object of ``cls``, i.e.
+    without the instrumentation."""
+    subclass: type
+
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+        reduced = cls.__reduce_ex__(self, protocol)  # type: ignore[call-arg]
+        if isinstance(reduced, tuple) and len(reduced) > 1 and reduced[1] and reduced[1][0] is subclass:
+            if reduced[0] is _NEWOBJ:  # pickle insists on the object's own class there
+                return (_RECONSTRUCTOR, (cls, object, None), *reduced[2:])
+            return (reduced[0], (cls, *reduced[1][1:]), *reduced[2:])
+        return reduced
+
+    subclass = type(cls.__name__, (cls,), {**namespace, "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__,
+                                           "__qualname__": cls.__qualname__, "_otelprof_instrumented": True})
+    return subclass
 
 
 def _set_class(obj: Any, cls: type) -> None:
@@ -712,10 +847,11 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
         inst = _active[-1] if _active and hot._active is not None else None
-        if inst is None:
+        if inst is None or inst.backward_off:
             return original(self, *args, **kwargs)
+        region = None
         try:
-            inst.backward_begin(self)
+            region = inst.backward_begin(self)
         except hot.StopTraining:
             raise
         except Exception as exc:
@@ -723,10 +859,11 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         try:  # without arguments (the usual loss.backward()) a plain call: unpacking costs ~3,000 instructions
             return original(self, *args, **kwargs) if args or kwargs else original(self)
         finally:
-            try:
-                inst.backward_end()
-            except Exception as exc:  # StopTraining included: backward_end never raises it on purpose
-                inst.failed("backward", exc)
+            if region is not None:
+                try:
+                    inst.backward_end(region)
+                except Exception as exc:  # StopTraining included: backward_end never raises it on purpose
+                    inst.failed("backward", exc)
 
     return backward
 
