@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import otelprof
+from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
 from otelprof.integrations.torch_profiler import gpu_activity, kernel_precision
@@ -407,20 +408,24 @@ def test_a_failing_backward_hook_is_turned_off_after_its_first_failure(
     reset_warnings()
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
     model, optimizer, loader = _parts()
-    inst = otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    end_region = hot._end_region
 
-    def broken(tensor: Any) -> Any:
-        raise RuntimeError("hook bug")
+    def broken(name: str, *args: Any) -> None:
+        if name == sc.REGION_BACKWARD:
+            raise RuntimeError("hook bug")
+        end_region(name, *args)
 
-    monkeypatch.setattr(inst, "backward_begin", broken)
+    monkeypatch.setattr(hot, "_end_region", broken)
     with caplog.at_level(logging.WARNING, logger="otelprof"):
         losses = _train(model, optimizer, loader)
     assert len(losses) == 8 and caplog.text.count("backward hook failed") == 1
     [errors] = [m for m in session.registry.collect() if m.name == sc.INTEGRATION_ERRORS.name]
     assert errors.data.data_points[0].value == 1  # once, not once per step
     rank = _recording(session)
-    assert len(rank.steps) == 8 and all(sc.REGION_BACKWARD not in [a.name for a in s.annotations]
-                                        for s in rank.steps)
+    assert len(rank.steps) == 8
+    assert [[a.name for a in s.annotations] for s in rank.steps] == [[sc.REGION_DATALOADER, sc.REGION_FORWARD,
+                                                                     sc.REGION_OPTIMIZER]] * 8
 
 
 def test_an_optimizer_whose_hooks_cannot_be_registered_warns_and_training_goes_on(

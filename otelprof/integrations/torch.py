@@ -597,39 +597,8 @@ class TorchInstrumentation:
                       "measured", exc)
 
     # ------------------------------------------------------------------ backward
-    def backward_begin(self, tensor: Any) -> _OpenRegion:
-        """Before ``Tensor.backward()``: records the loss, begins the ``backward`` region (ended by
-        :meth:`backward_end`)."""
-        auto = self.auto
-        step = hot._tls.step
-        if step is None or (step is auto.current and auto.leader == BACKWARD):
-            step = auto.begin(BACKWARD, step)
-        auto.saw_work = auto.saw_backward = True
-        if self.loss and tensor.numel() == 1:
-            # CPU: a number now is cheaper than holding the tensor; CUDA: converted off the hot path.
-            loss = tensor.item() if tensor.is_cpu else tensor.detach()
-            if step is not None and hot._active is not None:  # hot._record_into inline
-                if step.scalars is None:
-                    step.scalars = {"loss": loss}
-                else:
-                    step.scalars["loss"] = loss
-            else:
-                hot.record("loss", loss)
-        timer = self.device_timer
-        if timer is not None:
-            timer.begin(_BACKWARD)
-        if step is None:  # hot._begin_region inline
-            return perf_counter_ns(), None, 0
-        depth = step.depth
-        step.depth = depth + 1
-        return perf_counter_ns(), step, depth
-
-    def backward_end(self, region: _OpenRegion) -> None:
-        """After it: ends the ``backward`` region."""
-        hot._end_region(_BACKWARD, region[0], region[1], region[2])
-        timer = self.device_timer
-        if timer is not None:
-            timer.end(_BACKWARD)
+    # Tensor.backward is patched once per process (_patched_backward): the wrapper does this instance's work,
+    # inline — it records the loss and times the ``backward`` region.
 
     # ------------------------------------------------------------------ optimizer
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -849,9 +818,34 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         inst = _active[-1] if _active and hot._active is not None else None
         if inst is None or inst.backward_off:
             return original(self, *args, **kwargs)
-        region = None
+        # Before: may open a step, records the loss (the tensor backward() is called on, when a scalar), begins the
+        # ``backward`` region; after: ends it. Inline, as every call on the training thread counts.
+        region: _OpenRegion | None = None
         try:
-            region = inst.backward_begin(self)
+            auto = inst.auto
+            step = hot._tls.step
+            if step is None or (step is auto.current and auto.leader == BACKWARD):
+                step = auto.begin(BACKWARD, step)
+            auto.saw_work = auto.saw_backward = True
+            if inst.loss and self.numel() == 1:
+                # CPU: a number now is cheaper than holding the tensor; CUDA: converted off the hot path.
+                loss = self.item() if self.is_cpu else self.detach()
+                if step is not None and hot._active is not None:  # hot._record_into inline
+                    if step.scalars is None:
+                        step.scalars = {"loss": loss}
+                    else:
+                        step.scalars["loss"] = loss
+                else:
+                    hot.record("loss", loss)
+            timer = inst.device_timer
+            if timer is not None:
+                timer.begin(_BACKWARD)
+            if step is None:  # hot._begin_region inline
+                region = (perf_counter_ns(), None, 0)
+            else:
+                depth = step.depth
+                step.depth = depth + 1
+                region = (perf_counter_ns(), step, depth)
         except hot.StopTraining:
             raise
         except Exception as exc:
@@ -861,8 +855,11 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             if region is not None:
                 try:
-                    inst.backward_end(region)
-                except Exception as exc:  # StopTraining included: backward_end never raises it on purpose
+                    hot._end_region(_BACKWARD, region[0], region[1], region[2])
+                    timer = inst.device_timer
+                    if timer is not None:
+                        timer.end(_BACKWARD)
+                except Exception as exc:  # StopTraining included: nothing here raises it on purpose
                     inst.failed("backward", exc)
 
     return backward
