@@ -16,7 +16,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import otelprof
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
 from otelprof.integrations.torch_profiler import gpu_activity, kernel_precision
@@ -408,15 +407,20 @@ def test_a_failing_backward_hook_is_turned_off_after_its_first_failure(
     reset_warnings()
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
     model, optimizer, loader = _parts()
-    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
-    end_region = hot._end_region
+    inst = otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
 
-    def broken(name: str, *args: Any) -> None:
-        if name == sc.REGION_BACKWARD:
-            raise RuntimeError("hook bug")
-        end_region(name, *args)
+    class TimerBrokenForBackward:
+        def poll(self) -> None:
+            pass
 
-    monkeypatch.setattr(hot, "_end_region", broken)
+        def begin(self, region: str) -> None:
+            if region == sc.REGION_BACKWARD:
+                raise RuntimeError("hook bug")
+
+        def end(self, region: str) -> None:
+            pass
+
+    monkeypatch.setattr(inst, "device_timer", TimerBrokenForBackward())
     with caplog.at_level(logging.WARNING, logger="otelprof"):
         losses = _train(model, optimizer, loader)
     assert len(losses) == 8 and caplog.text.count("backward hook failed") == 1

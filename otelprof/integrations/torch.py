@@ -229,7 +229,10 @@ class _TimedIterator(IteratorProxy):
         try:
             auto = owner.auto
             step = hot._tls.step
-            if step is None or (step is auto.current and auto.leader == FETCH):
+            if step is None:  # the usual case: the last step ended at optimizer.step(); auto.begin inline
+                step = hot._begin_step(None)
+                auto.current, auto.leader, auto.saw_backward, auto.saw_work = step, FETCH, False, False
+            elif step is auto.current and auto.leader == FETCH:
                 step = auto.begin(FETCH, step)
             if step is not None:
                 depth = step.depth
@@ -246,7 +249,15 @@ class _TimedIterator(IteratorProxy):
             owner.guarded("dataloader", owner.fetch_end, (start, step, depth), None, True)
             raise
         try:
-            hot._end_region(_DATALOADER, start, step, depth)
+            end = perf_counter_ns()  # hot._end_region inline
+            if step is not None:
+                step.depth = depth
+                if not step.closed and len(annotations := step.annotations) < hot.MAX_STEP_ANNOTATIONS:
+                    annotations.append((_DATALOADER, start, end, depth, None))
+                else:
+                    hot._close_region(_DATALOADER, start, end, step, depth, None)
+            else:
+                hot._close_region(_DATALOADER, start, end, None, 0, None)
             if owner.count_samples:
                 # _batch_size's and hot._add_into's usual cases inline: (inputs, targets) batches, a step open
                 kind = type(batch)
@@ -550,7 +561,16 @@ class TorchInstrumentation:
             finally:
                 if region is not None:
                     try:
-                        hot._end_region(_FORWARD, region[2], region[0], region[1])
+                        step, depth, start = region
+                        end = perf_counter_ns()  # hot._end_region inline
+                        if step is not None:
+                            step.depth = depth
+                            if not step.closed and len(annotations := step.annotations) < hot.MAX_STEP_ANNOTATIONS:
+                                annotations.append((_FORWARD, start, end, depth, None))
+                            else:
+                                hot._close_region(_FORWARD, start, end, step, depth, None)
+                        else:
+                            hot._close_region(_FORWARD, start, end, None, 0, None)
                     except Exception as exc:
                         owner.failed("forward", exc)
                 elif hooked:
@@ -646,7 +666,15 @@ class TorchInstrumentation:
             else:
                 self._optimizer_region = None
                 start, step, depth = region  # the step open at optimizer.step(): the one open now
-                hot._end_region(_OPTIMIZER, start, step, depth)
+                end = perf_counter_ns()  # hot._end_region inline
+                if step is not None:
+                    step.depth = depth
+                    if not step.closed and len(annotations := step.annotations) < hot.MAX_STEP_ANNOTATIONS:
+                        annotations.append((_OPTIMIZER, start, end, depth, None))
+                    else:
+                        hot._close_region(_OPTIMIZER, start, end, step, depth, None)
+                else:
+                    hot._close_region(_OPTIMIZER, start, end, None, 0, None)
             timer = self.device_timer
             if timer is not None:
                 timer.end(_OPTIMIZER)
@@ -855,7 +883,16 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             if region is not None:
                 try:
-                    hot._end_region(_BACKWARD, region[0], region[1], region[2])
+                    start, step, depth = region
+                    end = perf_counter_ns()  # hot._end_region inline
+                    if step is not None:
+                        step.depth = depth
+                        if not step.closed and len(annotations := step.annotations) < hot.MAX_STEP_ANNOTATIONS:
+                            annotations.append((_BACKWARD, start, end, depth, None))
+                        else:
+                            hot._close_region(_BACKWARD, start, end, step, depth, None)
+                    else:
+                        hot._close_region(_BACKWARD, start, end, None, 0, None)
                     timer = inst.device_timer
                     if timer is not None:
                         timer.end(_BACKWARD)
