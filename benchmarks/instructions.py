@@ -1,0 +1,135 @@
+"""Machine instructions the PyTorch integration adds per step, counted by callgrind (valgrind).
+
+    python benchmarks/instructions.py              # CNN and tiny loops, bare / instrumented / torch.profiler, ~6 min
+    python benchmarks/instructions.py --only cnn --steps 30
+
+Wall-clock figures (``torch_integration.py``) move with the machine: on a shared 2-core VM two identical
+blocks of CNN steps land a few percent apart, more than the 1 % being measured. An instruction count does
+not: callgrind counts every instruction every thread executes, the same total for the same program and
+input whatever else the machine is doing. It does not see time (cache misses, the GIL, kernels' memory
+stalls), so it is a floor of the cost, not the cost: the work added, as a share of the work a step does.
+
+Each variant runs in its own process under ``valgrind --tool=callgrind`` with instrumentation off while
+torch imports and the loop warms up; the child then switches counting on (``callgrind_control -i on``) and
+brackets what it measures with two calls that callgrind is told to act on: ``os.getppid()`` zeroes the
+counters (``--zero-before=getppid``) and ``os.getloadavg()`` writes them out (``--dump-before=getloadavg``).
+Two brackets per run: the training loop (``steps`` steps, on the training thread), then the recorder
+processing those steps' records (``Recorder.drain`` on the same thread, the background thread stopped, so
+that both are counted once and apart). Span selection is made deterministic (no first-steps tracing, no
+span budget, no outliers): under valgrind a step takes ~50x longer and its timing would decide which steps
+become spans; the recorder's figure is the cost of a step that is not traced, the default's common case.
+
+Variants: ``bare`` (the loop alone), ``instrumented`` (``otelprof.torch.instrument(model, optimizer,
+dataloader)``: auto steps, the dataloader / forward / backward / optimizer regions, loss, lr, samples), and
+``torch.profiler`` (the loop inside ``torch.profiler.profile(activities=[CPU])``, started before the bracket).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+VARIANTS = ("bare", "instrumented", "torch.profiler")
+LOOPS = ("cnn", "tiny")
+WARMUP = 15
+"""Steps run in the variant before counting (first calls, lazy set-up) — then the recorder is drained."""
+
+
+def child(loop: str, variant: str, steps: int) -> None:
+    """Runs under callgrind: set up, warm up, then the two counted brackets (see the module docstring)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import torch
+    import torch_integration as ti
+
+    import otelprof
+    from otelprof.integrations import torch as otorch
+
+    torch.set_num_threads(1)
+    make, classify = (ti.make_cnn, True) if loop == "cnn" else (ti.make_tiny, False)
+    model, optimizer, loader = make()
+    ti.run_loop(model, optimizer, loader, 5, classify)
+    otelprof.init(record_dir=tempfile.mkdtemp(), system_metrics=False, flush_interval=10.0,
+                  span_first_steps=0, span_budget=0.0, outlier_sigma=100.0)
+    session = otelprof.session.get_session()
+    recorder = session.recorder  # type: ignore[union-attr]
+    session._stop.set()  # type: ignore[union-attr]  # the background thread ends: drains happen below only
+    recorder.wake_up()
+    profiler = None
+    if variant == "instrumented":
+        otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    elif variant == "torch.profiler":
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        profiler.__enter__()
+    ti.run_loop(model, optimizer, loader, WARMUP, classify)
+    recorder.drain()
+    subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=False, capture_output=True)
+    os.getppid()  # zero
+    ti.run_loop(model, optimizer, loader, steps, classify)
+    os.getloadavg()  # dump 1: the training loop
+    os.getppid()  # zero
+    recorder.drain()
+    os.getloadavg()  # dump 2: the recorder's work for those steps
+    os._exit(0)  # no shutdown, no profiler export: nothing after the brackets is counted
+
+
+def count(loop: str, variant: str, steps: int, out: Path) -> tuple[int, int]:
+    """Instructions of the training loop and of the recorder's drain, for ``steps`` steps."""
+    prefix = out / f"{loop}-{variant.replace('.', '_')}"
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--zero-before=getppid",
+               "--dump-before=getloadavg", f"--callgrind-out-file={prefix}", sys.executable, __file__,
+               "--child", loop, variant, str(steps)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    totals = []
+    for part in (1, 2):
+        dump = Path(f"{prefix}.{part}")
+        match = re.search(r"^summary:\s*(\d+)", dump.read_text(), re.M) if dump.exists() else None
+        if match is None:
+            raise SystemExit(f"{loop} {variant}: no callgrind dump {dump} (valgrind said:\n{done.stderr[-2000:]})")
+        totals.append(int(match.group(1)))
+    return totals[0], totals[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=LOOPS, help="run one of the two loops")
+    parser.add_argument("--steps", type=int, default=20, help="counted steps per run (default 20)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="valgrind runs at once")
+    parser.add_argument("--child", nargs=3, metavar=("LOOP", "VARIANT", "STEPS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], args.child[1], int(args.child[2]))
+        return
+    for tool in ("valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} not found: install valgrind (Debian: apt-get install valgrind)")
+    from torch_integration import MALLOC_PINS
+
+    os.environ.update(MALLOC_PINS)  # the same allocator behaviour as the wall-clock benchmark
+    loops = [args.only] if args.only else list(LOOPS)
+    runs = [(loop, variant) for loop in loops for variant in VARIANTS]
+    print(f"{len(runs)} callgrind runs of {args.steps} counted steps, {args.jobs} at a time (~2 min each)",
+          file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
+        results = dict(zip(runs, pool.map(lambda run: count(*run, args.steps, Path(tmp)), runs)))
+    for loop in loops:
+        bare = results[(loop, "bare")][0] / args.steps
+        print(f"\n{loop} loop: {bare:,.0f} instructions per bare step ({args.steps} steps counted)")
+        print(f"  {'variant':<16} {'training thread':>16} {'recorder':>10} {'added':>10} {'share':>8}")
+        for variant in VARIANTS[1:]:
+            loop_count, drain_count = results[(loop, variant)]
+            thread = loop_count / args.steps - bare
+            recorder = drain_count / args.steps
+            added = thread + recorder
+            print(f"  {variant:<16} {thread:>+16,.0f} {recorder:>10,.0f} {added:>+10,.0f} {added / bare * 100:>+7.2f}%")
+
+
+if __name__ == "__main__":
+    main()
