@@ -1,7 +1,7 @@
 """Machine instructions the PyTorch integration adds per step, counted by callgrind (valgrind).
 
-    python benchmarks/instructions.py              # CNN and tiny loops, bare / instrumented / torch.profiler, ~6 min
-    python benchmarks/instructions.py --only cnn --steps 30
+    python benchmarks/instructions.py    # CNN and tiny loops, bare / instrumented / torch.profiler, ~15 min on 2 cores
+    python benchmarks/instructions.py --only cnn --steps 30 --keep dumps/   # callgrind_annotate dumps/cnn-bare.1
 
 Wall-clock figures (``torch_integration.py``) move with the machine: on a shared 2-core VM two identical
 blocks of CNN steps land a few percent apart, more than the 1 % being measured. An instruction count does
@@ -27,6 +27,7 @@ dataloader)``: auto steps, the dataloader / forward / backward / optimizer regio
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import shutil
@@ -38,6 +39,9 @@ from pathlib import Path
 
 VARIANTS = ("bare", "instrumented", "torch.profiler")
 LOOPS = ("cnn", "tiny")
+STEPS = {"cnn": 100, "tiny": 1000}
+"""Counted steps per run: enough that the cyclic garbage collector's passes (about one per 100 CNN steps) are
+averaged over the steps rather than falling in or out of a short run."""
 WARMUP = 15
 """Steps run in the variant before counting (first calls, lazy set-up) — then the recorder is drained."""
 
@@ -69,6 +73,7 @@ def child(loop: str, variant: str, steps: int) -> None:
         profiler.__enter__()
     ti.run_loop(model, optimizer, loader, WARMUP, classify)
     recorder.drain()
+    gc.collect()  # every variant starts the bracket with the collector in the same state
     subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=False, capture_output=True)
     os.getppid()  # zero
     ti.run_loop(model, optimizer, loader, steps, classify)
@@ -100,8 +105,10 @@ def count(loop: str, variant: str, steps: int, out: Path) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=LOOPS, help="run one of the two loops")
-    parser.add_argument("--steps", type=int, default=20, help="counted steps per run (default 20)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"counted steps per run (default {STEPS['cnn']} CNN, {STEPS['tiny']} tiny)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="valgrind runs at once")
+    parser.add_argument("--keep", metavar="DIR", help="keep callgrind's dumps in DIR (for callgrind_annotate)")
     parser.add_argument("--child", nargs=3, metavar=("LOOP", "VARIANT", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -115,18 +122,21 @@ def main() -> None:
     os.environ.update(MALLOC_PINS)  # the same allocator behaviour as the wall-clock benchmark
     loops = [args.only] if args.only else list(LOOPS)
     runs = [(loop, variant) for loop in loops for variant in VARIANTS]
-    print(f"{len(runs)} callgrind runs of {args.steps} counted steps, {args.jobs} at a time (~2 min each)",
-          file=sys.stderr, flush=True)
+    steps = {loop: args.steps or STEPS[loop] for loop in loops}
+    print(f"{len(runs)} callgrind runs, {args.jobs} at a time (2-4 min each)", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
-        results = dict(zip(runs, pool.map(lambda run: count(*run, args.steps, Path(tmp)), runs)))
+        out = Path(args.keep or tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        results = dict(zip(runs, pool.map(lambda run: count(*run, steps[run[0]], out), runs)))
     for loop in loops:
-        bare = results[(loop, "bare")][0] / args.steps
-        print(f"\n{loop} loop: {bare:,.0f} instructions per bare step ({args.steps} steps counted)")
+        n = steps[loop]
+        bare = results[(loop, "bare")][0] / n
+        print(f"\n{loop} loop: {bare:,.0f} instructions per bare step ({n} steps counted)")
         print(f"  {'variant':<16} {'training thread':>16} {'recorder':>10} {'added':>10} {'share':>8}")
         for variant in VARIANTS[1:]:
             loop_count, drain_count = results[(loop, variant)]
-            thread = loop_count / args.steps - bare
-            recorder = drain_count / args.steps
+            thread = loop_count / n - bare
+            recorder = drain_count / n
             added = thread + recorder
             print(f"  {variant:<16} {thread:>+16,.0f} {recorder:>10,.0f} {added:>+10,.0f} {added / bare * 100:>+7.2f}%")
 
