@@ -233,8 +233,6 @@ class Recorder:
                         self._phase(*item[1:])
                     elif kind == hot.DEVICE:
                         self._device(item[1])
-                if self._latest:
-                    self._settle_steps()
             # Hand the GIL over between chunks: a training thread coming back from a kernel that ran
             # without the GIL would otherwise wait up to the interpreter's switch interval (5 ms).
             if gentle:
@@ -244,6 +242,9 @@ class Recorder:
                     gentle, chunk_size = False, DRAIN_CHUNK
             else:
                 _sleep(0)
+        if self._latest:  # once per drain: a collection waits for the drain (it drains first), so sees them
+            with self.registry.lock:
+                self._settle_steps()
         if self._collected:
             began = time.perf_counter()
             spans = [self._collected.popleft() for _ in range(len(self._collected))]
