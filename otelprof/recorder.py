@@ -137,6 +137,9 @@ class Recorder:
         self._phase_label = LabelCap(sc.LABEL_PHASE, config.max_label_values)
         self._annotation_label = LabelCap(sc.LABEL_ANNOTATION, config.max_label_values)
         self._current_phase: str | None = None
+        self._last_phase: str | None = None
+        self._last_label = ""
+        """The phase of the last step record and its label (a step's phase mostly repeats the one before)."""
         self._last_step_ns = 0
         """Duration of the last step processed: chooses the background pace (``GENTLE_MIN_STEP_NS``)."""
 
@@ -224,7 +227,7 @@ class Recorder:
                     item = queue.popleft()
                     kind = item[0]
                     if kind == hot.STEP:
-                        self._step(*item[1:])
+                        self._step(item)
                     elif kind == hot.ANNOTATION:
                         self._annotation(*item[1:])
                     elif kind == hot.SCALAR:
@@ -268,20 +271,18 @@ class Recorder:
         if self.writer is not None:
             self.writer.add_json(schema.STEPS, {"k": schema.KIND_PHASE, "ph": phase, "t": self._unix_ns(at_ns)})
 
-    def _step(
-        self,
-        phase: str,
-        number: int,
-        start_ns: int,
-        end_ns: int,
-        annotations: list[tuple[str, int, int, int, str | None]],
-        scalars: dict[str, Any] | None,
-        error: str | None,
-    ) -> None:
+    def _step(self, record: tuple[Any, ...]) -> None:
+        """A step record: (STEP, phase, number, start_ns, end_ns, annotations, scalars, error); unpacked here, as
+        slicing it for a call costs a tuple per step."""
+        _, phase, number, start_ns, end_ns, annotations, scalars, error = record
         # Written for the cost per step: this runs once per training step, on a thread that shares the GIL
         # with the training loop. What only needs the last value (step counters, last step time and number,
-        # lifecycle) is kept per phase and applied once per chunk (_settle_steps).
-        label = self._phase_label(phase)
+        # lifecycle) is kept per phase and applied once per drain (_settle_steps).
+        if phase == self._last_phase:  # the usual case: the same phase as the step before
+            label = self._last_label
+        else:
+            label = self._last_label = self._phase_label(phase)
+            self._last_phase = phase
         if self._current_phase != label:
             self._phase(phase, start_ns)
         labels = (label,)
