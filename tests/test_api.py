@@ -311,7 +311,9 @@ def test_wake_up_processes_pending_records_before_the_flush_interval(record_dir:
         while recorder.queue and time.monotonic() < deadline:
             time.sleep(0.005)
         assert not recorder.queue
-        with recorder.registry.lock:  # processed by the background thread, not by a snapshot's drain
+        # Processed by the background thread, not by a snapshot's drain: the drain lock is free once that
+        # thread's drain, which applies the step totals last, is over.
+        with recorder._drain_lock, recorder.registry.lock:
             assert recorder.steps.values == {("train",): 1}
         recorder.wake_up()
         recorder.wake_up()  # twice before the thread waits again: harmless
