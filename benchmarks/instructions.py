@@ -42,8 +42,6 @@ LOOPS = ("cnn", "tiny")
 STEPS = {"cnn": 100, "tiny": 1000}
 """Counted steps per run: enough that the cyclic garbage collector's passes (about one per 100 CNN steps) are
 averaged over the steps rather than falling in or out of a short run."""
-WARMUP = 15
-"""Steps run in the variant before counting (first calls, lazy set-up) — then the recorder is drained."""
 
 
 def child(loop: str, variant: str, steps: int) -> None:
@@ -65,13 +63,12 @@ def child(loop: str, variant: str, steps: int) -> None:
     recorder = session.recorder  # type: ignore[union-attr]
     session._stop.set()  # type: ignore[union-attr]  # the background thread ends: drains happen below only
     recorder.wake_up()
-    profiler = None
     if variant == "instrumented":
         otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
-    elif variant == "torch.profiler":
+    elif variant == "torch.profiler":  # entered and never left: the process ends with os._exit below
         profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
         profiler.__enter__()
-    ti.run_loop(model, optimizer, loader, WARMUP, classify)
+    ti.run_loop(model, optimizer, loader, ti.WARMUP, classify)  # first calls, lazy set-up: not counted
     recorder.drain()
     gc.collect()  # every variant starts the bracket with the collector in the same state
     subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=False, capture_output=True)

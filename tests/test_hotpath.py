@@ -131,7 +131,6 @@ def test_the_background_thread_processes_long_steps_one_at_a_time_and_short_ones
     """Between records the background thread sleeps for real (the GIL goes to the training thread) when steps
     are long; short steps go in chunks; a drain from another thread (a scrape, shutdown) never sleeps."""
     from otelprof import recorder as rec_module
-    from otelprof import semconv as sc
 
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, flush_interval=10.0)
     assert isinstance(session, otelprof.Session)
@@ -153,10 +152,11 @@ def test_the_background_thread_processes_long_steps_one_at_a_time_and_short_ones
     recorder.drain(background=True)
     assert not recorder.queue
     assert sleeps == ([rec_module.BACKGROUND_PAUSE] * 40 if paced else [0] * 3)
-    # The per-phase totals, applied once at the end of the drain, count every record of it.
-    metrics = {m.name: m.data.data_points[0].value for m in session.registry.collect()
-               if m.name in (sc.STEPS.name, sc.STEP_NUMBER.name)}
-    assert metrics == {sc.STEPS.name: 41, sc.STEP_NUMBER.name: 39}
+    # The per-phase totals, applied once at the end of the drain, count every record of it. Read from the
+    # instruments directly: a collection would drain (and apply them) again.
+    with recorder.registry.lock:
+        assert recorder.steps.values == {("train",): 41}
+        assert recorder.step_number.values == {("train",): 39}
     sleeps.clear()
     with recorder._drain_lock:
         queue_steps(40)
