@@ -2,6 +2,7 @@
 
     python benchmarks/instructions.py    # CNN and tiny loops, bare / instrumented / torch.profiler, ~15 min on 2 cores
     python benchmarks/instructions.py --only cnn --steps 30 --keep dumps/   # callgrind_annotate dumps/cnn-bare.1
+    python benchmarks/instructions.py --only cnn --cache   # and the cache misses they add, ~25 min
 
 Wall-clock figures (``torch_integration.py``) move with the machine: on a shared 2-core VM two identical
 blocks of CNN steps land a few percent apart, more than the 1 % being measured. An instruction count does
@@ -22,6 +23,14 @@ become spans; the recorder's figure is the cost of a step that is not traced, th
 Variants: ``bare`` (the loop alone), ``instrumented`` (``otelprof.torch.instrument(model, optimizer,
 dataloader)``: auto steps, the dataloader / forward / backward / optimizer regions, loss, lr, samples), and
 ``torch.profiler`` (the loop inside ``torch.profiler.profile(activities=[CPU])``, started before the bracket).
+
+``--cache`` also simulates the caches of one core (``CACHE``: 32 KB L1 instruction and data caches, and a
+512 KB last level, the size of one core's L2 on the machine this was written on; 8-way, 64-byte lines) and
+reports the misses added per step: L1 instruction misses, and misses of the 512 KB level (instructions and
+data), each of which goes to the shared L3 or to memory. That is what makes an instruction of a hook cost
+more than an instruction of a kernel: between two hooks the CNN's tensors stream through the caches, so the
+interpreter's code and objects are fetched again at every hook. Callgrind models no prefetcher, so the
+kernels' own (streaming, prefetched) misses are overcounted; the hooks' (scattered) are not.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ from pathlib import Path
 
 VARIANTS = ("bare", "instrumented", "torch.profiler")
 LOOPS = ("cnn", "tiny")
+CACHE = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=524288,8,64"]
+"""``--cache``: one core's caches, as callgrind's I1, D1 and last level (LL)."""
 STEPS = {"cnn": 100, "tiny": 1000}
 """Counted steps per run: enough that the cyclic garbage collector's passes (about one per 100 CNN steps) are
 averaged over the steps rather than falling in or out of a short run."""
@@ -81,22 +92,34 @@ def child(loop: str, variant: str, steps: int) -> None:
     os._exit(0)  # no shutdown, no profiler export: nothing after the brackets is counted
 
 
-def count(loop: str, variant: str, steps: int, out: Path) -> tuple[int, int]:
-    """Instructions of the training loop and of the recorder's drain, for ``steps`` steps."""
+Counts = dict[str, int]
+"""Callgrind's totals by event: ``Ir`` (instructions), and with ``--cache`` ``I1mr`` (L1 instruction misses),
+``ILmr``, ``DLmr``, ``DLmw`` (last-level misses: instruction fetches, data reads, data writes), and more."""
+
+
+def count(loop: str, variant: str, steps: int, out: Path, cache: bool) -> tuple[Counts, Counts]:
+    """Callgrind's totals for the training loop and for the recorder's drain, for ``steps`` steps."""
     prefix = out / f"{loop}-{variant.replace('.', '_')}"
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--zero-before=getppid",
-               "--dump-before=getloadavg", f"--callgrind-out-file={prefix}", sys.executable, __file__,
-               "--child", loop, variant, str(steps)]
+               "--dump-before=getloadavg", *(CACHE if cache else []), f"--callgrind-out-file={prefix}",
+               sys.executable, __file__, "--child", loop, variant, str(steps)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     totals = []
     for part in (1, 2):
         dump = Path(f"{prefix}.{part}")
-        match = re.search(r"^summary:\s*(\d+)", dump.read_text(), re.M) if dump.exists() else None
-        if match is None:
+        text = dump.read_text() if dump.exists() else ""
+        events = re.search(r"^events:\s*(.+)$", text, re.M)
+        summary = re.search(r"^summary:\s*(.+)$", text, re.M)
+        if events is None or summary is None:
             raise SystemExit(f"{loop} {variant}: no callgrind dump {dump} (valgrind said:\n{done.stderr[-2000:]})")
-        totals.append(int(match.group(1)))
+        totals.append(dict(zip(events.group(1).split(), map(int, summary.group(1).split()))))
     return totals[0], totals[1]
+
+
+def l2_misses(counts: Counts) -> int:
+    """Misses of the simulated last level (one core's L2 under ``--cache``): instruction and data."""
+    return counts.get("ILmr", 0) + counts.get("DLmr", 0) + counts.get("DLmw", 0)
 
 
 def main() -> None:
@@ -106,6 +129,8 @@ def main() -> None:
                         help=f"counted steps per run (default {STEPS['cnn']} CNN, {STEPS['tiny']} tiny)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="valgrind runs at once")
     parser.add_argument("--keep", metavar="DIR", help="keep callgrind's dumps in DIR (for callgrind_annotate)")
+    parser.add_argument("--cache", action="store_true",
+                        help="also simulate one core's caches and report the misses added per step (slower)")
     parser.add_argument("--child", nargs=3, metavar=("LOOP", "VARIANT", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -120,23 +145,33 @@ def main() -> None:
     loops = [args.only] if args.only else list(LOOPS)
     runs = [(loop, variant) for loop in loops for variant in VARIANTS]
     steps = {loop: args.steps or STEPS[loop] for loop in loops}
-    print(f"{len(runs)} callgrind runs, {args.jobs} at a time (2-4 min each)", file=sys.stderr, flush=True)
+    minutes = "4-8" if args.cache else "2-4"
+    print(f"{len(runs)} callgrind runs, {args.jobs} at a time ({minutes} min each)", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         out = Path(args.keep or tmp)
         out.mkdir(parents=True, exist_ok=True)
-        results = dict(zip(runs, pool.map(lambda run: count(*run, steps[run[0]], out), runs)))
+        results = dict(zip(runs, pool.map(lambda run: count(run[0], run[1], steps[run[0]], out, args.cache), runs)))
     for loop in loops:
         n = steps[loop]
-        bare = results[(loop, "bare")][0] / n
+        bare_loop = results[(loop, "bare")][0]
+        bare = bare_loop["Ir"] / n
         print(f"\n{loop} loop: {bare:,.0f} instructions per bare step ({n} steps counted)")
-        print(f"  {'variant':<16} {'training thread':>16} {'recorder':>10} {'added':>10} {'share':>8}")
+        header = f"  {'variant':<16} {'training thread':>16} {'recorder':>10} {'added':>10} {'share':>8}"
+        if args.cache:
+            l1i, l2 = bare_loop["I1mr"] / n, l2_misses(bare_loop) / n
+            print(f"  bare step's simulated misses: {l1i:,.0f} L1i, {l2:,.0f} L2 (streaming kernels' overcounted)")
+            header += f" {'+L1i misses':>12} {'+L2 misses':>11}"
+        print(header)
         for variant in VARIANTS[1:]:
-            loop_count, drain_count = results[(loop, variant)]
-            thread = loop_count / n - bare
-            recorder = drain_count / n
+            loop_counts, drain_counts = results[(loop, variant)]
+            thread = loop_counts["Ir"] / n - bare
+            recorder = drain_counts["Ir"] / n
             added = thread + recorder
-            print(f"  {variant:<16} {thread:>+16,.0f} {recorder:>10,.0f} {added:>+10,.0f} {added / bare * 100:>+7.2f}%")
-
+            line = f"  {variant:<16} {thread:>+16,.0f} {recorder:>10,.0f} {added:>+10,.0f} {added / bare * 100:>+7.2f}%"
+            if args.cache:  # the training thread's: the recorder runs on another core, with its own L1 and L2
+                line += f" {(loop_counts['I1mr'] - bare_loop['I1mr']) / n:>+12,.0f}"
+                line += f" {(l2_misses(loop_counts) - l2_misses(bare_loop)) / n:>+11,.0f}"
+            print(line)
 
 if __name__ == "__main__":
     main()
