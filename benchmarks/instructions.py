@@ -2,7 +2,7 @@
 
     python benchmarks/instructions.py    # CNN and tiny loops, bare / instrumented / torch.profiler, ~15 min on 2 cores
     python benchmarks/instructions.py --only cnn --steps 30 --keep dumps/   # callgrind_annotate dumps/cnn-bare.1
-    python benchmarks/instructions.py --only cnn --cache   # and the cache misses they add, ~25 min
+    python benchmarks/instructions.py --only cnn --cache   # and the cache misses they add, ~20 min on 2 cores
 
 Wall-clock figures (``torch_integration.py``) move with the machine: on a shared 2-core VM two identical
 blocks of CNN steps land a few percent apart, more than the 1 % being measured. An instruction count does
