@@ -106,6 +106,7 @@ class NativeHooks:
 
 
 def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], Any]) -> dict[str, list[float]]:
+    """Per round, the bare block's mean step and each variant's mean step minus it (µs), in rotated order."""
     model, optimizer, loader = make()
     ti.run_loop(model, optimizer, loader, ti.WARMUP, classify)
     hooks = NativeHooks(native, model, optimizer)
