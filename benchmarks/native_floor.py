@@ -12,10 +12,17 @@ preallocated array around the data loader's ``next()``, the model's ``forward``,
 ``optimizer.step()`` (its step pre- and post-hooks), the same points otelprof hooks. No steps are assembled,
 nothing is recorded: the part of the cost that a hot path shaped that way would leave on the training thread.
 
-Rounds of four 50-step blocks on one model, in an order rotated each round: bare, bare again (the A/A
-control: how far two identical blocks land here), native timestamps, and ``otelprof.torch.instrument``
-(whose background recorder processes the previous otelprof block's records during each otelprof block, and
-whatever it has not finished is counted in that block, as in ``torch_integration.py``'s paired blocks).
+A fifth variant, "native step records", prototypes that shape with the work kept: the same four points build
+otelprof's step record in C (the regions, the batch size, the loss through ``item()``, the learning rate) and
+append it to the real recorder's queue at the end of ``optimizer.step()``; the recorder processes it as it
+processes the integration's records (woken and waited for as in the otelprof blocks). It covers the plain
+training step only: what the 1 % goal's hot path would cost on its common path.
+
+Rounds of five 50-step blocks on one model, in an order rotated each round: bare, bare again (the A/A
+control: how far two identical blocks land here), native timestamps, native step records and
+``otelprof.torch.instrument`` (whose background recorder processes the previous recording block's records
+during each such block, and whatever it has not finished is counted in that block, as in
+``torch_integration.py``'s paired blocks).
 Each variant's figure is the median over rounds of its block's mean step minus the same round's bare block.
 """
 
@@ -42,12 +49,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch_integration as ti
 
 import otelprof
+from otelprof import hotpath
+from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
 
 FETCH, FORWARD, BACKWARD, OPTIMIZER = 0, 2, 4, 6
 """Event codes: a region's begin; its end is the code + 1."""
 EVENTS_PER_STEP = 8
-VARIANTS = ("bare again", "native timestamps", "otelprof")
+VARIANTS = ("bare again", "native timestamps", "native step records", "otelprof")
 BLOCK_STEPS = 50
 
 
@@ -105,6 +114,42 @@ class NativeHooks:
             self._undo.pop()()
 
 
+class NativeSteps:
+    """The four hook points building otelprof's step records in C (``native_floor.Steps``)."""
+
+    def __init__(self, native: ModuleType, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 queue_append: Callable[[Any], None]) -> None:
+        self.steps = native.Steps(queue_append, hotpath.STEP, hotpath.DEFAULT_PHASE, sc.REGION_DATALOADER,
+                                  sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER)
+        self.native, self.model, self.optimizer = native, model, optimizer
+        self._undo: list[Callable[[], None]] = []
+
+    def install(self) -> None:
+        native, steps = self.native, self.steps
+        cls = type(self.model)
+        self.model.__class__ = type(cls.__name__, (cls,), {"forward": native.StepTimer(steps, 1, cls.forward, False)})
+        backward = torch.Tensor.backward
+        torch.Tensor.backward = native.StepTimer(steps, 2, backward, True)  # type: ignore[method-assign]
+        loader_iter = DataLoader.__iter__
+        DataLoader.__iter__ = (  # type: ignore[method-assign]
+            lambda loader: native.StepIterator(steps, loader_iter(loader)))
+        handles = [self.optimizer.register_step_pre_hook(native.StepHook(steps, False)),
+                   self.optimizer.register_step_post_hook(native.StepHook(steps, True))]
+
+        def undo() -> None:
+            self.model.__class__ = cls
+            torch.Tensor.backward = backward  # type: ignore[method-assign]
+            DataLoader.__iter__ = loader_iter  # type: ignore[method-assign]
+            for handle in handles:
+                handle.remove()
+
+        self._undo.append(undo)
+
+    def remove(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
 def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], Any]) -> dict[str, list[float]]:
     """Per round, the bare block's mean step and each variant's mean step minus it (µs), in rotated order."""
     model, optimizer, loader = make()
@@ -115,22 +160,33 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
     with tempfile.TemporaryDirectory() as tmp:
         otelprof.init(record_dir=tmp, system_metrics=False, flush_interval=10.0)
         recorder = otelprof.session.get_session().recorder  # type: ignore[union-attr]
+        native_steps = NativeSteps(native, model, optimizer, recorder.queue.append)
 
         def block(variant: str) -> float:
+            recording = variant in ("otelprof", "native step records")
+            numbered = native_steps.steps.number
             if variant == "native timestamps":
                 hooks.install()
+            elif variant == "native step records":
+                native_steps.install()
             elif variant == "otelprof":
                 otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
             ti.run_loop(model, optimizer, loader, 2, classify)  # the first iteration with fresh hooks, untimed
             hooks.log.take()
-            if variant == "otelprof":
+            if recording:
                 recorder.wake_up()
             seconds = ti.run_loop(model, optimizer, loader, BLOCK_STEPS, classify)
-            if variant == "otelprof":
+            if recording:
                 waited = time.perf_counter()
                 with recorder._drain_lock:  # the previous block's records: counted here, not in the next block
                     seconds += time.perf_counter() - waited
+            if variant == "otelprof":
                 otorch.uninstrument()
+            elif variant == "native step records":
+                native_steps.remove()
+                if native_steps.steps.number - numbered != 2 + BLOCK_STEPS:
+                    raise SystemExit(f"native step records: {native_steps.steps.number - numbered} records in "
+                                     f"{2 + BLOCK_STEPS} steps")
             elif variant == "native timestamps":
                 hooks.remove()
                 events = hooks.log.count
@@ -154,6 +210,7 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
                     print(f"  {i + 1}/{rounds} rounds", file=sys.stderr, flush=True)
         finally:
             hooks.remove()
+            native_steps.remove()
             otorch.uninstrument()
             otelprof.shutdown()
     return {"bare step": steps, **added}
@@ -161,7 +218,7 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=200, help="rounds of the four blocks (default 200)")
+    parser.add_argument("--rounds", type=int, default=200, help="rounds of the five blocks (default 200)")
     parser.add_argument("--loop", choices=("cnn", "tiny"), default="cnn", help="the training loop (default cnn)")
     parser.add_argument("--no-malloc-pin", action="store_true", help="leave glibc malloc's thresholds alone")
     args = parser.parse_args()
@@ -171,7 +228,7 @@ def main() -> None:
     make, classify = (ti.make_cnn, True) if args.loop == "cnn" else (ti.make_tiny, False)
     with tempfile.TemporaryDirectory() as build_dir:
         native = build(Path(build_dir))
-        print(f"{args.loop} loop: {args.rounds} rounds of 4 x {BLOCK_STEPS}-step blocks", file=sys.stderr, flush=True)
+        print(f"{args.loop} loop: {args.rounds} rounds of 5 x {BLOCK_STEPS}-step blocks", file=sys.stderr, flush=True)
         result = measure(native, args.rounds, classify, make)
     step = statistics.median(result["bare step"])
     print(f"\n{args.loop} loop, bare step {step:,.0f} us (median of {args.rounds} rounds)")
