@@ -35,11 +35,15 @@ typedef struct {
     unsigned char code[CAPACITY];
 } Log;
 
-static inline void log_event(Log *log, int code) {
+static inline long long now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline void log_event(Log *log, int code) {
     size_t at = (size_t)(log->count++ % CAPACITY);
-    log->ns[at] = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    log->ns[at] = now_ns();
     log->code[at] = (unsigned char)code;
 }
 
@@ -257,12 +261,6 @@ typedef struct {
 } Steps;
 
 static PyObject *s_item, *s_param_groups, *s_lr, *s_samples, *s_loss, *s_learning_rate;
-
-static long long now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 static void steps_open(Steps *steps, long long at) {
     if (!steps->open) {

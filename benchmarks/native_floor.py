@@ -80,25 +80,28 @@ def build(out: Path) -> ModuleType:
     return module
 
 
-class NativeHooks:
-    """The four hook points of ``otelprof.torch.instrument``, each a native timestamp pair."""
+class HookPoints:
+    """Hooks at the four points ``otelprof.torch.instrument`` hooks: the model's ``forward`` (through a subclass)
+    and ``Tensor.backward`` replaced by what ``timed(original)`` makes of them, data-loader iterators wrapped by
+    ``iterate``, and the optimizer's step pre- and post-hooks."""
 
-    def __init__(self, native: ModuleType, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.native, self.model, self.optimizer = native, model, optimizer
-        self.log = native.Log()
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 forward: Callable[[Any], Any], backward: Callable[[Any], Any], iterate: Callable[[Any], Any],
+                 pre_hook: Any, post_hook: Any) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.forward, self.backward, self.iterate = forward, backward, iterate
+        self.pre_hook, self.post_hook = pre_hook, post_hook
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> None:
-        native, log = self.native, self.log
         cls = type(self.model)
-        self.model.__class__ = type(cls.__name__, (cls,), {"forward": native.Timer(log, FORWARD, cls.forward)})
+        self.model.__class__ = type(cls.__name__, (cls,), {"forward": self.forward(cls.forward)})
         backward = torch.Tensor.backward
-        torch.Tensor.backward = native.Timer(log, BACKWARD, backward)  # type: ignore[method-assign]
-        loader_iter = DataLoader.__iter__
-        DataLoader.__iter__ = (  # type: ignore[method-assign]
-            lambda loader: native.TimedIterator(log, FETCH, loader_iter(loader)))
-        handles = [self.optimizer.register_step_pre_hook(native.Hook(log, OPTIMIZER)),
-                   self.optimizer.register_step_post_hook(native.Hook(log, OPTIMIZER + 1))]
+        torch.Tensor.backward = self.backward(backward)  # type: ignore[method-assign]
+        loader_iter, iterate = DataLoader.__iter__, self.iterate
+        DataLoader.__iter__ = lambda loader: iterate(loader_iter(loader))  # type: ignore[method-assign]
+        handles = [self.optimizer.register_step_pre_hook(self.pre_hook),
+                   self.optimizer.register_step_post_hook(self.post_hook)]
 
         def undo() -> None:
             self.model.__class__ = cls
@@ -114,57 +117,42 @@ class NativeHooks:
             self._undo.pop()()
 
 
-class NativeSteps:
-    """The four hook points building otelprof's step records in C (``native_floor.Steps``)."""
+def timestamp_hooks(native: ModuleType, log: Any, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer) -> HookPoints:
+    """Each point a native timestamp pair in ``log`` (``native_floor.Log``)."""
+    return HookPoints(model, optimizer, lambda original: native.Timer(log, FORWARD, original),
+                      lambda original: native.Timer(log, BACKWARD, original),
+                      lambda iterator: native.TimedIterator(log, FETCH, iterator),
+                      native.Hook(log, OPTIMIZER), native.Hook(log, OPTIMIZER + 1))
 
-    def __init__(self, native: ModuleType, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 queue_append: Callable[[Any], None]) -> None:
-        self.steps = native.Steps(queue_append, hotpath.STEP, hotpath.DEFAULT_PHASE, sc.REGION_DATALOADER,
-                                  sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER)
-        self.native, self.model, self.optimizer = native, model, optimizer
-        self._undo: list[Callable[[], None]] = []
 
-    def install(self) -> None:
-        native, steps = self.native, self.steps
-        cls = type(self.model)
-        self.model.__class__ = type(cls.__name__, (cls,), {"forward": native.StepTimer(steps, 1, cls.forward, False)})
-        backward = torch.Tensor.backward
-        torch.Tensor.backward = native.StepTimer(steps, 2, backward, True)  # type: ignore[method-assign]
-        loader_iter = DataLoader.__iter__
-        DataLoader.__iter__ = (  # type: ignore[method-assign]
-            lambda loader: native.StepIterator(steps, loader_iter(loader)))
-        handles = [self.optimizer.register_step_pre_hook(native.StepHook(steps, False)),
-                   self.optimizer.register_step_post_hook(native.StepHook(steps, True))]
-
-        def undo() -> None:
-            self.model.__class__ = cls
-            torch.Tensor.backward = backward  # type: ignore[method-assign]
-            DataLoader.__iter__ = loader_iter  # type: ignore[method-assign]
-            for handle in handles:
-                handle.remove()
-
-        self._undo.append(undo)
-
-    def remove(self) -> None:
-        while self._undo:
-            self._undo.pop()()
+def step_record_hooks(native: ModuleType, steps: Any, model: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer) -> HookPoints:
+    """The points building otelprof's step records in ``steps`` (``native_floor.Steps``)."""
+    return HookPoints(model, optimizer, lambda original: native.StepTimer(steps, 1, original, False),
+                      lambda original: native.StepTimer(steps, 2, original, True),
+                      lambda iterator: native.StepIterator(steps, iterator),
+                      native.StepHook(steps, False), native.StepHook(steps, True))
 
 
 def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], Any]) -> dict[str, list[float]]:
     """Per round, the bare block's mean step and each variant's mean step minus it (µs), in rotated order."""
     model, optimizer, loader = make()
     ti.run_loop(model, optimizer, loader, ti.WARMUP, classify)
-    hooks = NativeHooks(native, model, optimizer)
+    log = native.Log()
+    hooks = timestamp_hooks(native, log, model, optimizer)
     added: dict[str, list[float]] = {v: [] for v in VARIANTS}
     steps: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         otelprof.init(record_dir=tmp, system_metrics=False, flush_interval=10.0)
         recorder = otelprof.session.get_session().recorder  # type: ignore[union-attr]
-        native_steps = NativeSteps(native, model, optimizer, recorder.queue.append)
+        steps_built = native.Steps(recorder.queue.append, hotpath.STEP, hotpath.DEFAULT_PHASE, sc.REGION_DATALOADER,
+                                   sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER)
+        native_steps = step_record_hooks(native, steps_built, model, optimizer)
 
         def block(variant: str) -> float:
             recording = variant in ("otelprof", "native step records")
-            numbered = native_steps.steps.number
+            numbered = steps_built.number
             if variant == "native timestamps":
                 hooks.install()
             elif variant == "native step records":
@@ -172,7 +160,7 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
             elif variant == "otelprof":
                 otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
             ti.run_loop(model, optimizer, loader, 2, classify)  # the first iteration with fresh hooks, untimed
-            hooks.log.take()
+            log.take()
             if recording:
                 recorder.wake_up()
             seconds = ti.run_loop(model, optimizer, loader, BLOCK_STEPS, classify)
@@ -184,12 +172,12 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
                 otorch.uninstrument()
             elif variant == "native step records":
                 native_steps.remove()
-                if native_steps.steps.number - numbered != 2 + BLOCK_STEPS:
-                    raise SystemExit(f"native step records: {native_steps.steps.number - numbered} records in "
+                if steps_built.number - numbered != 2 + BLOCK_STEPS:
+                    raise SystemExit(f"native step records: {steps_built.number - numbered} records in "
                                      f"{2 + BLOCK_STEPS} steps")
             elif variant == "native timestamps":
                 hooks.remove()
-                events = hooks.log.count
+                events = log.count
                 if events != EVENTS_PER_STEP * BLOCK_STEPS:
                     raise SystemExit(f"native hooks logged {events} events in {BLOCK_STEPS} steps, expected "
                                      f"{EVENTS_PER_STEP * BLOCK_STEPS}: a hook point was missed")
