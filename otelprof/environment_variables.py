@@ -53,6 +53,7 @@ OTELPROF_SYSTEM_METRICS = "OTELPROF_SYSTEM_METRICS"
 OTELPROF_SAMPLE_INTERVAL_MS = "OTELPROF_SAMPLE_INTERVAL_MS"
 OTELPROF_NODE_SAMPLER_LOCAL_RANK = "OTELPROF_NODE_SAMPLER_LOCAL_RANK"
 OTELPROF_GPU_METRICS = "OTELPROF_GPU_METRICS"
+OTELPROF_TORCH_NATIVE = "OTELPROF_TORCH_NATIVE"
 OTELPROF_CPU_HIGH_THRESHOLD = "OTELPROF_CPU_HIGH_THRESHOLD"
 OTELPROF_GPU_LOW_THRESHOLD = "OTELPROF_GPU_LOW_THRESHOLD"
 OTELPROF_IOWAIT_HIGH_THRESHOLD = "OTELPROF_IOWAIT_HIGH_THRESHOLD"
@@ -144,6 +145,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_GPU_METRICS, "gpu_metrics", "true",
            "Read GPUs through NVML (nvidia-ml-py) when available. Honours `CUDA_VISIBLE_DEVICES` and "
            "`NVIDIA_VISIBLE_DEVICES`."),
+    EnvVar(OTELPROF_TORCH_NATIVE, "torch_native", "true",
+           "The PyTorch integration's per-step hooks in C where the extension was built (false: the same hooks "
+           "in Python, e.g. to compare). Read when `instrument()` is first called."),
     EnvVar(OTELPROF_CPU_HIGH_THRESHOLD, "cpu_high_threshold", "0.9",
            "A CPU busier than this ratio counts as high in the CPU-bottleneck coincidence counter."),
     EnvVar(OTELPROF_GPU_LOW_THRESHOLD, "gpu_low_threshold", "0.1",

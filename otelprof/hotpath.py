@@ -51,6 +51,10 @@ _step_begin: list[Callable[[StepContext], None]] = []
 """Run on the training thread as a step starts, while non-empty (profiler windows about to open)."""
 _step_boundary: list[Callable[[], None]] = []
 """Run on the training thread when a step closes, while non-empty (stop requests, armed captures)."""
+_native: list[Callable[[], None] | None] = [None]
+"""While the PyTorch integration's C hooks hold a step of their own (``otelprof.integrations._torch_native``):
+the call that hands it over, so that it becomes the thread's StepContext. The calls below that read the
+thread's step make it first; the C code sets and clears this item in place."""
 
 
 def _activate(recorder: Recorder | None) -> None:
@@ -95,6 +99,8 @@ class StepContext:
         self.depth = 0
 
     def __enter__(self) -> StepContext:
+        if (native := _native[0]) is not None:
+            native()
         tls = _tls
         self._previous = tls.step
         tls.step = self
@@ -210,6 +216,8 @@ class _Region:
         self.name = name
 
     def __enter__(self) -> _Region:
+        if (native := _native[0]) is not None:
+            native()
         step = self._step = _tls.step
         if step is not None:
             depth = step.depth
@@ -315,6 +323,8 @@ def annotation_begin(name: str) -> None:
     """Start a region that does not nest lexically; close it with :func:`annotation_end`."""
     if _active is None:
         return
+    if (native := _native[0]) is not None:
+        native()
     _open_regions[name] = (perf_counter_ns(), _tls.step)
 
 
@@ -339,6 +349,8 @@ def record(name: str, value: Any) -> None:
     recorder = _active
     if recorder is None:
         return
+    if (native := _native[0]) is not None:
+        native()
     current = _tls.step
     if current is not None:
         if current.scalars is None:

@@ -411,10 +411,16 @@ FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
 METRICS: tuple[MetricSpec, ...] = (*STEP_METRICS, *FRAMEWORK_METRICS, *SYSTEM_METRICS)
 
 # record(name, value): names with a metric of their own. Other names go to spans and the recording only.
-SCALAR_GAUGES: dict[str, MetricSpec] = {"loss": LOSS, "learning_rate": LEARNING_RATE, "lr": LEARNING_RATE,
-                                        "grad_norm": GRAD_NORM}
-SCALAR_COUNTERS: dict[str, MetricSpec] = {"samples": SAMPLES, "tokens": TOKENS}
-NONFINITE_CHECKED: tuple[str, ...] = ("loss", "grad_norm")
+SCALAR_LOSS = "loss"
+SCALAR_LEARNING_RATE = "learning_rate"
+SCALAR_GRAD_NORM = "grad_norm"
+SCALAR_SAMPLES = "samples"
+"""Per step; summed when a step fetches several batches."""
+SCALAR_TOKENS = "tokens"
+SCALAR_GAUGES: dict[str, MetricSpec] = {SCALAR_LOSS: LOSS, SCALAR_LEARNING_RATE: LEARNING_RATE, "lr": LEARNING_RATE,
+                                        SCALAR_GRAD_NORM: GRAD_NORM}
+SCALAR_COUNTERS: dict[str, MetricSpec] = {SCALAR_SAMPLES: SAMPLES, SCALAR_TOKENS: TOKENS}
+NONFINITE_CHECKED: tuple[str, ...] = (SCALAR_LOSS, SCALAR_GRAD_NORM)
 
 # ---------------------------------------------------------------- OTel -> Prometheus names
 

@@ -25,10 +25,22 @@ torch.set_num_threads(1)
 REGIONS = [sc.REGION_DATALOADER, sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER]
 
 
-@pytest.fixture(autouse=True)
-def _uninstrument() -> Iterator[None]:
-    yield
+@pytest.fixture(autouse=True, params=["native", "python"])
+def hot_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every test runs with the hooks in C (where the extension is built) and with the Python hooks alone."""
+    if request.param == "native":
+        require_native()
+    monkeypatch.setenv("OTELPROF_TORCH_NATIVE", "true" if request.param == "native" else "false")
+    yield request.param
     otorch.uninstrument()
+
+
+def require_native() -> None:
+    """The C extension is built by ``pip install -e .``; CI must have it, a local checkout may not."""
+    if otorch._native is None:
+        if os.environ.get("CI"):
+            pytest.fail("the C extension otelprof.integrations._torch_native is not built")
+        pytest.skip("the C extension otelprof.integrations._torch_native is not built (pip install -e .)")
 
 
 def _parts(batch: int = 16, n: int = 128) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataLoader[Any]]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import functools
+import importlib
 import threading
 import weakref
 from collections import deque
@@ -51,7 +52,35 @@ __all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_win
 _lock = threading.RLock()
 _active: list[TorchInstrumentation] = []
 _original_backward: Callable[..., Any] | None = None
+_native_backward: Any = None
+"""The C ``Tensor.backward`` while patched with it: its ``steps`` follow the newest instrumentation."""
 _original_dataloader_iter: Callable[..., Any] | None = None
+
+
+def _load_native() -> Any:
+    """The hot path in C (``_torch_native.c``, built by setup.py where a compiler is available), or None."""
+    try:
+        return importlib.import_module("otelprof.integrations._torch_native")
+    except ImportError:
+        return None
+
+
+_native = _load_native()
+HOOK_NATIVE = "native"
+"""``hook`` label of ``otelprof.integration.errors`` when the C hot path failed (the Python hooks carry on)."""
+
+
+def _native_wanted() -> bool:
+    """``OTELPROF_TORCH_NATIVE`` / ``init(torch_native=...)``, and the extension is there."""
+    if _native is None:
+        return False
+    session = _session()
+    config = getattr(session, "config", None)
+    if config is None:
+        from otelprof.config import Config
+
+        config = Config.from_env()
+    return bool(config.torch_native)
 
 
 def _session() -> Any:
@@ -103,6 +132,17 @@ def _record_cuda_memory() -> None:
     _with_registry(update)
 
 
+def _learning_rate(lr: Any) -> Any:
+    """A learning rate that is not a float, as the hooks record it: a tensor detached (converted off the hot
+    path), anything else as a float."""
+    return lr.detach() if isinstance(lr, _Tensor) else float(lr)
+
+
+def _cuda_memory_if_initialized() -> None:
+    if _cuda.is_initialized():  # type: ignore[no-untyped-call]
+        _record_cuda_memory()
+
+
 def _open_step() -> hot.StepContext | None:
     """The step open on this thread (the user's or an automatic one)."""
     return hot._tls.step
@@ -110,10 +150,13 @@ def _open_step() -> hot.StepContext | None:
 
 FETCH, FORWARD, BACKWARD, OPTIMIZER = "fetch", "forward", "backward", "optimizer"
 """The events that start or continue an automatic step."""
+_NATIVE_KINDS = (FETCH, FORWARD, BACKWARD, OPTIMIZER)
+"""The C code's event kinds, by number."""
 
 # Region names as module globals: one lookup on the hot path instead of two.
 _DATALOADER, _FORWARD = sc.REGION_DATALOADER, sc.REGION_FORWARD
 _BACKWARD, _OPTIMIZER = sc.REGION_BACKWARD, sc.REGION_OPTIMIZER
+_SAMPLES, _LOSS, _LEARNING_RATE = sc.SCALAR_SAMPLES, sc.SCALAR_LOSS, sc.SCALAR_LEARNING_RATE
 _Tensor = torch.Tensor
 _cuda = torch.cuda
 _cuda_globals = vars(torch.cuda)
@@ -270,11 +313,11 @@ class _TimedIterator(IteratorProxy):
                     if step is not None and hot._active is not None:
                         scalars = step.scalars
                         if scalars is None:
-                            step.scalars = {"samples": size}
+                            step.scalars = {_SAMPLES: size}
                         else:  # summed: gradient accumulation fetches several batches
-                            scalars["samples"] = scalars.get("samples", 0) + size
+                            scalars[_SAMPLES] = scalars.get(_SAMPLES, 0) + size
                     else:
-                        hot.record("samples", size)
+                        hot.record(_SAMPLES, size)
         except hot.StopTraining:
             raise
         except Exception as exc:
@@ -306,6 +349,18 @@ class TorchInstrumentation:
         self.windows = ProfileWindows()
         self.device_timer: DeviceTimer | _Undecided | None = _UNDECIDED
         """CUDA event timing: decided at the first forward of a module with parameters; None on CPU."""
+        self.native: Any = None
+        """The C hot path's ``Steps`` (``_torch_native``), or None: the Python hooks do all the work."""
+        if _native_wanted():
+            self.native = _native.Steps(
+                vars(hot), (_DATALOADER, _FORWARD, _BACKWARD, _OPTIMIZER), (_SAMPLES, _LOSS, _LEARNING_RATE),
+                self._materialise, self._native_failed,
+                {"batch_size": _batch_size, "learning_rate": _learning_rate, "cuda_memory": _cuda_memory_if_initialized,
+                 "cuda_globals": _cuda_globals, "tensor_type": _Tensor})
+        self._wrapped_models = 0
+        self._hooked_models = 0
+        self._comm_hooked = False
+        self._hook_failed = False
 
     # ------------------------------------------------------------------ failure handling
     def guarded(self, hook: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -325,9 +380,54 @@ class TorchInstrumentation:
             self.backward_off = True
         if hook == "forward":  # device times are read at each forward: without it the timer would only fill
             self._close_device_timer()
+        self._hook_failed = True
+        self.sync_native()
         _with_registry(lambda r: r.counter(sc.INTEGRATION_ERRORS).add(1, (hook,)))
         warn_once(f"torch-hook:{hook}", "otelprof: the %s hook failed (%r) and was removed; training goes on "
                   "without it", hook, exc)
+
+    # ------------------------------------------------------------------ the C hot path
+    def sync_native(self) -> None:
+        """Turn the C hot path on where it does exactly what the Python hooks would: the plain automatic step
+        of a model whose forward this instance wraps, ended by a hooked optimizer, on CPU, without gradient
+        norm, DDP communication hook, global hooks (``otelprof run``) or a failed hook. Anything else the C
+        hooks hand to the Python ones."""
+        native = self.native
+        if native is None:
+            return
+        native.loss = self.loss
+        native.count_samples = self.count_samples
+        native.enabled = (not self.closed and not self.grad_norm and self.device_timer is None
+                          and self.auto.by_optimizer and self._wrapped_models > 0 and not self._hooked_models
+                          and not self._comm_hooked and not self._hook_failed and not self.backward_off
+                          and "everything" not in self._removers)
+
+    def _materialise(self) -> None:
+        """Hand the step the C hooks hold over to Python: it becomes the thread's StepContext and this
+        instance's automatic step, as if the Python hooks had opened it (``hot._native`` calls this)."""
+        native = self.native
+        state = native.take() if native is not None else None
+        if state is None:
+            return
+        phase, number, start_ns, annotations, scalars, depth, leader, saw_backward, saw_work, optimizer = state
+        step: hot.StepContext = hot._new_object(hot.StepContext)
+        step.phase, step.number, step.start_ns = phase, number, start_ns
+        step.annotations, step.scalars, step.closed, step.depth = annotations, scalars, False, depth
+        step._previous = hot._tls.step
+        hot._tls.step = step
+        auto = self.auto
+        auto.current, auto.leader = step, _NATIVE_KINDS[leader]
+        auto.saw_backward, auto.saw_work = bool(saw_backward), bool(saw_work)
+        if optimizer is not None:  # inside optimizer.step(): the post-hook ends the region
+            optimizer_start, optimizer_depth, self._optimizer_depth = optimizer
+            self._optimizer_region = (optimizer_start, step, optimizer_depth)
+        native.adopt(step)
+
+    def _native_failed(self, exc: BaseException) -> None:
+        """The C hot path failed: it is off for good (its open step dropped), the Python hooks carry on."""
+        _with_registry(lambda r: r.counter(sc.INTEGRATION_ERRORS).add(1, (HOOK_NATIVE,)))
+        warn_once("torch-hook:native", "otelprof: the C hot path failed (%r) and was turned off; the Python hooks "
+                  "carry on", exc)
 
     def _remove_hook(self, hook: str) -> None:
         for remove in self._removers.pop(hook, []):
@@ -363,7 +463,7 @@ class TorchInstrumentation:
         if self.count_samples:
             size = _batch_size(batch)
             if size:
-                hot._add_into(step, "samples", size)  # summed: gradient accumulation fetches several batches
+                hot._add_into(step, _SAMPLES, size)  # summed: gradient accumulation fetches several batches
 
     def add_dataloader(self, loader: Any) -> None:
         if getattr(loader, "_otelprof_instrumented", False):
@@ -377,7 +477,10 @@ class TorchInstrumentation:
         original_iter = cls.__iter__
 
         def __iter__(this: Any) -> Any:
-            return _TimedIterator(original_iter(this), owner)
+            iterator = original_iter(this)
+            proxy = _TimedIterator(iterator, owner)
+            native = owner.native
+            return proxy if native is None else _native.Iterator(native, iterator, proxy)
 
         try:
             _set_class(loader, _instrumented_subclass(cls, {"__iter__": __iter__}))
@@ -465,6 +568,7 @@ class TorchInstrumentation:
             self._device_timer_failed(exc)
             return None
         self.device_timer = timer
+        self.sync_native()
         return timer
 
     def time_device_of(self, module: Any) -> None:
@@ -490,9 +594,11 @@ class TorchInstrumentation:
         timer, self.device_timer = self.device_timer, None
         if isinstance(timer, DeviceTimer):
             timer.close()
+        self.sync_native()
 
     def _device_timer_failed(self, exc: Exception) -> None:
         self.device_timer = None
+        self.sync_native()
         _with_registry(lambda r: r.counter(sc.INTEGRATION_ERRORS).add(1, (HOOK_CUDA_EVENTS,)))
         warn_once(f"torch-hook:{HOOK_CUDA_EVENTS}", "otelprof: CUDA event timing failed (%r) and was turned off; "
                   "device times are not measured, host times go on", exc)
@@ -518,6 +624,9 @@ class TorchInstrumentation:
                 raise
             self._on_remove("forward", pre.remove)
             self._on_remove("forward", post.remove)
+            self._hooked_models += 1
+        else:
+            self._wrapped_models += 1
         self.models.add(model)
         self._add_comm_hook(model)
 
@@ -576,7 +685,8 @@ class TorchInstrumentation:
                 elif hooked:
                     post(this, args, None)
 
-        subclass = _instrumented_subclass(cls, {"forward": forward})
+        timed = forward if self.native is None else _native.Forward(self.native, original, forward)
+        subclass = _instrumented_subclass(cls, {"forward": timed})
         try:
             _set_class(model, subclass)
         except (TypeError, AttributeError):
@@ -610,6 +720,7 @@ class TorchInstrumentation:
             return future.then(done)
 
         timed_allreduce.__annotations__.clear()  # DDP checks annotations against its own (unresolved) types
+        self._comm_hooked = True  # the C hot path leaves the step to Python, where the collective regions go
         try:
             model.register_comm_hook(state=None, hook=timed_allreduce)
         except Exception as exc:  # a hook is already registered, or DDP already ran
@@ -636,7 +747,7 @@ class TorchInstrumentation:
                 grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
                 if grads:
                     norms = torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads])
-                    hot.record("grad_norm", torch.linalg.vector_norm(norms))
+                    hot.record(sc.SCALAR_GRAD_NORM, torch.linalg.vector_norm(norms))
             timer = self.device_timer
             if timer is not None:
                 timer.begin(_OPTIMIZER)
@@ -688,11 +799,11 @@ class TorchInstrumentation:
                     lr = lr.detach() if isinstance(lr, _Tensor) else float(lr)
                 if step is not None and hot._active is not None:  # hot._record_into inline
                     if step.scalars is None:
-                        step.scalars = {"learning_rate": lr}
+                        step.scalars = {_LEARNING_RATE: lr}
                     else:
-                        step.scalars["learning_rate"] = lr
+                        step.scalars[_LEARNING_RATE] = lr
                 else:
-                    hot.record("learning_rate", lr)
+                    hot.record(_LEARNING_RATE, lr)
             # torch.cuda.is_initialized() is a call into torch every step: its module's flag says False
             # sooner on a CPU run (a torch without the flag: always ask).
             if _cuda_globals.get("_initialized", True) and _cuda.is_initialized():  # type: ignore[no-untyped-call]
@@ -724,13 +835,18 @@ class TorchInstrumentation:
             warn_once("torch:optimizer", "otelprof: instrument(optimizer=...) expects a torch.optim.Optimizer, got "
                       "%s; ignored", type(optimizer).__name__)
             return
+        pre_hook: Any = self._optimizer_pre_hook
+        post_hook: Any = self._optimizer_post_hook
+        if self.native is not None:
+            pre_hook = _native.OptimizerHook(self.native, pre_hook, False)
+            post_hook = _native.OptimizerHook(self.native, post_hook, True)
         try:
-            pre = optimizer.register_step_pre_hook(self._optimizer_pre_hook)
+            pre = optimizer.register_step_pre_hook(pre_hook)
         except Exception as exc:  # an Optimizer subclass that skipped Optimizer.__init__, and kept no wrapped one
             warn_once("torch:optimizer-hooks", "otelprof: cannot hook %s.step() (%s); no optimizer region, and "
                       "steps end at the next fetch", type(optimizer).__name__, exc)
             return
-        post = optimizer.register_step_post_hook(self._optimizer_post_hook)
+        post = optimizer.register_step_post_hook(post_hook)
         self.optimizers.add(optimizer)
         self.auto.by_optimizer = True
         self._on_remove("optimizer", pre.remove)
@@ -783,11 +899,18 @@ class TorchInstrumentation:
             for hook in list(self._removers):
                 self._remove_hook(hook)
             self._close_device_timer()
+            native = self.native
+            if native is not None:
+                self._materialise()  # a step the C hooks hold ends as the Python hooks' would
+                native.release()
+                self.native = None
             self.auto.close()
             if self in _active:
                 _active.remove(self)
             if not _active:
                 _unpatch_backward()
+            elif _native_backward is not None:
+                _native_backward.steps = _active[-1].native
             session = _session()
             if session is not None and session.capture_handler == self._capture:
                 session.capture_handler = None
@@ -860,11 +983,11 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
                 loss = self.item() if self.is_cpu else self.detach()
                 if step is not None and hot._active is not None:  # hot._record_into inline
                     if step.scalars is None:
-                        step.scalars = {"loss": loss}
+                        step.scalars = {_LOSS: loss}
                     else:
-                        step.scalars["loss"] = loss
+                        step.scalars[_LOSS] = loss
                 else:
-                    hot.record("loss", loss)
+                    hot.record(_LOSS, loss)
             timer = inst.device_timer
             if timer is not None:
                 timer.begin(_BACKWARD)
@@ -902,18 +1025,26 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     return backward
 
 
-def _patch_backward() -> None:
-    global _original_backward
+def _patch_backward(steps: Any) -> None:
+    """Patch ``Tensor.backward`` once per process: the C wrapper when the extension is there (it hands what it
+    does not handle to the Python one), else the Python one. ``steps``: the newest instrumentation's."""
+    global _original_backward, _native_backward
     if _original_backward is None:
         _original_backward = torch.Tensor.backward
-        torch.Tensor.backward = _patched_backward(_original_backward)  # type: ignore[method-assign]
+        patched = _patched_backward(_original_backward)
+        if steps is not None:
+            patched = _native_backward = _native.Backward(None, _original_backward, patched)
+        torch.Tensor.backward = patched  # type: ignore[method-assign]
+    if _native_backward is not None:
+        _native_backward.steps = steps
 
 
 def _unpatch_backward() -> None:
-    global _original_backward
+    global _original_backward, _native_backward
     if _original_backward is not None:
         torch.Tensor.backward = _original_backward  # type: ignore[method-assign]
         _original_backward = None
+        _native_backward = None
 
 
 def _patch_dataloader_class() -> None:
@@ -960,7 +1091,7 @@ def instrument(
         if inst is None:
             inst = TorchInstrumentation(grad_norm, loss, count_samples)
             _active.append(inst)
-            _patch_backward()
+            _patch_backward(inst.native)
             session = _session()
             if session is not None and hasattr(session, "capture_handler"):
                 session.capture_handler = inst._capture
@@ -976,6 +1107,7 @@ def instrument(
                 except Exception as exc:  # an object of an unforeseen shape: a warning, never the job's failure
                     warn_once(f"torch:add-{part}", "otelprof: cannot instrument the %s %s (%s: %s); ignored",
                               part, type(obj).__name__, type(exc).__name__, exc)
+        inst.sync_native()
         return inst
 
 
@@ -986,6 +1118,7 @@ def auto_instrument(grad_norm: bool = False) -> TorchInstrumentation:
         if "everything" not in inst._removers:
             inst.add_everything()
             inst._removers.setdefault("everything", [])
+            inst.sync_native()
     return inst
 
 

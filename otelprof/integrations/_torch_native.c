@@ -1,0 +1,1020 @@
+/* The PyTorch integration's hot path in C: automatic steps kept in a C struct.
+ *
+ * otelprof.integrations.torch hooks four points of a training loop: the data-loader iterator, the model's
+ * forward (a method of the instrumented subclass), Tensor.backward and the optimizer's step hooks. In
+ * Python each hook reads a thread-local, updates a step object and appends a tuple per region; on the
+ * training thread, where their code is cold in the CPU caches, that costs about 2 % of a small CNN's step.
+ * Here the usual automatic step (opened by the first event of an iteration, ended by optimizer.step())
+ * lives in one C struct: timestamps, region depths, batch size, loss and learning rate; at its end one
+ * record in the recorder's format is built and appended to the recorder's queue, as
+ * StepContext.__exit__ does.
+ *
+ * Anything else goes to the Python hooks (the "fallback" each C hook holds): a step the user marked, an
+ * evaluation forward, another thread, profiler windows or step-boundary callbacks about to run, a session
+ * not running. Before the Python code runs, a step open here is handed over ("materialised"): the
+ * instrumentation's _materialise() takes its state (take()) and makes it a hotpath.StepContext, so that
+ * the Python path finds it where it would have put it. hotpath's user calls (record, annotate, step)
+ * do the same through hotpath._native. Any unexpected error here turns the C path off for good
+ * (on_error is told; the Python hooks carry on); the training loop never sees it.
+ *
+ *   Steps(hot, names, scalars, materialise, on_error, helpers)   one instrumentation's automatic steps
+ *   Forward(steps, original, fallback)      a method descriptor: the instrumented subclass's forward
+ *   Backward(steps, original, fallback)     a method descriptor: Tensor.backward (steps may be None)
+ *   Iterator(steps, iterator, fallback)     a data-loader iterator; fallback is the Python proxy
+ *   OptimizerHook(steps, fallback, post)    an optimizer step pre-hook (post=False) or post-hook (True)
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
+#include <time.h>
+
+#define MAX_REGIONS 64 /* regions kept here in one step; past that the step is handed over to Python */
+#define MAX_NAMES 4
+
+enum { FETCH = 0, FORWARD = 1, BACKWARD = 2, OPTIMIZER = 3 }; /* event kinds = region name indexes */
+enum { SAMPLES = 0, LOSS = 1, LEARNING_RATE = 2 };            /* scalar name indexes */
+
+static PyObject *s_step, *s_training, *s_numel, *s_is_cpu, *s_item, *s_detach, *s_shape, *s_param_groups,
+    *s_lr, *s_queue, *s_capacity, *s_queue_dropped, *s_append, *s_active, *s_initialized, *s_max_regions;
+
+/* perf_counter_ns() on Linux: CLOCK_MONOTONIC, so times mix with those taken in Python. */
+static inline long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+typedef struct {
+    int name;
+    int depth;
+    long long start, end;
+} Region;
+
+typedef struct {
+    PyObject_HEAD
+    /* settings, written by the instrumentation (_sync_native) */
+    int enabled;
+    int loss;
+    int count_samples;
+    /* the open step */
+    int open;
+    unsigned long thread;
+    unsigned long long generation; /* bumped at each hand-over: regions opened before it end in Python */
+    PyObject *phase;
+    long long number, start;
+    int leader, saw_backward, saw_work, depth;
+    int regions, limit; /* limit: hotpath.MAX_STEP_ANNOTATIONS as the step opened, at most MAX_REGIONS */
+    Region region[MAX_REGIONS];
+    long long samples;
+    PyObject *loss_value, *lr_value;
+    int optimizer_nesting, optimizer_depth;
+    long long optimizer_start;
+    /* the last handed-over step, for regions that were open when it was handed over */
+    PyObject *adopted;
+    unsigned long long adopted_generation;
+    /* hotpath's state, mutated in place there */
+    PyObject *hot_globals, *tls, *phase_list, *step_numbers, *step_begin, *step_boundary, *native_slot;
+    PyObject *step_tag;
+    PyObject *names[MAX_NAMES];
+    PyObject *scalar_names[3];
+    /* Python callables */
+    PyObject *materialise, *on_error, *end_region, *add_into, *run_step_boundary, *batch_size, *learning_rate,
+        *cuda_memory, *cuda_globals, *tensor_type;
+    /* the recorder whose queue append is cached */
+    PyObject *recorder, *queue, *queue_append;
+} Steps;
+
+static PyTypeObject StepsType;
+
+/* ------------------------------------------------------------------ failures and hand-over */
+
+/* An unexpected error in this file's own work: the C path goes off for good, the step open here is dropped,
+ * on_error(exc) warns and counts; the Python error indicator is left clear. */
+static void steps_fail(Steps *self) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    self->enabled = 0;
+    self->open = 0;
+    self->generation++;
+    Py_CLEAR(self->loss_value);
+    Py_CLEAR(self->lr_value);
+    if (self->native_slot != NULL && PyList_GET_SIZE(self->native_slot) > 0) {
+        Py_INCREF(Py_None);
+        PyList_SetItem(self->native_slot, 0, Py_None);
+    }
+    if (self->on_error != NULL && value != NULL) {
+        PyObject *done = PyObject_CallOneArg(self->on_error, value);
+        Py_XDECREF(done);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+}
+
+static void set_native_slot(Steps *self, PyObject *value) {
+    Py_INCREF(value);
+    PyList_SetItem(self->native_slot, 0, value); /* steals; a list of one item, made by hotpath */
+}
+
+/* Hand the open step over to Python (the instrumentation's _materialise calls take() and adopt()). */
+static int steps_materialise(Steps *self) {
+    if (!self->open) return 0;
+    PyObject *done = PyObject_CallNoArgs(self->materialise);
+    if (done == NULL) return -1;
+    Py_DECREF(done);
+    if (self->open) { /* _materialise did not take it: never leave a step open that Python cannot see */
+        PyErr_SetString(PyExc_RuntimeError, "the open step was not handed over");
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ opening and closing steps */
+
+static int read_step_numbers(Steps *self, PyObject *phase, long long *number) {
+    PyObject *current = PyDict_GetItemWithError(self->step_numbers, phase);
+    if (current == NULL) {
+        if (PyErr_Occurred()) return -1;
+        *number = 0;
+        return 0;
+    }
+    *number = PyLong_AsLongLong(current);
+    return (*number == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int write_step_numbers(Steps *self, PyObject *phase, long long number) {
+    PyObject *value = PyLong_FromLongLong(number);
+    if (value == NULL) return -1;
+    int failed = PyDict_SetItem(self->step_numbers, phase, value);
+    Py_DECREF(value);
+    return failed;
+}
+
+/* 1: a step is open here for this event (opened now if none was); 0: the event goes to Python (a step open
+ * here was handed over first); -1: error. */
+static int steps_ready(Steps *self, int kind) {
+    unsigned long thread = PyThread_get_thread_ident();
+    if (!self->enabled) return 0;
+    if (self->open) {
+        if (thread == self->thread) return 1;
+        return 0; /* another thread: its own (Python) state; the step here stays with its thread */
+    }
+    PyObject *recorder = PyDict_GetItemWithError(self->hot_globals, s_active);
+    if (recorder == NULL || recorder == Py_None) return PyErr_Occurred() ? -1 : 0;
+    if (PyList_GET_SIZE(self->step_begin) > 0) return 0; /* a profiler window opens: Python runs its callbacks */
+    PyObject *current = PyObject_GetAttr(self->tls, s_step);
+    if (current == NULL) return -1;
+    Py_DECREF(current);
+    if (current != Py_None) return 0; /* a step marked by the user, or one already handed over */
+    PyObject *phase = PyList_GetItem(self->phase_list, 0);
+    if (phase == NULL) return -1;
+    PyObject *max_regions = PyDict_GetItemWithError(self->hot_globals, s_max_regions);
+    if (max_regions == NULL) return PyErr_Occurred() ? -1 : 0;
+    long limit = PyLong_AsLong(max_regions);
+    if (limit == -1 && PyErr_Occurred()) return -1;
+    long long number;
+    if (read_step_numbers(self, phase, &number) < 0 || write_step_numbers(self, phase, number + 1) < 0) return -1;
+    Py_INCREF(phase);
+    Py_XSETREF(self->phase, phase);
+    self->number = number;
+    self->thread = thread;
+    self->leader = kind;
+    self->saw_backward = self->saw_work = 0;
+    self->depth = 0;
+    self->regions = 0;
+    self->limit = limit < MAX_REGIONS ? (int)limit : MAX_REGIONS;
+    self->samples = 0;
+    self->optimizer_nesting = 0;
+    Py_CLEAR(self->loss_value);
+    Py_CLEAR(self->lr_value);
+    self->open = 1;
+    set_native_slot(self, self->materialise);
+    self->start = now_ns();
+    return 1;
+}
+
+static PyObject *build_annotations(Steps *self) {
+    PyObject *annotations = PyList_New(self->regions);
+    if (annotations == NULL) return NULL;
+    for (int i = 0; i < self->regions; i++) {
+        Region *r = &self->region[i];
+        PyObject *item = Py_BuildValue("(OLLiO)", self->names[r->name], r->start, r->end, r->depth, Py_None);
+        if (item == NULL) {
+            Py_DECREF(annotations);
+            return NULL;
+        }
+        PyList_SET_ITEM(annotations, i, item);
+    }
+    return annotations;
+}
+
+/* The step's scalars as the Python hooks would have put them: None, or {samples, loss, learning_rate}. */
+static PyObject *build_scalars(Steps *self) {
+    if (!self->samples && self->loss_value == NULL && self->lr_value == NULL) Py_RETURN_NONE;
+    PyObject *scalars = PyDict_New();
+    if (scalars == NULL) return NULL;
+    if (self->samples) {
+        PyObject *samples = PyLong_FromLongLong(self->samples);
+        if (samples == NULL || PyDict_SetItem(scalars, self->scalar_names[SAMPLES], samples) < 0) goto error;
+        Py_DECREF(samples);
+    }
+    if (self->loss_value != NULL && PyDict_SetItem(scalars, self->scalar_names[LOSS], self->loss_value) < 0)
+        goto error;
+    if (self->lr_value != NULL && PyDict_SetItem(scalars, self->scalar_names[LEARNING_RATE], self->lr_value) < 0)
+        goto error;
+    return scalars;
+error:
+    Py_DECREF(scalars);
+    return NULL;
+}
+
+static int submit(Steps *self, PyObject *record) {
+    PyObject *recorder = PyDict_GetItemWithError(self->hot_globals, s_active);
+    if (recorder == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (recorder == Py_None) return 0;
+    if (recorder != self->recorder) { /* a new session: cache its queue */
+        PyObject *queue = PyObject_GetAttr(recorder, s_queue);
+        if (queue == NULL) return -1;
+        PyObject *append = PyObject_GetAttr(queue, s_append);
+        if (append == NULL) {
+            Py_DECREF(queue);
+            return -1;
+        }
+        Py_INCREF(recorder);
+        Py_XSETREF(self->recorder, recorder);
+        Py_XSETREF(self->queue, queue);
+        Py_XSETREF(self->queue_append, append);
+    }
+    PyObject *capacity = PyObject_GetAttr(recorder, s_capacity);
+    if (capacity == NULL) return -1;
+    Py_ssize_t limit = PyLong_AsSsize_t(capacity);
+    Py_DECREF(capacity);
+    if (limit == -1 && PyErr_Occurred()) return -1;
+    Py_ssize_t length = PyObject_Size(self->queue);
+    if (length < 0) return -1;
+    if (length < limit) {
+        PyObject *done = PyObject_CallOneArg(self->queue_append, record);
+        Py_XDECREF(done);
+        return done == NULL ? -1 : 0;
+    }
+    /* full: dropped and counted, as Recorder.submit does */
+    PyObject *dropped = PyObject_GetAttr(recorder, s_queue_dropped);
+    if (dropped == NULL) return -1;
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *more = one != NULL ? PyNumber_Add(dropped, one) : NULL;
+    Py_XDECREF(one);
+    Py_DECREF(dropped);
+    if (more == NULL) return -1;
+    int failed = PyObject_SetAttr(recorder, s_queue_dropped, more);
+    Py_DECREF(more);
+    return failed;
+}
+
+/* StepContext.__exit__ for the step open here: the record (STEP, phase, number, start, end, regions,
+ * scalars, None) into the recorder's queue, then the step-boundary callbacks when there are any (they may
+ * raise StopTraining on purpose: -2). */
+static int steps_close(Steps *self, long long end) {
+    self->open = 0;
+    self->generation++;
+    set_native_slot(self, Py_None);
+    PyObject *annotations = build_annotations(self);
+    if (annotations == NULL) return -1;
+    PyObject *scalars = build_scalars(self);
+    if (scalars == NULL) {
+        Py_DECREF(annotations);
+        return -1;
+    }
+    Py_CLEAR(self->loss_value);
+    Py_CLEAR(self->lr_value);
+    PyObject *record = Py_BuildValue("(OOLLLNNO)", self->step_tag, self->phase, self->number, self->start, end,
+                                     annotations, scalars, Py_None);
+    if (record == NULL) return -1;
+    int failed = submit(self, record);
+    Py_DECREF(record);
+    if (failed) return -1;
+    if (PyList_GET_SIZE(self->step_boundary) > 0) {
+        PyObject *done = PyObject_CallNoArgs(self->run_step_boundary);
+        if (done == NULL) return -2;
+        Py_DECREF(done);
+    }
+    return 0;
+}
+
+/* An epoch's last fetch opened a step and nothing else came: drop it (_AutoSteps.cancel). */
+static int steps_cancel(Steps *self) {
+    self->open = 0;
+    self->generation++;
+    set_native_slot(self, Py_None);
+    Py_CLEAR(self->loss_value);
+    Py_CLEAR(self->lr_value);
+    long long number;
+    if (read_step_numbers(self, self->phase, &number) < 0) return -1;
+    if (number == self->number + 1) return write_step_numbers(self, self->phase, self->number);
+    return 0;
+}
+
+/* A region opened in `generation` ends: into the step open here, or (handed over since, or to be handed over
+ * now that the step holds as many regions as it can here) through hotpath._end_region into the Python step,
+ * or on its own. Keeps a pending exception. */
+static void steps_end_region(Steps *self, int name, long long start, long long end, int depth,
+                             unsigned long long generation) {
+    if (self->open && self->generation == generation && self->regions < self->limit) {
+        self->depth = depth;
+        Region *r = &self->region[self->regions++];
+        r->name = name;
+        r->depth = depth;
+        r->start = start;
+        r->end = end;
+        return;
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (self->open && self->generation == generation && steps_materialise(self) < 0) {
+        steps_fail(self);
+    } else {
+        PyObject *step = (self->adopted != NULL && self->adopted_generation == generation) ? self->adopted : Py_None;
+        PyObject *starts = PyLong_FromLongLong(start), *depths = PyLong_FromLong(depth);
+        PyObject *done = (starts && depths) ? PyObject_CallFunctionObjArgs(self->end_region, self->names[name],
+                                                                           starts, step, depths, NULL) : NULL;
+        Py_XDECREF(starts);
+        Py_XDECREF(depths);
+        if (done == NULL)
+            steps_fail(self);
+        else
+            Py_DECREF(done);
+    }
+    PyErr_Restore(type, value, tb);
+}
+
+static int steps_begin_region(Steps *self) { return self->depth++; }
+
+/* ------------------------------------------------------------------ Steps: Python interface */
+
+static PyObject *steps_take(PyObject *op, PyObject *unused) {
+    Steps *self = (Steps *)op;
+    if (!self->open || PyThread_get_thread_ident() != self->thread) Py_RETURN_NONE;
+    PyObject *annotations = build_annotations(self);
+    if (annotations == NULL) return NULL;
+    PyObject *scalars = build_scalars(self);
+    if (scalars == NULL) {
+        Py_DECREF(annotations);
+        return NULL;
+    }
+    PyObject *optimizer = self->optimizer_nesting > 0
+        ? Py_BuildValue("(Lii)", self->optimizer_start, self->optimizer_depth, self->optimizer_nesting)
+        : Py_NewRef(Py_None);
+    if (optimizer == NULL) {
+        Py_DECREF(annotations);
+        Py_DECREF(scalars);
+        return NULL;
+    }
+    PyObject *state = Py_BuildValue("(OLLNNiiiiN)", self->phase, self->number, self->start, annotations, scalars,
+                                    self->depth, self->leader, self->saw_backward, self->saw_work, optimizer);
+    if (state == NULL) return NULL;
+    self->open = 0;
+    set_native_slot(self, Py_None);
+    Py_CLEAR(self->loss_value);
+    Py_CLEAR(self->lr_value);
+    self->adopted_generation = self->generation++;
+    Py_CLEAR(self->adopted);
+    return state;
+}
+
+static PyObject *steps_adopt(PyObject *op, PyObject *step) {
+    Steps *self = (Steps *)op;
+    Py_INCREF(step);
+    Py_XSETREF(self->adopted, step);
+    Py_RETURN_NONE;
+}
+
+static PyObject *steps_release(PyObject *op, PyObject *unused) {
+    Steps *self = (Steps *)op;
+    self->enabled = 0;
+    self->open = 0;
+    if (self->native_slot != NULL) set_native_slot(self, Py_None);
+    Py_CLEAR(self->adopted);
+    Py_CLEAR(self->materialise);
+    Py_CLEAR(self->on_error);
+    Py_CLEAR(self->loss_value);
+    Py_CLEAR(self->lr_value);
+    Py_CLEAR(self->recorder);
+    Py_CLEAR(self->queue);
+    Py_CLEAR(self->queue_append);
+    Py_RETURN_NONE;
+}
+
+static int steps_traverse(PyObject *op, visitproc visit, void *arg) {
+    Steps *self = (Steps *)op;
+    Py_VISIT(self->materialise);
+    Py_VISIT(self->on_error);
+    Py_VISIT(self->adopted);
+    Py_VISIT(self->loss_value);
+    Py_VISIT(self->lr_value);
+    return 0;
+}
+
+static int steps_clear(PyObject *op) {
+    Steps *self = (Steps *)op;
+    Py_CLEAR(self->materialise);
+    Py_CLEAR(self->on_error);
+    Py_CLEAR(self->adopted);
+    Py_CLEAR(self->loss_value);
+    Py_CLEAR(self->lr_value);
+    return 0;
+}
+
+static void steps_dealloc(PyObject *op) {
+    Steps *self = (Steps *)op;
+    PyObject_GC_UnTrack(op);
+    steps_clear(op);
+    PyObject **refs[] = {&self->phase, &self->hot_globals, &self->tls, &self->phase_list, &self->step_numbers,
+                         &self->step_begin, &self->step_boundary, &self->native_slot, &self->step_tag,
+                         &self->end_region, &self->add_into, &self->run_step_boundary, &self->batch_size,
+                         &self->learning_rate, &self->cuda_memory, &self->cuda_globals, &self->tensor_type,
+                         &self->recorder, &self->queue, &self->queue_append};
+    for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++) Py_CLEAR(*refs[i]);
+    for (int i = 0; i < MAX_NAMES; i++) Py_CLEAR(self->names[i]);
+    for (int i = 0; i < 3; i++) Py_CLEAR(self->scalar_names[i]);
+    Py_TYPE(op)->tp_free(op);
+}
+
+static PyObject *get_item(PyObject *mapping, const char *key) {
+    PyObject *value = PyMapping_GetItemString(mapping, key);
+    if (value == NULL && !PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%s", key);
+    return value;
+}
+
+/* Steps(hot_globals, names, scalar_names, materialise, on_error, helpers): hot_globals is vars(hotpath);
+ * names the four region names (fetch, forward, backward, optimizer order); scalar_names (samples, loss,
+ * learning_rate); helpers a dict of batch_size, learning_rate, cuda_memory, cuda_globals, tensor_type. */
+static PyObject *steps_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *hot, *names, *scalar_names, *materialise, *on_error, *helpers;
+    if (!PyArg_ParseTuple(args, "O!O!O!OOO!", &PyDict_Type, &hot, &PyTuple_Type, &names, &PyTuple_Type,
+                          &scalar_names, &materialise, &on_error, &PyDict_Type, &helpers))
+        return NULL;
+    if (PyTuple_GET_SIZE(names) != MAX_NAMES || PyTuple_GET_SIZE(scalar_names) != 3) {
+        PyErr_SetString(PyExc_ValueError, "four region names and three scalar names");
+        return NULL;
+    }
+    Steps *self = (Steps *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    Py_INCREF(hot);
+    self->hot_globals = hot;
+    self->materialise = Py_NewRef(materialise);
+    self->on_error = Py_NewRef(on_error);
+    for (int i = 0; i < MAX_NAMES; i++) self->names[i] = Py_NewRef(PyTuple_GET_ITEM(names, i));
+    for (int i = 0; i < 3; i++) self->scalar_names[i] = Py_NewRef(PyTuple_GET_ITEM(scalar_names, i));
+    if (!(self->tls = get_item(hot, "_tls")) || !(self->phase_list = get_item(hot, "_phase"))
+        || !(self->step_numbers = get_item(hot, "_step_numbers")) || !(self->step_begin = get_item(hot, "_step_begin"))
+        || !(self->step_boundary = get_item(hot, "_step_boundary")) || !(self->native_slot = get_item(hot, "_native"))
+        || !(self->step_tag = get_item(hot, "STEP")) || !(self->end_region = get_item(hot, "_end_region"))
+        || !(self->add_into = get_item(hot, "_add_into"))
+        || !(self->run_step_boundary = get_item(hot, "run_step_boundary"))
+        || !(self->batch_size = get_item(helpers, "batch_size"))
+        || !(self->learning_rate = get_item(helpers, "learning_rate"))
+        || !(self->cuda_memory = get_item(helpers, "cuda_memory"))
+        || !(self->cuda_globals = get_item(helpers, "cuda_globals"))
+        || !(self->tensor_type = get_item(helpers, "tensor_type")))
+        goto error;
+    if (!PyList_Check(self->phase_list) || PyList_GET_SIZE(self->phase_list) != 1 || !PyList_Check(self->native_slot)
+        || PyList_GET_SIZE(self->native_slot) != 1 || !PyList_Check(self->step_begin)
+        || !PyList_Check(self->step_boundary) || !PyDict_Check(self->step_numbers) || !PyDict_Check(self->cuda_globals)) {
+        PyErr_SetString(PyExc_TypeError, "hotpath's state has an unexpected shape");
+        goto error;
+    }
+    return (PyObject *)self;
+error:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static PyMethodDef steps_methods[] = {
+    {"take", steps_take, METH_NOARGS,
+     "Hand the step open on this thread over: (phase, number, start_ns, annotations, scalars, depth, leader, "
+     "saw_backward, saw_work, optimizer) with optimizer (start_ns, depth, nesting) or None; None when none is open."},
+    {"adopt", steps_adopt, METH_O, "The StepContext the taken step became: regions open at the hand-over end there."},
+    {"release", steps_release, METH_NOARGS, "Turn off for good and drop the references to Python callables."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef steps_members[] = {
+    {"enabled", T_BOOL, offsetof(Steps, enabled), 0, "Events are handled here (else by the Python hooks)."},
+    {"loss", T_BOOL, offsetof(Steps, loss), 0, "Record the loss at backward()."},
+    {"count_samples", T_BOOL, offsetof(Steps, count_samples), 0, "Record the batch size at each fetch."},
+    {"open", T_BOOL, offsetof(Steps, open), READONLY, "A step is open here."},
+    {"number", T_LONGLONG, offsetof(Steps, number), READONLY, "The open (or last) step's number."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject StepsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otelprof.integrations._torch_native.Steps",
+    .tp_basicsize = sizeof(Steps),
+    .tp_dealloc = steps_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = steps_traverse,
+    .tp_clear = steps_clear,
+    .tp_methods = steps_methods,
+    .tp_members = steps_members,
+    .tp_new = steps_new,
+    .tp_doc = "One instrumentation's automatic steps, kept in C.",
+};
+
+/* ------------------------------------------------------------------ wrappers around a Python callable */
+
+/* A C hook's common part: the Steps it feeds, the callable it times, and the Python hook it defers to. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Steps *steps; /* may be NULL (Backward with no instrumentation) */
+    PyObject *original;
+    PyObject *fallback;
+    int post;
+} Hook;
+
+static int hook_traverse(PyObject *op, visitproc visit, void *arg) {
+    Hook *self = (Hook *)op;
+    Py_VISIT(self->steps);
+    Py_VISIT(self->original);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int hook_clear(PyObject *op) {
+    Hook *self = (Hook *)op;
+    Py_CLEAR(self->steps);
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->fallback);
+    return 0;
+}
+
+static void hook_dealloc(PyObject *op) {
+    PyObject_GC_UnTrack(op);
+    hook_clear(op);
+    Py_TYPE(op)->tp_free(op);
+}
+
+static PyObject *hook_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+/* __wrapped__, __doc__, __name__, ... : the original's, so that inspect.signature and help() see it. */
+static PyObject *hook_getattro(PyObject *op, PyObject *name) {
+    PyObject *found = PyObject_GenericGetAttr(op, name);
+    Hook *self = (Hook *)op;
+    if (found != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError) || self->original == NULL) return found;
+    PyErr_Clear();
+    return PyObject_GetAttr(self->original, name);
+}
+
+static PyObject *hook_get_wrapped(PyObject *op, void *unused) {
+    Hook *self = (Hook *)op;
+    return Py_NewRef(self->original != NULL ? self->original : Py_None);
+}
+
+static PyObject *hook_get_doc(PyObject *op, void *unused) {
+    Hook *self = (Hook *)op;
+    if (self->original == NULL) Py_RETURN_NONE;
+    return PyObject_GetAttrString(self->original, "__doc__");
+}
+
+static PyObject *hook_get_steps(PyObject *op, void *unused) {
+    Hook *self = (Hook *)op;
+    return Py_NewRef(self->steps != NULL ? (PyObject *)self->steps : Py_None);
+}
+
+static int hook_set_steps(PyObject *op, PyObject *value, void *unused) {
+    Hook *self = (Hook *)op;
+    if (value != NULL && value != Py_None && !PyObject_TypeCheck(value, &StepsType)) {
+        PyErr_SetString(PyExc_TypeError, "steps must be a Steps or None");
+        return -1;
+    }
+    PyObject *steps = (value == NULL || value == Py_None) ? NULL : Py_NewRef(value);
+    Py_XSETREF(self->steps, (Steps *)steps);
+    return 0;
+}
+
+static PyGetSetDef hook_getset[] = {
+    {"__wrapped__", hook_get_wrapped, NULL, "The wrapped callable.", NULL},
+    {"__doc__", hook_get_doc, NULL, NULL, NULL},
+    {"steps", hook_get_steps, hook_set_steps, "The Steps this hook feeds (None: the Python hook does all).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyObject *hook_new_common(PyTypeObject *type, PyObject *steps, PyObject *original, PyObject *fallback,
+                                 int post, vectorcallfunc call) {
+    if (steps != Py_None && !PyObject_TypeCheck(steps, &StepsType)) {
+        PyErr_SetString(PyExc_TypeError, "steps must be a Steps or None");
+        return NULL;
+    }
+    if (!PyCallable_Check(fallback) || (original != NULL && !PyCallable_Check(original))) {
+        PyErr_SetString(PyExc_TypeError, "original and fallback must be callable");
+        return NULL;
+    }
+    Hook *self = (Hook *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->steps = steps == Py_None ? NULL : (Steps *)Py_NewRef(steps);
+    self->original = original != NULL ? Py_NewRef(original) : NULL;
+    self->fallback = Py_NewRef(fallback);
+    self->post = post;
+    self->vectorcall = call;
+    return (PyObject *)self;
+}
+
+static inline PyObject *call_fallback(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+/* The step open here goes to Python before the Python hook runs; an error there turns the C path off. */
+static inline PyObject *defer(Hook *self, Steps *steps, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (steps->open && PyThread_get_thread_ident() == steps->thread && steps_materialise(steps) < 0)
+        steps_fail(steps);
+    return call_fallback(self, args, nargsf, kwnames);
+}
+
+/* ------------------------------------------------------------------ Forward */
+
+static PyObject *forward_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Hook *self = (Hook *)op;
+    Steps *steps = self->steps;
+    if (steps == NULL || !steps->enabled || PyVectorcall_NARGS(nargsf) < 1)
+        return call_fallback(self, args, nargsf, kwnames);
+    PyObject *training = PyObject_GetAttr(args[0], s_training);
+    if (training == NULL) {
+        PyErr_Clear();
+        return defer(self, steps, args, nargsf, kwnames);
+    }
+    Py_DECREF(training);
+    if (training != Py_True) return defer(self, steps, args, nargsf, kwnames); /* evaluation: Python retags */
+    int ready = steps_ready(steps, FORWARD);
+    if (ready < 0) steps_fail(steps);
+    if (ready <= 0) return defer(self, steps, args, nargsf, kwnames);
+    steps->saw_work = 1;
+    unsigned long long generation = steps->generation;
+    int depth = steps_begin_region(steps);
+    long long start = now_ns();
+    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    steps_end_region(steps, FORWARD, start, now_ns(), depth, generation);
+    return result;
+}
+
+static PyObject *forward_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *steps, *original, *fallback;
+    if (!PyArg_ParseTuple(args, "OOO", &steps, &original, &fallback)) return NULL;
+    return hook_new_common(type, steps, original, fallback, 0, forward_vectorcall);
+}
+
+static PyTypeObject ForwardType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otelprof.integrations._torch_native.Forward",
+    .tp_basicsize = sizeof(Hook),
+    .tp_dealloc = hook_dealloc,
+    /* a method descriptor: model(x) calls it with the model first, without a bound-method object */
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_traverse = hook_traverse,
+    .tp_clear = hook_clear,
+    .tp_vectorcall_offset = offsetof(Hook, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = hook_descr_get,
+    .tp_getattro = hook_getattro,
+    .tp_getset = hook_getset,
+    .tp_new = forward_new,
+    .tp_doc = "Forward(steps, original, fallback): the instrumented subclass's forward.",
+};
+
+/* ------------------------------------------------------------------ Backward */
+
+/* The loss: the tensor backward() is called on, when it has one element (item() on CPU, detach() else). */
+static int record_loss(Steps *steps, PyObject *tensor) {
+    PyObject *numel = PyObject_CallMethodNoArgs(tensor, s_numel);
+    if (numel == NULL) return -1;
+    long long count = PyLong_AsLongLong(numel);
+    Py_DECREF(numel);
+    if (count == -1 && PyErr_Occurred()) return -1;
+    if (count != 1) return 0;
+    PyObject *is_cpu = PyObject_GetAttr(tensor, s_is_cpu);
+    if (is_cpu == NULL) return -1;
+    Py_DECREF(is_cpu);
+    PyObject *loss = PyObject_CallMethodNoArgs(tensor, is_cpu == Py_True ? s_item : s_detach);
+    if (loss == NULL) return -1;
+    Py_XSETREF(steps->loss_value, loss);
+    return 0;
+}
+
+static PyObject *backward_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Hook *self = (Hook *)op;
+    Steps *steps = self->steps;
+    if (steps == NULL || !steps->enabled || PyVectorcall_NARGS(nargsf) < 1)
+        return call_fallback(self, args, nargsf, kwnames);
+    int ready = steps_ready(steps, BACKWARD);
+    if (ready < 0) steps_fail(steps);
+    if (ready <= 0) return defer(self, steps, args, nargsf, kwnames);
+    steps->saw_work = steps->saw_backward = 1;
+    if (steps->loss && record_loss(steps, args[0]) < 0) {
+        steps_fail(steps);
+        return call_fallback(self, args, nargsf, kwnames);
+    }
+    unsigned long long generation = steps->generation;
+    int depth = steps_begin_region(steps);
+    long long start = now_ns();
+    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    steps_end_region(steps, BACKWARD, start, now_ns(), depth, generation);
+    return result;
+}
+
+static PyObject *backward_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *steps, *original, *fallback;
+    if (!PyArg_ParseTuple(args, "OOO", &steps, &original, &fallback)) return NULL;
+    return hook_new_common(type, steps, original, fallback, 0, backward_vectorcall);
+}
+
+static PyTypeObject BackwardType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otelprof.integrations._torch_native.Backward",
+    .tp_basicsize = sizeof(Hook),
+    .tp_dealloc = hook_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_traverse = hook_traverse,
+    .tp_clear = hook_clear,
+    .tp_vectorcall_offset = offsetof(Hook, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = hook_descr_get,
+    .tp_getattro = hook_getattro,
+    .tp_getset = hook_getset,
+    .tp_new = backward_new,
+    .tp_doc = "Backward(steps, original, fallback): Tensor.backward, timed.",
+};
+
+/* ------------------------------------------------------------------ OptimizerHook */
+
+static int record_learning_rate(Steps *steps, PyObject *optimizer) {
+    PyObject *groups = PyObject_GetAttr(optimizer, s_param_groups);
+    if (groups == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    int failed = 0;
+    if (PyList_Check(groups) && PyList_GET_SIZE(groups) > 0 && PyDict_Check(PyList_GET_ITEM(groups, 0))) {
+        PyObject *lr = PyDict_GetItemWithError(PyList_GET_ITEM(groups, 0), s_lr);
+        if (lr != NULL) {
+            lr = PyFloat_CheckExact(lr) ? Py_NewRef(lr) : PyObject_CallOneArg(steps->learning_rate, lr);
+            if (lr == NULL)
+                failed = -1;
+            else
+                Py_XSETREF(steps->lr_value, lr);
+        } else if (PyErr_Occurred()) {
+            failed = -1;
+        }
+    }
+    Py_DECREF(groups);
+    return failed;
+}
+
+static PyObject *optimizer_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Hook *self = (Hook *)op;
+    Steps *steps = self->steps;
+    if (steps == NULL || !steps->enabled || PyVectorcall_NARGS(nargsf) < 1)
+        return call_fallback(self, args, nargsf, kwnames);
+    if (!self->post) {
+        int ready = steps_ready(steps, OPTIMIZER);
+        if (ready < 0) steps_fail(steps);
+        if (ready <= 0) return defer(self, steps, args, nargsf, kwnames);
+        if (++steps->optimizer_nesting > 1) Py_RETURN_NONE; /* a step() calling its base class's: time the outer */
+        steps->saw_work = 1;
+        steps->optimizer_depth = steps_begin_region(steps);
+        steps->optimizer_start = now_ns();
+        Py_RETURN_NONE;
+    }
+    if (!steps->open || PyThread_get_thread_ident() != steps->thread || steps->optimizer_nesting < 1)
+        return defer(self, steps, args, nargsf, kwnames);
+    if (--steps->optimizer_nesting > 0) Py_RETURN_NONE;
+    long long end = now_ns();
+    steps_end_region(steps, OPTIMIZER, steps->optimizer_start, end, steps->optimizer_depth, steps->generation);
+    if (record_learning_rate(steps, args[0]) < 0) goto failed;
+    /* CUDA memory gauges once CUDA is initialized (the module flag first: no call into torch on CPU) */
+    PyObject *initialized = PyDict_GetItemWithError(steps->cuda_globals, s_initialized);
+    if (initialized == NULL && PyErr_Occurred()) goto failed;
+    if (initialized == NULL || PyObject_IsTrue(initialized) == 1) {
+        PyObject *done = PyObject_CallNoArgs(steps->cuda_memory);
+        if (done == NULL) goto failed;
+        Py_DECREF(done);
+    }
+    int closed = steps_close(steps, end);
+    if (closed == -2) return NULL; /* a step-boundary callback raised on purpose (StopTraining) */
+    if (closed < 0) steps_fail(steps);
+    Py_RETURN_NONE;
+failed:
+    steps_fail(steps);
+    Py_RETURN_NONE;
+}
+
+static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *steps, *fallback;
+    int post;
+    if (!PyArg_ParseTuple(args, "OOp", &steps, &fallback, &post)) return NULL;
+    return hook_new_common(type, steps, NULL, fallback, post, optimizer_vectorcall);
+}
+
+static PyTypeObject OptimizerHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otelprof.integrations._torch_native.OptimizerHook",
+    .tp_basicsize = sizeof(Hook),
+    .tp_dealloc = hook_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_traverse = hook_traverse,
+    .tp_clear = hook_clear,
+    .tp_vectorcall_offset = offsetof(Hook, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_getset = hook_getset,
+    .tp_new = optimizer_new,
+    .tp_doc = "OptimizerHook(steps, fallback, post): an optimizer step pre-hook or post-hook.",
+};
+
+/* ------------------------------------------------------------------ Iterator */
+
+typedef struct {
+    PyObject_HEAD
+    Steps *steps;
+    PyObject *iterator; /* the data loader's own iterator */
+    PyObject *fallback; /* the Python proxy around it (its __next__ does the Python hook's work) */
+} Iterator;
+
+static int iterator_traverse(PyObject *op, visitproc visit, void *arg) {
+    Iterator *self = (Iterator *)op;
+    Py_VISIT(self->steps);
+    Py_VISIT(self->iterator);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int iterator_clear(PyObject *op) {
+    Iterator *self = (Iterator *)op;
+    Py_CLEAR(self->steps);
+    Py_CLEAR(self->iterator);
+    Py_CLEAR(self->fallback);
+    return 0;
+}
+
+static void iterator_dealloc(PyObject *op) {
+    PyObject_GC_UnTrack(op);
+    iterator_clear(op);
+    Py_TYPE(op)->tp_free(op);
+}
+
+static PyObject *iterator_fallback(Iterator *self) {
+    Steps *steps = self->steps;
+    if (steps->open && PyThread_get_thread_ident() == steps->thread && steps_materialise(steps) < 0)
+        steps_fail(steps);
+    return Py_TYPE(self->fallback)->tp_iternext(self->fallback);
+}
+
+/* The batch size: the first dimension of the first tensor of an (inputs, targets) batch, else the Python
+ * helper's answer (mappings, nesting); 0 when there is none. */
+static long long batch_size(Steps *steps, PyObject *batch) {
+    if ((PyTuple_CheckExact(batch) || PyList_CheckExact(batch)) && PySequence_Fast_GET_SIZE(batch) > 0) {
+        PyObject *first = PySequence_Fast_GET_ITEM(batch, 0);
+        if (Py_TYPE(first) == (PyTypeObject *)steps->tensor_type) {
+            PyObject *shape = PyObject_GetAttr(first, s_shape);
+            if (shape == NULL) return -1;
+            long long size = 0;
+            if (PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) > 0) size = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, 0));
+            Py_DECREF(shape);
+            return size;
+        }
+    }
+    PyObject *size = PyObject_CallOneArg(steps->batch_size, batch);
+    if (size == NULL) return -1;
+    long long value = size == Py_None ? 0 : PyLong_AsLongLong(size);
+    Py_DECREF(size);
+    return value;
+}
+
+static PyObject *iterator_next(PyObject *op) {
+    Iterator *self = (Iterator *)op;
+    Steps *steps = self->steps;
+    if (!steps->enabled) return Py_TYPE(self->fallback)->tp_iternext(self->fallback);
+    /* a fetch ends a step a fetch opened when no backward came (evaluation without eval mode) */
+    if (steps->open && PyThread_get_thread_ident() == steps->thread && steps->leader == FETCH
+        && !steps->saw_backward) {
+        int closed = steps_close(steps, now_ns());
+        if (closed == -2) return NULL;
+        if (closed < 0) steps_fail(steps);
+    }
+    int ready = steps_ready(steps, FETCH);
+    if (ready < 0) steps_fail(steps);
+    if (ready <= 0) return iterator_fallback(self);
+    unsigned long long generation = steps->generation;
+    int depth = steps_begin_region(steps);
+    long long start = now_ns();
+    PyObject *batch = Py_TYPE(self->iterator)->tp_iternext(self->iterator);
+    steps_end_region(steps, FETCH, start, now_ns(), depth, generation);
+    if (batch == NULL) {
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_StopIteration)) return NULL;
+        /* the epoch ended: drop a step that only saw this fetch */
+        if (steps->open && steps->generation == generation && !steps->saw_work && steps_cancel(steps) < 0) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            steps_fail(steps);
+            PyErr_Restore(type, value, tb);
+        }
+        return NULL;
+    }
+    if (steps->count_samples) {
+        long long size = batch_size(steps, batch);
+        if (size < 0 || (size == 0 && PyErr_Occurred())) {
+            steps_fail(steps);
+        } else if (size > 0) {
+            if (steps->open && steps->generation == generation) {
+                steps->samples += size; /* summed: gradient accumulation fetches several batches */
+            } else {
+                PyObject *step = (steps->adopted != NULL && steps->adopted_generation == generation)
+                    ? steps->adopted : Py_None;
+                PyObject *count = PyLong_FromLongLong(size);
+                PyObject *done = count ? PyObject_CallFunctionObjArgs(steps->add_into, step,
+                                                                      steps->scalar_names[SAMPLES], count, NULL) : NULL;
+                Py_XDECREF(count);
+                if (done == NULL) steps_fail(steps);
+                else Py_DECREF(done);
+            }
+        }
+    }
+    return batch;
+}
+
+static PyObject *iterator_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *steps, *iterator, *fallback;
+    if (!PyArg_ParseTuple(args, "O!OO", &StepsType, &steps, &iterator, &fallback)) return NULL;
+    if (!PyIter_Check(iterator) || !PyIter_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "Iterator needs two iterators");
+        return NULL;
+    }
+    Iterator *self = (Iterator *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->steps = (Steps *)Py_NewRef(steps);
+    self->iterator = Py_NewRef(iterator);
+    self->fallback = Py_NewRef(fallback);
+    return (PyObject *)self;
+}
+
+/* Attributes and len() are the Python proxy's, i.e. the data loader iterator's. */
+static PyObject *iterator_getattro(PyObject *op, PyObject *name) {
+    PyObject *found = PyObject_GenericGetAttr(op, name);
+    if (found != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return found;
+    PyErr_Clear();
+    return PyObject_GetAttr(((Iterator *)op)->fallback, name);
+}
+
+static Py_ssize_t iterator_length(PyObject *op) { return PyObject_Size(((Iterator *)op)->fallback); }
+
+static PySequenceMethods iterator_as_sequence = {.sq_length = iterator_length};
+
+static PyTypeObject IteratorType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otelprof.integrations._torch_native.Iterator",
+    .tp_basicsize = sizeof(Iterator),
+    .tp_dealloc = iterator_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = iterator_traverse,
+    .tp_clear = iterator_clear,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = iterator_next,
+    .tp_getattro = iterator_getattro,
+    .tp_as_sequence = &iterator_as_sequence,
+    .tp_new = iterator_new,
+    .tp_doc = "Iterator(steps, iterator, fallback): a data-loader iterator whose fetches are timed.",
+};
+
+/* ------------------------------------------------------------------ module */
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "otelprof.integrations._torch_native",
+    "The PyTorch integration's hot path in C (optional: the Python hooks do the same work).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__torch_native(void) {
+    struct {
+        PyObject **slot;
+        const char *text;
+    } strings[] = {{&s_step, "step"}, {&s_training, "training"}, {&s_numel, "numel"}, {&s_is_cpu, "is_cpu"},
+                   {&s_item, "item"}, {&s_detach, "detach"}, {&s_shape, "shape"}, {&s_param_groups, "param_groups"},
+                   {&s_lr, "lr"}, {&s_queue, "queue"}, {&s_capacity, "capacity"},
+                   {&s_queue_dropped, "queue_dropped"}, {&s_append, "append"}, {&s_active, "_active"},
+                   {&s_initialized, "_initialized"}, {&s_max_regions, "MAX_STEP_ANNOTATIONS"}};
+    for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++)
+        if ((*strings[i].slot = PyUnicode_InternFromString(strings[i].text)) == NULL) return NULL;
+    PyTypeObject *types[] = {&StepsType, &ForwardType, &BackwardType, &OptimizerHookType, &IteratorType};
+    const char *names[] = {"Steps", "Forward", "Backward", "OptimizerHook", "Iterator"};
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    for (int i = 0; i < 5; i++) {
+        if (PyType_Ready(types[i]) < 0) return NULL;
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) return NULL;
+    }
+    return m;
+}
