@@ -18,9 +18,10 @@ append it to the real recorder's queue at the end of ``optimizer.step()``; the r
 processes the integration's records (woken and waited for as in the otelprof blocks). It covers the plain
 training step only: what the 1 % goal's hot path would cost on its common path.
 
-Rounds of five 50-step blocks on one model, in an order rotated each round: bare, bare again (the A/A
-control: how far two identical blocks land here), native timestamps, native step records and
-``otelprof.torch.instrument`` (whose background recorder processes the previous recording block's records
+Rounds of six 50-step blocks on one model, in an order rotated each round: bare, bare again (the A/A
+control: how far two identical blocks land here), native timestamps, native step records,
+``otelprof.torch.instrument`` (its hooks in C, ``_torch_native.c``, which grew out of the prototype) and the
+same with its Python hooks (whose background recorder processes the previous recording block's records
 during each such block, and whatever it has not finished is counted in that block, as in
 ``torch_integration.py``'s paired blocks).
 Each variant's figure is the median over rounds of its block's mean step minus the same round's bare block.
@@ -56,7 +57,7 @@ from otelprof.integrations import torch as otorch
 FETCH, FORWARD, BACKWARD, OPTIMIZER = 0, 2, 4, 6
 """Event codes: a region's begin; its end is the code + 1."""
 EVENTS_PER_STEP = 8
-VARIANTS = ("bare again", "native timestamps", "native step records", "otelprof")
+VARIANTS = ("bare again", "native timestamps", "native step records", "otelprof", "otelprof, Python hooks")
 BLOCK_STEPS = 50
 
 
@@ -151,14 +152,15 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
         native_steps = step_record_hooks(native, steps_built, model, optimizer)
 
         def block(variant: str) -> float:
-            recording = variant in ("otelprof", "native step records")
+            recording = variant.startswith("otelprof") or variant == "native step records"
             numbered = steps_built.number
             if variant == "native timestamps":
                 hooks.install()
             elif variant == "native step records":
                 native_steps.install()
-            elif variant == "otelprof":
-                otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+            elif variant.startswith("otelprof"):
+                with ti.hooks_of(variant):
+                    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
             ti.run_loop(model, optimizer, loader, 2, classify)  # the first iteration with fresh hooks, untimed
             log.take()
             if recording:
@@ -168,7 +170,7 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
                 waited = time.perf_counter()
                 with recorder._drain_lock:  # the previous block's records: counted here, not in the next block
                     seconds += time.perf_counter() - waited
-            if variant == "otelprof":
+            if variant.startswith("otelprof"):
                 otorch.uninstrument()
             elif variant == "native step records":
                 native_steps.remove()
@@ -206,7 +208,7 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=200, help="rounds of the five blocks (default 200)")
+    parser.add_argument("--rounds", type=int, default=200, help="rounds of the six blocks (default 200)")
     parser.add_argument("--loop", choices=("cnn", "tiny"), default="cnn", help="the training loop (default cnn)")
     parser.add_argument("--no-malloc-pin", action="store_true", help="leave glibc malloc's thresholds alone")
     args = parser.parse_args()
@@ -216,7 +218,8 @@ def main() -> None:
     make, classify = (ti.make_cnn, True) if args.loop == "cnn" else (ti.make_tiny, False)
     with tempfile.TemporaryDirectory() as build_dir:
         native = build(Path(build_dir))
-        print(f"{args.loop} loop: {args.rounds} rounds of 5 x {BLOCK_STEPS}-step blocks", file=sys.stderr, flush=True)
+        print(f"{args.loop} loop: {args.rounds} rounds of {1 + len(VARIANTS)} x {BLOCK_STEPS}-step blocks",
+              file=sys.stderr, flush=True)
         result = measure(native, args.rounds, classify, make)
     step = statistics.median(result["bare step"])
     print(f"\n{args.loop} loop, bare step {step:,.0f} us (median of {args.rounds} rounds)")

@@ -15,8 +15,9 @@ Variants, interleaved in one process (order rotated each round), medians of per-
 * profiling window    — instrumented, with an otelprof window (torch.profiler) over 5 of the round's steps;
 * torch.profiler      — the loop inside ``torch.profiler.profile`` (CPU activities), for comparison.
 
-Then, per loop, paired blocks (the figure for the goal): one model and one session, a bare block and an
-instrumented block (``instrument`` / ``uninstrument`` in between) 100 times, the order swapped each pair,
+Then, per loop, paired blocks (the figure for the goal): one model and one session, a bare block, an
+instrumented block (the hooks in C where the extension is built) and one instrumented with the Python
+hooks (``instrument`` / ``uninstrument`` in between) 100 times, the order permuted each time,
 with the background recorder processing the previous instrumented block's records during each
 instrumented block; the median of the adjacent blocks' differences is the steady-state cost, free of the
 drifts between separate rounds; an A/A run of the same shape (both blocks bare) shows how far apart two
@@ -36,13 +37,15 @@ its share of the CNN step is also given ("fixed cost / CNN step").
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,31 +162,53 @@ def measure(make: Callable[[], Any], steps: int, rounds: int, classify: bool) ->
     return results
 
 
+PAIRED = ("bare", "instrumented", "instrumented, Python hooks")
+"""The paired blocks: the loop alone, instrumented (the hooks in C where the extension is built), and
+instrumented with the Python hooks (``OTELPROF_TORCH_NATIVE=false``)."""
+CONTROL = ("bare", "bare again")
+
+
+@contextlib.contextmanager
+def hooks_of(kind: str) -> Iterator[None]:
+    """``instrument()`` calls inside get the Python hooks for ``kind`` "..., Python hooks"."""
+    saved = otorch._native
+    if kind.endswith("Python hooks"):
+        otorch._native = None
+    try:
+        yield
+    finally:
+        otorch._native = saved
+
+
 def paired(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool,
-           control: bool = False) -> dict[str, float]:
-    """Steady-state cost from adjacent blocks of one model and one session: a bare block and an
-    instrumented one (``instrument`` / ``uninstrument`` in between, untimed), ``pairs`` times, the order
-    swapped every pair. Adjacent blocks share the machine's state, so their difference cancels the slow
-    drifts that separate rounds cannot.
+           kinds: tuple[str, ...] = PAIRED) -> dict[str, dict[str, float]]:
+    """Steady-state cost from adjacent blocks of one model and one session: a bare block and an instrumented
+    one of each other kind (``instrument`` / ``uninstrument`` in between, untimed), ``pairs`` times, the
+    order permuted every time. Adjacent blocks share the machine's state, so their difference cancels the
+    slow drifts that separate rounds cannot.
 
     The recorder works as in a real run, on its background thread and in batches, and its cost lands in
     the instrumented blocks: at the start of each one it is woken to process the records of the previous
     instrumented block while this one runs (what it does every flush interval during training), whatever
     of that it has not finished when the block ends is waited for and counted in the block, and it has
     nothing to do during bare blocks. Each block's figure is its mean step (so rare slow steps count);
-    the result is the median of the pairs' differences, with their quartiles and mean. ``control``: both
-    blocks bare (an A/A run: how far apart two identical blocks land here)."""
+    the result, per kind, is the median of the differences to the bare block of the same set, with their
+    quartiles and mean. ``kinds`` :data:`CONTROL`: both blocks bare (an A/A run: how far apart two identical
+    blocks land here)."""
     model, optimizer, loader = make()
     run_loop(model, optimizer, loader, WARMUP, classify)
+    orders = list(itertools.permutations(kinds))
     with tempfile.TemporaryDirectory() as tmp:
         # Only the wake-ups below start processing (the flush interval's own drains, at most every 10 s, could
         # otherwise process an instrumented block's records during the bare block after it).
         otelprof.init(record_dir=tmp, system_metrics=False, flush_interval=10.0)
         recorder = otelprof.session.get_session().recorder  # type: ignore[union-attr]
 
-        def block(instrumented: bool) -> float:
-            if instrumented and not control:
-                otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+        def block(kind: str) -> float:
+            instrumented = not kind.startswith("bare")
+            if instrumented:
+                with hooks_of(kind):
+                    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
             run_loop(model, optimizer, loader, 2, classify)  # the first iteration with fresh hooks, untimed
             if instrumented:
                 recorder.wake_up()
@@ -197,28 +222,31 @@ def paired(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool
             otorch.uninstrument()
             return seconds / block_steps * 1e6
 
-        differences, bare_steps = [], []
+        differences: dict[str, list[float]] = {kind: [] for kind in kinds[1:]}
+        bare_steps = []
         try:
-            for _ in range(3):  # warm both sides
-                block(False)
-                block(True)
+            for order in orders[:3]:  # warm every side
+                for kind in order:
+                    block(kind)
             for i in range(pairs):
-                if i % 2:
-                    bare, instrumented = block(False), block(True)
-                else:
-                    instrumented, bare = block(True), block(False)
-                differences.append(instrumented - bare)
-                bare_steps.append(bare)
+                times = {kind: block(kind) for kind in orders[i % len(orders)]}
+                for kind in kinds[1:]:
+                    differences[kind].append(times[kind] - times["bare"])
+                bare_steps.append(times["bare"])
         finally:
             otelprof.shutdown()
-    differences.sort()
     step = statistics.median(bare_steps)
-    return {"step_us": step, "added_us": statistics.median(differences), "mean_us": statistics.mean(differences),
-            "added_q1_us": differences[len(differences) // 4], "added_q3_us": differences[(3 * len(differences)) // 4],
-            "share": statistics.median(differences) / step}
+    results = {}
+    for kind, added in differences.items():
+        added.sort()
+        results[kind] = {"step_us": step, "added_us": statistics.median(added), "mean_us": statistics.mean(added),
+                         "added_q1_us": added[len(added) // 4], "added_q3_us": added[(3 * len(added)) // 4],
+                         "share": statistics.median(added) / step}
+    return results
 
 
-PARTS = ("bare again", "empty torch hooks", "otelprof inactive", "otelprof, training thread")
+PARTS = ("bare again", "empty torch hooks", "otelprof inactive", "otelprof, training thread",
+         "otelprof, training thread, Python hooks")
 
 
 def parts(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool) -> dict[str, dict[str, float]]:
@@ -232,7 +260,8 @@ def parts(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool)
     * otelprof inactive — ``instrument(model, optimizer, dataloader)`` with the session switched off on
       the hot path: every hook runs and returns at its first check;
     * otelprof, training thread — instrumented and active; the records are processed between blocks,
-      untimed (the recorder's share is the difference to :func:`paired`)."""
+      untimed (the recorder's share is the difference to :func:`paired`);
+    * otelprof, training thread, Python hooks — the same with the Python hooks (no C extension)."""
     from otelprof import hotpath
 
     model, optimizer, loader = make()
@@ -250,7 +279,8 @@ def parts(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool)
                 handles = [model.register_forward_pre_hook(lambda m, a: None),
                            model.register_forward_hook(lambda m, a, o: None)]
             elif part is not None and part.startswith("otelprof"):
-                otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+                with hooks_of(part):
+                    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
                 if part == "otelprof inactive":
                     hotpath._active = None
             batches = iter(loader)
@@ -326,13 +356,14 @@ def main() -> None:
     pairs = args.pairs or (6 if args.quick else 100)
     for loop, make, block_steps, classify in (("cnn", make_cnn, 50, True), ("tiny", make_tiny, 500, False)):
         if args.only in (None, loop):
-            for label, control in (("paired", False), ("paired A/A control", True)):
-                out[f"{loop} {label}"] = result = paired(make, pairs, block_steps, classify, control)
-                second = "bare again" if control else "instrumented"
-                print(f"\n{loop} loop, {label} ({pairs} pairs of {block_steps}-step blocks, bare and {second}): "
-                      f"step {result['step_us']:.0f}us, {second} adds {result['added_us']:+.1f}us "
-                      f"(quartiles {result['added_q1_us']:+.1f}..{result['added_q3_us']:+.1f}, mean "
-                      f"{result['mean_us']:+.1f}) = {result['share'] * 100:+.2f} % of the step", flush=True)
+            for label, kinds in (("paired", PAIRED), ("paired A/A control", CONTROL)):
+                out[f"{loop} {label}"] = results = paired(make, pairs, block_steps, classify, kinds)
+                print(f"\n{loop} loop, {label} ({pairs} sets of {block_steps}-step blocks: {', '.join(kinds)}; "
+                      f"bare step {results[kinds[1]]['step_us']:.0f}us)")
+                for kind, result in results.items():
+                    print(f"  {kind:<28} adds {result['added_us']:+7.1f}us (quartiles {result['added_q1_us']:+.1f}.."
+                          f"{result['added_q3_us']:+.1f}, mean {result['mean_us']:+.1f}) = "
+                          f"{result['share'] * 100:+.2f} % of the step", flush=True)
     if args.parts and args.only in (None, "cnn"):
         pairs = 12 if args.quick else 100
         out["cnn parts"] = split = parts(make_cnn, pairs, 8, True)

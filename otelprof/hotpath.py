@@ -29,6 +29,9 @@ SCALAR = "x"
 PHASE = "p"
 DEVICE = "d"
 """Device times resolved after their steps closed (CUDA events): ``(DEVICE, [(phase, number, region, ns), ...])``."""
+NATIVE_STEP = "n"
+"""A step the PyTorch integration's C hooks closed: ``(NATIVE_STEP, steps)``, one per step, in order;
+``steps.pop()`` builds its ``STEP`` record (on the recorder's thread, not the training thread)."""
 
 _active: Recorder | None = None
 MAX_STEP_ANNOTATIONS = 4096

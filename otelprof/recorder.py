@@ -228,6 +228,10 @@ class Recorder:
                     kind = item[0]
                     if kind == hot.STEP:
                         self._step(item)
+                    elif kind == hot.NATIVE_STEP:
+                        record = item[1].pop()
+                        if record is not None:
+                            self._step(record)
                     elif kind == hot.ANNOTATION:
                         self._annotation(*item[1:])
                     elif kind == hot.SCALAR:

@@ -31,6 +31,8 @@
 
 #define MAX_REGIONS 64 /* regions kept here in one step; past that the step is handed over to Python */
 #define MAX_NAMES 4
+#define RING_STEPS 8192    /* closed steps waiting for the recorder (its queue holds a marker for each) */
+#define RING_REGIONS 65536 /* and their regions */
 
 enum { FETCH = 0, FORWARD = 1, BACKWARD = 2, OPTIMIZER = 3 }; /* event kinds = region name indexes */
 enum { SAMPLES = 0, LOSS = 1, LEARNING_RATE = 2 };            /* scalar name indexes */
@@ -50,6 +52,13 @@ typedef struct {
     int depth;
     long long start, end;
 } Region;
+
+/* A closed step waiting for the recorder: its regions are the next `regions` ones of the region ring. */
+typedef struct {
+    PyObject *phase, *loss, *lr; /* owned; loss and lr may be NULL */
+    long long number, start, end, samples;
+    int regions;
+} Closed;
 
 typedef struct {
     PyObject_HEAD
@@ -81,8 +90,15 @@ typedef struct {
     /* Python callables */
     PyObject *materialise, *on_error, *end_region, *add_into, *run_step_boundary, *batch_size, *learning_rate,
         *cuda_memory, *cuda_globals, *tensor_type;
-    /* the recorder whose queue append is cached */
+    /* the recorder whose queue, its append and its capacity are cached */
     PyObject *recorder, *queue, *queue_append;
+    Py_ssize_t capacity;
+    /* closed steps, in order, until the recorder pops them (FIFO rings) */
+    PyObject *marker; /* (hotpath.NATIVE_STEP, self): what the recorder's queue gets for each */
+    Closed *closed;
+    int closed_head, closed_count;
+    Region *ring;
+    int ring_head, ring_count;
 } Steps;
 
 static PyTypeObject StepsType;
@@ -196,12 +212,33 @@ static int steps_ready(Steps *self, int kind) {
     return 1;
 }
 
-static PyObject *build_annotations(Steps *self) {
-    PyObject *annotations = PyList_New(self->regions);
+/* (name, start_ns, end_ns, depth, None): a region as the Python hooks append it to StepContext.annotations. */
+static PyObject *region_tuple(Steps *self, const Region *r) {
+    PyObject *item = PyTuple_New(5);
+    if (item == NULL) return NULL;
+    PyObject *start = PyLong_FromLongLong(r->start), *end = PyLong_FromLongLong(r->end);
+    PyObject *depth = PyLong_FromLong(r->depth);
+    if (start == NULL || end == NULL || depth == NULL) {
+        Py_XDECREF(start);
+        Py_XDECREF(end);
+        Py_XDECREF(depth);
+        Py_DECREF(item);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(item, 0, Py_NewRef(self->names[r->name]));
+    PyTuple_SET_ITEM(item, 1, start);
+    PyTuple_SET_ITEM(item, 2, end);
+    PyTuple_SET_ITEM(item, 3, depth);
+    PyTuple_SET_ITEM(item, 4, Py_NewRef(Py_None));
+    return item;
+}
+
+/* The list of `count` regions from `regions[first]` on, in a ring of `size` (MAX_REGIONS: the open step's). */
+static PyObject *build_annotations(Steps *self, const Region *regions, int first, int count, int size) {
+    PyObject *annotations = PyList_New(count);
     if (annotations == NULL) return NULL;
-    for (int i = 0; i < self->regions; i++) {
-        Region *r = &self->region[i];
-        PyObject *item = Py_BuildValue("(OLLiO)", self->names[r->name], r->start, r->end, r->depth, Py_None);
+    for (int i = 0; i < count; i++) {
+        PyObject *item = region_tuple(self, &regions[(first + i) % size]);
         if (item == NULL) {
             Py_DECREF(annotations);
             return NULL;
@@ -211,56 +248,52 @@ static PyObject *build_annotations(Steps *self) {
     return annotations;
 }
 
-/* The step's scalars as the Python hooks would have put them: None, or {samples, loss, learning_rate}. */
-static PyObject *build_scalars(Steps *self) {
-    if (!self->samples && self->loss_value == NULL && self->lr_value == NULL) Py_RETURN_NONE;
+/* A step's scalars as the Python hooks would have put them: None, or {samples, loss, learning_rate}. */
+static PyObject *build_scalars(Steps *self, long long samples_value, PyObject *loss, PyObject *lr) {
+    if (!samples_value && loss == NULL && lr == NULL) Py_RETURN_NONE;
     PyObject *scalars = PyDict_New();
     if (scalars == NULL) return NULL;
-    if (self->samples) {
-        PyObject *samples = PyLong_FromLongLong(self->samples);
-        if (samples == NULL || PyDict_SetItem(scalars, self->scalar_names[SAMPLES], samples) < 0) goto error;
+    if (samples_value) {
+        PyObject *samples = PyLong_FromLongLong(samples_value);
+        if (samples == NULL) goto error;
+        int failed = PyDict_SetItem(scalars, self->scalar_names[SAMPLES], samples);
         Py_DECREF(samples);
+        if (failed) goto error;
     }
-    if (self->loss_value != NULL && PyDict_SetItem(scalars, self->scalar_names[LOSS], self->loss_value) < 0)
-        goto error;
-    if (self->lr_value != NULL && PyDict_SetItem(scalars, self->scalar_names[LEARNING_RATE], self->lr_value) < 0)
-        goto error;
+    if (loss != NULL && PyDict_SetItem(scalars, self->scalar_names[LOSS], loss) < 0) goto error;
+    if (lr != NULL && PyDict_SetItem(scalars, self->scalar_names[LEARNING_RATE], lr) < 0) goto error;
     return scalars;
 error:
     Py_DECREF(scalars);
     return NULL;
 }
 
-static int submit(Steps *self, PyObject *record) {
-    PyObject *recorder = PyDict_GetItemWithError(self->hot_globals, s_active);
-    if (recorder == NULL) return PyErr_Occurred() ? -1 : 0;
-    if (recorder == Py_None) return 0;
-    if (recorder != self->recorder) { /* a new session: cache its queue */
-        PyObject *queue = PyObject_GetAttr(recorder, s_queue);
-        if (queue == NULL) return -1;
-        PyObject *append = PyObject_GetAttr(queue, s_append);
-        if (append == NULL) {
-            Py_DECREF(queue);
-            return -1;
-        }
-        Py_INCREF(recorder);
-        Py_XSETREF(self->recorder, recorder);
-        Py_XSETREF(self->queue, queue);
-        Py_XSETREF(self->queue_append, append);
+/* (STEP, phase, number, start_ns, end_ns, annotations, scalars, None): the record StepContext.__exit__ makes.
+ * Steals annotations and scalars. */
+static PyObject *step_record(Steps *self, PyObject *phase, long long number, long long start, long long end,
+                             PyObject *annotations, PyObject *scalars) {
+    PyObject *record = PyTuple_New(8);
+    PyObject *numbers[3] = {PyLong_FromLongLong(number), PyLong_FromLongLong(start), PyLong_FromLongLong(end)};
+    if (record == NULL || numbers[0] == NULL || numbers[1] == NULL || numbers[2] == NULL) {
+        Py_XDECREF(record);
+        for (int i = 0; i < 3; i++) Py_XDECREF(numbers[i]);
+        Py_DECREF(annotations);
+        Py_DECREF(scalars);
+        return NULL;
     }
-    PyObject *capacity = PyObject_GetAttr(recorder, s_capacity);
-    if (capacity == NULL) return -1;
-    Py_ssize_t limit = PyLong_AsSsize_t(capacity);
-    Py_DECREF(capacity);
-    if (limit == -1 && PyErr_Occurred()) return -1;
-    Py_ssize_t length = PyObject_Size(self->queue);
-    if (length < 0) return -1;
-    if (length < limit) {
-        PyObject *done = PyObject_CallOneArg(self->queue_append, record);
-        Py_XDECREF(done);
-        return done == NULL ? -1 : 0;
-    }
-    /* full: dropped and counted, as Recorder.submit does */
+    PyTuple_SET_ITEM(record, 0, Py_NewRef(self->step_tag));
+    PyTuple_SET_ITEM(record, 1, Py_NewRef(phase));
+    PyTuple_SET_ITEM(record, 2, numbers[0]);
+    PyTuple_SET_ITEM(record, 3, numbers[1]);
+    PyTuple_SET_ITEM(record, 4, numbers[2]);
+    PyTuple_SET_ITEM(record, 5, annotations);
+    PyTuple_SET_ITEM(record, 6, scalars);
+    PyTuple_SET_ITEM(record, 7, Py_NewRef(Py_None));
+    return record;
+}
+
+/* recorder.queue_dropped += 1, as Recorder.submit counts a record it has no room for. */
+static int count_dropped(PyObject *recorder) {
     PyObject *dropped = PyObject_GetAttr(recorder, s_queue_dropped);
     if (dropped == NULL) return -1;
     PyObject *one = PyLong_FromLong(1);
@@ -273,27 +306,71 @@ static int submit(Steps *self, PyObject *record) {
     return failed;
 }
 
-/* StepContext.__exit__ for the step open here: the record (STEP, phase, number, start, end, regions,
- * scalars, None) into the recorder's queue, then the step-boundary callbacks when there are any (they may
- * raise StopTraining on purpose: -2). */
+/* The closed step into the ring and its marker into the recorder's queue; the recorder builds the record
+ * (pop()) on its own thread. No room in the queue or the ring: dropped and counted. */
+static int submit(Steps *self, long long end) {
+    PyObject *recorder = PyDict_GetItemWithError(self->hot_globals, s_active);
+    if (recorder == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (recorder == Py_None) return 0;
+    if (recorder != self->recorder) { /* a new session: cache its queue and capacity */
+        PyObject *queue = PyObject_GetAttr(recorder, s_queue);
+        if (queue == NULL) return -1;
+        PyObject *append = PyObject_GetAttr(queue, s_append);
+        PyObject *capacity = PyObject_GetAttr(recorder, s_capacity);
+        Py_ssize_t limit = capacity != NULL ? PyLong_AsSsize_t(capacity) : -1;
+        Py_XDECREF(capacity);
+        if (append == NULL || (limit == -1 && PyErr_Occurred())) {
+            Py_DECREF(queue);
+            Py_XDECREF(append);
+            return -1;
+        }
+        Py_INCREF(recorder);
+        Py_XSETREF(self->recorder, recorder);
+        Py_XSETREF(self->queue, queue);
+        Py_XSETREF(self->queue_append, append);
+        self->capacity = limit;
+    }
+    Py_ssize_t length = PyObject_Size(self->queue);
+    if (length < 0) return -1;
+    if (length >= self->capacity || self->closed_count == RING_STEPS
+        || self->ring_count + self->regions > RING_REGIONS)
+        return count_dropped(recorder);
+    Closed *c = &self->closed[(self->closed_head + self->closed_count) % RING_STEPS];
+    c->phase = Py_NewRef(self->phase);
+    c->loss = self->loss_value;
+    c->lr = self->lr_value;
+    self->loss_value = self->lr_value = NULL;
+    c->number = self->number;
+    c->start = self->start;
+    c->end = end;
+    c->samples = self->samples;
+    c->regions = self->regions;
+    for (int i = 0; i < self->regions; i++)
+        self->ring[(self->ring_head + self->ring_count + i) % RING_REGIONS] = self->region[i];
+    self->closed_count++;
+    self->ring_count += self->regions;
+    PyObject *done = PyObject_CallOneArg(self->queue_append, self->marker);
+    if (done == NULL) { /* not queued: take the step back out, so that the markers and the ring stay in step */
+        self->closed_count--;
+        self->ring_count -= self->regions;
+        Py_CLEAR(c->phase);
+        Py_CLEAR(c->loss);
+        Py_CLEAR(c->lr);
+        return -1;
+    }
+    Py_DECREF(done);
+    return 0;
+}
+
+/* StepContext.__exit__ for the step open here (its record queued as above), then the step-boundary
+ * callbacks when there are any (they may raise StopTraining on purpose: -2). */
 static int steps_close(Steps *self, long long end) {
     self->open = 0;
     self->generation++;
     set_native_slot(self, Py_None);
-    PyObject *annotations = build_annotations(self);
-    if (annotations == NULL) return -1;
-    PyObject *scalars = build_scalars(self);
-    if (scalars == NULL) {
-        Py_DECREF(annotations);
-        return -1;
-    }
+    int failed = submit(self, end);
     Py_CLEAR(self->loss_value);
     Py_CLEAR(self->lr_value);
-    PyObject *record = Py_BuildValue("(OOLLLNNO)", self->step_tag, self->phase, self->number, self->start, end,
-                                     annotations, scalars, Py_None);
-    if (record == NULL) return -1;
-    int failed = submit(self, record);
-    Py_DECREF(record);
     if (failed) return -1;
     if (PyList_GET_SIZE(self->step_boundary) > 0) {
         PyObject *done = PyObject_CallNoArgs(self->run_step_boundary);
@@ -356,9 +433,9 @@ static int steps_begin_region(Steps *self) { return self->depth++; }
 static PyObject *steps_take(PyObject *op, PyObject *unused) {
     Steps *self = (Steps *)op;
     if (!self->open || PyThread_get_thread_ident() != self->thread) Py_RETURN_NONE;
-    PyObject *annotations = build_annotations(self);
+    PyObject *annotations = build_annotations(self, self->region, 0, self->regions, MAX_REGIONS);
     if (annotations == NULL) return NULL;
-    PyObject *scalars = build_scalars(self);
+    PyObject *scalars = build_scalars(self, self->samples, self->loss_value, self->lr_value);
     if (scalars == NULL) {
         Py_DECREF(annotations);
         return NULL;
@@ -381,6 +458,28 @@ static PyObject *steps_take(PyObject *op, PyObject *unused) {
     self->adopted_generation = self->generation++;
     Py_CLEAR(self->adopted);
     return state;
+}
+
+static PyObject *steps_pop(PyObject *op, PyObject *unused) {
+    Steps *self = (Steps *)op;
+    if (self->closed_count == 0) Py_RETURN_NONE;
+    Closed *c = &self->closed[self->closed_head];
+    PyObject *annotations = build_annotations(self, self->ring, self->ring_head, c->regions, RING_REGIONS);
+    PyObject *scalars = annotations != NULL ? build_scalars(self, c->samples, c->loss, c->lr) : NULL;
+    PyObject *record = NULL;
+    if (scalars != NULL)
+        record = step_record(self, c->phase, c->number, c->start, c->end, annotations, scalars);
+    else
+        Py_XDECREF(annotations);
+    /* popped even when building failed: the next marker is the next step's */
+    self->closed_head = (self->closed_head + 1) % RING_STEPS;
+    self->closed_count--;
+    self->ring_head = (self->ring_head + c->regions) % RING_REGIONS;
+    self->ring_count -= c->regions;
+    Py_CLEAR(c->phase);
+    Py_CLEAR(c->loss);
+    Py_CLEAR(c->lr);
+    return record;
 }
 
 static PyObject *steps_adopt(PyObject *op, PyObject *step) {
@@ -413,6 +512,7 @@ static int steps_traverse(PyObject *op, visitproc visit, void *arg) {
     Py_VISIT(self->adopted);
     Py_VISIT(self->loss_value);
     Py_VISIT(self->lr_value);
+    Py_VISIT(self->marker);
     return 0;
 }
 
@@ -423,6 +523,7 @@ static int steps_clear(PyObject *op) {
     Py_CLEAR(self->adopted);
     Py_CLEAR(self->loss_value);
     Py_CLEAR(self->lr_value);
+    Py_CLEAR(self->marker);
     return 0;
 }
 
@@ -438,6 +539,16 @@ static void steps_dealloc(PyObject *op) {
     for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++) Py_CLEAR(*refs[i]);
     for (int i = 0; i < MAX_NAMES; i++) Py_CLEAR(self->names[i]);
     for (int i = 0; i < 3; i++) Py_CLEAR(self->scalar_names[i]);
+    if (self->closed != NULL) {
+        for (int i = 0; i < self->closed_count; i++) {
+            Closed *c = &self->closed[(self->closed_head + i) % RING_STEPS];
+            Py_CLEAR(c->phase);
+            Py_CLEAR(c->loss);
+            Py_CLEAR(c->lr);
+        }
+        PyMem_Free(self->closed);
+    }
+    PyMem_Free(self->ring);
     Py_TYPE(op)->tp_free(op);
 }
 
@@ -479,6 +590,16 @@ static PyObject *steps_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         || !(self->cuda_globals = get_item(helpers, "cuda_globals"))
         || !(self->tensor_type = get_item(helpers, "tensor_type")))
         goto error;
+    PyObject *marker_tag = get_item(hot, "NATIVE_STEP");
+    if (marker_tag == NULL) goto error;
+    self->marker = PyTuple_Pack(2, marker_tag, (PyObject *)self);
+    Py_DECREF(marker_tag);
+    self->closed = PyMem_Calloc(RING_STEPS, sizeof(Closed));
+    self->ring = PyMem_Calloc(RING_REGIONS, sizeof(Region));
+    if (self->marker == NULL || self->closed == NULL || self->ring == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto error;
+    }
     if (!PyList_Check(self->phase_list) || PyList_GET_SIZE(self->phase_list) != 1 || !PyList_Check(self->native_slot)
         || PyList_GET_SIZE(self->native_slot) != 1 || !PyList_Check(self->step_begin)
         || !PyList_Check(self->step_boundary) || !PyDict_Check(self->step_numbers) || !PyDict_Check(self->cuda_globals)) {
@@ -495,6 +616,9 @@ static PyMethodDef steps_methods[] = {
     {"take", steps_take, METH_NOARGS,
      "Hand the step open on this thread over: (phase, number, start_ns, annotations, scalars, depth, leader, "
      "saw_backward, saw_work, optimizer) with optimizer (start_ns, depth, nesting) or None; None when none is open."},
+    {"pop", steps_pop, METH_NOARGS,
+     "The oldest closed step's record (STEP, phase, number, start_ns, end_ns, annotations, scalars, None), or None; "
+     "the recorder calls it for each (NATIVE_STEP, steps) marker in its queue."},
     {"adopt", steps_adopt, METH_O, "The StepContext the taken step became: regions open at the hand-over end there."},
     {"release", steps_release, METH_NOARGS, "Turn off for good and drop the references to Python callables."},
     {NULL, NULL, 0, NULL},
@@ -598,6 +722,15 @@ static int hook_set_steps(PyObject *op, PyObject *value, void *unused) {
     return 0;
 }
 
+/* copy.copy / copy.deepcopy (of an optimizer holding this hook, say): the same hook, as for a function. */
+static PyObject *hook_copy(PyObject *self, PyObject *unused) { return Py_NewRef(self); }
+
+static PyMethodDef hook_methods[] = {
+    {"__copy__", hook_copy, METH_NOARGS, NULL},
+    {"__deepcopy__", hook_copy, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyGetSetDef hook_getset[] = {
     {"__wrapped__", hook_get_wrapped, NULL, "The wrapped callable.", NULL},
     {"__doc__", hook_get_doc, NULL, NULL, NULL},
@@ -682,6 +815,7 @@ static PyTypeObject ForwardType = {
     .tp_descr_get = hook_descr_get,
     .tp_getattro = hook_getattro,
     .tp_getset = hook_getset,
+    .tp_methods = hook_methods,
     .tp_new = forward_new,
     .tp_doc = "Forward(steps, original, fallback): the instrumented subclass's forward.",
 };
@@ -745,6 +879,7 @@ static PyTypeObject BackwardType = {
     .tp_descr_get = hook_descr_get,
     .tp_getattro = hook_getattro,
     .tp_getset = hook_getset,
+    .tp_methods = hook_methods,
     .tp_new = backward_new,
     .tp_doc = "Backward(steps, original, fallback): Tensor.backward, timed.",
 };
@@ -831,6 +966,7 @@ static PyTypeObject OptimizerHookType = {
     .tp_vectorcall_offset = offsetof(Hook, vectorcall),
     .tp_call = PyVectorcall_Call,
     .tp_getset = hook_getset,
+    .tp_methods = hook_methods,
     .tp_new = optimizer_new,
     .tp_doc = "OptimizerHook(steps, fallback, post): an optimizer step pre-hook or post-hook.",
 };
@@ -916,12 +1052,11 @@ static PyObject *iterator_next(PyObject *op) {
     if (batch == NULL) {
         if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_StopIteration)) return NULL;
         /* the epoch ended: drop a step that only saw this fetch */
-        if (steps->open && steps->generation == generation && !steps->saw_work && steps_cancel(steps) < 0) {
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (steps->open && steps->generation == generation && !steps->saw_work && steps_cancel(steps) < 0)
             steps_fail(steps);
-            PyErr_Restore(type, value, tb);
-        }
+        PyErr_Restore(type, value, tb);
         return NULL;
     }
     if (steps->count_samples) {

@@ -380,6 +380,8 @@ class TorchInstrumentation:
             self.backward_off = True
         if hook == "forward":  # device times are read at each forward: without it the timer would only fill
             self._close_device_timer()
+        if hook == "optimizer":  # its step() no longer ends steps: each fetch (or forward) does
+            self.auto.by_optimizer = False
         self._hook_failed = True
         self.sync_native()
         _with_registry(lambda r: r.counter(sc.INTEGRATION_ERRORS).add(1, (hook,)))
