@@ -1,6 +1,6 @@
 """Machine instructions the PyTorch integration adds per step, counted by callgrind (valgrind).
 
-    python benchmarks/instructions.py    # CNN and tiny loops, bare / instrumented / torch.profiler, ~15 min on 2 cores
+    python benchmarks/instructions.py    # CNN and tiny loops, bare / C hooks / Python hooks / torch.profiler, ~20 min
     python benchmarks/instructions.py --only cnn --steps 30 --keep dumps/   # callgrind_annotate dumps/cnn-bare.1
     python benchmarks/instructions.py --only cnn --cache   # and the cache misses they add, ~20 min on 2 cores
 
@@ -21,7 +21,8 @@ span budget, no outliers): under valgrind a step takes ~50x longer and its timin
 become spans; the recorder's figure is the cost of a step that is not traced, the default's common case.
 
 Variants: ``bare`` (the loop alone), ``instrumented`` (``otelprof.torch.instrument(model, optimizer,
-dataloader)``: auto steps, the dataloader / forward / backward / optimizer regions, loss, lr, samples), and
+dataloader)``: auto steps, the dataloader / forward / backward / optimizer regions, loss, lr, samples; its
+hooks in C where the extension is built), ``Python hooks`` (the same with the Python hooks), and
 ``torch.profiler`` (the loop inside ``torch.profiler.profile(activities=[CPU])``, started before the bracket).
 
 ``--cache`` also simulates the caches of one core (``CACHE``: 32 KB L1 instruction and data caches, and a
@@ -46,7 +47,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-VARIANTS = ("bare", "instrumented", "torch.profiler")
+VARIANTS = ("bare", "instrumented", "Python hooks", "torch.profiler")
 LOOPS = ("cnn", "tiny")
 CACHE = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=524288,8,64"]
 """``--cache``: one core's caches, as callgrind's I1, D1 and last level (LL)."""
@@ -74,8 +75,9 @@ def child(loop: str, variant: str, steps: int) -> None:
     recorder = session.recorder  # type: ignore[union-attr]
     session._stop.set()  # type: ignore[union-attr]  # the background thread ends: drains happen below only
     recorder.wake_up()
-    if variant == "instrumented":
-        otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    if variant in ("instrumented", "Python hooks"):
+        with ti.hooks_of(variant):
+            otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
     elif variant == "torch.profiler":  # entered and never left: the process ends with os._exit below
         profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
         profiler.__enter__()
@@ -99,7 +101,7 @@ Counts = dict[str, int]
 
 def count(loop: str, variant: str, steps: int, out: Path, cache: bool) -> tuple[Counts, Counts]:
     """Callgrind's totals for the training loop and for the recorder's drain, for ``steps`` steps."""
-    prefix = out / f"{loop}-{variant.replace('.', '_')}"
+    prefix = out / f"{loop}-{re.sub(r'[^a-z]+', '_', variant.lower())}"
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--zero-before=getppid",
                "--dump-before=getloadavg", *(CACHE if cache else []), f"--callgrind-out-file={prefix}",

@@ -1,6 +1,6 @@
 """The floor of hook cost on the training thread: hooks that only write timestamps into a native buffer.
 
-    python benchmarks/native_floor.py               # CNN, 200 rounds, ~5 minutes
+    python benchmarks/native_floor.py               # CNN, 200 rounds, ~10 minutes
     python benchmarks/native_floor.py --rounds 20   # ~30 s, rough
 
 otelprof's PyTorch integration costs the benchmark CNN more in wall time than its instruction count says

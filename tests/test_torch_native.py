@@ -5,6 +5,7 @@ the training loop."""
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -352,3 +353,20 @@ def test_a_full_queue_drops_and_counts_steps_on_both_paths(tmp_path: Path, monke
     steps = read_recording(run_dir).ranks[0].steps
     assert [s.number for s in steps] == list(range(64))
     assert all([a.name for a in s.annotations] == REGIONS and s.scalars["samples"] == 16 for s in steps)
+
+
+def test_steps_waiting_for_the_recorder_keep_their_order_as_the_rings_grow(tmp_path: Path) -> None:
+    session = _session(tmp_path, flush_interval=10.0)
+    model, optimizer, loader = _parts(n=16 * 700)
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    plain(model, optimizer, loader)  # 1,400 steps before the recorder processes any: the rings double 3 times
+    assert len(session.recorder.queue) == 1400 and session.recorder.queue_dropped == 0
+    run_dir = session.run_dir
+    otorch.uninstrument()
+    otelprof.shutdown()
+    steps = read_recording(run_dir).ranks[0].steps
+    assert [s.number for s in steps] == list(range(1400))
+    assert all([a.name for a in s.annotations] == REGIONS and s.scalars["samples"] == 16 for s in steps)
+    assert all(s.start_ns <= a.start_ns and a.start_ns + a.duration_ns <= s.end_ns
+               for s in steps for a in s.annotations)
+    assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(steps))

@@ -5,19 +5,22 @@
  * Python each hook reads a thread-local, updates a step object and appends a tuple per region; on the
  * training thread, where their code is cold in the CPU caches, that costs about 2 % of a small CNN's step.
  * Here the usual automatic step (opened by the first event of an iteration, ended by optimizer.step())
- * lives in one C struct: timestamps, region depths, batch size, loss and learning rate; at its end one
- * record in the recorder's format is built and appended to the recorder's queue, as
- * StepContext.__exit__ does.
+ * lives in one C struct: timestamps, region depths, batch size, loss and learning rate. At its end it moves
+ * to a ring of closed steps and a marker, (hotpath.NATIVE_STEP, steps), goes into the recorder's queue
+ * where StepContext.__exit__ would put its record; the recorder calls pop() for each marker and gets that
+ * record, built on its own thread. The training thread makes no Python object for a step.
  *
  * Anything else goes to the Python hooks (the "fallback" each C hook holds): a step the user marked, an
- * evaluation forward, another thread, profiler windows or step-boundary callbacks about to run, a session
+ * evaluation forward, an event on a thread other than the step's, profiler windows or step-boundary callbacks
+ * about to run, a session
  * not running. Before the Python code runs, a step open here is handed over ("materialised"): the
  * instrumentation's _materialise() takes its state (take()) and makes it a hotpath.StepContext, so that
  * the Python path finds it where it would have put it. hotpath's user calls (record, annotate, step)
  * do the same through hotpath._native. Any unexpected error here turns the C path off for good
  * (on_error is told; the Python hooks carry on); the training loop never sees it.
  *
- *   Steps(hot, names, scalars, materialise, on_error, helpers)   one instrumentation's automatic steps
+ *   Steps(hot, names, scalars, materialise, on_error, helpers)   one instrumentation's automatic steps;
+ *                                           take() / adopt() hand the open step over, pop() gives records
  *   Forward(steps, original, fallback)      a method descriptor: the instrumented subclass's forward
  *   Backward(steps, original, fallback)     a method descriptor: Tensor.backward (steps may be None)
  *   Iterator(steps, iterator, fallback)     a data-loader iterator; fallback is the Python proxy
@@ -31,8 +34,9 @@
 
 #define MAX_REGIONS 64 /* regions kept here in one step; past that the step is handed over to Python */
 #define MAX_NAMES 4
-#define RING_STEPS 8192    /* closed steps waiting for the recorder (its queue holds a marker for each) */
-#define RING_REGIONS 65536 /* and their regions */
+#define RING_STEPS 256 /* closed steps waiting for the recorder at first (its queue holds a marker for each); the
+                          rings double when full, up to the recorder queue's capacity */
+#define REGIONS_PER_STEP 8 /* the region ring's size per closed step, at first */
 
 enum { FETCH = 0, FORWARD = 1, BACKWARD = 2, OPTIMIZER = 3 }; /* event kinds = region name indexes */
 enum { SAMPLES = 0, LOSS = 1, LEARNING_RATE = 2 };            /* scalar name indexes */
@@ -96,9 +100,9 @@ typedef struct {
     /* closed steps, in order, until the recorder pops them (FIFO rings) */
     PyObject *marker; /* (hotpath.NATIVE_STEP, self): what the recorder's queue gets for each */
     Closed *closed;
-    int closed_head, closed_count;
+    int closed_head, closed_count, closed_size;
     Region *ring;
-    int ring_head, ring_count;
+    int ring_head, ring_count, ring_size;
 } Steps;
 
 static PyTypeObject StepsType;
@@ -306,8 +310,36 @@ static int count_dropped(PyObject *recorder) {
     return failed;
 }
 
+/* Room in the rings for one more closed step of `regions` regions: doubled (in order, from index 0) when full,
+ * the closed-step ring up to `limit` (the recorder queue's capacity). 0: no room. */
+static int rings_room(Steps *self, int regions, Py_ssize_t limit) {
+    if (self->closed_count == self->closed_size) {
+        if (self->closed_size >= limit || self->closed_size > (1 << 24)) return 0;
+        int size = self->closed_size * 2;
+        Closed *closed = PyMem_Calloc((size_t)size, sizeof(Closed));
+        if (closed == NULL) return 0;
+        for (int i = 0; i < self->closed_count; i++) closed[i] = self->closed[(self->closed_head + i) % self->closed_size];
+        PyMem_Free(self->closed);
+        self->closed = closed;
+        self->closed_head = 0;
+        self->closed_size = size;
+    }
+    while (self->ring_count + regions > self->ring_size) {
+        if (self->ring_size > (1 << 26)) return 0;
+        int size = self->ring_size * 2;
+        Region *ring = PyMem_Calloc((size_t)size, sizeof(Region));
+        if (ring == NULL) return 0;
+        for (int i = 0; i < self->ring_count; i++) ring[i] = self->ring[(self->ring_head + i) % self->ring_size];
+        PyMem_Free(self->ring);
+        self->ring = ring;
+        self->ring_head = 0;
+        self->ring_size = size;
+    }
+    return 1;
+}
+
 /* The closed step into the ring and its marker into the recorder's queue; the recorder builds the record
- * (pop()) on its own thread. No room in the queue or the ring: dropped and counted. */
+ * (pop()) on its own thread. No room in the queue or the rings: dropped and counted. */
 static int submit(Steps *self, long long end) {
     PyObject *recorder = PyDict_GetItemWithError(self->hot_globals, s_active);
     if (recorder == NULL) return PyErr_Occurred() ? -1 : 0;
@@ -332,10 +364,8 @@ static int submit(Steps *self, long long end) {
     }
     Py_ssize_t length = PyObject_Size(self->queue);
     if (length < 0) return -1;
-    if (length >= self->capacity || self->closed_count == RING_STEPS
-        || self->ring_count + self->regions > RING_REGIONS)
-        return count_dropped(recorder);
-    Closed *c = &self->closed[(self->closed_head + self->closed_count) % RING_STEPS];
+    if (length >= self->capacity || !rings_room(self, self->regions, self->capacity)) return count_dropped(recorder);
+    Closed *c = &self->closed[(self->closed_head + self->closed_count) % self->closed_size];
     c->phase = Py_NewRef(self->phase);
     c->loss = self->loss_value;
     c->lr = self->lr_value;
@@ -346,7 +376,7 @@ static int submit(Steps *self, long long end) {
     c->samples = self->samples;
     c->regions = self->regions;
     for (int i = 0; i < self->regions; i++)
-        self->ring[(self->ring_head + self->ring_count + i) % RING_REGIONS] = self->region[i];
+        self->ring[(self->ring_head + self->ring_count + i) % self->ring_size] = self->region[i];
     self->closed_count++;
     self->ring_count += self->regions;
     PyObject *done = PyObject_CallOneArg(self->queue_append, self->marker);
@@ -464,7 +494,7 @@ static PyObject *steps_pop(PyObject *op, PyObject *unused) {
     Steps *self = (Steps *)op;
     if (self->closed_count == 0) Py_RETURN_NONE;
     Closed *c = &self->closed[self->closed_head];
-    PyObject *annotations = build_annotations(self, self->ring, self->ring_head, c->regions, RING_REGIONS);
+    PyObject *annotations = build_annotations(self, self->ring, self->ring_head, c->regions, self->ring_size);
     PyObject *scalars = annotations != NULL ? build_scalars(self, c->samples, c->loss, c->lr) : NULL;
     PyObject *record = NULL;
     if (scalars != NULL)
@@ -472,9 +502,9 @@ static PyObject *steps_pop(PyObject *op, PyObject *unused) {
     else
         Py_XDECREF(annotations);
     /* popped even when building failed: the next marker is the next step's */
-    self->closed_head = (self->closed_head + 1) % RING_STEPS;
+    self->closed_head = (self->closed_head + 1) % self->closed_size;
     self->closed_count--;
-    self->ring_head = (self->ring_head + c->regions) % RING_REGIONS;
+    self->ring_head = (self->ring_head + c->regions) % self->ring_size;
     self->ring_count -= c->regions;
     Py_CLEAR(c->phase);
     Py_CLEAR(c->loss);
@@ -541,7 +571,7 @@ static void steps_dealloc(PyObject *op) {
     for (int i = 0; i < 3; i++) Py_CLEAR(self->scalar_names[i]);
     if (self->closed != NULL) {
         for (int i = 0; i < self->closed_count; i++) {
-            Closed *c = &self->closed[(self->closed_head + i) % RING_STEPS];
+            Closed *c = &self->closed[(self->closed_head + i) % self->closed_size];
             Py_CLEAR(c->phase);
             Py_CLEAR(c->loss);
             Py_CLEAR(c->lr);
@@ -595,7 +625,9 @@ static PyObject *steps_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->marker = PyTuple_Pack(2, marker_tag, (PyObject *)self);
     Py_DECREF(marker_tag);
     self->closed = PyMem_Calloc(RING_STEPS, sizeof(Closed));
-    self->ring = PyMem_Calloc(RING_REGIONS, sizeof(Region));
+    self->ring = PyMem_Calloc(RING_STEPS * REGIONS_PER_STEP, sizeof(Region));
+    self->closed_size = RING_STEPS;
+    self->ring_size = RING_STEPS * REGIONS_PER_STEP;
     if (self->marker == NULL || self->closed == NULL || self->ring == NULL) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         goto error;
