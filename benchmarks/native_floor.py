@@ -18,11 +18,10 @@ append it to the real recorder's queue at the end of ``optimizer.step()``; the r
 processes the integration's records (woken and waited for as in the otelprof blocks). It covers the plain
 training step only: what the 1 % goal's hot path would cost on its common path.
 
-Rounds of seven 50-step blocks on one model, in an order rotated each round: bare, bare again (the A/A
+Rounds of six 50-step blocks on one model, in an order rotated each round: bare, bare again (the A/A
 control: how far two identical blocks land here), native timestamps, native step records,
-``otelprof.torch.instrument`` (its hooks in C, ``_torch_native.c``, which grew out of the prototype), the
-same without waking the recorder as ``backward()`` starts (``WAKE_RECORDER_AT_BACKWARD``), and the same
-with its Python hooks (whose background recorder processes the previous recording block's records
+``otelprof.torch.instrument`` (its hooks in C, ``_torch_native.c``, which grew out of the prototype) and the
+same with its Python hooks (whose background recorder processes the previous recording block's records
 during each such block, and whatever it has not finished is counted in that block, as in
 ``torch_integration.py``'s paired blocks).
 Each variant's figure is the median over rounds of its block's mean step minus the same round's bare block.
@@ -58,8 +57,7 @@ from otelprof.integrations import torch as otorch
 FETCH, FORWARD, BACKWARD, OPTIMIZER = 0, 2, 4, 6
 """Event codes: a region's begin; its end is the code + 1."""
 EVENTS_PER_STEP = 8
-VARIANTS = ("bare again", "native timestamps", "native step records", "otelprof", "otelprof, no backward wake",
-            "otelprof, Python hooks")
+VARIANTS = ("bare again", "native timestamps", "native step records", "otelprof", "otelprof, Python hooks")
 BLOCK_STEPS = 50
 
 
@@ -161,7 +159,6 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
             elif variant == "native step records":
                 native_steps.install()
             elif variant.startswith("otelprof"):
-                otorch.WAKE_RECORDER_AT_BACKWARD = variant != "otelprof, no backward wake"
                 with ti.hooks_of(variant):
                     otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
             ti.run_loop(model, optimizer, loader, 2, classify)  # the first iteration with fresh hooks, untimed
@@ -175,7 +172,6 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
                     seconds += time.perf_counter() - waited
             if variant.startswith("otelprof"):
                 otorch.uninstrument()
-                otorch.WAKE_RECORDER_AT_BACKWARD = True
             elif variant == "native step records":
                 native_steps.remove()
                 if steps_built.number - numbered != 2 + BLOCK_STEPS:
@@ -212,7 +208,7 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=200, help="rounds of the seven blocks (default 200)")
+    parser.add_argument("--rounds", type=int, default=200, help="rounds of the six blocks (default 200)")
     parser.add_argument("--loop", choices=("cnn", "tiny"), default="cnn", help="the training loop (default cnn)")
     parser.add_argument("--no-malloc-pin", action="store_true", help="leave glibc malloc's thresholds alone")
     args = parser.parse_args()

@@ -42,7 +42,7 @@ enum { FETCH = 0, FORWARD = 1, BACKWARD = 2, OPTIMIZER = 3 }; /* event kinds = r
 enum { SAMPLES = 0, LOSS = 1, LEARNING_RATE = 2 };            /* scalar name indexes */
 
 static PyObject *s_step, *s_training, *s_numel, *s_is_cpu, *s_item, *s_detach, *s_shape, *s_param_groups,
-    *s_lr, *s_queue, *s_capacity, *s_queue_dropped, *s_append, *s_active, *s_initialized, *s_max_regions, *s_wake, *s_locked, *s_release;
+    *s_lr, *s_queue, *s_capacity, *s_queue_dropped, *s_append, *s_active, *s_initialized, *s_max_regions;
 
 /* perf_counter_ns() on Linux: CLOCK_MONOTONIC, so times mix with those taken in Python. */
 static inline long long now_ns(void) {
@@ -70,9 +70,6 @@ typedef struct {
     int enabled;
     int loss;
     int count_samples;
-    int wake_at_backward;    /* wake the recorder as backward() starts (see backward_vectorcall) */
-    long long wake_min_ns;   /* ... when the last step took at least this long */
-    long long last_step_ns;
     /* the open step */
     int open;
     unsigned long thread;
@@ -100,7 +97,6 @@ typedef struct {
     /* the recorder whose queue, its append and its capacity are cached */
     PyObject *recorder, *queue, *queue_append;
     Py_ssize_t capacity;
-    PyObject *wake_locked, *wake_release; /* the recorder's wake-up lock: its locked() and release(), or NULL */
     /* closed steps, in order, until the recorder pops them (FIFO rings) */
     PyObject *marker; /* (hotpath.NATIVE_STEP, self): what the recorder's queue gets for each */
     Closed *closed;
@@ -365,19 +361,6 @@ static int submit(Steps *self, long long end) {
         Py_XSETREF(self->queue, queue);
         Py_XSETREF(self->queue_append, append);
         self->capacity = limit;
-        Py_CLEAR(self->wake_locked);
-        Py_CLEAR(self->wake_release);
-        PyObject *wake = PyObject_GetAttr(recorder, s_wake);
-        if (wake != NULL) {
-            self->wake_locked = PyObject_GetAttr(wake, s_locked);
-            self->wake_release = PyObject_GetAttr(wake, s_release);
-            Py_DECREF(wake);
-        }
-        if (self->wake_locked == NULL || self->wake_release == NULL) { /* no wake-ups: the flush interval's drains */
-            Py_CLEAR(self->wake_locked);
-            Py_CLEAR(self->wake_release);
-            PyErr_Clear();
-        }
     }
     Py_ssize_t length = PyObject_Size(self->queue);
     if (length < 0) return -1;
@@ -414,7 +397,6 @@ static int submit(Steps *self, long long end) {
 static int steps_close(Steps *self, long long end) {
     self->open = 0;
     self->generation++;
-    self->last_step_ns = end - self->start;
     set_native_slot(self, Py_None);
     int failed = submit(self, end);
     Py_CLEAR(self->loss_value);
@@ -550,8 +532,6 @@ static PyObject *steps_release(PyObject *op, PyObject *unused) {
     Py_CLEAR(self->recorder);
     Py_CLEAR(self->queue);
     Py_CLEAR(self->queue_append);
-    Py_CLEAR(self->wake_locked);
-    Py_CLEAR(self->wake_release);
     Py_RETURN_NONE;
 }
 
@@ -585,8 +565,7 @@ static void steps_dealloc(PyObject *op) {
                          &self->step_begin, &self->step_boundary, &self->native_slot, &self->step_tag,
                          &self->end_region, &self->add_into, &self->run_step_boundary, &self->batch_size,
                          &self->learning_rate, &self->cuda_memory, &self->cuda_globals, &self->tensor_type,
-                         &self->recorder, &self->queue, &self->queue_append, &self->wake_locked,
-                         &self->wake_release};
+                         &self->recorder, &self->queue, &self->queue_append};
     for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++) Py_CLEAR(*refs[i]);
     for (int i = 0; i < MAX_NAMES; i++) Py_CLEAR(self->names[i]);
     for (int i = 0; i < 3; i++) Py_CLEAR(self->scalar_names[i]);
@@ -681,9 +660,6 @@ static PyMemberDef steps_members[] = {
     {"enabled", T_BOOL, offsetof(Steps, enabled), 0, "Events are handled here (else by the Python hooks)."},
     {"loss", T_BOOL, offsetof(Steps, loss), 0, "Record the loss at backward()."},
     {"count_samples", T_BOOL, offsetof(Steps, count_samples), 0, "Record the batch size at each fetch."},
-    {"wake_at_backward", T_BOOL, offsetof(Steps, wake_at_backward), 0,
-     "Wake the recorder as backward() starts when closed steps wait (and the last step took wake_min_ns)."},
-    {"wake_min_ns", T_LONGLONG, offsetof(Steps, wake_min_ns), 0, "See wake_at_backward."},
     {"open", T_BOOL, offsetof(Steps, open), READONLY, "A step is open here."},
     {"number", T_LONGLONG, offsetof(Steps, number), READONLY, "The open (or last) step's number."},
     {NULL, 0, 0, 0, NULL},
@@ -895,19 +871,6 @@ static int record_loss(Steps *steps, PyObject *tensor) {
     return 0;
 }
 
-/* The recorder processes the steps waiting for it while backward() runs: on CPU the autograd engine runs
- * without the GIL, so the recorder's Python work does not hold up the training thread, which otherwise
- * comes back from a kernel to find the GIL taken. Recorder.wake_up(), without its Python frame. */
-static void wake_recorder(Steps *steps) {
-    PyObject *locked = PyObject_CallNoArgs(steps->wake_locked);
-    if (locked == Py_True) {
-        PyObject *done = PyObject_CallNoArgs(steps->wake_release);
-        Py_XDECREF(done);
-    }
-    Py_XDECREF(locked);
-    PyErr_Clear(); /* released by another thread in between: woken anyway */
-}
-
 static PyObject *backward_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Hook *self = (Hook *)op;
     Steps *steps = self->steps;
@@ -921,9 +884,6 @@ static PyObject *backward_vectorcall(PyObject *op, PyObject *const *args, size_t
         steps_fail(steps);
         return call_fallback(self, args, nargsf, kwnames);
     }
-    if (steps->wake_at_backward && steps->closed_count > 0 && steps->last_step_ns >= steps->wake_min_ns
-        && steps->wake_release != NULL)
-        wake_recorder(steps);
     unsigned long long generation = steps->generation;
     int depth = steps_begin_region(steps);
     long long start = now_ns();
@@ -1211,8 +1171,7 @@ PyMODINIT_FUNC PyInit__torch_native(void) {
                    {&s_item, "item"}, {&s_detach, "detach"}, {&s_shape, "shape"}, {&s_param_groups, "param_groups"},
                    {&s_lr, "lr"}, {&s_queue, "queue"}, {&s_capacity, "capacity"},
                    {&s_queue_dropped, "queue_dropped"}, {&s_append, "append"}, {&s_active, "_active"},
-                   {&s_initialized, "_initialized"}, {&s_max_regions, "MAX_STEP_ANNOTATIONS"},
-                   {&s_wake, "_wake"}, {&s_locked, "locked"}, {&s_release, "release"}};
+                   {&s_initialized, "_initialized"}, {&s_max_regions, "MAX_STEP_ANNOTATIONS"}};
     for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++)
         if ((*strings[i].slot = PyUnicode_InternFromString(strings[i].text)) == NULL) return NULL;
     PyTypeObject *types[] = {&StepsType, &ForwardType, &BackwardType, &OptimizerHookType, &IteratorType};

@@ -46,7 +46,6 @@ from otelprof.integrations import cuda_timing
 from otelprof.integrations._iterators import IteratorProxy
 from otelprof.integrations.cuda_timing import DeviceTimer
 from otelprof.integrations.torch_profiler import ProfileWindows
-from otelprof.recorder import GENTLE_MIN_STEP_NS
 
 __all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_window", "uninstrument"]
 
@@ -67,10 +66,6 @@ def _load_native() -> Any:
 
 
 _native = _load_native()
-WAKE_RECORDER_AT_BACKWARD = True
-"""The C hooks wake the recorder as ``backward()`` starts, when steps wait for it and the last one took at least
-``GENTLE_MIN_STEP_NS``: on CPU the autograd engine runs without the GIL, so the recorder's work then overlaps
-the backward pass instead of holding the GIL when the training thread comes back from a kernel."""
 HOOK_NATIVE = "native"
 """``hook`` label of ``otelprof.integration.errors`` when the C hot path failed (the Python hooks carry on)."""
 
@@ -404,8 +399,6 @@ class TorchInstrumentation:
             return
         native.loss = self.loss
         native.count_samples = self.count_samples
-        native.wake_at_backward = WAKE_RECORDER_AT_BACKWARD
-        native.wake_min_ns = GENTLE_MIN_STEP_NS
         native.enabled = (not self.closed and not self.grad_norm and self.device_timer is None
                           and self.auto.by_optimizer and self._wrapped_models > 0 and not self._hooked_models
                           and not self._comm_hooked and not self._hook_failed and not self.backward_off
