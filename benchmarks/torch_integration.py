@@ -1,8 +1,8 @@
 """Cost of the PyTorch integration per step, side by side with bare torch.profiler.
 
     python benchmarks/torch_integration.py           # ~6 minutes
-    python benchmarks/torch_integration.py --paired-only --only cnn   # the goal's figure, ~2 minutes
-    python benchmarks/torch_integration.py --paired-only --only cnn --parts   # and where it goes, ~4 minutes
+    python benchmarks/torch_integration.py --paired-only --only cnn   # the goal's figure, ~3 minutes
+    python benchmarks/torch_integration.py --paired-only --only cnn --parts   # and where it goes, ~6 minutes
     python benchmarks/torch_integration.py --quick   # ~40 s
 
 Variants, interleaved in one process (order rotated each round), medians of per-round figures:
