@@ -192,9 +192,13 @@ class Session:
     def should_stop(self) -> bool:
         """True once a stop was requested (alert action, control endpoint, ``request_stop()``).
 
-        Check it after each step and leave the loop; the ``on_stop`` callbacks have run by then
-        when the request arrived during a step."""
-        return self._stop_reason is not None
+        Check it after each step and leave the loop; the ``on_stop`` callbacks have run by then: at the
+        step boundary when the request arrived during a step, here when it arrived after the step ended."""
+        if self._stop_reason is None:
+            return False
+        if self._stop_callbacks and hot._tls.step is None and hot._native[0] is None:  # between two steps
+            self._run_stop_callbacks()
+        return True
 
     def on_stop(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` (e.g. save a checkpoint) on the training thread at the step boundary
@@ -217,14 +221,18 @@ class Session:
         return self.request_stop(reason or "control endpoint", alert)
 
     def _at_stop_boundary(self) -> None:
+        self._run_stop_callbacks()
+        if self.config.stop_raises:
+            raise hot.StopTraining(self._stop_reason or "stop requested")
+
+    def _run_stop_callbacks(self) -> None:
+        """The ``on_stop`` callbacks, each once, on the training thread."""
         callbacks, self._stop_callbacks = self._stop_callbacks, []
         for callback in callbacks:
             try:
                 callback()
             except Exception:
                 logger.exception("otelprof: an on_stop callback failed")
-        if self.config.stop_raises:
-            raise hot.StopTraining(self._stop_reason or "stop requested")
 
     def capture(self, steps: int = 10) -> dict[str, Any]:
         """Arm a profiling window for the next ``steps`` steps: the framework integration's

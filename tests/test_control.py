@@ -93,6 +93,22 @@ def test_stop_over_http_ends_the_loop_at_a_step_boundary_after_the_checkpoint(tm
     assert len(rank.steps) == 6
 
 
+def test_a_stop_that_arrives_between_steps_runs_the_callbacks_before_should_stop_says_so(tmp_path: Path) -> None:
+    """The request lands after a step ended and before the loop checks: should_stop() runs the on_stop callbacks
+    (an alerting end-to-end run once saw the loop leave without its checkpoint)."""
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    saved: list[int] = []
+    session.on_stop(lambda: saved.append(1))
+    with otelprof.step():
+        pass
+    session.request_stop("between steps")
+    assert session.should_stop() and saved == [1]
+    with otelprof.step():
+        assert session.should_stop() and saved == [1]  # inside a step nothing runs
+    assert saved == [1]  # the boundary finds the callbacks done: each runs once
+    otelprof.shutdown()
+
+
 def test_stop_can_raise_a_catchable_exception(tmp_path: Path) -> None:
     session = otelprof.init(record_dir=str(tmp_path), stop_raises=True, system_metrics=False)
     saved: list[str] = []
