@@ -66,14 +66,15 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    /* settings, written by the instrumentation (_sync_native) */
+    /* settings, written by the instrumentation (TorchInstrumentation.sync_native) */
     int enabled;
     int loss;
     int count_samples;
     /* the open step */
     int open;
     unsigned long thread;
-    unsigned long long generation; /* bumped at each hand-over: regions opened before it end in Python */
+    unsigned long long generation; /* bumped whenever the open step ends here or is handed over: a region opened
+                                      in an earlier generation ends in Python (steps_end_region) */
     PyObject *phase;
     long long number, start;
     int leader, saw_backward, saw_work, depth;
