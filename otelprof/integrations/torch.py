@@ -22,6 +22,11 @@ tensor ``backward()`` is called on, when it is a scalar), the learning rate, opt
 gradient norm, samples per step (the first dimension of the batch), CUDA memory when CUDA is used.
 
 A hook that raises is removed and counted (``otelprof_integration_errors_total``); training goes on.
+
+Where the C extension ``_torch_native`` is built (``OTELPROF_TORCH_NATIVE``, default on), the four per-step
+hooks are its C objects: they keep the plain automatic step in C and leave everything else to the Python
+hooks below, handing a step they hold over first (:meth:`TorchInstrumentation._materialise`). Both give
+the same recording; :meth:`TorchInstrumentation.sync_native` says when the C path applies.
 """
 
 from __future__ import annotations
