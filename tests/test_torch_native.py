@@ -4,6 +4,7 @@ the training loop."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import itertools
 import logging
@@ -332,6 +333,8 @@ def test_the_c_wrappers_look_like_what_they_wrap(tmp_path: Path) -> None:
     assert torch.Tensor.backward.__name__ == "backward"
     iterator = iter(loader)
     assert len(iterator) == 4 and iterator._num_yielded == 0  # the loader iterator's length and attributes
+    copied = copy.deepcopy(optimizer)  # an optimizer holding the C hooks copies, sharing them as functions
+    assert list(copied._optimizer_step_pre_hooks.values()) == list(optimizer._optimizer_step_pre_hooks.values())
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
