@@ -56,8 +56,8 @@ _step_boundary: list[Callable[[], None]] = []
 """Run on the training thread when a step closes, while non-empty (stop requests, armed captures)."""
 _native: list[Callable[[], None] | None] = [None]
 """While the PyTorch integration's C hooks hold a step of their own (``otelprof.integrations._torch_native``):
-the call that hands it over, so that it becomes the thread's StepContext. The calls below that read the
-thread's step make it first; the C code sets and clears this item in place."""
+the call that hands it over, so that it becomes the thread's StepContext. The calls below that find no step
+open on the thread make it first; the C code sets and clears this item in place."""
 
 
 def _activate(recorder: Recorder | None) -> None:
@@ -102,10 +102,12 @@ class StepContext:
         self.depth = 0
 
     def __enter__(self) -> StepContext:
-        if (native := _native[0]) is not None:
-            native()
         tls = _tls
-        self._previous = tls.step
+        previous = tls.step
+        if previous is None and (native := _native[0]) is not None:  # an automatic step held in C: hand it over
+            native()
+            previous = tls.step
+        self._previous = previous
         tls.step = self
         if _step_begin:
             _run_step_begin(self)
@@ -219,9 +221,11 @@ class _Region:
         self.name = name
 
     def __enter__(self) -> _Region:
-        if (native := _native[0]) is not None:
+        step = _tls.step
+        if step is None and (native := _native[0]) is not None:
             native()
-        step = self._step = _tls.step
+            step = _tls.step
+        self._step = step
         if step is not None:
             depth = step.depth
             step.depth = depth + 1
@@ -326,9 +330,11 @@ def annotation_begin(name: str) -> None:
     """Start a region that does not nest lexically; close it with :func:`annotation_end`."""
     if _active is None:
         return
-    if (native := _native[0]) is not None:
+    step = _tls.step
+    if step is None and (native := _native[0]) is not None:
         native()
-    _open_regions[name] = (perf_counter_ns(), _tls.step)
+        step = _tls.step
+    _open_regions[name] = (perf_counter_ns(), step)
 
 
 def annotation_end(name: str) -> None:
@@ -352,9 +358,10 @@ def record(name: str, value: Any) -> None:
     recorder = _active
     if recorder is None:
         return
-    if (native := _native[0]) is not None:
-        native()
     current = _tls.step
+    if current is None and (native := _native[0]) is not None:
+        native()
+        current = _tls.step
     if current is not None:
         if current.scalars is None:
             current.scalars = {}

@@ -21,8 +21,8 @@ import otelprof
 from otelprof import hotpath
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
-from otelprof.recording.reader import read_recording
-from tests.test_torch import REGIONS, require_native
+from otelprof.recording.reader import RankRecording
+from tests.test_torch import REGIONS, _recording, require_native
 
 torch.set_num_threads(1)
 Parts = tuple[torch.nn.Module, torch.optim.Optimizer, DataLoader[Any]]
@@ -129,9 +129,8 @@ class _nothing:
         return None
 
 
-def _shape(run_dir: Path) -> Any:
+def _shape(rank: RankRecording) -> Any:
     """What the recording holds, without times: steps (phase, number, regions with depths, scalars)."""
-    rank = read_recording(run_dir).ranks[0]
     steps = [(s.phase, s.number, [(a.name, a.depth) for a in s.annotations],
               {k: (round(v, 4) if isinstance(v, float) else v) for k, v in sorted(s.scalars.items())})
              for s in rank.steps]
@@ -145,10 +144,10 @@ def _record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool, loop:
     inst = otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
     assert (inst.native is not None) is native
     loop(model, optimizer, loader)
-    run_dir = session.run_dir
+    if native:  # the C hooks held steps, and were still on at the end
+        assert inst.native.enabled and inst.native.number > 0
     otorch.uninstrument()
-    otelprof.shutdown()
-    return _shape(run_dir)
+    return _shape(_recording(session))
 
 
 @pytest.mark.parametrize("loop", [plain, evaluation, accumulation, user_calls, phases_and_windows,
@@ -196,9 +195,7 @@ def test_a_hot_path_call_hands_the_step_over_with_what_it_holds(tmp_path: Path) 
     loss.backward()
     optimizer.step()
     assert hotpath._tls.step is None
-    run_dir = session.run_dir
-    otelprof.shutdown()
-    rank = read_recording(run_dir).ranks[0]
+    rank = _recording(session)
     assert [a.name for a in rank.steps[-1].annotations] == REGIONS
     assert rank.steps[-1].scalars["note"] == 1 and rank.steps[-1].scalars["loss"] > 0
 
@@ -221,9 +218,7 @@ def test_a_region_open_at_the_hand_over_ends_in_the_python_step(tmp_path: Path) 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
     plain(model, optimizer, loader)
-    run_dir = session.run_dir
-    otelprof.shutdown()
-    rank = read_recording(run_dir).ranks[0]
+    rank = _recording(session)
     assert len(rank.steps) == 8 and not rank.annotations
     assert all([(a.name, a.depth) for a in s.annotations] == [(name, 0) for name in REGIONS] for s in rank.steps)
     assert all(s.scalars["inside"] == 1 and s.scalars["samples"] == 16 for s in rank.steps)
@@ -246,9 +241,7 @@ def test_a_failure_in_the_c_path_turns_it_off_and_training_goes_on(
     errors = [line for line in _scrape(session).splitlines()
               if line.startswith(sc.INTEGRATION_ERRORS.prometheus_name) and f'hook="{otorch.HOOK_NATIVE}"' in line]
     assert len(errors) == 1 and float(errors[0].rsplit(" ", 1)[1]) == 1
-    run_dir = session.run_dir
-    otelprof.shutdown()
-    steps = read_recording(run_dir).ranks[0].steps
+    steps = _recording(session).steps
     assert len(steps) >= 15  # the step open in C when it failed is dropped; the Python hooks record the rest
 
 
@@ -287,9 +280,7 @@ def test_uninstrument_mid_step_ends_the_step_the_c_hooks_hold(tmp_path: Path) ->
     otorch.uninstrument()
     assert hotpath._native[0] is None and hotpath._tls.step is None
     assert type(torch.Tensor.backward).__name__ == "function"
-    run_dir = session.run_dir
-    otelprof.shutdown()
-    steps = read_recording(run_dir).ranks[0].steps
+    steps = _recording(session).steps
     assert len(steps) == 9 and [a.name for a in steps[-1].annotations] == REGIONS[:3]
 
 
@@ -315,9 +306,7 @@ def test_a_loop_on_another_thread_is_held_in_c_there(tmp_path: Path) -> None:
     otelprof.record("from-main", 1)  # another thread's call leaves the worker's step alone
     noted.set()
     worker.join()
-    run_dir = session.run_dir
-    otelprof.shutdown()
-    rank = read_recording(run_dir).ranks[0]
+    rank = _recording(session)
     assert len(rank.steps) == 9 and all([a.name for a in s.annotations] == REGIONS for s in rank.steps)
     assert rank.steps[-1].scalars["main-thread"] == 0
 
@@ -349,13 +338,12 @@ def test_a_full_queue_drops_and_counts_steps_on_both_paths(tmp_path: Path, monke
     monkeypatch.setenv("OTELPROF_TORCH_NATIVE", "true" if native else "false")
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, queue_size=64, flush_interval=10.0)
     model, optimizer, loader = _parts(n=16 * 100)
-    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    inst = otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
     plain(model, optimizer, loader)  # 200 steps, nothing processed meanwhile
     assert session.recorder.queue_dropped == 200 - 64
-    run_dir = session.run_dir
+    assert not native or inst.native.number >= 199  # the C hooks held them (the last fetch opened one more)
     otorch.uninstrument()
-    otelprof.shutdown()
-    steps = read_recording(run_dir).ranks[0].steps
+    steps = _recording(session).steps
     assert [s.number for s in steps] == list(range(64))
     assert all([a.name for a in s.annotations] == REGIONS and s.scalars["samples"] == 16 for s in steps)
 
@@ -366,10 +354,8 @@ def test_steps_waiting_for_the_recorder_keep_their_order_as_the_rings_grow(tmp_p
     otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
     plain(model, optimizer, loader)  # 1,400 steps before the recorder processes any: the rings double 3 times
     assert len(session.recorder.queue) == 1400 and session.recorder.queue_dropped == 0
-    run_dir = session.run_dir
     otorch.uninstrument()
-    otelprof.shutdown()
-    steps = read_recording(run_dir).ranks[0].steps
+    steps = _recording(session).steps
     assert [s.number for s in steps] == list(range(1400))
     assert all([a.name for a in s.annotations] == REGIONS and s.scalars["samples"] == 16 for s in steps)
     assert all(s.start_ns <= a.start_ns and a.start_ns + a.duration_ns <= s.end_ns

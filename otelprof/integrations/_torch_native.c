@@ -22,7 +22,7 @@
  *   Steps(hot, names, scalars, materialise, on_error, helpers)   one instrumentation's automatic steps;
  *                                           take() / adopt() hand the open step over, pop() gives records
  *   Forward(steps, original, fallback)      a method descriptor: the instrumented subclass's forward
- *   Backward(steps, original, fallback)     a method descriptor: Tensor.backward (steps may be None)
+ *   Backward(steps, original, fallback)     a method descriptor: Tensor.backward (steps may be None); both Timers
  *   Iterator(steps, iterator, fallback)     a data-loader iterator; fallback is the Python proxy
  *   OptimizerHook(steps, fallback, post)    an optimizer step pre-hook (post=False) or post-hook (True)
  */
@@ -110,6 +110,20 @@ static PyTypeObject StepsType;
 
 /* ------------------------------------------------------------------ failures and hand-over */
 
+static void set_native_slot(Steps *self, PyObject *value) {
+    Py_INCREF(value);
+    PyList_SetItem(self->native_slot, 0, value); /* steals; a list of one item, made by hotpath */
+}
+
+/* The open step is no longer here (closed, dropped or handed over): regions still open end in Python. */
+static void steps_leave(Steps *self) {
+    self->open = 0;
+    self->generation++;
+    set_native_slot(self, Py_None);
+    Py_CLEAR(self->loss_value);
+    Py_CLEAR(self->lr_value);
+}
+
 /* An unexpected error in this file's own work: the C path goes off for good, the step open here is dropped,
  * on_error(exc) warns and counts; the Python error indicator is left clear. */
 static void steps_fail(Steps *self) {
@@ -117,14 +131,7 @@ static void steps_fail(Steps *self) {
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     self->enabled = 0;
-    self->open = 0;
-    self->generation++;
-    Py_CLEAR(self->loss_value);
-    Py_CLEAR(self->lr_value);
-    if (self->native_slot != NULL && PyList_GET_SIZE(self->native_slot) > 0) {
-        Py_INCREF(Py_None);
-        PyList_SetItem(self->native_slot, 0, Py_None);
-    }
+    steps_leave(self);
     if (self->on_error != NULL && value != NULL) {
         PyObject *done = PyObject_CallOneArg(self->on_error, value);
         Py_XDECREF(done);
@@ -133,11 +140,6 @@ static void steps_fail(Steps *self) {
     Py_XDECREF(value);
     Py_XDECREF(tb);
     PyErr_Clear();
-}
-
-static void set_native_slot(Steps *self, PyObject *value) {
-    Py_INCREF(value);
-    PyList_SetItem(self->native_slot, 0, value); /* steals; a list of one item, made by hotpath */
 }
 
 /* Hand the open step over to Python (the instrumentation's _materialise calls take() and adopt()). */
@@ -151,6 +153,11 @@ static int steps_materialise(Steps *self) {
         return -1;
     }
     return 0;
+}
+
+/* Before a Python hook runs: the step open here on this thread goes to Python (an error turns the C path off). */
+static void steps_hand_over(Steps *self) {
+    if (self->open && PyThread_get_thread_ident() == self->thread && steps_materialise(self) < 0) steps_fail(self);
 }
 
 /* ------------------------------------------------------------------ opening and closing steps */
@@ -215,6 +222,13 @@ static int steps_ready(Steps *self, int kind) {
     set_native_slot(self, self->materialise);
     self->start = now_ns();
     return 1;
+}
+
+/* steps_ready, an error turning the C path off: whether this event is handled here. */
+static int steps_enter(Steps *self, int kind) {
+    int ready = steps_ready(self, kind);
+    if (ready < 0) steps_fail(self);
+    return ready > 0;
 }
 
 /* (name, start_ns, end_ns, depth, None): a region as the Python hooks append it to StepContext.annotations. */
@@ -311,31 +325,36 @@ static int count_dropped(PyObject *recorder) {
     return failed;
 }
 
-/* Room in the rings for one more closed step of `regions` regions: doubled (in order, from index 0) when full,
- * the closed-step ring up to `limit` (the recorder queue's capacity). 0: no room. */
+static void closed_clear(Closed *c) {
+    Py_CLEAR(c->phase);
+    Py_CLEAR(c->loss);
+    Py_CLEAR(c->lr);
+}
+
+/* A ring of `*size` items of `item` bytes holding `count` from `*head` on, doubled, in order from index 0. */
+static int ring_double(void **ring, size_t item, int *head, int count, int *size) {
+    char *doubled = PyMem_Calloc((size_t)*size * 2, item), *old = *ring;
+    if (doubled == NULL) return 0;
+    for (int i = 0; i < count; i++) memcpy(doubled + (size_t)i * item, old + (size_t)((*head + i) % *size) * item, item);
+    PyMem_Free(old);
+    *ring = doubled;
+    *head = 0;
+    *size *= 2;
+    return 1;
+}
+
+/* Room in the rings for one more closed step of `regions` regions, doubling them when full: the closed-step
+ * ring up to `limit` (the recorder queue's capacity). 0: no room. */
 static int rings_room(Steps *self, int regions, Py_ssize_t limit) {
-    if (self->closed_count == self->closed_size) {
-        if (self->closed_size >= limit || self->closed_size > (1 << 24)) return 0;
-        int size = self->closed_size * 2;
-        Closed *closed = PyMem_Calloc((size_t)size, sizeof(Closed));
-        if (closed == NULL) return 0;
-        for (int i = 0; i < self->closed_count; i++) closed[i] = self->closed[(self->closed_head + i) % self->closed_size];
-        PyMem_Free(self->closed);
-        self->closed = closed;
-        self->closed_head = 0;
-        self->closed_size = size;
-    }
-    while (self->ring_count + regions > self->ring_size) {
-        if (self->ring_size > (1 << 26)) return 0;
-        int size = self->ring_size * 2;
-        Region *ring = PyMem_Calloc((size_t)size, sizeof(Region));
-        if (ring == NULL) return 0;
-        for (int i = 0; i < self->ring_count; i++) ring[i] = self->ring[(self->ring_head + i) % self->ring_size];
-        PyMem_Free(self->ring);
-        self->ring = ring;
-        self->ring_head = 0;
-        self->ring_size = size;
-    }
+    if (self->closed_count == self->closed_size
+        && (self->closed_size >= limit || self->closed_size > (1 << 24)
+            || !ring_double((void **)&self->closed, sizeof(Closed), &self->closed_head, self->closed_count,
+                            &self->closed_size)))
+        return 0;
+    while (self->ring_count + regions > self->ring_size)
+        if (self->ring_size > (1 << 26)
+            || !ring_double((void **)&self->ring, sizeof(Region), &self->ring_head, self->ring_count, &self->ring_size))
+            return 0;
     return 1;
 }
 
@@ -384,9 +403,7 @@ static int submit(Steps *self, long long end) {
     if (done == NULL) { /* not queued: take the step back out, so that the markers and the ring stay in step */
         self->closed_count--;
         self->ring_count -= self->regions;
-        Py_CLEAR(c->phase);
-        Py_CLEAR(c->loss);
-        Py_CLEAR(c->lr);
+        closed_clear(c);
         return -1;
     }
     Py_DECREF(done);
@@ -396,12 +413,8 @@ static int submit(Steps *self, long long end) {
 /* StepContext.__exit__ for the step open here (its record queued as above), then the step-boundary
  * callbacks when there are any (they may raise StopTraining on purpose: -2). */
 static int steps_close(Steps *self, long long end) {
-    self->open = 0;
-    self->generation++;
-    set_native_slot(self, Py_None);
     int failed = submit(self, end);
-    Py_CLEAR(self->loss_value);
-    Py_CLEAR(self->lr_value);
+    steps_leave(self);
     if (failed) return -1;
     if (PyList_GET_SIZE(self->step_boundary) > 0) {
         PyObject *done = PyObject_CallNoArgs(self->run_step_boundary);
@@ -413,15 +426,17 @@ static int steps_close(Steps *self, long long end) {
 
 /* An epoch's last fetch opened a step and nothing else came: drop it (_AutoSteps.cancel). */
 static int steps_cancel(Steps *self) {
-    self->open = 0;
-    self->generation++;
-    set_native_slot(self, Py_None);
-    Py_CLEAR(self->loss_value);
-    Py_CLEAR(self->lr_value);
+    steps_leave(self);
     long long number;
     if (read_step_numbers(self, self->phase, &number) < 0) return -1;
     if (number == self->number + 1) return write_step_numbers(self, self->phase, self->number);
     return 0;
+}
+
+/* The Python step a region or batch of `generation` belongs to: the step handed over in that generation, or
+ * None (the region or batch stands on its own). Borrowed. */
+static PyObject *step_of(Steps *self, unsigned long long generation) {
+    return self->adopted != NULL && self->adopted_generation == generation ? self->adopted : Py_None;
 }
 
 /* A region opened in `generation` ends: into the step open here, or (handed over since, or to be handed over
@@ -443,7 +458,7 @@ static void steps_end_region(Steps *self, int name, long long start, long long e
     if (self->open && self->generation == generation && steps_materialise(self) < 0) {
         steps_fail(self);
     } else {
-        PyObject *step = (self->adopted != NULL && self->adopted_generation == generation) ? self->adopted : Py_None;
+        PyObject *step = step_of(self, generation);
         PyObject *starts = PyLong_FromLongLong(start), *depths = PyLong_FromLong(depth);
         PyObject *done = (starts && depths) ? PyObject_CallFunctionObjArgs(self->end_region, self->names[name],
                                                                            starts, step, depths, NULL) : NULL;
@@ -482,12 +497,9 @@ static PyObject *steps_take(PyObject *op, PyObject *unused) {
     PyObject *state = Py_BuildValue("(OLLNNiiiiN)", self->phase, self->number, self->start, annotations, scalars,
                                     self->depth, self->leader, self->saw_backward, self->saw_work, optimizer);
     if (state == NULL) return NULL;
-    self->open = 0;
-    set_native_slot(self, Py_None);
-    Py_CLEAR(self->loss_value);
-    Py_CLEAR(self->lr_value);
-    self->adopted_generation = self->generation++;
+    self->adopted_generation = self->generation;
     Py_CLEAR(self->adopted);
+    steps_leave(self);
     return state;
 }
 
@@ -507,9 +519,7 @@ static PyObject *steps_pop(PyObject *op, PyObject *unused) {
     self->closed_count--;
     self->ring_head = (self->ring_head + c->regions) % self->ring_size;
     self->ring_count -= c->regions;
-    Py_CLEAR(c->phase);
-    Py_CLEAR(c->loss);
-    Py_CLEAR(c->lr);
+    closed_clear(c);
     return record;
 }
 
@@ -523,13 +533,10 @@ static PyObject *steps_adopt(PyObject *op, PyObject *step) {
 static PyObject *steps_release(PyObject *op, PyObject *unused) {
     Steps *self = (Steps *)op;
     self->enabled = 0;
-    self->open = 0;
-    if (self->native_slot != NULL) set_native_slot(self, Py_None);
+    steps_leave(self);
     Py_CLEAR(self->adopted);
     Py_CLEAR(self->materialise);
     Py_CLEAR(self->on_error);
-    Py_CLEAR(self->loss_value);
-    Py_CLEAR(self->lr_value);
     Py_CLEAR(self->recorder);
     Py_CLEAR(self->queue);
     Py_CLEAR(self->queue_append);
@@ -571,12 +578,8 @@ static void steps_dealloc(PyObject *op) {
     for (int i = 0; i < MAX_NAMES; i++) Py_CLEAR(self->names[i]);
     for (int i = 0; i < 3; i++) Py_CLEAR(self->scalar_names[i]);
     if (self->closed != NULL) {
-        for (int i = 0; i < self->closed_count; i++) {
-            Closed *c = &self->closed[(self->closed_head + i) % self->closed_size];
-            Py_CLEAR(c->phase);
-            Py_CLEAR(c->loss);
-            Py_CLEAR(c->lr);
-        }
+        for (int i = 0; i < self->closed_count; i++)
+            closed_clear(&self->closed[(self->closed_head + i) % self->closed_size]);
         PyMem_Free(self->closed);
     }
     PyMem_Free(self->ring);
@@ -682,14 +685,16 @@ static PyTypeObject StepsType = {
 
 /* ------------------------------------------------------------------ wrappers around a Python callable */
 
-/* A C hook's common part: the Steps it feeds, the callable it times, and the Python hook it defers to. */
+/* Every C hook: the Steps it feeds, what it wraps, and the Python hook it defers to. Timer (Forward, Backward):
+ * original is the method it times; OptimizerHook: none; Iterator: original is the data loader's iterator and
+ * fallback the Python proxy around it. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     Steps *steps; /* may be NULL (Backward with no instrumentation) */
     PyObject *original;
     PyObject *fallback;
-    int post;
+    int variant; /* Timer: its region (FORWARD, BACKWARD); OptimizerHook: 1 for the post-hook */
 } Hook;
 
 static int hook_traverse(PyObject *op, visitproc visit, void *arg) {
@@ -719,7 +724,7 @@ static PyObject *hook_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
     return PyMethod_New(self, obj);
 }
 
-/* __wrapped__, __doc__, __name__, ... : the original's, so that inspect.signature and help() see it. */
+/* Attributes the hook lacks are the original's: __name__ and the like for a method, the iterator's own. */
 static PyObject *hook_getattro(PyObject *op, PyObject *name) {
     PyObject *found = PyObject_GenericGetAttr(op, name);
     Hook *self = (Hook *)op;
@@ -739,19 +744,29 @@ static PyObject *hook_get_doc(PyObject *op, void *unused) {
     return PyObject_GetAttrString(self->original, "__doc__");
 }
 
+/* A Steps, or NULL for None (a new reference); -1 and TypeError for anything else. */
+static int steps_or_none(PyObject *value, Steps **steps) {
+    if (value == NULL || value == Py_None) {
+        *steps = NULL;
+        return 0;
+    }
+    if (!PyObject_TypeCheck(value, &StepsType)) {
+        PyErr_SetString(PyExc_TypeError, "steps must be a Steps or None");
+        return -1;
+    }
+    *steps = (Steps *)Py_NewRef(value);
+    return 0;
+}
+
 static PyObject *hook_get_steps(PyObject *op, void *unused) {
     Hook *self = (Hook *)op;
     return Py_NewRef(self->steps != NULL ? (PyObject *)self->steps : Py_None);
 }
 
 static int hook_set_steps(PyObject *op, PyObject *value, void *unused) {
-    Hook *self = (Hook *)op;
-    if (value != NULL && value != Py_None && !PyObject_TypeCheck(value, &StepsType)) {
-        PyErr_SetString(PyExc_TypeError, "steps must be a Steps or None");
-        return -1;
-    }
-    PyObject *steps = (value == NULL || value == Py_None) ? NULL : Py_NewRef(value);
-    Py_XSETREF(self->steps, (Steps *)steps);
+    Steps *steps;
+    if (steps_or_none(value, &steps) < 0) return -1;
+    Py_XSETREF(((Hook *)op)->steps, steps);
     return 0;
 }
 
@@ -771,89 +786,36 @@ static PyGetSetDef hook_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyObject *hook_new_common(PyTypeObject *type, PyObject *steps, PyObject *original, PyObject *fallback,
-                                 int post, vectorcallfunc call) {
-    if (steps != Py_None && !PyObject_TypeCheck(steps, &StepsType)) {
-        PyErr_SetString(PyExc_TypeError, "steps must be a Steps or None");
-        return NULL;
-    }
-    if (!PyCallable_Check(fallback) || (original != NULL && !PyCallable_Check(original))) {
-        PyErr_SetString(PyExc_TypeError, "original and fallback must be callable");
-        return NULL;
-    }
+static PyObject *hook_new(PyTypeObject *type, PyObject *steps, PyObject *original, PyObject *fallback, int variant,
+                          vectorcallfunc call) {
+    Steps *fed;
+    if (steps_or_none(steps, &fed) < 0) return NULL;
     Hook *self = (Hook *)type->tp_alloc(type, 0);
-    if (self == NULL) return NULL;
-    self->steps = steps == Py_None ? NULL : (Steps *)Py_NewRef(steps);
-    self->original = original != NULL ? Py_NewRef(original) : NULL;
+    if (self == NULL) {
+        Py_XDECREF(fed);
+        return NULL;
+    }
+    self->steps = fed;
+    self->original = Py_XNewRef(original);
     self->fallback = Py_NewRef(fallback);
-    self->post = post;
+    self->variant = variant;
     self->vectorcall = call;
     return (PyObject *)self;
 }
 
-static inline PyObject *call_fallback(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+/* The Steps that handles this call, or NULL: the Python hook does all of it. */
+static inline Steps *hook_steps(Hook *self, size_t nargsf) {
+    Steps *steps = self->steps;
+    return steps != NULL && steps->enabled && PyVectorcall_NARGS(nargsf) >= 1 ? steps : NULL;
+}
+
+/* The Python hook, after the step open here went to Python. */
+static inline PyObject *defer(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (self->steps != NULL) steps_hand_over(self->steps);
     return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
 }
 
-/* The step open here goes to Python before the Python hook runs; an error there turns the C path off. */
-static inline PyObject *defer(Hook *self, Steps *steps, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    if (steps->open && PyThread_get_thread_ident() == steps->thread && steps_materialise(steps) < 0)
-        steps_fail(steps);
-    return call_fallback(self, args, nargsf, kwnames);
-}
-
-/* ------------------------------------------------------------------ Forward */
-
-static PyObject *forward_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Hook *self = (Hook *)op;
-    Steps *steps = self->steps;
-    if (steps == NULL || !steps->enabled || PyVectorcall_NARGS(nargsf) < 1)
-        return call_fallback(self, args, nargsf, kwnames);
-    PyObject *training = PyObject_GetAttr(args[0], s_training);
-    if (training == NULL) {
-        PyErr_Clear();
-        return defer(self, steps, args, nargsf, kwnames);
-    }
-    Py_DECREF(training);
-    if (training != Py_True) return defer(self, steps, args, nargsf, kwnames); /* evaluation: Python retags */
-    int ready = steps_ready(steps, FORWARD);
-    if (ready < 0) steps_fail(steps);
-    if (ready <= 0) return defer(self, steps, args, nargsf, kwnames);
-    steps->saw_work = 1;
-    unsigned long long generation = steps->generation;
-    int depth = steps_begin_region(steps);
-    long long start = now_ns();
-    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-    steps_end_region(steps, FORWARD, start, now_ns(), depth, generation);
-    return result;
-}
-
-static PyObject *forward_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *steps, *original, *fallback;
-    if (!PyArg_ParseTuple(args, "OOO", &steps, &original, &fallback)) return NULL;
-    return hook_new_common(type, steps, original, fallback, 0, forward_vectorcall);
-}
-
-static PyTypeObject ForwardType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otelprof.integrations._torch_native.Forward",
-    .tp_basicsize = sizeof(Hook),
-    .tp_dealloc = hook_dealloc,
-    /* a method descriptor: model(x) calls it with the model first, without a bound-method object */
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_traverse = hook_traverse,
-    .tp_clear = hook_clear,
-    .tp_vectorcall_offset = offsetof(Hook, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_descr_get = hook_descr_get,
-    .tp_getattro = hook_getattro,
-    .tp_getset = hook_getset,
-    .tp_methods = hook_methods,
-    .tp_new = forward_new,
-    .tp_doc = "Forward(steps, original, fallback): the instrumented subclass's forward.",
-};
-
-/* ------------------------------------------------------------------ Backward */
+/* ------------------------------------------------------------------ Timer: Forward and Backward */
 
 /* The loss: the tensor backward() is called on, when it has one element (item() on CPU, detach() else). */
 static int record_loss(Steps *steps, PyObject *tensor) {
@@ -872,50 +834,67 @@ static int record_loss(Steps *steps, PyObject *tensor) {
     return 0;
 }
 
-static PyObject *backward_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+/* 1: a module in training mode (an evaluation forward goes to Python, which retags its step); 0: not. */
+static int in_training(PyObject *module) {
+    PyObject *training = PyObject_GetAttr(module, s_training);
+    if (training == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(training);
+    return training == Py_True;
+}
+
+static PyObject *timer_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Hook *self = (Hook *)op;
-    Steps *steps = self->steps;
-    if (steps == NULL || !steps->enabled || PyVectorcall_NARGS(nargsf) < 1)
-        return call_fallback(self, args, nargsf, kwnames);
-    int ready = steps_ready(steps, BACKWARD);
-    if (ready < 0) steps_fail(steps);
-    if (ready <= 0) return defer(self, steps, args, nargsf, kwnames);
-    steps->saw_work = steps->saw_backward = 1;
-    if (steps->loss && record_loss(steps, args[0]) < 0) {
-        steps_fail(steps);
-        return call_fallback(self, args, nargsf, kwnames);
+    Steps *steps = hook_steps(self, nargsf);
+    int region = self->variant;
+    if (steps == NULL || (region == FORWARD && !in_training(args[0])) || !steps_enter(steps, region))
+        return defer(self, args, nargsf, kwnames);
+    steps->saw_work = 1;
+    if (region == BACKWARD) {
+        steps->saw_backward = 1;
+        if (steps->loss && record_loss(steps, args[0]) < 0) {
+            steps_fail(steps);
+            return defer(self, args, nargsf, kwnames);
+        }
     }
     unsigned long long generation = steps->generation;
     int depth = steps_begin_region(steps);
     long long start = now_ns();
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-    steps_end_region(steps, BACKWARD, start, now_ns(), depth, generation);
+    steps_end_region(steps, region, start, now_ns(), depth, generation);
     return result;
 }
 
-static PyObject *backward_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+static PyTypeObject ForwardType, BackwardType;
+
+static PyObject *timer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *steps, *original, *fallback;
     if (!PyArg_ParseTuple(args, "OOO", &steps, &original, &fallback)) return NULL;
-    return hook_new_common(type, steps, original, fallback, 0, backward_vectorcall);
+    if (!PyCallable_Check(original) || !PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "original and fallback must be callable");
+        return NULL;
+    }
+    int region = PyType_IsSubtype(type, &ForwardType) ? FORWARD : BACKWARD;
+    return hook_new(type, steps, original, fallback, region, timer_vectorcall);
 }
 
-static PyTypeObject BackwardType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otelprof.integrations._torch_native.Backward",
-    .tp_basicsize = sizeof(Hook),
-    .tp_dealloc = hook_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_traverse = hook_traverse,
-    .tp_clear = hook_clear,
-    .tp_vectorcall_offset = offsetof(Hook, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_descr_get = hook_descr_get,
-    .tp_getattro = hook_getattro,
-    .tp_getset = hook_getset,
-    .tp_methods = hook_methods,
-    .tp_new = backward_new,
-    .tp_doc = "Backward(steps, original, fallback): Tensor.backward, timed.",
-};
+/* A method descriptor: model(x) and loss.backward() call it with the object first, without a bound method. */
+#define TIMER_TYPE(NAME, DOC)                                                                                        \
+    {                                                                                                                \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "otelprof.integrations._torch_native." NAME,                        \
+        .tp_basicsize = sizeof(Hook), .tp_dealloc = hook_dealloc,                                                    \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR, \
+        .tp_traverse = hook_traverse, .tp_clear = hook_clear, .tp_vectorcall_offset = offsetof(Hook, vectorcall),   \
+        .tp_call = PyVectorcall_Call, .tp_descr_get = hook_descr_get, .tp_getattro = hook_getattro,                  \
+        .tp_getset = hook_getset, .tp_methods = hook_methods, .tp_new = timer_new, .tp_doc = DOC,                    \
+    }
+
+static PyTypeObject ForwardType = TIMER_TYPE("Forward", "Forward(steps, original, fallback): the instrumented "
+                                                        "subclass's forward, timed.");
+static PyTypeObject BackwardType = TIMER_TYPE("Backward", "Backward(steps, original, fallback): Tensor.backward, "
+                                                          "timed, with the loss.");
 
 /* ------------------------------------------------------------------ OptimizerHook */
 
@@ -943,41 +922,40 @@ static int record_learning_rate(Steps *steps, PyObject *optimizer) {
     return failed;
 }
 
+/* The end of optimizer.step(): the region, the learning rate, CUDA memory, and the step closes. -2: a
+ * step-boundary callback raised on purpose (StopTraining); -1: error. */
+static int optimizer_end(Steps *steps, PyObject *optimizer) {
+    long long end = now_ns();
+    steps_end_region(steps, OPTIMIZER, steps->optimizer_start, end, steps->optimizer_depth, steps->generation);
+    if (record_learning_rate(steps, optimizer) < 0) return -1;
+    /* CUDA memory gauges once CUDA is initialized (the module flag first: no call into torch on CPU) */
+    PyObject *initialized = PyDict_GetItemWithError(steps->cuda_globals, s_initialized);
+    if (initialized == NULL && PyErr_Occurred()) return -1;
+    if (initialized == NULL || PyObject_IsTrue(initialized) == 1) {
+        PyObject *done = PyObject_CallNoArgs(steps->cuda_memory);
+        if (done == NULL) return -1;
+        Py_DECREF(done);
+    }
+    return steps_close(steps, end);
+}
+
 static PyObject *optimizer_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Hook *self = (Hook *)op;
-    Steps *steps = self->steps;
-    if (steps == NULL || !steps->enabled || PyVectorcall_NARGS(nargsf) < 1)
-        return call_fallback(self, args, nargsf, kwnames);
-    if (!self->post) {
-        int ready = steps_ready(steps, OPTIMIZER);
-        if (ready < 0) steps_fail(steps);
-        if (ready <= 0) return defer(self, steps, args, nargsf, kwnames);
+    Steps *steps = hook_steps(self, nargsf);
+    if (!self->variant) { /* the pre-hook */
+        if (steps == NULL || !steps_enter(steps, OPTIMIZER)) return defer(self, args, nargsf, kwnames);
         if (++steps->optimizer_nesting > 1) Py_RETURN_NONE; /* a step() calling its base class's: time the outer */
         steps->saw_work = 1;
         steps->optimizer_depth = steps_begin_region(steps);
         steps->optimizer_start = now_ns();
         Py_RETURN_NONE;
     }
-    if (!steps->open || PyThread_get_thread_ident() != steps->thread || steps->optimizer_nesting < 1)
-        return defer(self, steps, args, nargsf, kwnames);
+    if (steps == NULL || !steps->open || PyThread_get_thread_ident() != steps->thread || steps->optimizer_nesting < 1)
+        return defer(self, args, nargsf, kwnames);
     if (--steps->optimizer_nesting > 0) Py_RETURN_NONE;
-    long long end = now_ns();
-    steps_end_region(steps, OPTIMIZER, steps->optimizer_start, end, steps->optimizer_depth, steps->generation);
-    if (record_learning_rate(steps, args[0]) < 0) goto failed;
-    /* CUDA memory gauges once CUDA is initialized (the module flag first: no call into torch on CPU) */
-    PyObject *initialized = PyDict_GetItemWithError(steps->cuda_globals, s_initialized);
-    if (initialized == NULL && PyErr_Occurred()) goto failed;
-    if (initialized == NULL || PyObject_IsTrue(initialized) == 1) {
-        PyObject *done = PyObject_CallNoArgs(steps->cuda_memory);
-        if (done == NULL) goto failed;
-        Py_DECREF(done);
-    }
-    int closed = steps_close(steps, end);
-    if (closed == -2) return NULL; /* a step-boundary callback raised on purpose (StopTraining) */
-    if (closed < 0) steps_fail(steps);
-    Py_RETURN_NONE;
-failed:
-    steps_fail(steps);
+    int ended = optimizer_end(steps, args[0]);
+    if (ended == -2) return NULL;
+    if (ended < 0) steps_fail(steps);
     Py_RETURN_NONE;
 }
 
@@ -985,7 +963,11 @@ static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     PyObject *steps, *fallback;
     int post;
     if (!PyArg_ParseTuple(args, "OOp", &steps, &fallback, &post)) return NULL;
-    return hook_new_common(type, steps, NULL, fallback, post, optimizer_vectorcall);
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "fallback must be callable");
+        return NULL;
+    }
+    return hook_new(type, steps, NULL, fallback, post, optimizer_vectorcall);
 }
 
 static PyTypeObject OptimizerHookType = {
@@ -1006,39 +988,9 @@ static PyTypeObject OptimizerHookType = {
 
 /* ------------------------------------------------------------------ Iterator */
 
-typedef struct {
-    PyObject_HEAD
-    Steps *steps;
-    PyObject *iterator; /* the data loader's own iterator */
-    PyObject *fallback; /* the Python proxy around it (its __next__ does the Python hook's work) */
-} Iterator;
-
-static int iterator_traverse(PyObject *op, visitproc visit, void *arg) {
-    Iterator *self = (Iterator *)op;
-    Py_VISIT(self->steps);
-    Py_VISIT(self->iterator);
-    Py_VISIT(self->fallback);
-    return 0;
-}
-
-static int iterator_clear(PyObject *op) {
-    Iterator *self = (Iterator *)op;
-    Py_CLEAR(self->steps);
-    Py_CLEAR(self->iterator);
-    Py_CLEAR(self->fallback);
-    return 0;
-}
-
-static void iterator_dealloc(PyObject *op) {
-    PyObject_GC_UnTrack(op);
-    iterator_clear(op);
-    Py_TYPE(op)->tp_free(op);
-}
-
-static PyObject *iterator_fallback(Iterator *self) {
-    Steps *steps = self->steps;
-    if (steps->open && PyThread_get_thread_ident() == steps->thread && steps_materialise(steps) < 0)
-        steps_fail(steps);
+/* The Python proxy's __next__ (the Python hook), after the step open here went to Python. */
+static PyObject *iterator_fallback(Hook *self) {
+    steps_hand_over(self->steps);
     return Py_TYPE(self->fallback)->tp_iternext(self->fallback);
 }
 
@@ -1063,8 +1015,27 @@ static long long batch_size(Steps *steps, PyObject *batch) {
     return value;
 }
 
+/* The batch's samples, into the step it was fetched in: here, or (handed over since) the Python one. */
+static void count_samples(Steps *steps, PyObject *batch, unsigned long long generation) {
+    long long size = batch_size(steps, batch);
+    if (size < 0 || (size == 0 && PyErr_Occurred())) {
+        steps_fail(steps);
+    } else if (size > 0 && steps->open && steps->generation == generation) {
+        steps->samples += size; /* summed: gradient accumulation fetches several batches */
+    } else if (size > 0) {
+        PyObject *count = PyLong_FromLongLong(size);
+        PyObject *done = count ? PyObject_CallFunctionObjArgs(steps->add_into, step_of(steps, generation),
+                                                              steps->scalar_names[SAMPLES], count, NULL) : NULL;
+        Py_XDECREF(count);
+        if (done == NULL)
+            steps_fail(steps);
+        else
+            Py_DECREF(done);
+    }
+}
+
 static PyObject *iterator_next(PyObject *op) {
-    Iterator *self = (Iterator *)op;
+    Hook *self = (Hook *)op;
     Steps *steps = self->steps;
     if (!steps->enabled) return Py_TYPE(self->fallback)->tp_iternext(self->fallback);
     /* a fetch ends a step a fetch opened when no backward came (evaluation without eval mode) */
@@ -1074,13 +1045,11 @@ static PyObject *iterator_next(PyObject *op) {
         if (closed == -2) return NULL;
         if (closed < 0) steps_fail(steps);
     }
-    int ready = steps_ready(steps, FETCH);
-    if (ready < 0) steps_fail(steps);
-    if (ready <= 0) return iterator_fallback(self);
+    if (!steps_enter(steps, FETCH)) return iterator_fallback(self);
     unsigned long long generation = steps->generation;
     int depth = steps_begin_region(steps);
     long long start = now_ns();
-    PyObject *batch = Py_TYPE(self->iterator)->tp_iternext(self->iterator);
+    PyObject *batch = Py_TYPE(self->original)->tp_iternext(self->original);
     steps_end_region(steps, FETCH, start, now_ns(), depth, generation);
     if (batch == NULL) {
         if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_StopIteration)) return NULL;
@@ -1092,25 +1061,7 @@ static PyObject *iterator_next(PyObject *op) {
         PyErr_Restore(type, value, tb);
         return NULL;
     }
-    if (steps->count_samples) {
-        long long size = batch_size(steps, batch);
-        if (size < 0 || (size == 0 && PyErr_Occurred())) {
-            steps_fail(steps);
-        } else if (size > 0) {
-            if (steps->open && steps->generation == generation) {
-                steps->samples += size; /* summed: gradient accumulation fetches several batches */
-            } else {
-                PyObject *step = (steps->adopted != NULL && steps->adopted_generation == generation)
-                    ? steps->adopted : Py_None;
-                PyObject *count = PyLong_FromLongLong(size);
-                PyObject *done = count ? PyObject_CallFunctionObjArgs(steps->add_into, step,
-                                                                      steps->scalar_names[SAMPLES], count, NULL) : NULL;
-                Py_XDECREF(count);
-                if (done == NULL) steps_fail(steps);
-                else Py_DECREF(done);
-            }
-        }
-    }
+    if (steps->count_samples) count_samples(steps, batch, generation);
     return batch;
 }
 
@@ -1121,37 +1072,25 @@ static PyObject *iterator_new(PyTypeObject *type, PyObject *args, PyObject *kwds
         PyErr_SetString(PyExc_TypeError, "Iterator needs two iterators");
         return NULL;
     }
-    Iterator *self = (Iterator *)type->tp_alloc(type, 0);
-    if (self == NULL) return NULL;
-    self->steps = (Steps *)Py_NewRef(steps);
-    self->iterator = Py_NewRef(iterator);
-    self->fallback = Py_NewRef(fallback);
-    return (PyObject *)self;
+    return hook_new(type, steps, iterator, fallback, 0, NULL);
 }
 
-/* Attributes and len() are the Python proxy's, i.e. the data loader iterator's. */
-static PyObject *iterator_getattro(PyObject *op, PyObject *name) {
-    PyObject *found = PyObject_GenericGetAttr(op, name);
-    if (found != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return found;
-    PyErr_Clear();
-    return PyObject_GetAttr(((Iterator *)op)->fallback, name);
-}
-
-static Py_ssize_t iterator_length(PyObject *op) { return PyObject_Size(((Iterator *)op)->fallback); }
+static Py_ssize_t iterator_length(PyObject *op) { return PyObject_Size(((Hook *)op)->original); }
 
 static PySequenceMethods iterator_as_sequence = {.sq_length = iterator_length};
 
+/* Attributes and len() are the data loader iterator's. */
 static PyTypeObject IteratorType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "otelprof.integrations._torch_native.Iterator",
-    .tp_basicsize = sizeof(Iterator),
-    .tp_dealloc = iterator_dealloc,
+    .tp_basicsize = sizeof(Hook),
+    .tp_dealloc = hook_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_traverse = iterator_traverse,
-    .tp_clear = iterator_clear,
+    .tp_traverse = hook_traverse,
+    .tp_clear = hook_clear,
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = iterator_next,
-    .tp_getattro = iterator_getattro,
+    .tp_getattro = hook_getattro,
     .tp_as_sequence = &iterator_as_sequence,
     .tp_new = iterator_new,
     .tp_doc = "Iterator(steps, iterator, fallback): a data-loader iterator whose fetches are timed.",

@@ -71,8 +71,6 @@ def _load_native() -> Any:
 
 
 _native = _load_native()
-HOOK_NATIVE = "native"
-"""``hook`` label of ``otelprof.integration.errors`` when the C hot path failed (the Python hooks carry on)."""
 
 
 def _native_wanted() -> bool:
@@ -255,6 +253,8 @@ class _Undecided:
 _UNDECIDED = _Undecided()
 HOOK_CUDA_EVENTS = "cuda_events"
 """``hook`` label of ``otelprof.integration.errors`` when the CUDA event API failed and device timing stopped."""
+HOOK_NATIVE = "native"
+"""``hook`` label of ``otelprof.integration.errors`` when the C hot path failed (the Python hooks carry on)."""
 
 
 class _TimedIterator(IteratorProxy):
@@ -802,8 +802,8 @@ class TorchInstrumentation:
                 groups = None
             if groups and "lr" in (group := groups[0]):
                 lr = group["lr"]
-                if type(lr) is not float:  # a float (the usual) as it is; a tensor converted off the hot path
-                    lr = lr.detach() if isinstance(lr, _Tensor) else float(lr)
+                if type(lr) is not float:  # a float (the usual) as it is
+                    lr = _learning_rate(lr)
                 if step is not None and hot._active is not None:  # hot._record_into inline
                     if step.scalars is None:
                         step.scalars = {_LEARNING_RATE: lr}
@@ -813,8 +813,8 @@ class TorchInstrumentation:
                     hot.record(_LEARNING_RATE, lr)
             # torch.cuda.is_initialized() is a call into torch every step: its module's flag says False
             # sooner on a CPU run (a torch without the flag: always ask).
-            if _cuda_globals.get("_initialized", True) and _cuda.is_initialized():  # type: ignore[no-untyped-call]
-                _record_cuda_memory()
+            if _cuda_globals.get("_initialized", True):
+                _cuda_memory_if_initialized()
             auto = self.auto
             current = auto.current
             if current is not None:  # _AutoSteps.close() inline
