@@ -1,6 +1,6 @@
 """The floor of hook cost on the training thread: hooks that only write timestamps into a native buffer.
 
-    python benchmarks/native_floor.py               # CNN, 200 rounds, ~10 minutes
+    python benchmarks/native_floor.py               # CNN, 200 rounds, ~8 minutes
     python benchmarks/native_floor.py --rounds 20   # ~30 s, rough
 
 otelprof's PyTorch integration costs the benchmark CNN more in wall time than its instruction count says
@@ -12,16 +12,13 @@ preallocated array around the data loader's ``next()``, the model's ``forward``,
 ``optimizer.step()`` (its step pre- and post-hooks), the same points otelprof hooks. No steps are assembled,
 nothing is recorded: the part of the cost that a hot path shaped that way would leave on the training thread.
 
-A fifth variant, "native step records", prototypes that shape with the work kept: the same four points build
-otelprof's step record in C (the regions, the batch size, the loss through ``item()``, the learning rate) and
-append it to the real recorder's queue at the end of ``optimizer.step()``; the recorder processes it as it
-processes the integration's records (woken and waited for as in the otelprof blocks). It covers the plain
-training step only: what the 1 % goal's hot path would cost on its common path.
+The same four points in ``otelprof/integrations/_torch_native.c``, otelprof's C hooks, keep a step's
+timestamps, batch size, loss and learning rate in C and leave building its record to the recorder (this
+harness first prototyped that as a "native step records" variant, now that file's job).
 
-Rounds of six 50-step blocks on one model, in an order rotated each round: bare, bare again (the A/A
-control: how far two identical blocks land here), native timestamps, native step records,
-``otelprof.torch.instrument`` (its hooks in C, ``_torch_native.c``, which grew out of the prototype) and the
-same with its Python hooks (whose background recorder processes the previous recording block's records
+Rounds of five 50-step blocks on one model, in an order rotated each round: bare, bare again (the A/A
+control: how far two identical blocks land here), native timestamps, ``otelprof.torch.instrument`` (its hooks
+in C) and the same with its Python hooks (whose background recorder processes the previous recording block's records
 during each such block, and whatever it has not finished is counted in that block, as in
 ``torch_integration.py``'s paired blocks).
 Each variant's figure is the median over rounds of its block's mean step minus the same round's bare block.
@@ -50,14 +47,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch_integration as ti
 
 import otelprof
-from otelprof import hotpath
-from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
 
 FETCH, FORWARD, BACKWARD, OPTIMIZER = 0, 2, 4, 6
 """Event codes: a region's begin; its end is the code + 1."""
 EVENTS_PER_STEP = 8
-VARIANTS = ("bare again", "native timestamps", "native step records", "otelprof", "otelprof, Python hooks")
+VARIANTS = ("bare again", "native timestamps", "otelprof", "otelprof, Python hooks")
 BLOCK_STEPS = 50
 
 
@@ -127,15 +122,6 @@ def timestamp_hooks(native: ModuleType, log: Any, model: torch.nn.Module,
                       native.Hook(log, OPTIMIZER), native.Hook(log, OPTIMIZER + 1))
 
 
-def step_record_hooks(native: ModuleType, steps: Any, model: torch.nn.Module,
-                      optimizer: torch.optim.Optimizer) -> HookPoints:
-    """The points building otelprof's step records in ``steps`` (``native_floor.Steps``)."""
-    return HookPoints(model, optimizer, lambda original: native.StepTimer(steps, 1, original, False),
-                      lambda original: native.StepTimer(steps, 2, original, True),
-                      lambda iterator: native.StepIterator(steps, iterator),
-                      native.StepHook(steps, False), native.StepHook(steps, True))
-
-
 def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], Any]) -> dict[str, list[float]]:
     """Per round, the bare block's mean step and each variant's mean step minus it (µs), in rotated order."""
     model, optimizer, loader = make()
@@ -147,18 +133,12 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
     with tempfile.TemporaryDirectory() as tmp:
         otelprof.init(record_dir=tmp, system_metrics=False, flush_interval=10.0)
         recorder = otelprof.session.get_session().recorder  # type: ignore[union-attr]
-        steps_built = native.Steps(recorder.queue.append, hotpath.STEP, hotpath.DEFAULT_PHASE, sc.REGION_DATALOADER,
-                                   sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER)
-        native_steps = step_record_hooks(native, steps_built, model, optimizer)
 
         def block(variant: str) -> float:
-            recording = variant.startswith("otelprof") or variant == "native step records"
-            numbered = steps_built.number
+            recording = variant.startswith("otelprof")
             if variant == "native timestamps":
                 hooks.install()
-            elif variant == "native step records":
-                native_steps.install()
-            elif variant.startswith("otelprof"):
+            elif recording:
                 with ti.hooks_of(variant):
                     otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
             ti.run_loop(model, optimizer, loader, 2, classify)  # the first iteration with fresh hooks, untimed
@@ -170,13 +150,8 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
                 waited = time.perf_counter()
                 with recorder._drain_lock:  # the previous block's records: counted here, not in the next block
                     seconds += time.perf_counter() - waited
-            if variant.startswith("otelprof"):
+            if recording:
                 otorch.uninstrument()
-            elif variant == "native step records":
-                native_steps.remove()
-                if steps_built.number - numbered != 2 + BLOCK_STEPS:
-                    raise SystemExit(f"native step records: {steps_built.number - numbered} records in "
-                                     f"{2 + BLOCK_STEPS} steps")
             elif variant == "native timestamps":
                 hooks.remove()
                 events = log.count
@@ -200,7 +175,6 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
                     print(f"  {i + 1}/{rounds} rounds", file=sys.stderr, flush=True)
         finally:
             hooks.remove()
-            native_steps.remove()
             otorch.uninstrument()
             otelprof.shutdown()
     return {"bare step": steps, **added}
@@ -208,7 +182,7 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=200, help="rounds of the six blocks (default 200)")
+    parser.add_argument("--rounds", type=int, default=200, help="rounds of the five blocks (default 200)")
     parser.add_argument("--loop", choices=("cnn", "tiny"), default="cnn", help="the training loop (default cnn)")
     parser.add_argument("--no-malloc-pin", action="store_true", help="leave glibc malloc's thresholds alone")
     args = parser.parse_args()
