@@ -41,6 +41,18 @@ class RuleRow:
     subjects: tuple[str, ...]
     parameters: tuple[tuple[str, str], ...]
 
+    @property
+    def status(self) -> str:
+        """``"fired"``, ``"ok"``, or ``"no data"`` when the check had nothing to judge (no datapoints)."""
+        return check_status(self.triggered, self.datapoints)
+
+
+def check_status(triggered: bool, datapoints: int) -> str:
+    """A check's verdict: it fired, it judged data and stayed quiet, or it had nothing to judge."""
+    if triggered:
+        return "fired"
+    return "ok" if datapoints > 0 else "no data"
+
 
 @dataclass(frozen=True)
 class RulesSummary:
