@@ -116,9 +116,10 @@ class Config:
                 continue
             try:
                 values[key] = _coerce_override(key, value)
-            except (TypeError, ValueError) as exc:
+            except Exception as exc:  # whatever the value does (an int too large for a float, a raising __int__)
                 fallback = values.get(key, getattr(cls, key))
-                builder.problem(key, f"init({key}={value!r}) is invalid ({exc}); using {fallback!r}")
+                builder.problem(key, f"init({key}=<{type(value).__qualname__}>) is invalid ({_reason(exc)}); "
+                                f"using {fallback!r}")
         return cls(**values)
 
 
@@ -129,9 +130,13 @@ def _coerce_override(key: str, value: Any) -> Any:
     if key in ("traces_exporters", "metrics_exporters") and not isinstance(value, str):
         return _parse_exporters(",".join(value), EXPORTERS_METRICS if key == "metrics_exporters" else EXPORTERS_TRACES)
     if key == "span_windows" and not isinstance(value, str):
-        return tuple((int(a), int(b)) for a, b in value)
+        return _parse_windows(",".join(f"{int(a)}:{int(b)}" for a, b in value))
     default = getattr(Config, key, None)
-    if isinstance(default, bool):
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise TypeError("expected a string")
+        value = str.__str__(value)
+    elif isinstance(default, bool):
         if not isinstance(value, bool):
             raise TypeError("expected a bool")
         return value
@@ -143,6 +148,22 @@ def _coerce_override(key: str, value: Any) -> Any:
     if check is not None:
         check(value)
     return value
+
+
+def _reason(exc: Exception) -> str:
+    """Why a value was refused, for the one warning: the message, cut (it may quote the value)."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    text = text or type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _check_run_id(value: str) -> None:
+    """A run id names one directory of the recording: one path component, no separators."""
+    if len(value) > 200 or value in (".", "..") or any(c in value for c in "/\\\0"):
+        raise ValueError("a run id must be one directory name of at most 200 characters")
 
 
 def _parse_bool(text: str) -> bool:
@@ -235,6 +256,14 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
 }
 
 _CHECKS: dict[str, Callable[[Any], None]] = {
+    "run_id": _check_run_id,
+    "span_first_steps": lambda v: _in_range(v, 0, 1_000_000),
+    "span_every": lambda v: _in_range(v, 0, 1_000_000_000),
+    "outlier_min_steps": lambda v: _in_range(v, 2, 1_000_000),
+    "node_sampler_local_rank": lambda v: _in_range(v, -1, 65535),
+    "rank": lambda v: _in_range(v, 0, 1_000_000),
+    "local_rank": lambda v: _in_range(v, 0, 65535),
+    "world_size": lambda v: _in_range(v, 1, 1_000_000),
     "flush_interval": lambda v: _in_range(v, 0.05, 10.0),
     "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),
     "queue_size": lambda v: _in_range(v, 64, 10_000_000),
@@ -282,6 +311,11 @@ class _Builder:
             env.get(ev.OTELPROF_JOB_NAME) or env.get(ev.OTEL_SERVICE_NAME) or _script_name() or "training"
         )
         values["run_id"] = env.get(ev.OTELPROF_RUN_ID) or _torchelastic_run_id(env) or ""
+        try:
+            _check_run_id(values["run_id"])
+        except ValueError as exc:
+            self.problem("run_id", f"the run id {values['run_id'][:40]!r} is invalid ({exc}); using a new one")
+            values["run_id"] = ""
         if env.get(ev.OTELPROF_RECORD_DIR):
             values["record_dir"] = env[ev.OTELPROF_RECORD_DIR]
         otlp_endpoint = any(

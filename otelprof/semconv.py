@@ -100,6 +100,10 @@ DROPPED_CUDA_EVENTS = "cuda_events"
 """CUDA event pairs that waited too long for the GPU (device times dropped)."""
 DROPPED_STEP_REGIONS = "step_regions"
 """Regions past the per-step cap (a step that never ends)."""
+DROPPED_INVALID = "invalid_argument"
+"""API arguments otelprof could not use (a name that is not a string, a value that is not a number, ...)."""
+DROPPED_RECORD_ERROR = "record_error"
+"""Records the recorder failed to process (the others go on)."""
 DEVICE_TIMED_REGIONS: tuple[str, ...] = (REGION_FORWARD, REGION_BACKWARD, REGION_OPTIMIZER)
 """Regions that also get a device time from CUDA events when the model is on a CUDA device."""
 
@@ -149,7 +153,9 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(LABEL_SCALAR, "metric", "Which recorded scalar (loss, grad_norm)."),
     AttributeSpec(LABEL_EXPORTER, "metric", "queue, otlp_traces, otlp_metrics, recording; cuda_events: CUDA event "
                   "pairs that waited too long for the GPU (device times dropped); step_regions: regions past "
-                  "4096 in one step (a step that never ends)."),
+                  "4096 in one step (a step that never ends); invalid_argument: API arguments otelprof could not "
+                  "use (a name that is not a string, a value that is not a number); record_error: records the "
+                  "recorder failed to process."),
     AttributeSpec(LABEL_REASON, "metric", "Why a span was built; on otelprof.sampler.errors the error; "
                   "on otelprof.gpu.throttle the clock-event reason."),
     AttributeSpec(LABEL_GPU, "metric", "GPU index as NVML numbers them in the container."),

@@ -23,13 +23,14 @@ from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, Scope
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from otelprof import _arguments
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import logger, reset_warnings, warn_once
 from otelprof._version import __version__
 from otelprof.collectors.sampler import Sampler
 from otelprof.config import Config
-from otelprof.control import ControlServer
+from otelprof.control import MAX_CAPTURE_STEPS, ControlServer
 from otelprof.export import otlp
 from otelprof.export.prometheus import PrometheusEndpoint
 from otelprof.metrics import MetricRegistry
@@ -203,10 +204,15 @@ class Session:
     def on_stop(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` (e.g. save a checkpoint) on the training thread at the step boundary
         after a stop request."""
+        if not callable(callback):
+            _arguments.reject("on-stop", "on_stop() got %s, which is not callable", _arguments.type_name(callback))
+            return
         self._stop_callbacks.append(callback)
 
     def request_stop(self, reason: str = "requested", alert: str = "") -> dict[str, Any]:
         """Ask the training loop to stop at the next step boundary. Idempotent."""
+        reason = _text_argument(reason, "requested", "request_stop(reason=...)")
+        alert = _text_argument(alert, "", "request_stop(alert=...)")
         if self._stop_reason is None:
             self._stop_reason = reason
             logger.warning("otelprof: stop requested (%s%s); stopping at the next step boundary",
@@ -237,6 +243,10 @@ class Session:
     def capture(self, steps: int = 10) -> dict[str, Any]:
         """Arm a profiling window for the next ``steps`` steps: the framework integration's
         operator profiler when one is installed, else spans for every step of the window."""
+        if type(steps) is not int or not 1 <= steps <= MAX_CAPTURE_STEPS:
+            _arguments.reject("capture-steps", "capture(steps=...) got %s, not an integer from 1 to %d",
+                              _arguments.type_name(steps), MAX_CAPTURE_STEPS)
+            return {"armed": False, "error": f"steps must be an integer from 1 to {MAX_CAPTURE_STEPS}"}
         if self.capture_handler is not None:
             return self.capture_handler(steps)
         start = hot.next_step_number()
@@ -264,11 +274,11 @@ class Session:
         if self._closed or os.getpid() != self._pid:
             return
         try:
+            deadline = time.monotonic() + _arguments.timeout_argument(timeout, self.config.shutdown_timeout)
             self.recorder.drain()
             self._export_metrics()
             if self.writer is not None:
                 self.writer.flush()
-            deadline = time.monotonic() + (self.config.shutdown_timeout if timeout is None else timeout)
             for exporter in self._span_exporters + self._metric_exporters:
                 exporter.flush(max(deadline - time.monotonic(), 0.0))
         except Exception:
@@ -281,7 +291,7 @@ class Session:
             return
         self._closed = True
         atexit.unregister(self.shutdown)
-        deadline = time.monotonic() + (self.config.shutdown_timeout if timeout is None else timeout)
+        deadline = time.monotonic() + _arguments.timeout_argument(timeout, self.config.shutdown_timeout)
         try:
             hot._activate(None) if hot._active is self.recorder else None
             self._stop.set()
@@ -321,6 +331,14 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _text_argument(text: object, default: str, what: str) -> str:
+    """A free-text argument (a stop reason): a str, cut to a name's length; anything else is ``default``."""
+    if isinstance(text, str):
+        return _arguments.clean_name(text)
+    _arguments.reject("text", "%s got %s, not a string", what, _arguments.type_name(text))
+    return default
 
 
 def _make_exporter(factory: Any, kind: str, protocol: str, name: str) -> Any:
