@@ -36,7 +36,6 @@ NATIVE_STEP = "n"
 ``steps.pop()`` builds its ``STEP`` record (on the recorder's thread, not the training thread)."""
 
 _active: Recorder | None = None
-_MAX_STEP_NUMBER = _arguments.MAX_STEP_NUMBER
 MAX_STEP_ANNOTATIONS = 4096
 """Regions kept inside one step; past this (a step that never ends) they are dropped and counted
 (``otelprof.exporter.dropped{exporter="step_regions"}``), so that an open step cannot grow without bound."""
@@ -98,7 +97,7 @@ class StepContext:
             phase = _phase_argument(phase)
         if number is None:
             number = _step_numbers.get(phase, 0)
-        elif type(number) is not int or not 0 <= number <= _MAX_STEP_NUMBER:
+        elif type(number) is not int or number >> 63:  # not an int from 0 to 2**63-1 (MAX_STEP_NUMBER)
             number = _arguments.number_argument(number)
             if number is None:
                 number = _step_numbers.get(phase, 0)
