@@ -420,7 +420,7 @@ def perform(call: tuple[Any, ...]) -> int:
     return 0
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(calls, min_size=1, max_size=12))
 def test_fuzz_the_api_never_raises_and_the_recording_stays_valid(program: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -464,7 +464,7 @@ _FIELDS = sorted(f.name for f in dataclasses.fields(otelprof.Config) if f.name n
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(_FIELDS), arguments, min_size=1, max_size=3))
 def test_fuzz_init_never_raises_and_keeps_the_declared_types(overrides: dict[str, Any]) -> None:
-    overrides = {**overrides, "system_metrics": False, "handle_sigterm": False, "metrics_exporters": (),
+    overrides = {**overrides, "record": True, "system_metrics": False, "handle_sigterm": False, "metrics_exporters": (),
                  "traces_exporters": (), "control_port": 0}  # no servers or exporters: a fuzzed port may be in use
     with tempfile.TemporaryDirectory() as tmp:
         session = otelprof.init(record_dir=tmp, **overrides)
