@@ -7,23 +7,20 @@ Owns the background thread, the lifecycle times, and the process hooks
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import os
 import secrets
-import signal
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otelprof import _arguments
+from otelprof import _arguments, _sigterm
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import logger, reset_warnings, warn_once
@@ -117,6 +114,7 @@ class Session:
             self.control = ControlServer(self._control_stop, self.capture, self.status, config.control_token)
             if not self.control.start(config.control_host, config.control_rank_port):
                 self.control = None
+        self._sigterm: _sigterm.SigtermHandler | None = None
         self._thread = threading.Thread(target=self._run, name="otelprof-recorder", daemon=True)
         self._thread.start()
         hot._activate(self.recorder)
@@ -269,6 +267,32 @@ class Session:
         """(host, port) of ``/metrics``, or None when this process serves none."""
         return self.prometheus.address if self.prometheus is not None else None
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`shutdown` began."""
+        return self._closed
+
+    @property
+    def pid(self) -> int:
+        """The process the session runs in (a forked child inherits the object, not the session)."""
+        return self._pid
+
+    def flush_recording(self) -> None:
+        """Process pending records and write them to the recording (no export)."""
+        if self._closed or os.getpid() != self._pid:
+            return
+        try:
+            self.recorder.drain()
+            if self.writer is not None:
+                self.writer.flush()
+        except Exception:
+            logger.exception("otelprof: internal error during flush")
+
+    def note_signal(self, name: str) -> None:
+        """Write in the manifest when the process got signal ``name`` (the first time only)."""
+        if self.writer is not None and name.lower() not in self.writer.manifest:
+            self.writer.update_manifest(**{name.lower(): time.time()})
+
     def flush(self, timeout: float | None = None) -> None:
         """Process pending records, write the recording and push queued exports (bounded wait)."""
         if self._closed or os.getpid() != self._pid:
@@ -315,6 +339,8 @@ class Session:
                 self.prometheus.stop()
             if self.control is not None:
                 self.control.stop()
+            if self._sigterm is not None:
+                _sigterm.uninstall(self._sigterm)
         except Exception:
             logger.exception("otelprof: internal error during shutdown")
         finally:
@@ -405,7 +431,7 @@ def init(**overrides: Any) -> Session | _DisabledSession:
                 _fork_hook_installed = True
             atexit.register(session.shutdown)
             if config.handle_sigterm:
-                _install_sigterm(session)
+                session._sigterm = _sigterm.install(session)
             return session
     except Exception:
         logger.exception("otelprof: init() failed; training goes on without otelprof")
@@ -429,24 +455,3 @@ def _after_fork_in_child() -> None:
     hot._activate(None)
     _session = None
 
-
-def _install_sigterm(session: Session) -> None:
-    if threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        previous = signal.getsignal(signal.SIGTERM)
-    except (ValueError, OSError):
-        return
-
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        session.shutdown()
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_IGN:
-            return
-        else:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    with contextlib.suppress(ValueError, OSError):
-        signal.signal(signal.SIGTERM, on_sigterm)
