@@ -38,6 +38,7 @@ class Config:
     record_dir: str = "otelprof-runs"
     flush_interval: float = 0.5
     shutdown_timeout: float = 3.0
+    export_warning_interval: float = 300.0
     queue_size: int = 65536
     traces_exporters: tuple[str, ...] = ()
     metrics_exporters: tuple[str, ...] = ()
@@ -118,8 +119,7 @@ class Config:
                 values[key] = _coerce_override(key, value)
             except Exception as exc:  # whatever the value does (an int too large for a float, a raising __int__)
                 fallback = values.get(key, getattr(cls, key))
-                builder.problem(key, f"init({key}=<{type(value).__qualname__}>) is invalid ({_reason(exc)}); "
-                                f"using {fallback!r}")
+                builder.problem(key, f"init({key}={_show(value)}) is invalid ({_reason(exc)}); using {fallback!r}")
         return cls(**values)
 
 
@@ -148,6 +148,15 @@ def _coerce_override(key: str, value: Any) -> Any:
     if check is not None:
         check(value)
     return value
+
+
+def _show(value: Any) -> str:
+    """A refused value for the warning: numbers, booleans and short strings as written, else the type."""
+    if type(value) in (bool, int, float) and len(text := repr(value)) <= 40:
+        return text
+    if type(value) is str and len(value) <= 40 and value.isprintable():
+        return repr(value)
+    return f"<{type(value).__qualname__}>"
 
 
 def _reason(exc: Exception) -> str:
@@ -227,6 +236,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "handle_sigterm": _parse_bool,
     "flush_interval": _ranged(float, 0.05, 10.0),
     "shutdown_timeout": _ranged(float, 0.1, 60.0),
+    "export_warning_interval": _ranged(float, 1.0, 86400.0),
     "queue_size": _ranged(int, 64, 10_000_000),
     "traces_exporters": lambda t: _parse_exporters(t, EXPORTERS_TRACES),
     "metrics_exporters": lambda t: _parse_exporters(t, EXPORTERS_METRICS),
@@ -266,6 +276,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "world_size": lambda v: _in_range(v, 1, 1_000_000),
     "flush_interval": lambda v: _in_range(v, 0.05, 10.0),
     "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),
+    "export_warning_interval": lambda v: _in_range(v, 1.0, 86400.0),
     "queue_size": lambda v: _in_range(v, 64, 10_000_000),
     "metric_export_interval": lambda v: _in_range(v, 1.0, 600.0),
     "prometheus_port": lambda v: _in_range(v, 0, 65535),

@@ -40,6 +40,7 @@ OTELPROF_RECORD = "OTELPROF_RECORD"
 OTELPROF_RECORD_DIR = "OTELPROF_RECORD_DIR"
 OTELPROF_FLUSH_INTERVAL = "OTELPROF_FLUSH_INTERVAL"
 OTELPROF_SHUTDOWN_TIMEOUT = "OTELPROF_SHUTDOWN_TIMEOUT"
+OTELPROF_EXPORT_WARNING_INTERVAL = "OTELPROF_EXPORT_WARNING_INTERVAL"
 OTELPROF_QUEUE_SIZE = "OTELPROF_QUEUE_SIZE"
 OTELPROF_SPAN_BUDGET = "OTELPROF_SPAN_BUDGET"
 OTELPROF_SPAN_FIRST_STEPS = "OTELPROF_SPAN_FIRST_STEPS"
@@ -94,6 +95,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Seconds between background flushes of the recording (a SIGKILL loses at most this much); 0.05-10."),
     EnvVar(OTELPROF_SHUTDOWN_TIMEOUT, "shutdown_timeout", "3",
            "Upper bound in seconds on `shutdown()` (exporters that are still busy are abandoned); 0.1-60."),
+    EnvVar(OTELPROF_EXPORT_WARNING_INTERVAL, "export_warning_interval", "300",
+           "Seconds between the one-line summaries (batches dropped, retries, the last reason) of an exporter "
+           "that keeps failing, after its first warning; the SDK's own per-export log lines are held back; "
+           "1-86400."),
     EnvVar(OTELPROF_QUEUE_SIZE, "queue_size", "65536",
            "Most step/annotation records waiting for the background thread; beyond it records are dropped "
            "and counted. Also bounds the OTLP export queues."),

@@ -81,7 +81,7 @@ class Session:
             span_exporter = _make_exporter(otlp.make_span_exporter, kind, config.otlp_protocol, name)
             if span_exporter is not None:
                 self._span_exporters.append(otlp.span_exporter(
-                    span_exporter, name, config.queue_size, self._count_dropped))
+                    span_exporter, name, config.queue_size, self._count_dropped, config.export_warning_interval))
         self._metric_exporters: list[otlp.BackgroundExporter] = []
         for kind in config.metrics_exporters:
             if kind == "prometheus":
@@ -90,7 +90,8 @@ class Session:
             metric_exporter = _make_exporter(otlp.make_metric_exporter, kind, config.otlp_protocol, name)
             if metric_exporter is not None:
                 self._metric_exporters.append(otlp.metric_exporter(
-                    metric_exporter, name, self._count_dropped, timeout=min(config.metric_export_interval, 10.0)))
+                    metric_exporter, name, self._count_dropped, timeout=min(config.metric_export_interval, 10.0),
+                    warning_interval=config.export_warning_interval))
 
         sinks: list[SpanSink] = [exporter.offer for exporter in self._span_exporters]
         if self.writer is not None:
