@@ -139,7 +139,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_MAX_LABEL_VALUES, "max_label_values", "64",
            "Distinct phase / annotation names kept as metric labels; further names are counted as `other`."),
     EnvVar(OTELPROF_HANDLE_SIGTERM, "handle_sigterm", "true",
-           "Flush the recording on SIGTERM (pod deletion), then let the signal take its usual course."),
+           "Flush the recording and exporters on SIGTERM (pod deletion), then let the signal take its own "
+           "course: an application handler runs as it would (otelprof records until exit), without one the "
+           "process dies of SIGTERM; nothing is installed over SIG_IGN."),
     EnvVar(OTELPROF_SYSTEM_METRICS, "system_metrics", "true",
            "Sample host, container, process and GPU telemetry on a background thread."),
     EnvVar(OTELPROF_SAMPLE_INTERVAL_MS, "sample_interval", "500",

@@ -305,3 +305,38 @@ def test_lightning_graceful_stop_on_sigterm_runs_and_is_recorded(tmp_path: Path)
     rank = rank_of(tmp_path / "rec", "term")
     assert [s.number for s in rank.steps if s.phase == "train"] == list(range(result["batches"]))
     assert rank.manifest["status"] == schema.STATUS_FINISHED and "sigterm" in rank.manifest
+
+
+def test_a_forked_child_dies_of_sigterm_at_once_and_leaves_the_parents_recording_alone(tmp_path: Path) -> None:
+    """A DataLoader worker started with fork inherits the handler: there it only hands the signal on."""
+    source = """
+    import json, os, signal, sys, time
+    import otelprof
+
+    otelprof.init(run_id="term", record_dir=sys.argv[1], system_metrics=False)
+    for _ in range(3):
+        with otelprof.step():
+            pass
+    pid = os.fork()
+    if pid == 0:
+        while True:
+            time.sleep(0.01)
+    time.sleep(0.2)
+    began = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    _, status = os.waitpid(pid, 0)
+    took = time.monotonic() - began
+    for _ in range(3):
+        with otelprof.step():
+            pass
+    otelprof.shutdown()
+    print(json.dumps({"signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None, "took": took}))
+"""
+    proc = subprocess.run([*script(source), str(tmp_path / "rec")], env=child_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = result_of(proc)
+    assert result["signal"] == signal.SIGTERM and result["took"] < 2.0
+    rank = rank_of(tmp_path / "rec", "term")
+    assert [s.number for s in rank.steps] == list(range(6))
+    assert rank.manifest["status"] == schema.STATUS_FINISHED and "sigterm" not in rank.manifest
