@@ -16,6 +16,8 @@ from otelprof._log import warn_once
 MAX_NAME_LENGTH = 200
 """Characters kept of a step phase, region or scalar name; longer names are cut (in the recording, spans and
 metric labels alike)."""
+MAX_STEP_SCALARS = 256
+"""Scalar names kept per step (in the recording and spans); a step that records more keeps the first ones."""
 MAX_STEP_NUMBER = 2**63 - 1
 """The largest explicit ``step(number=...)``: step numbers are 64-bit integers in every format otelprof writes."""
 
@@ -24,14 +26,14 @@ rejected = 0
 _lock = threading.Lock()
 
 
-def reject(kind: str, message: str, *args: object) -> None:
-    """Count one unusable argument; warn the first time this ``kind`` of argument is seen.
+def reject(kind: str, message: str, *args: object, count: int = 1) -> None:
+    """Count ``count`` unusable arguments; warn the first time this ``kind`` of argument is seen.
 
     ``message`` is completed by "; dropped and counted (...)". It must only format what cannot fail or flood
     (type names, :func:`describe` of a name), never the argument itself."""
     global rejected
     with _lock:
-        rejected += 1
+        rejected += count
     warn_once(f"argument:{kind}", "otelprof: " + message + "; dropped and counted in "
               "otelprof_exporter_dropped_total{exporter=\"invalid_argument\"}, training goes on", *args)
 

@@ -397,6 +397,11 @@ class Recorder:
 
     def _scalars(self, scalars: dict[str, Any], labels: tuple[str]) -> dict[str, float]:
         values: dict[str, float] = {}
+        if len(scalars) > _arguments.MAX_STEP_SCALARS:
+            _arguments.reject("step-scalars", "a step recorded %d scalar names; the first %d are kept",
+                              len(scalars), _arguments.MAX_STEP_SCALARS,
+                              count=len(scalars) - _arguments.MAX_STEP_SCALARS)
+            scalars = dict(itertools.islice(scalars.items(), _arguments.MAX_STEP_SCALARS))
         for name, raw in scalars.items():
             if type(name) is not str or not name:
                 checked = _arguments.name_argument(name, "record-name", "record()")

@@ -479,3 +479,14 @@ def test_fuzz_init_never_raises_and_keeps_the_declared_types(overrides: dict[str
             otelprof.shutdown()
         rank = read_recording(Path(tmp) / session.config.run_id).ranks[0]
         assert len(rank.steps) == 1
+
+
+def test_a_step_with_too_many_scalar_names_keeps_the_first_ones(record_dir: Path) -> None:
+    def body() -> None:
+        with otelprof.step():
+            for i in range(_arguments.MAX_STEP_SCALARS + 50):
+                otelprof.record(f"s{i}", float(i))
+
+    rank = run(record_dir, body)
+    assert rank.steps[0].scalars == {f"s{i}": float(i) for i in range(_arguments.MAX_STEP_SCALARS)}
+    assert invalid_dropped(rank) == 50
