@@ -49,8 +49,10 @@ class Config:
     span_first_steps: int = 10
     span_every: int = 0
     span_windows: tuple[tuple[int, int], ...] = ()
-    outlier_sigma: float = 3.0
+    outlier_sigma: float = thresholds.OUTLIER_SIGMA
     outlier_min_steps: int = 20
+    outlier_min_ratio: float = thresholds.OUTLIER_MIN_RATIO
+    outlier_min_excess: float = thresholds.OUTLIER_MIN_EXCESS
     max_label_values: int = 64
     handle_sigterm: bool = True
     system_metrics: bool = True
@@ -218,6 +220,8 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "span_windows": _parse_windows,
     "outlier_sigma": _ranged(float, 0.0, 100.0),
     "outlier_min_steps": _ranged(int, 2, 1_000_000),
+    "outlier_min_ratio": _ranged(float, 1.0, 100.0),
+    "outlier_min_excess": lambda t: _ranged(float, 0.0, 3_600_000.0)(t) / 1000.0,
     "max_label_values": _ranged(int, 1, 10_000),
     "system_metrics": _parse_bool,
     "stop_raises": _parse_bool,
@@ -242,6 +246,8 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "prometheus_port": lambda v: _in_range(v, 0, 65535),
     "span_budget": lambda v: _in_range(v, 0.0, 1.0),
     "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
+    "outlier_min_ratio": lambda v: _in_range(v, 1.0, 100.0),
+    "outlier_min_excess": lambda v: _in_range(v, 0.0, 3600.0),
     "max_label_values": lambda v: _in_range(v, 1, 10_000),
     "sample_interval": lambda v: _in_range(v, 0.1, 60.0),
     "control_port": lambda v: _in_range(v, 0, 65535),

@@ -47,6 +47,8 @@ OTELPROF_SPAN_EVERY = "OTELPROF_SPAN_EVERY"
 OTELPROF_SPAN_WINDOWS = "OTELPROF_SPAN_WINDOWS"
 OTELPROF_OUTLIER_SIGMA = "OTELPROF_OUTLIER_SIGMA"
 OTELPROF_OUTLIER_MIN_STEPS = "OTELPROF_OUTLIER_MIN_STEPS"
+OTELPROF_OUTLIER_MIN_RATIO = "OTELPROF_OUTLIER_MIN_RATIO"
+OTELPROF_OUTLIER_MIN_EXCESS_MS = "OTELPROF_OUTLIER_MIN_EXCESS_MS"
 OTELPROF_MAX_LABEL_VALUES = "OTELPROF_MAX_LABEL_VALUES"
 OTELPROF_HANDLE_SIGTERM = "OTELPROF_HANDLE_SIGTERM"
 OTELPROF_SYSTEM_METRICS = "OTELPROF_SYSTEM_METRICS"
@@ -127,10 +129,16 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_SPAN_WINDOWS, "span_windows", "",
            "Profiling windows whose every step becomes a span: `start_step:num_steps[,...]`, e.g. `100:20`."),
     EnvVar(OTELPROF_OUTLIER_SIGMA, "outlier_sigma", "3",
-           "A step slower than mean + sigma x stddev of the recent steps of its phase is an outlier: "
-           "counted and traced retroactively. 0 turns outlier detection off."),
+           "A step slower than mean + sigma x stddev of the last 256 steps of its phase, and materially slower "
+           "than their median (`OTELPROF_OUTLIER_MIN_RATIO`, `OTELPROF_OUTLIER_MIN_EXCESS_MS`), is an outlier: "
+           "counted (OtelprofStepOutliers) and traced retroactively. 0 turns outlier detection off."),
     EnvVar(OTELPROF_OUTLIER_MIN_STEPS, "outlier_min_steps", "20",
            "Steps of a phase needed before outliers are judged."),
+    EnvVar(OTELPROF_OUTLIER_MIN_RATIO, "outlier_min_ratio", "1.5",
+           "An outlier step also takes at least this many times the median of the recent steps of its phase "
+           "(1-100): scheduler jitter on steady steps passes mean + 3 sigma but is no outlier."),
+    EnvVar(OTELPROF_OUTLIER_MIN_EXCESS_MS, "outlier_min_excess", "1",
+           "An outlier step also takes at least this many milliseconds more than that median."),
     EnvVar(OTELPROF_MAX_LABEL_VALUES, "max_label_values", "64",
            "Distinct phase / annotation names kept as metric labels; further names are counted as `other`."),
     EnvVar(OTELPROF_HANDLE_SIGTERM, "handle_sigterm", "true",

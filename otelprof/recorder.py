@@ -321,8 +321,7 @@ class Recorder:
         values = self._scalars(scalars, labels) if scalars else None
         detector = self._outliers.get(phase)
         if detector is None:
-            detector = self._outliers[phase] = OutlierDetector(self.config.outlier_sigma,
-                                                               self.config.outlier_min_steps)
+            detector = self._outliers[phase] = OutlierDetector.from_config(self.config)
         outlier = detector.observe(duration)
         if outlier:
             self.step_outliers.add(1, labels)

@@ -41,6 +41,7 @@ def test_cgroup_v2_quota_and_throttling() -> None:
     assert reading.throttled_seconds == pytest.approx(95.0)
     assert reading.memory_limit_bytes == 16 * 1024**3
     assert reading.memory_usage_bytes == 9 * 1024**3
+    assert reading.memory_working_set_bytes == 8 * 1024**3  # less 1 GiB of inactive file cache
 
 
 def test_cgroup_v2_unlimited() -> None:
@@ -65,6 +66,7 @@ def test_cgroup_v1_quota_and_throttling() -> None:
     assert (reading.periods, reading.throttled_periods) == (3000, 450)
     assert reading.throttled_seconds == pytest.approx(61.0)
     assert reading.memory_limit_bytes == 4 * 1024**3
+    assert reading.memory_working_set_bytes == 2 * 1024**3 - 768 * 1024**2  # total_inactive_file: the hierarchy
 
 
 def test_cgroup_v1_unlimited_and_missing_files() -> None:
@@ -73,6 +75,9 @@ def test_cgroup_v1_unlimited_and_missing_files() -> None:
     assert reading.cpu_usage_seconds == pytest.approx(5.0)
     empty = CgroupReader(CGROUPS / "does-not-exist", proc_cgroup="").read()
     assert empty.cpu_limit_cores is None and empty.memory_usage_bytes is None
+    assert empty.memory_working_set_bytes is None
+    no_stat = CgroupReader(CGROUPS / "v2_unlimited", proc_cgroup="0::/\n").read()
+    assert no_stat.memory_working_set_bytes == no_stat.memory_usage_bytes  # no memory.stat: usage
 
 
 def test_cgroup_real_read_on_this_machine() -> None:

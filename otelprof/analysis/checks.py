@@ -19,7 +19,7 @@ import math
 import operator
 import statistics
 from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate, compress, repeat
@@ -42,6 +42,12 @@ class Sample:
     cpu: tuple[float, ...]
     iowait: tuple[float, ...] = ()
     gpus: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    rss: float | None = None
+    """The process's resident memory (bytes)."""
+    memory: float | None = None
+    """The host's used memory ratio."""
+    container: tuple[float, float | None] | None = None
+    """The container's working set and memory limit (None: no limit), bytes."""
 
     def busy_max(self, io: bool) -> float | None:
         values = self.iowait if io else self.cpu
@@ -162,12 +168,22 @@ class SampleTable:
     util: dict[str, _Series]
     memory: dict[str, _Series]
     """GPU memory used / total."""
+    rss: _Series = _EMPTY
+    """The process's resident memory, from every sample of the rank (node samples or not)."""
+    host_memory: _Series = _EMPTY
+    """The host's used memory ratio."""
+    container_memory: _Series = _EMPTY
+    """The container's working set (bytes)."""
+    container_limit: _Series = _EMPTY
+    """The container's memory limit (bytes), where it has one."""
 
     @staticmethod
     def build(times: Sequence[float], busy_max: Sequence[float], busy_mean: Sequence[float],
               iowait_max: Sequence[float], util: dict[str, Sequence[float]], memory: dict[str, Sequence[float]],
-              config: MixinConfig) -> SampleTable:
-        """From per-sample columns, NaN where a sample lacks a value."""
+              config: MixinConfig, rss: tuple[Sequence[float], Sequence[float]] = ((), ()),
+              host_memory: Sequence[float] = (), container_memory: Sequence[float] = (),
+              container_limit: Sequence[float] = ()) -> SampleTable:
+        """From per-sample columns, NaN where a sample lacks a value; ``rss`` as (times, values) of every sample."""
         lowest = _LowestGPU(list(util.values()))
 
         def hits(peaks: Sequence[float], high: float) -> array[int]:
@@ -178,9 +194,15 @@ class SampleTable:
             known = list(map(operator.eq, values, values))  # not NaN
             return _Series(compress(times, known), compress(values, known))
 
+        def known(t: Sequence[float], values: Sequence[float]) -> _Series:
+            keep = list(map(operator.eq, values, values))
+            return _Series(compress(t, keep), compress(values, keep)) if any(keep) else _EMPTY
+
         return SampleTable(array("d", times), hits(busy_max, config.cpu_threshold),
                            hits(iowait_max, config.io_threshold), series(busy_mean),
-                           {g: series(v) for g, v in util.items()}, {g: series(v) for g, v in memory.items()})
+                           {g: series(v) for g, v in util.items()}, {g: series(v) for g, v in memory.items()},
+                           known(*rss), known(times, host_memory), known(times, container_memory),
+                           known(times, container_limit))
 
     @staticmethod
     def from_samples(samples: Sequence[Sample], config: MixinConfig) -> SampleTable:
@@ -194,7 +216,11 @@ class SampleTable:
         return SampleTable.build([s.t for s in samples], column(s.busy_max(False) for s in samples),
                                  column(s.busy_mean() for s in samples), column(s.busy_max(True) for s in samples),
                                  {g: v for g, v in util.items() if any(map(operator.eq, v, v))},
-                                 {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config)
+                                 {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config,
+                                 ([s.t for s in samples], column(s.rss for s in samples)),
+                                 column(s.memory for s in samples),
+                                 column(s.container[0] if s.container else None for s in samples),
+                                 column(s.container[1] if s.container else None for s in samples))
 
     def span(self, start: float, end: float) -> tuple[int, int]:
         return bisect.bisect_right(self.times, start), bisect.bisect_right(self.times, end)
@@ -391,6 +417,43 @@ class _Checks:
                         out.append(Firing(f"{r.subject} gpu {gpu}", mean))
         return out
 
+    def host_memory_increase(self, t: float) -> list[Firing]:
+        c = self.c
+        width = seconds(c.host_memory_increase_window)
+        out = []
+        for r in self.ranks:
+            if not self.alive(r, t) or t - r.process_start <= self.patience + 2 * width:
+                continue
+            rss = self.samples[id(r)].rss
+            (i, j), (k, m) = rss.span(t - width, t), rss.span(t - 2 * width, t - width)
+            if j > i and m > k:
+                now, before = rss.mean(i, j), rss.mean(k, m)
+                growth = now - before
+                if growth > c.host_memory_increase * before and growth > c.host_memory_increase_min_bytes:
+                    out.append(Firing(r.subject, growth))
+        return out
+
+    def host_memory_near_limit(self, t: float) -> list[Firing]:
+        width = seconds(self.c.host_memory_limit_window)
+        out = []
+        for r in self.ranks:
+            if not self.alive(r, t):
+                continue
+            table = self.samples[id(r)]
+            (i, j), (k, m) = table.container_memory.span(t - width, t), table.container_limit.span(t - width, t)
+            if m > k:  # a memory limit: the container's working set against it
+                if j <= i:
+                    continue
+                used = table.container_memory.mean(i, j) / max(table.container_limit.values[k:m])
+            else:  # no limit: the host's memory
+                i, j = table.host_memory.span(t - width, t)
+                if j <= i:
+                    continue
+                used = table.host_memory.mean(i, j)
+            if used > self.c.host_memory_limit_threshold:
+                out.append(Firing(r.subject, used))
+        return out
+
     def load_imbalance(self, t: float) -> list[Firing]:
         out = []
         for job, ranks in _by_job(self.ranks).items():
@@ -424,10 +487,10 @@ class _Checks:
             for phase in sorted({p for p, _ in compute}):
                 values = {rank: v for (p, rank), v in compute.items() if p == phase}
                 if len(values) > 1:
-                    median = statistics.median(values.values())
                     for rank, value in sorted(values.items()):
-                        if median > 0 and value / median > self.c.straggler_ratio:
-                            out.append(Firing(f"rank {rank} {phase}", value / median))
+                        peers = peers_median(list(values.values()), value)
+                        if peers is not None and value / peers > self.c.straggler_ratio:
+                            out.append(Firing(f"rank {rank} {phase}", value / peers))
         return out
 
     def outliers(self, t: float) -> list[Firing]:
@@ -540,35 +603,80 @@ class _Checks:
         return out
 
     def conditions(self) -> dict[str, tuple[Condition, int]]:
-        """Condition and datapoint count per alert short name."""
-        samples = sum(len(t.times) for t in self.samples.values())
-        steps = sum(len(t) for t in self.steps.values())
+        """Condition and datapoint count per alert short name. Datapoints are what the check could judge: 0
+        (reported as "no data", never "ok") when the recording holds nothing it reads, e.g. no GPU samples."""
+        tables = list(self.samples.values())
+        step_tables = list(self.steps.values())
+
+        def union(series: Iterable[_Series]) -> int:
+            return len(set().union(*(s.times for s in series)))
+
+        gpu_samples = sum(union(t.util.values()) for t in tables)
+        gpu_memory = sum(union(t.memory.values()) for t in tables)
+        gpus_per_job: dict[str, int] = {}
+        for r in self.ranks:
+            gpus_per_job[r.job] = gpus_per_job.get(r.job, 0) + len(self.samples[id(r)].util)
+        balanced = sum(union(self.samples[id(r)].util.values()) for r in self.ranks if gpus_per_job[r.job] > 1)
+        steps = sum(len(t) for t in step_tables)
+        ranks_per_phase: dict[tuple[str, str], int] = {}
+        for r in self.ranks:
+            for phase in self.steps[id(r)].phases:
+                ranks_per_phase[(r.job, phase)] = ranks_per_phase.get((r.job, phase), 0) + 1
+        compared = sum(len(steps_.ends) for r in self.ranks for phase, steps_ in self.steps[id(r)].phases.items()
+                       if ranks_per_phase[(r.job, phase)] > 1)
+
+        def phase_count(phase: str | None, column: Callable[[PhaseSteps], Sized]) -> int:
+            return sum(len(column(p)) for t in step_tables for name, p in t.phases.items()
+                       if phase is None or name == phase)
+
+        train, evaluation = self.c.train_phase, self.c.eval_phase
+        scalars = (phase_count(None, lambda p: p.losses) + phase_count(None, lambda p: p.bad_losses)
+                   + phase_count(None, lambda p: p.norms) + phase_count(None, lambda p: p.bad_norms))
+        train_losses = phase_count(train, lambda p: p.losses)
+        limits = sum(len(t.container_memory) if len(t.container_limit) else len(t.host_memory) for t in tables)
         return {
-            "CPUBottleneck": (self.bottleneck(io=False), samples),
-            "IOBottleneck": (self.bottleneck(io=True), samples),
-            "GPUUnderutilized": (self.gpu_quantiles("under"), samples),
-            "GPUUtilizationFluctuating": (self.gpu_quantiles("fluctuating"), samples),
-            "BatchSizeTooSmall": (self.gpu_quantiles("batch"), samples),
-            "GPUMemoryIncrease": (self.memory_increase, samples),
-            "GPUMemoryNearCapacity": (self.memory_capacity, samples),
-            "GPULoadImbalance": (self.load_imbalance, samples),
-            "RankStraggler": (self.straggler, steps),
+            "CPUBottleneck": (self.bottleneck(io=False), gpu_samples),
+            "IOBottleneck": (self.bottleneck(io=True), gpu_samples),
+            "GPUUnderutilized": (self.gpu_quantiles("under"), gpu_samples),
+            "GPUUtilizationFluctuating": (self.gpu_quantiles("fluctuating"), gpu_samples),
+            "BatchSizeTooSmall": (self.gpu_quantiles("batch"), gpu_samples),
+            "GPUMemoryIncrease": (self.memory_increase, gpu_memory),
+            "GPUMemoryNearCapacity": (self.memory_capacity, gpu_memory),
+            "HostMemoryIncrease": (self.host_memory_increase, sum(len(t.rss) for t in tables)),
+            "HostMemoryNearLimit": (self.host_memory_near_limit, limits),
+            "GPULoadImbalance": (self.load_imbalance, balanced),
+            "RankStraggler": (self.straggler, compared),
             "StepOutliers": (self.outliers, steps),
             "SlowInitialization": (self.slow_initialization, steps),
-            "InputBound": (self.input_bound, steps),
-            "LossNotDecreasing": (self.loss_not_decreasing, steps),
-            "NonFiniteValues": (self.nonfinite, steps),
-            "VanishingGradients": (self.vanishing, steps),
+            "InputBound": (self.input_bound, phase_count(None, lambda p: p.inputs)),
+            "LossNotDecreasing": (self.loss_not_decreasing, train_losses),
+            "NonFiniteValues": (self.nonfinite, scalars),
+            "VanishingGradients": (self.vanishing, phase_count(train, lambda p: p.norms)),
             "TrainingStalled": (self.stalled, steps),
-            "Overfitting": (self.overfit, steps),
+            "Overfitting": (self.overfit, phase_count(evaluation, lambda p: p.losses) if train_losses else 0),
         }
 
 
-OFFLINE_CHECKS = ("CPUBottleneck", "IOBottleneck", "GPUUnderutilized", "GPUUtilizationFluctuating",
-                  "BatchSizeTooSmall", "GPUMemoryIncrease", "GPUMemoryNearCapacity", "GPULoadImbalance",
-                  "RankStraggler", "StepOutliers", "SlowInitialization", "InputBound", "LossNotDecreasing",
-                  "NonFiniteValues", "VanishingGradients", "TrainingStalled", "Overfitting")
+OFFLINE_CHECKS = ("CPUBottleneck", "IOBottleneck", "GPUUnderutilized", "GPUUtilizationFluctuating", "BatchSizeTooSmall",
+                  "GPUMemoryIncrease", "GPUMemoryNearCapacity", "HostMemoryIncrease", "HostMemoryNearLimit",
+                  "GPULoadImbalance", "RankStraggler", "StepOutliers", "SlowInitialization", "InputBound",
+                  "LossNotDecreasing", "NonFiniteValues", "VanishingGradients", "TrainingStalled", "Overfitting")
 """Alerts (names without the prefix) that have an offline twin."""
+
+
+def peers_median(values: Sequence[float], value: float) -> float | None:
+    """The median of ``values`` other than ``value`` (one of them), as the RankStraggler rule computes it.
+
+    With 2 or 3 values: the mean of the others. With 4 or more: the largest value not above the median of
+    all, which is the median of the others for every value that can exceed it when the count is even, and
+    the median of all (at most one value above the exact one) when it is odd. None when not positive."""
+    n = len(values)
+    if n < 4:
+        typical = (math.fsum(values) - value) / (n - 1)
+    else:
+        middle = statistics.median(values)
+        typical = max(v for v in values if v <= middle)
+    return typical if typical > 0 else None
 
 
 def _by_job(ranks: Iterable[RankData]) -> dict[str, list[RankData]]:
@@ -665,10 +773,33 @@ def _sample_table(rank: RankRecording, config: MixinConfig) -> SampleTable:
     return SampleTable.build([t / 1e9 for t in compress(columns.t_ns, node)], kept(columns.cpu_max),
                              kept(columns.cpu_mean), kept(columns.iow_max),
                              {g: v for g, v in util.items() if any(map(operator.eq, v, v))},
-                             {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config)
+                             {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config,
+                             ([t / 1e9 for t in columns.t_ns], columns.rss), kept(columns.mem),
+                             kept(columns.container_memory), kept(columns.container_limit))
 
 
-def _step_table(rank: RankRecording, sigma: float, min_steps: int) -> StepTable:
+@dataclass(frozen=True)
+class OutlierSettings:
+    """How the recorder flagged outlier steps (``OTELPROF_OUTLIER_*``)."""
+
+    sigma: float
+    min_steps: int
+    min_ratio: float
+    min_excess: float
+
+    @staticmethod
+    def of(recorded: Mapping[str, object], config: MixinConfig) -> OutlierSettings:
+        """The settings a recording carries in its manifest, else the mixin config's (older recordings)."""
+        def get(key: str, default: float) -> float:
+            value = recorded.get(key)
+            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
+
+        return OutlierSettings(get("outlier_sigma", config.step_outlier_sigma), int(get("outlier_min_steps", 20)),
+                               get("outlier_min_ratio", config.step_outlier_min_ratio),
+                               get("outlier_min_excess", config.step_outlier_min_excess))
+
+
+def _step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
     """Steps from the reader's columns: a million Step objects with their annotations would cost ~25 s here."""
     columns = rank.step_columns
     start = [t / 1e9 for t in columns.start_ns]
@@ -676,7 +807,8 @@ def _step_table(rank: RankRecording, sigma: float, min_steps: int) -> StepTable:
     outliers = {}
     for code in set(columns.phase):
         mask = map(code.__eq__, columns.phase)
-        outliers[code] = flag_outliers([d / 1e9 for d in compress(columns.duration_ns, mask)], sigma, min_steps)
+        outliers[code] = flag_outliers([d / 1e9 for d in compress(columns.duration_ns, mask)], outlier.sigma,
+                                       outlier.min_steps, min_ratio=outlier.min_ratio, min_excess=outlier.min_excess)
     return StepTable.build(columns.phase_names, columns.phase, start, end,
                            [w / 1e9 for w in columns.annotation_sums(sc.REGION_DATALOADER)],
                            [c / 1e9 for c in columns.annotation_sums(sc.REGION_COLLECTIVE)],
@@ -689,8 +821,9 @@ def rank_data(rank: RankRecording, config: MixinConfig | None = None) -> RankDat
     resource = manifest.get("resource") or {}
     recorded = manifest.get("config") or {}
     life = rank.lifecycle
-    steps = _step_table(rank, float(recorded.get("outlier_sigma", 3)), int(recorded.get("outlier_min_steps", 20)))
-    samples = _sample_table(rank, config or MixinConfig())
+    config = config or MixinConfig()
+    steps = _step_table(rank, OutlierSettings.of(recorded, config))
+    samples = _sample_table(rank, config)
     first_start = rank.step_columns.start_ns[0] / 1e9 if len(steps) else None
     last_sample = samples.times[-1] if samples.times else None
     times = [x for x in (life.get("shutdown"), life.get("last_step_end"), last_sample) if x is not None]

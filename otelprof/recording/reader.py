@@ -286,6 +286,10 @@ class SampleColumns:
     net_rx: array[float] = field(default_factory=lambda: array("d"))
     net_tx: array[float] = field(default_factory=lambda: array("d"))
     throttled: array[float] = field(default_factory=lambda: array("d"))
+    container_memory: array[float] = field(default_factory=lambda: array("d"))
+    """The container's working set (bytes)."""
+    container_limit: array[float] = field(default_factory=lambda: array("d"))
+    """The container's memory limit (bytes; NaN: none)."""
     cores: int = 0
     """Most logical CPUs seen in a node sample."""
     core_busy_sum: list[float] = field(default_factory=list)
@@ -658,7 +662,7 @@ def _parse_samples(path: Path) -> SampleColumns:
         c.pcpu = array("d", (float(v) if v else math.nan for v in pcpu))
         c.rss = array("d", (float(v) if v else math.nan for v in rss))
         for column in (c.cpu_mean, c.cpu_max, c.iow_mean, c.iow_max, c.mem, c.disk_read, c.disk_write, c.net_rx,
-                       c.net_tx, c.throttled):
+                       c.net_tx, c.throttled, c.container_memory, c.container_limit):
             column.extend(array("d", [math.nan]) * n)
         return c
     for line in text.splitlines():
@@ -689,6 +693,8 @@ def _add_sample(c: SampleColumns, line: str) -> None:
         c.rss.append(get("rss", nan))
         c.mem.append(get("mem", nan))
         c.throttled.append(get("thr", nan))
+        c.container_memory.append(get("cws", nan))
+        c.container_limit.append(get("cml", nan))
         cpu = get("cpu")
         if cpu:
             c.cpu_mean.append(sum(cpu) / len(cpu))
@@ -734,8 +740,8 @@ def _add_sample(c: SampleColumns, line: str) -> None:
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, ZeroDivisionError, OverflowError):
         c.skipped_lines += 1
         del c.t_ns[n:]
-        for values in (c.pcpu, c.rss, c.mem, c.throttled, c.cpu_mean, c.cpu_max, c.iow_mean, c.iow_max,
-                       c.disk_read, c.disk_write, c.net_rx, c.net_tx,
+        for values in (c.pcpu, c.rss, c.mem, c.throttled, c.container_memory, c.container_limit, c.cpu_mean,
+                       c.cpu_max, c.iow_mean, c.iow_max, c.disk_read, c.disk_write, c.net_rx, c.net_tx,
                        *(col for cols in c.gpus.values() for col in cols.values())):
             del values[n:]
 

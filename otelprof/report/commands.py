@@ -159,18 +159,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     if summary.error:
         return _err("check", f"the checks could not run: {summary.error}")
     if args.json:
-        print(json.dumps([{"alert": r.alert, "original": r.original, "severity": r.severity, "fired": r.triggered,
-                           "firing_evaluations": r.firing_evaluations, "evaluations": r.evaluations,
-                           "datapoints": r.datapoints, "first_fired": r.first_fired, "subjects": list(r.subjects)}
+        print(json.dumps([{"alert": r.alert, "original": r.original, "severity": r.severity, "status": r.status,
+                           "fired": r.triggered, "firing_evaluations": r.firing_evaluations,
+                           "evaluations": r.evaluations, "datapoints": r.datapoints, "first_fired": r.first_fired,
+                           "subjects": list(r.subjects)}
                           for r in summary.rows], indent=1))
     else:
         width = max((len(r.alert) for r in summary.rows), default=10)
         print(f"{'CHECK':<{width}}  {'VERDICT':<7}  {'SEVERITY':<8}  {'FIRED':>9}  {'DATAPOINTS':>10}  WHERE")
         for r in summary.rows:
-            verdict = "FIRED" if r.triggered else "ok"
+            verdict = "FIRED" if r.triggered else r.status
             print(f"{r.alert:<{width}}  {verdict:<7}  {r.severity:<8}  {f'{r.firing_evaluations}/{r.evaluations}':>9}"
                   f"  {r.datapoints:>10,}  {', '.join(r.subjects) or '-'}")
-        print(f"\n{len(summary.fired)} of {len(summary.rows)} checks fired (evaluated every {summary.interval:g} s)."
+        empty = sum(1 for r in summary.rows if r.status == "no data")
+        print(f"\n{len(summary.fired)} of {len(summary.rows)} checks fired"
+              + (f", {empty} had no data to judge" if empty else "")
+              + f" (evaluated every {summary.interval:g} s)."
               + (f" {recording.skipped_lines} corrupt lines skipped." if recording.skipped_lines else ""))
     return 1 if summary.fired else 0
 
