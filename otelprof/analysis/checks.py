@@ -85,6 +85,8 @@ class RankData:
     """The samples as columns (made from ``samples`` when not given)."""
     step_table: StepTable | None = None
     """The steps as columns (made from ``steps`` when not given)."""
+    first_step: float | None = None
+    """When the first step began (Unix seconds; from ``steps`` when not given)."""
 
     @property
     def subject(self) -> str:
@@ -329,6 +331,8 @@ class _Checks:
         self.patience = seconds(config.patience)
         self.samples = {id(r): r.sample_table or SampleTable.from_samples(r.samples, config) for r in ranks}
         self.steps = {id(r): r.step_table or StepTable.from_records(r.steps) for r in ranks}
+        self.first_steps = {id(r): r.first_step if r.first_step is not None else
+                            min((s.start for s in r.steps), default=None) for r in ranks}
 
     def warm(self, rank: RankData, t: float) -> bool:
         return t - rank.process_start > self.patience
@@ -422,7 +426,8 @@ class _Checks:
         width = seconds(c.host_memory_increase_window)
         out = []
         for r in self.ranks:
-            if not self.alive(r, t) or t - r.process_start <= self.patience + 2 * width:
+            first = self.first_steps[id(r)]
+            if not self.alive(r, t) or first is None or t - first <= self.patience + 2 * width:
                 continue
             rss = self.samples[id(r)].rss
             (i, j), (k, m) = rss.span(t - width, t), rss.span(t - 2 * width, t - width)
@@ -537,6 +542,10 @@ class _Checks:
                 continue
             losses = self._losses(r, self.c.train_phase)
             (i, j), (k, m) = losses.span(t - lw, t), losses.span(t - 2 * lw, t - lw)
+            steps = self.steps[id(r)].phases.get(self.c.train_phase)
+            if steps is not None and any(bisect.bisect_right(bad, t) > bisect.bisect_right(bad, t - 2 * lw)
+                                         for bad in (steps.bad_losses, steps.bad_norms)):
+                continue  # a NaN in the windows: NonFiniteValues speaks, the held loss would look flat
             if j > i and m > k:
                 mean_now, mean_before = losses.mean(i, j), losses.mean(k, m)
                 if mean_now > mean_before - self.c.loss_diff_percent / 100 * abs(mean_before):
@@ -830,7 +839,9 @@ def rank_data(rank: RankRecording, config: MixinConfig | None = None) -> RankDat
     start = float(life.get("process_start") or (first_start if first_start is not None else last_sample or 0.0))
     return RankData(str(resource.get(sc.SERVICE_NAME, "")), rank.rank,
                     str(resource.get(sc.K8S_NODE_NAME) or resource.get(sc.HOST_NAME, "")), start,
-                    max(times) if times else start, sample_table=samples, step_table=steps)
+                    max(times) if times else start, sample_table=samples, step_table=steps,
+                    first_step=float(began) if isinstance(began := life.get("first_step_start"), int | float)
+                    else first_start)
 
 
 def evaluate(recording: Recording, config: MixinConfig | None = None, interval: float = 10.0) -> list[CheckResult]:

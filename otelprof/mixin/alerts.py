@@ -404,10 +404,11 @@ def _host_memory(c: MixinConfig) -> list[Alert]:
     now, before = f"avg_over_time({rss}[{hw}])", f"avg_over_time({rss}[{hw}] offset {hw})"
     ratio, least = c.host_memory_increase, c.host_memory_increase_min_bytes
     warm = int(patience + 2 * hws)
+    training = f"(time() - {q.sel(sc.STEP_FIRST_TIMESTAMP)})"
     increase = Alert(
         "HostMemoryIncrease", GROUP_SYSTEM,
         f"(\n  {now}\n  -\n  {before}\n  > {number(ratio)} * {before}\n)\n> {number(least)}\n"
-        f"{q.warmed_up(f'{warm}s')}",
+        f"and on ({JOB}, {RANK}) {training} > {warm}",
         c.host_memory_increase_for, "warning",
         "A training process's memory keeps growing.",
         f"{AT_RANK}: mean resident memory over the last {hw} is {NUM}B above the {hw} before.",
@@ -415,17 +416,20 @@ def _host_memory(c: MixinConfig) -> list[Alert]:
         Runbook(
             meaning=f"The process's mean resident memory (RSS) over the last {hw} exceeds its mean over the {hw} "
                     f"before by more than {_pct(ratio)} of that and by more than {_bytes(least)}, and kept doing "
-                    f"so for {c.host_memory_increase_for}: host memory is leaking. Left alone the process ends in "
-                    "an out-of-memory kill.",
+                    f"so for {c.host_memory_increase_for}, while training steps run: host memory is leaking. Left "
+                    "alone the process ends in an out-of-memory kill. Judged from patience + two windows after the "
+                    "first step, so loading data and models before training, and the first steps' allocations, "
+                    "do not count.",
             thresholds=_params(("window", hw), ("increase", _pct(ratio)), ("min_increase", _bytes(least)),
-                               ("for", c.host_memory_increase_for), ("patience", f"{c.patience} + 2 x {hw}")),
+                               ("for", c.host_memory_increase_for),
+                               ("patience", f"{c.patience} + 2 x {hw} after the first step")),
             limit=f"Growth per {hw} of more than {_pct(ratio)} of the resident memory and more than "
                   f"{_bytes(least)}: for a process below {_bytes(least / ratio)} a leak faster than "
                   f"{_bytes(least / hws * 60)} per minute, for a larger one faster than {_pct(ratio)} per {hw}. "
                   f"A steady leak fires at the latest "
                   f"{_human(2 * hws + seconds(c.host_memory_increase_for))} after it starts (both windows in the "
                   f"growth, then `for` {c.host_memory_increase_for}), sooner the faster it grows. Never in the first "
-                  f"{_human(warm)} of a process: the growth while a job starts up is no leak.",
+                  f"{_human(warm)} after the first step: the growth while a job starts up is no leak.",
             todo="Typical leaks in training code: a list that keeps every step's loss or outputs (append "
                  "loss.item(), not the tensor), metrics objects that accumulate predictions, a cache keyed by "
                  "batch, tensors kept alive by a closure or a logging handler, or torch.compile recompiling "
@@ -669,7 +673,12 @@ def _training(c: MixinConfig) -> list[Alert]:
     loss_now = f"avg_over_time({q.sel(sc.LOSS, matchers=train)}[{lw}])"
     loss_before = f"avg_over_time({q.sel(sc.LOSS, matchers=train)}[{lw}] offset {lw})"
     diff = number(c.loss_diff_percent / 100)
-    steps_moving = f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, lw, matchers=train)} > 0"
+    # Steps ran in both windows, and no loss was NaN in them: the loss gauge holds its last finite value, so
+    # through a stall or after a NaN it would look flat (OtelprofTrainingStalled and _NonFiniteValues say why).
+    steps_moving = (f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, lw, matchers=train)} > 0\n"
+                    f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, lw, matchers=train, offset=lw)} > 0\n"
+                    f"unless on ({JOB}, {RANK}, {PHASE}) "
+                    f"{q.delta(sc.NONFINITE, f'{2 * int(seconds(lw))}s', matchers=train)} > 0")
     not_decreasing = Alert(
         "LossNotDecreasing", GROUP_TRAINING,
         f"{loss_now}\n> {loss_before} - {diff} * abs({loss_before})\n{steps_moving}\n"
@@ -681,7 +690,8 @@ def _training(c: MixinConfig) -> list[Alert]:
         Runbook(
             meaning=f"The mean of the recorded training loss over the last {lw} did not fall by at least "
                     f"{c.loss_diff_percent:g} % of its value compared with the {lw} before, while steps "
-                    "were running. Judged once the process has run for two windows.",
+                    "were running in both windows and every loss was finite. Judged once the process has run for "
+                    "two windows.",
             thresholds=_params(("window", lw), ("diff_percent", f"{c.loss_diff_percent:g} %")),
             limit=f"A training loss whose {lw} mean falls by less than {c.loss_diff_percent:g} % per {lw}. A loss "
                   f"that stops falling fires at the latest {_human(2 * seconds(lw))} after it flattens (both windows "

@@ -347,8 +347,10 @@ def system_groups() -> list[Group]:
 
     mib = 2**20
 
-    def rss(name: str, segments: list[tuple[int, float]], start: float = 512 * mib) -> Group:
-        return Group(name).started(ID, 200).gauge(sc.PROCESS_MEMORY_USAGE, ID, seq(segments, start))
+    def rss(name: str, segments: list[tuple[int, float]], start: float = 512 * mib, first_step: int = 0) -> Group:
+        g = Group(name).started(ID, 200).gauge(sc.PROCESS_MEMORY_USAGE, ID, seq(segments, start))
+        return g.gauge(sc.STEP_FIRST_TIMESTAMP, ID, (f"_x{first_step // 10} " if first_step else "")
+                       + const(first_step, 200 - first_step // 10))
 
     leak = rss("RSS leaks 4 MiB per 10 s from 20 min (120 MiB per 5 min)", [(120, 0), (80, 4 * mib)])
     leak.silent("HostMemoryIncrease", "20m").silent("HostMemoryIncrease", "25m")  # ramp, then `for` 2m
@@ -360,7 +362,10 @@ def system_groups() -> list[Group]:
     startup = rss("RSS grows 500 MiB while the job starts, then stays", [(30, 500 / 30 * mib), (170, 0)], 100 * mib)
     groups.append(startup.silent("HostMemoryIncrease", "10m").silent("HostMemoryIncrease", "19m")
                   .silent("HostMemoryIncrease", "30m"))
-    early = rss("the same leak from the start: judged only after patience + 2 windows", [(200, 4 * mib)])
+    loading = rss("RSS grows 1 GiB while a data set loads for 25 min before the first step", [(150, 7 * mib), (50, 0)],
+                  first_step=1500)
+    groups.append(loading.silent("HostMemoryIncrease", "25m").silent("HostMemoryIncrease", "30m"))
+    early = rss("the same leak from the first step: judged only after patience + 2 windows", [(200, 4 * mib)])
     groups.append(early.silent("HostMemoryIncrease", "18m10s").silent("HostMemoryIncrease", "20m10s")
                   .fires("HostMemoryIncrease", "20m30s", (ID, 120 * mib)))
 
@@ -527,6 +532,14 @@ def training_groups() -> list[Group]:
     groups.append(losses("loss decreasing steadily", "2-0.01x40").silent("LossNotDecreasing", "35m"))
     groups.append(losses("loss flat but no steps run", const(2.0, 40), const(100, 40))
                   .silent("LossNotDecreasing", "35m"))
+    resumed = Group("training resumes after a 35-min stall: the loss gauge held still through it", interval="1m")
+    resumed.started(ID, 50).gauge(sc.LOSS, train_id, f"2-0.01x10 {const(1.9, 35)} 1.899 1.898 1.897 1.896")
+    resumed.counter(sc.STEPS, train_id, f"{seq([(10, 60)])} {const(600, 35)} 660 720 780 840")
+    groups.append(resumed.silent("LossNotDecreasing", "46m").silent("LossNotDecreasing", "48m"))
+    nan = Group("the loss turns NaN at 20 min: the gauge holds the last finite loss", interval="1m").started(ID, 55)
+    nan.gauge(sc.LOSS, train_id, f"2-0.01x20 {const(1.8, 34)}").counter(sc.STEPS, train_id, seq([(55, 60)]))
+    nan.counter(sc.NONFINITE, {**train_id, "scalar": "loss"}, f"_x20 {seq([(34, 60)], 1)}")
+    groups.append(nan.silent("LossNotDecreasing", "53m"))
 
     g = Group("NaN loss at 5 min", interval="1m")
     g.counter(sc.NONFINITE, {**train_id, "scalar": "loss"}, f"_x5 {const(1, 20)}")
