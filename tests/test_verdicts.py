@@ -40,7 +40,7 @@ VERDICT_CONFIG = with_overrides(MixinConfig(), [
     "patience=20s",
     "input_bound_window=10s", "input_bound_for=0s",
     "straggler_window=30s", "straggler_for=10s",
-    "step_outlier_window=30s",
+    "step_outlier_window=40s",
     "max_initialization_time=60s",
     "stalled_training_threshold=10s",
     "loss_window=10s",
@@ -71,9 +71,9 @@ def jobs() -> list[Job]:
     d = 50.0
     return [
         Job("slow-loader", {"duration": d, "fault": "slow_loader"}, (("InputBound", 0),)),
-        Job("straggler-2", {"duration": d, "fault": "straggler", "straggler": 1, "slowdown": 1.3},
+        Job("straggler-2", {"duration": d, "fault": "straggler", "straggler": 1, "slowdown": 1.5},
             (("RankStraggler", 1),), world=2),
-        Job("straggler-4", {"duration": d, "fault": "straggler", "straggler": 2, "slowdown": 1.3},
+        Job("straggler-4", {"duration": d, "fault": "straggler", "straggler": 2, "slowdown": 1.5},
             (("RankStraggler", 2),), world=4),
         Job("leak", {"duration": 55.0, "fault": "leak", "at": 25.0, "leak_per_step": 2 * MIB},
             (("HostMemoryIncrease", 0),)),
@@ -81,7 +81,8 @@ def jobs() -> list[Job]:
         Job("nan", {"duration": d, "fault": "nan", "at": 5.0}, (("NonFiniteValues", 0),)),
         Job("stall", {"duration": d, "fault": "stall", "at": 10.0}, (("TrainingStalled", 0),)),
         Job("plateau", {"duration": d, "fault": "plateau"}, (("LossNotDecreasing", 0),)),
-        Job("outliers", {"duration": d, "fault": "outliers", "at": 5.0, "spike": 8}, (("StepOutliers", 0),)),
+        Job("outliers", {"duration": d, "fault": "outliers", "compute": 0.04, "at": 5.0, "spike": 6, "every": 25},
+            (("StepOutliers", 0),)),
         Job("healthy", {"duration": 55.0}),
         Job("healthy-ddp", {"duration": 55.0}, world=2),
     ]

@@ -95,7 +95,7 @@ def main() -> None:
             with otelprof.annotate(sc.REGION_DATALOADER):
                 time.sleep(3 * compute if faulty and fault == "slow_loader" else 0.001)
             with otelprof.annotate("forward"):
-                spike = faulty and fault == "outliers" and step % 10 == 9
+                spike = faulty and fault == "outliers" and step % int(spec.get("every", 25)) == 0
                 _compute(compute * slowdown * (float(spec.get("spike", 4)) if spike else 1))
             if faulty and fault == "stall" and not stalled:
                 stalled = True

@@ -618,7 +618,8 @@ class _Checks:
         step_tables = list(self.steps.values())
 
         def union(series: Iterable[_Series]) -> int:
-            return len(set().union(*(s.times for s in series)))
+            """Samples with a reading of some GPU (a node's GPUs are read in the same samples)."""
+            return max(map(len, series), default=0)
 
         gpu_samples = sum(union(t.util.values()) for t in tables)
         gpu_memory = sum(union(t.memory.values()) for t in tables)
