@@ -1,5 +1,5 @@
 """The verdict suite: every alert this machine can provoke fires on its injected fault, through a real
-Prometheus (1 s scrapes and evaluations of the generated rules) and through the offline twin on the same
+Prometheus (2 s scrapes and evaluations of the generated rules) and through the offline twin on the same
 runs' recordings, and nothing else fires at warning or above; healthy jobs run beside a busy neighbour
 process and raise nothing at warning or above.
 
@@ -48,6 +48,9 @@ VERDICT_CONFIG = with_overrides(MixinConfig(), [
     f"host_memory_increase_min_bytes={16 * MIB}",
 ])
 SEVERE = ("warning", "critical")
+SCRAPE = "2s"
+"""Scrape and evaluation interval: a dozen processes on two CPUs, each serving its metrics every second,
+would be a load of their own."""
 
 
 @dataclass
@@ -68,6 +71,8 @@ class Job:
 
 
 def jobs() -> list[Job]:
+    """The loops all last as long, so that no job steps while the others shut down (a dozen processes
+    flushing at once on two CPUs stall their neighbours for seconds)."""
     d = 50.0
     return [
         Job("slow-loader", {"duration": d, "fault": "slow_loader"}, (("InputBound", 0),)),
@@ -75,7 +80,7 @@ def jobs() -> list[Job]:
             (("RankStraggler", 1),), world=2),
         Job("straggler-4", {"duration": d, "fault": "straggler", "straggler": 2, "slowdown": 1.5},
             (("RankStraggler", 2),), world=4),
-        Job("leak", {"duration": 55.0, "fault": "leak", "at": 25.0, "leak_per_step": 2 * MIB},
+        Job("leak", {"duration": d, "fault": "leak", "at": 25.0, "leak_per_step": 2 * MIB},
             (("HostMemoryIncrease", 0),)),
         Job("slow-init", {"duration": 5.0, "fault": "slow_init", "init_delay": 70.0}, (("SlowInitialization", 0),)),
         Job("nan", {"duration": d, "fault": "nan", "at": 5.0}, (("NonFiniteValues", 0),)),
@@ -83,8 +88,8 @@ def jobs() -> list[Job]:
         Job("plateau", {"duration": d, "fault": "plateau"}, (("LossNotDecreasing", 0),)),
         Job("outliers", {"duration": d, "fault": "outliers", "compute": 0.04, "at": 5.0, "spike": 6, "every": 25},
             (("StepOutliers", 0),)),
-        Job("healthy", {"duration": 55.0}),
-        Job("healthy-ddp", {"duration": 55.0}, world=2),
+        Job("healthy", {"duration": d}),
+        Job("healthy-ddp", {"duration": d}, world=2),
     ]
 
 
@@ -110,7 +115,8 @@ def start(job: Job, record_dir: Path) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OTELPROF_JOB_NAME": job.name, "OTELPROF_RUN_ID": job.name,
                "OTELPROF_RECORD_DIR": str(record_dir), "OTEL_METRICS_EXPORTER": "prometheus",
                "OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_PROMETHEUS_PORT": str(port - rank),
-               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(job.world), "MASTER_PORT": str(master)}
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(job.world), "MASTER_PORT": str(master),
+               "OTELPROF_SAMPLE_INTERVAL_MS": "1000", "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
         env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
         job.ports.append(port)
         job.processes.append(subprocess.Popen([sys.executable, str(JOB_SCRIPT), json.dumps(job.spec)], env=env,
@@ -126,7 +132,8 @@ def live_verdicts(prom: Prometheus, job: Job) -> tuple[set[tuple[str, str, int]]
     fired = {(job.name, a["metric"]["alertname"], int(a["metric"].get("rank", "-1")))
              for a in prom.query(f"max_over_time({selector}[{span}])", at=end)}
     first = {a["metric"]["alertname"]: float(a["value"][1]) - job.spawned
-             for a in prom.query(f"min by (alertname) (min_over_time(timestamp({selector})[{span}:1s]))", at=end)}
+             for a in prom.query(f"min by (alertname) (min_over_time(timestamp({selector})[{span}:{SCRAPE}]))",
+                                 at=end)}
     return fired, first
 
 
@@ -155,7 +162,7 @@ def test_every_fault_fires_its_alert_and_healthy_jobs_stay_quiet(tmp_path: Path)
         for job in suite:
             start(job, record_dir)
         targets = [f"127.0.0.1:{port}" for job in suite for port in job.ports]
-        with prometheus(tmp_path, targets, rule_files=[rules]) as prom:
+        with prometheus(tmp_path, targets, scrape_interval=SCRAPE, rule_files=[rules]) as prom:
             try:
                 for job in suite:
                     job.outputs = [p.communicate(timeout=180) for p in job.processes]
