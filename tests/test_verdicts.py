@@ -71,25 +71,27 @@ class Job:
 
 
 def jobs() -> list[Job]:
-    """The loops all last as long, so that no job steps while the others shut down (a dozen processes
-    flushing at once on two CPUs stall their neighbours for seconds)."""
+    """Steps of 250 ms (as many real ones take); the loops all last as long, so that no job steps while the
+    others shut down (a dozen processes flushing at once on two CPUs stall their neighbours for seconds)."""
     d = 50.0
+    step = {"duration": d, "compute": 0.25}
     return [
-        Job("slow-loader", {"duration": d, "fault": "slow_loader"}, (("InputBound", 0),)),
-        Job("straggler-2", {"duration": d, "fault": "straggler", "straggler": 1, "slowdown": 1.5},
+        Job("slow-loader", {**step, "fault": "slow_loader"}, (("InputBound", 0),)),
+        Job("straggler-2", {**step, "fault": "straggler", "straggler": 1, "slowdown": 1.5},
             (("RankStraggler", 1),), world=2),
-        Job("straggler-4", {"duration": d, "fault": "straggler", "straggler": 2, "slowdown": 1.5},
+        Job("straggler-4", {**step, "fault": "straggler", "straggler": 2, "slowdown": 1.5},
             (("RankStraggler", 2),), world=4),
-        Job("leak", {"duration": d, "fault": "leak", "at": 25.0, "leak_per_step": 2 * MIB},
-            (("HostMemoryIncrease", 0),)),
-        Job("slow-init", {"duration": 5.0, "fault": "slow_init", "init_delay": 70.0}, (("SlowInitialization", 0),)),
-        Job("nan", {"duration": d, "fault": "nan", "at": 5.0}, (("NonFiniteValues", 0),)),
-        Job("stall", {"duration": d, "fault": "stall", "at": 10.0}, (("TrainingStalled", 0),)),
-        Job("plateau", {"duration": d, "fault": "plateau"}, (("LossNotDecreasing", 0),)),
+        Job("leak", {**step, "fault": "leak", "at": 25.0, "leak_per_step": 4 * MIB}, (("HostMemoryIncrease", 0),)),
+        Job("slow-init", {**step, "duration": 5.0, "fault": "slow_init", "init_delay": 70.0},
+            (("SlowInitialization", 0),)),
+        Job("nan", {**step, "fault": "nan", "at": 5.0}, (("NonFiniteValues", 0),)),
+        Job("stall", {**step, "fault": "stall", "at": 10.0}, (("TrainingStalled", 0),)),
+        Job("plateau", {**step, "fault": "plateau"}, (("LossNotDecreasing", 0),)),
+        # short steps, so that a spike every 25th (rare enough for mean + 3 sigma) gives 11 in the window
         Job("outliers", {"duration": d, "fault": "outliers", "compute": 0.04, "at": 5.0, "spike": 6, "every": 25},
             (("StepOutliers", 0),)),
-        Job("healthy", {"duration": d}),
-        Job("healthy-ddp", {"duration": d}, world=2),
+        Job("healthy", step),
+        Job("healthy-ddp", step, world=2),
     ]
 
 

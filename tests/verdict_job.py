@@ -104,7 +104,7 @@ def main() -> None:
             if fault == "plateau":
                 loss = 1.0 + rng.uniform(-0.01, 0.01)
             else:
-                loss = 2.0 * math.exp(-step / 200) + rng.uniform(-0.01, 0.01)
+                loss = 2.0 * math.exp(-step * compute / 10) + rng.uniform(-0.01, 0.01)  # -1/e every 10 s
             otelprof.record("loss", math.nan if faulty and fault == "nan" else loss)
             if meeting is not None:
                 with otelprof.annotate(sc.REGION_COLLECTIVE):
