@@ -15,6 +15,7 @@ data-loader worker checks need framework gauges, so those are not evaluated here
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import operator
 import statistics
@@ -333,6 +334,8 @@ class _Checks:
         self.steps = {id(r): r.step_table or StepTable.from_records(r.steps) for r in ranks}
         self.first_steps = {id(r): r.first_step if r.first_step is not None else
                             min((s.start for s in r.steps), default=None) for r in ranks}
+        self.judged: set[str] = set()
+        """Checks that compared something with their threshold at least once (past warm-up, with data)."""
 
     def warm(self, rank: RankData, t: float) -> bool:
         return t - rank.process_start > self.patience
@@ -352,6 +355,7 @@ class _Checks:
     # ---------------------------------------------------------------- system
     def bottleneck(self, io: bool) -> Condition:
         threshold = self.c.io_bottleneck_threshold if io else self.c.cpu_bottleneck_threshold
+        name = "IOBottleneck" if io else "CPUBottleneck"
 
         def condition(t: float) -> list[Firing]:
             out = []
@@ -359,6 +363,7 @@ class _Checks:
                 table = self.samples[id(r)]
                 i, j = table.span(t - self.w, t)
                 if j > i and self.warm(r, t) and self.alive(r, t):
+                    self.judged.add(name)
                     hits = table.io_hits if io else table.cpu_hits
                     fraction = (hits[j] - hits[i]) / (j - i)
                     if fraction > threshold:
@@ -368,6 +373,8 @@ class _Checks:
 
     def gpu_quantiles(self, kind: str) -> Condition:
         c = self.c
+        name = {"under": "GPUUnderutilized", "fluctuating": "GPUUtilizationFluctuating",
+                "batch": "BatchSizeTooSmall"}[kind]
 
         def condition(t: float) -> list[Firing]:
             out = []
@@ -381,6 +388,7 @@ class _Checks:
                 for gpu, (values, i, j) in sorted(util.items()):
                     if not values.any_positive(i, j):
                         continue  # never busy: an unused device
+                    self.judged.add(name)
                     p95, p5 = values.quantile(0.95, i, j), values.quantile(0.05, i, j)
                     subject = f"{r.subject} gpu {gpu}"
                     if kind == "under" and p95 < c.low_gpu_threshold_p95:
@@ -405,6 +413,7 @@ class _Checks:
             now, before = self.gpu_windows(memory, t - m, t), self.gpu_windows(memory, t - 2 * m, t - m)
             for gpu in sorted(now):
                 if gpu in before:
+                    self.judged.add("GPUMemoryIncrease")
                     increase = now[gpu][0].mean(*now[gpu][1:]) - before[gpu][0].mean(*before[gpu][1:])
                     if increase > self.c.gpu_memory_increase:
                         out.append(Firing(f"{r.subject} gpu {gpu}", increase))
@@ -417,6 +426,7 @@ class _Checks:
             if self.alive(r, t):
                 for gpu, (values, i, j) in sorted(self.gpu_windows(self.samples[id(r)].memory, t - width, t).items()):
                     mean = values.mean(i, j)
+                    self.judged.add("GPUMemoryNearCapacity")
                     if mean > self.c.gpu_memory_capacity_threshold:
                         out.append(Firing(f"{r.subject} gpu {gpu}", mean))
         return out
@@ -432,6 +442,7 @@ class _Checks:
             rss = self.samples[id(r)].rss
             (i, j), (k, m) = rss.span(t - width, t), rss.span(t - 2 * width, t - width)
             if j > i and m > k:
+                self.judged.add("HostMemoryIncrease")
                 now, before = rss.mean(i, j), rss.mean(k, m)
                 growth = now - before
                 if growth > c.host_memory_increase * before and growth > c.host_memory_increase_min_bytes:
@@ -455,6 +466,7 @@ class _Checks:
                 if j <= i:
                     continue
                 used = table.host_memory.mean(i, j)
+            self.judged.add("HostMemoryNearLimit")
             if used > self.c.host_memory_limit_threshold:
                 out.append(Firing(r.subject, used))
         return out
@@ -467,6 +479,8 @@ class _Checks:
                 continue
             means = [values.mean(i, j) for r in live
                      for values, i, j in self.gpu_windows(self.samples[id(r)].util, t - self.w, t).values()]
+            if len(means) > 1:
+                self.judged.add("GPULoadImbalance")
             if len(means) > 1 and max(means) - min(means) > self.c.load_balancing_threshold:
                 out.append(Firing(f"job {job}", max(means) - min(means)))
         return out
@@ -492,6 +506,7 @@ class _Checks:
             for phase in sorted({p for p, _ in compute}):
                 values = {rank: v for (p, rank), v in compute.items() if p == phase}
                 if len(values) > 1:
+                    self.judged.add("RankStraggler")
                     for rank, value in sorted(values.items()):
                         peers = peers_median(list(values.values()), value)
                         if peers is not None and value / peers > self.c.straggler_ratio:
@@ -504,6 +519,8 @@ class _Checks:
         for r in self.ranks:
             for phase, steps, i, j in self.phase_windows(r, t - width, t):
                 count = steps.outliers[j] - steps.outliers[i]
+                if j - i > self.c.step_outlier_min_steps:
+                    self.judged.add("StepOutliers")
                 if (count > self.c.step_outlier_n_outliers and j - i > self.c.step_outlier_min_steps
                         and count > self.c.step_outlier_min_share * (j - i)):
                     out.append(Firing(f"{r.subject} {phase}", count))
@@ -515,6 +532,8 @@ class _Checks:
         for r in self.ranks:
             ends = self.steps[id(r)].ends
             first = ends[0] if ends else math.inf
+            if self.alive(r, t):
+                self.judged.add("SlowInitialization")
             if self.alive(r, t) and t - r.process_start > limit and first > t:
                 out.append(Firing(r.subject, t - r.process_start))
         return out
@@ -525,6 +544,8 @@ class _Checks:
         for r in self.ranks:
             for phase, steps, _, _ in self.phase_windows(r, t - width, t):
                 i, j = steps.inputs.span(t - width, t)
+                if j > i:
+                    self.judged.add("InputBound")
                 if j > i and steps.inputs.mean(i, j) > self.c.input_bound_threshold:
                     out.append(Firing(f"{r.subject} {phase}", steps.inputs.mean(i, j)))
         return out
@@ -547,6 +568,7 @@ class _Checks:
                                          for bad in (steps.bad_losses, steps.bad_norms)):
                 continue  # a NaN in the windows: NonFiniteValues speaks, the held loss would look flat
             if j > i and m > k:
+                self.judged.add("LossNotDecreasing")
                 mean_now, mean_before = losses.mean(i, j), losses.mean(k, m)
                 if mean_now > mean_before - self.c.loss_diff_percent / 100 * abs(mean_before):
                     out.append(Firing(r.subject, mean_now))
@@ -555,6 +577,7 @@ class _Checks:
     def nonfinite(self, t: float) -> list[Firing]:
         width = seconds(self.c.nonfinite_window)
         out: list[Firing] = []
+        self.judged.add("NonFiniteValues")  # every recorded loss and gradient norm is judged (its datapoints)
         for r in self.ranks:
             counts: dict[str, int] = {}
             for phase, steps in self.steps[id(r)].phases.items():
@@ -574,6 +597,7 @@ class _Checks:
                 continue
             i, j = steps.norms.span(t - width, t)
             if j > i:
+                self.judged.add("VanishingGradients")
                 largest = max(steps.norms.values[i:j])
                 if largest < self.c.vanishing_gradient_threshold:
                     out.append(Firing(r.subject, largest))
@@ -585,6 +609,8 @@ class _Checks:
         for r in self.ranks:
             ends = self.steps[id(r)].ends
             i = bisect.bisect_right(ends, t)
+            if i and self.alive(r, t):
+                self.judged.add("TrainingStalled")
             if i and self.alive(r, t) and t - ends[i - 1] > limit:
                 out.append(Firing(r.subject, t - ends[i - 1]))
         return out
@@ -606,14 +632,16 @@ class _Checks:
             train = self._held_mean(r, t, width, self.c.train_phase)
             evaluation = self._held_mean(r, t, width, self.c.eval_phase)
             if train and evaluation is not None and train > 0:
+                self.judged.add("Overfitting")
                 ratio = (evaluation - train) / train
                 if ratio > self.c.overfit_ratio_threshold:
                     out.append(Firing(r.subject, ratio))
         return out
 
     def conditions(self) -> dict[str, tuple[Condition, int]]:
-        """Condition and datapoint count per alert short name. Datapoints are what the check could judge: 0
-        (reported as "no data", never "ok") when the recording holds nothing it reads, e.g. no GPU samples."""
+        """Condition and datapoint count per alert short name. Datapoints are what the check reads (GPU samples,
+        losses, ...); a check that never judged them (no data, or never past its warm-up) gets 0 in
+        :func:`evaluate_ranks`, reported as "no data", never "ok"."""
         tables = list(self.samples.values())
         step_tables = list(self.steps.values())
 
@@ -714,7 +742,10 @@ def evaluate_ranks(ranks: list[RankData], config: MixinConfig | None = None, int
         alert = by_short.get(short)
         if alert is None:  # disabled in the config
             continue
-        results.append(_run(alert, condition, datapoints, times))
+        result = _run(alert, condition, datapoints, times)
+        if short not in checks.judged:  # never past its warm-up, or never with data in its windows
+            result = dataclasses.replace(result, datapoints=0)
+        results.append(result)
     return results
 
 
