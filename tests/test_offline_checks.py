@@ -113,6 +113,30 @@ def memory() -> list[RankData]:
     return [RankData("leaky", 0, "n1", 0.0, END, samples, _steps(lambda t: 0.5))]
 
 
+def host_memory_without_limit() -> list[RankData]:
+    """No container limit: the host's memory fills from 50 % to 97 % between 500 and 600 s."""
+    def readings(t: float) -> tuple[float, float, tuple[float, float | None]]:
+        return 512 * 2.0**20, 0.5 + min(max(t - 500, 0) / 100, 1) * 0.47, (3 * 2.0**30, None)
+
+    samples = _samples(lambda t: [0.3, 0.3], lambda t: {}, memory=readings)
+    return [RankData("host", 0, "n1", 0.0, END, samples, _steps(lambda t: 0.5))]
+
+
+def loss_plateau_and_nan() -> list[RankData]:
+    """The loss falls until 300 s, then stays at 1.0; NaN from 600 to 610 s (the held loss gauge looks flat
+    then, but a NaN keeps the plateau check quiet while it is in the windows)."""
+    def loss(t: float, n: int) -> float:
+        return math.nan if 600 < t < 610 else 2.0 - min(t, 300) / 300
+
+    return [RankData("plateau", 0, "n1", 0.0, END, [], _steps(lambda t: 0.5, loss=loss))]
+
+
+def stalled_then_resumed() -> list[RankData]:
+    """Steps stop from 300 to 700 s (the loss gauge holds still), then resume with the loss still falling."""
+    steps = [s for s in _steps(lambda t: 0.5, loss=lambda t, n: 2.0 - t / 1000) if not 300 < s.end <= 700]
+    return [RankData("stall", 0, "n1", 0.0, END, [], steps)]
+
+
 def outliers() -> list[RankData]:
     """Steady 63.6 +- 1.9 ms steps with jitter spikes (+10-40 %) every 25 steps: 3-sigma "outliers" but not
     materially slower, so quiet; from 600 s every 40th step stalls (3 x): a real outlier alert."""
@@ -140,6 +164,9 @@ SCENARIOS: dict[str, Callable[[], list[RankData]]] = {
     "straggler_pair": straggler_pair,
     "straggler_four": straggler_four,
     "memory": memory,
+    "host_memory_without_limit": host_memory_without_limit,
+    "loss_plateau_and_nan": loss_plateau_and_nan,
+    "stalled_then_resumed": stalled_then_resumed,
     "outliers": outliers,
 }
 EXPECTED = {  # sanity: what each scenario must show (both sides), so the comparison is never vacuous
@@ -149,15 +176,25 @@ EXPECTED = {  # sanity: what each scenario must show (both sides), so the compar
     "straggler_pair": {(420.0, "OtelprofRankStraggler")},
     "straggler_four": {(420.0, "OtelprofRankStraggler")},
     "memory": {(720.0, "OtelprofHostMemoryIncrease"), (880.0, "OtelprofHostMemoryNearLimit")},
+    "host_memory_without_limit": {(720.0, "OtelprofHostMemoryNearLimit"), (880.0, "OtelprofHostMemoryNearLimit")},
+    "loss_plateau_and_nan": {(420.0, "OtelprofLossNotDecreasing"), (880.0, "OtelprofLossNotDecreasing"),
+                             (720.0, "OtelprofNonFiniteValues")},
+    "stalled_then_resumed": {(420.0, "OtelprofTrainingStalled")},
     "outliers": {(880.0, "OtelprofStepOutliers")},
 }
 QUIET = {  # and what it must not show
     "memory": {(420.0, "OtelprofHostMemoryIncrease"), (720.0, "OtelprofHostMemoryNearLimit")},
+    "host_memory_without_limit": {(420.0, "OtelprofHostMemoryNearLimit")},
+    "loss_plateau_and_nan": {(720.0, "OtelprofLossNotDecreasing")},
+    "stalled_then_resumed": {(720.0, "OtelprofLossNotDecreasing"), (720.0, "OtelprofTrainingStalled"),
+                             (880.0, "OtelprofLossNotDecreasing")},
     "outliers": {(420.0, "OtelprofStepOutliers"), (720.0, "OtelprofStepOutliers")},  # stalls under 1 %
 }
 CONFIGS = {  # windows short enough for the 900-s scenarios
     "memory": with_overrides(CONFIG, ["patience=60s", "host_memory_increase_window=60s",
                                       "host_memory_increase_for=0s"]),
+    "loss_plateau_and_nan": with_overrides(CONFIG, ["loss_window=60s"]),
+    "stalled_then_resumed": with_overrides(CONFIG, ["loss_window=60s", "stalled_training_threshold=100s"]),
 }
 
 

@@ -571,7 +571,7 @@ class _Checks:
                 self.judged.add("LossNotDecreasing")
                 mean_now, mean_before = losses.mean(i, j), losses.mean(k, m)
                 if mean_now > mean_before - self.c.loss_diff_percent / 100 * abs(mean_before):
-                    out.append(Firing(r.subject, mean_now))
+                    out.append(Firing(f"{r.subject} {self.c.train_phase}", mean_now))  # the live alert's labels
         return out
 
     def nonfinite(self, t: float) -> list[Firing]:
@@ -600,7 +600,7 @@ class _Checks:
                 self.judged.add("VanishingGradients")
                 largest = max(steps.norms.values[i:j])
                 if largest < self.c.vanishing_gradient_threshold:
-                    out.append(Firing(r.subject, largest))
+                    out.append(Firing(f"{r.subject} {self.c.train_phase}", largest))
         return out
 
     def stalled(self, t: float) -> list[Firing]:
