@@ -17,13 +17,28 @@ LAUNCHERS = frozenset({
 """Programs and ``-m`` modules that start the training processes rather than train."""
 
 
+def _program(argv: list[str]) -> str:
+    """The script, ``-m`` module or ``-c`` that ``argv`` (``sys.orig_argv``: the interpreter, its options, then
+    the program and its arguments) runs."""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-m", "-c"):
+            return argv[i + 1] if arg == "-m" and i + 1 < len(argv) else arg
+        if not arg.startswith("-"):
+            return arg
+        i += 2 if arg in ("-W", "-X", "--check-hash-based-pycs") else 1
+    return ""
+
+
 def _role(argv: list[str]) -> str:
-    """``launcher``, ``helper`` (a multiprocessing child) or ``training``, from ``sys.orig_argv``: the interpreter,
-    its options, then the script or ``-m`` module."""
+    """``launcher``, ``helper`` (a multiprocessing child) or ``training``."""
+    program = _program(argv)
     text = " ".join(argv)
-    if "--multiprocessing-fork" in text or ("multiprocessing" in text and "-c" in argv):
+    if "--multiprocessing-fork" in text or (program == "-c" and "multiprocessing" in text):
         return "helper"
-    if any(os.path.basename(a) in LAUNCHERS or a in LAUNCHERS for a in argv[:4]):
+    name = os.path.basename(program)
+    if program in LAUNCHERS or name in LAUNCHERS:
         return "launcher"
     return "training"
 

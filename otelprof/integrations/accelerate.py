@@ -29,9 +29,10 @@ from otelprof._log import warn_once
 
 __all__ = ["patch_backward", "patch_loaders"]
 
-ACCELERATOR_MODULE = "accelerate.accelerator"
 HOOK = "accelerate"
 """``hook`` label of ``otelprof.integration.errors`` when a patch below failed."""
+MARK = "_otelprof_patch"
+"""Attribute that marks a method otelprof replaced (``__wrapped__`` is the original)."""
 
 
 def _instrumentation() -> Any:
@@ -86,7 +87,7 @@ _step_loss = _StepLoss()
 def patch_backward(accelerator_class: type) -> None:
     """``Accelerator.backward(loss)``: the step's loss is the mean of the losses passed to it."""
     original = accelerator_class.backward  # type: ignore[attr-defined]
-    if getattr(original, "_otelprof", False):
+    if getattr(original, MARK, False):
         return
 
     @functools.wraps(original)
@@ -100,14 +101,14 @@ def patch_backward(accelerator_class: type) -> None:
             _failed(exc)
         return result
 
-    backward._otelprof = True  # type: ignore[attr-defined]
+    setattr(backward, MARK, True)
     accelerator_class.backward = backward  # type: ignore[attr-defined]
 
 
 def patch_loaders(adapter_class: type) -> None:
     """Every prepared data loader built from now on is timed as the loop's loader, its base loader not."""
     original = adapter_class.__init__  # type: ignore[misc]
-    if getattr(original, "_otelprof", False):
+    if getattr(original, MARK, False):
         return
 
     @functools.wraps(original)
@@ -118,7 +119,7 @@ def patch_loaders(adapter_class: type) -> None:
         except Exception as exc:
             _failed(exc)
 
-    __init__._otelprof = True  # type: ignore[attr-defined]
+    setattr(__init__, MARK, True)
     adapter_class.__init__ = __init__  # type: ignore[misc]
 
 

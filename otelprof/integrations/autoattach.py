@@ -27,8 +27,9 @@ from types import ModuleType
 from typing import Any
 
 from otelprof._log import info_once, warn_once
+from otelprof.integrations.accelerate import MARK
 
-__all__ = ["install"]
+__all__ = ["install", "uninstall"]
 
 TRANSFORMERS = "transformers"
 LIGHTNING = "lightning"
@@ -67,7 +68,7 @@ def _attach_lightning(trainer: Any) -> None:
 def _after_init(cls: type, attach: Callable[[Any], None], name: str) -> None:
     """Run ``attach(trainer)`` at the end of ``cls.__init__`` (a subclass's ``__init__`` calls it)."""
     original = cls.__init__  # type: ignore[misc]
-    if getattr(original, "_otelprof_attach", False):
+    if getattr(original, MARK, False):
         return
 
     @functools.wraps(original)
@@ -79,7 +80,7 @@ def _after_init(cls: type, attach: Callable[[Any], None], name: str) -> None:
             warn_once(f"autoattach:{name}:attach", "otelprof: cannot attach its callback to the %s Trainer (%r); "
                       "steps are detected by the global PyTorch hooks instead", name, exc)
 
-    __init__._otelprof_attach = True  # type: ignore[attr-defined]
+    setattr(__init__, MARK, True)
     cls.__init__ = __init__  # type: ignore[misc]
 
 
@@ -103,6 +104,14 @@ def _patch_data_loader(module: ModuleType) -> None:
     accelerate.patch_loaders(module.DataLoaderAdapter)
 
 
+PATCHED: dict[str, tuple[tuple[str, str], ...]] = {
+    "transformers.trainer": (("Trainer", "__init__"),),
+    "lightning.pytorch.trainer.trainer": (("Trainer", "__init__"),),
+    "pytorch_lightning.trainer.trainer": (("Trainer", "__init__"),),
+    "accelerate.accelerator": (("Accelerator", "backward"),),
+    "accelerate.data_loader": (("DataLoaderAdapter", "__init__"),),
+}
+"""What each patch below replaces: (class, method) in the module."""
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "transformers.trainer": _patch_transformers,
     "lightning.pytorch.trainer.trainer": _patch_lightning,
@@ -176,3 +185,16 @@ def install() -> None:
         module = sys.modules.get(name)
         if module is not None:
             _apply(name, module)
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (tests): the finder leaves ``sys.meta_path``, the patched methods are the originals
+    again (trainers built meanwhile keep the callback they got)."""
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _Finder)]
+    for name, methods in PATCHED.items():
+        module = sys.modules.get(name)
+        for class_name, method in methods:
+            cls = getattr(module, class_name, None)
+            patched = vars(cls).get(method) if isinstance(cls, type) else None
+            if getattr(patched, MARK, False):
+                setattr(cls, method, patched.__wrapped__)  # type: ignore[union-attr]
