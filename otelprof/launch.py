@@ -25,8 +25,9 @@ from pathlib import Path
 RUN_TORCH = "OTELPROF_RUN_TORCH"
 RUN_GRAD_NORM = "OTELPROF_RUN_GRAD_NORM"
 
-_exit: tuple[str, Path] | None = None
-"""The exit line and the recording it names (said only if the recording is there)."""
+_exit: tuple[str, Path, int] | None = None
+"""The exit line, the recording it names (said only if it is there) and the process that says it (not a forked
+child, which inherits the exit handlers)."""
 
 
 def name_run() -> None:
@@ -83,11 +84,11 @@ def _announce(session: object) -> None:
     run = session.run_dir.parent
     where = shown(run)
     sys.stderr.write(f"otelprof: recording run {config.run_id} to {where}\n")
-    _exit = (f"otelprof: run {config.run_id} recorded; report: otelprof report {where}\n", run.resolve())
+    _exit = (f"otelprof: run {config.run_id} recorded; report: otelprof report {where}\n", run.resolve(), os.getpid())
 
 
 def _say_exit() -> None:
-    if _exit is None or not _exit[1].is_dir():
+    if _exit is None or _exit[2] != os.getpid() or not _exit[1].is_dir():
         return
     try:
         sys.stderr.write(_exit[0])
