@@ -30,7 +30,7 @@ def _require(module: str) -> None:
         pytest.skip(f"{module} not installed (pip install -e '.[hf,lightning]')", allow_module_level=True)
 
 
-for _module in ("transformers", "accelerate", "lightning.pytorch"):
+for _module in ("transformers", "accelerate", "lightning.pytorch", "pytorch_lightning"):
     _require(_module)
 
 import otelprof  # noqa: E402
@@ -173,6 +173,13 @@ def test_lightning_trainer_given_the_callback_under_otelprof_run(tmp_path: Path,
     from otelprof.integrations.lightning import OtelprofCallback
 
     result = loops.lightning_trainer(str(tmp_path / "out"), [OtelprofCallback()])
+    otelprof.shutdown()
+    check_lightning(read_recording(zero_code).ranks[0], result)
+
+
+def test_pytorch_lightning_trainer_under_otelprof_run(tmp_path: Path, zero_code: Path) -> None:
+    """The standalone package's Trainer (``lightning`` installs it) gets the callback too."""
+    result = loops.lightning_trainer(str(tmp_path / "out"), [], package="pytorch_lightning")
     otelprof.shutdown()
     check_lightning(read_recording(zero_code).ranks[0], result)
 

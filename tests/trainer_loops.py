@@ -72,9 +72,12 @@ def hf_trainer(out_dir: str, callbacks: list[Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- Lightning Trainer
-def lightning_trainer(out_dir: str, callbacks: list[Any]) -> dict[str, Any]:
-    """A classifier trained as the Lightning examples do, with gradient accumulation and validation."""
-    import lightning.pytorch as pl
+def lightning_trainer(out_dir: str, callbacks: list[Any], package: str = "lightning.pytorch") -> dict[str, Any]:
+    """A classifier trained as the Lightning examples do, with gradient accumulation and validation
+    (``package``: ``pytorch_lightning`` for the standalone package)."""
+    import importlib
+
+    pl: Any = importlib.import_module(package)
 
     class Classifier(pl.LightningModule):
         def __init__(self) -> None:
