@@ -358,10 +358,14 @@ def _training(r: Report) -> str:
         curves = [c for c in g.curves if c.name == name]
         series = [(_curve_label(c, g.main_phase), c.x, c.y, c.low, c.high) for c in curves]
         title = CURVE_LABELS.get(name, name)
-        caption = "; ".join(
-            f"{c.phase}: " + ("one point per pass" if c.per_pass else
-                              "every step" if c.per_point == 1 else f"mean of {c.per_point:,} steps per point")
-            + f", {c.values:,} values" for c in curves)
+        if live:
+            caption = "; ".join(f"{c.phase}: {c.values:,} point(s)" + (", where the value changed" if c.per_pass
+                                                                       else "") for c in curves)
+        else:
+            caption = "; ".join(
+                f"{c.phase}: " + ("one point per pass" if c.per_pass else
+                                  "every step" if c.per_point == 1 else f"mean of {c.per_point:,} steps per point")
+                + f", {c.values:,} value(s)" for c in curves)
         figures.append(figure(svg.xy(series, title, tick, _steps_fmt, width=560), f"{title} over {g.main_phase} "
                               f"steps ({caption})."))
     if figures:
