@@ -3,7 +3,8 @@ no-data checks: each compared with what the loop itself recorded.
 
 The main recording is made through the explicit API by a loop of known values: 30 train steps, step i
 records loss 3 / (1 + i) (step 17 a NaN), learning rate 0.1 x 0.9^i, 8 samples and 1,024 tokens, and
-holds the regions dataloader, forward (with a nested ``attention`` region), backward and optimizer; an
+holds the regions dataloader, forward (with a nested ``attention`` region), backward and optimizer, and a
+``sync`` region nested in the forward pass of odd steps and directly in the step in even ones; an
 eval pass of 3 steps after train steps 9 and 19 records the losses 1.0, 2.0, 3.0 and 0.5, 0.5, 0.5;
 after step 29 a ``val`` phase records its loss 0.25 outside any step, as the Hugging Face callback
 records the evaluation's mean.
@@ -69,8 +70,14 @@ def _record_loop(record_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             with otelprof.annotate(sc.REGION_FORWARD):
                 with otelprof.annotate("attention"):
                     time.sleep(0.001)
+                if i % 2:
+                    with otelprof.annotate("sync"):  # nested in odd steps...
+                        pass
             with otelprof.annotate(sc.REGION_BACKWARD):
                 time.sleep(0.001)
+            if i % 2 == 0:
+                with otelprof.annotate("sync"):  # ...top-level in even ones
+                    pass
             time.sleep(0.001)  # the loop's own code: in no region
             with otelprof.annotate(sc.REGION_OPTIMIZER):
                 pass
@@ -130,10 +137,11 @@ def test_curves_breakdown_and_environment_equal_what_the_loop_recorded(tmp_path:
     b = report.framework.breakdown("train")
     assert b is not None and b.steps == TRAIN and b.nesting_known and b.overlap == 0.0
     assert [x.name for x in b.parts] == [sc.REGION_DATALOADER, sc.REGION_FORWARD, sc.REGION_BACKWARD,
-                                         sc.REGION_OPTIMIZER, fw.UNCOVERED]  # attention is nested: not a part
-    for name in (sc.REGION_DATALOADER, sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER):
+                                         sc.REGION_OPTIMIZER, "sync", fw.UNCOVERED]  # attention: always nested
+    for name in (sc.REGION_DATALOADER, sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER, "sync"):
         assert b.part(name) == pytest.approx(sum(a.duration_ns for s in train for a in s.annotations
-                                                 if a.name == name) / 1e9, rel=1e-12)
+                                                 if a.name == name and a.depth == 0) / 1e9, rel=1e-12)
+    assert sum(1 for s in train for a in s.annotations if a.name == "sync" and a.depth == 1) == TRAIN // 2
     uncovered = sum(s.duration_ns - sum(a.duration_ns for a in s.annotations if a.depth == 0) for s in train)
     assert b.part(fw.UNCOVERED) == pytest.approx(uncovered / 1e9, rel=1e-12) and uncovered >= TRAIN * 1_000_000
     assert math.fsum(x.seconds for x in b.parts) == pytest.approx(b.step_time, rel=1e-12)

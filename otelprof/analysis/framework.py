@@ -14,9 +14,10 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from itertools import compress
-from operator import add, sub
+from operator import add, not_, sub
 from typing import Any
 
 from otelprof import semconv as sc
@@ -222,15 +223,20 @@ def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
         view.say(f"step time breakdown of rank {rank.rank}")
         masks = {name: c.phase_mask(name) for name in c.phase_names} if len(c.phase_names) > 1 else None
         covered = [0] * n
-        for name in c.region_totals():
-            at, durations, depths = view.region(index, name)
-            if not any(depths):  # all top-level: the per-step sums the reader keeps
+        top_counts = (Counter(compress(c.ann_name, map(not_, c.ann_depth))) if any(c.ann_depth)
+                      else Counter(c.ann_name))  # instances directly inside their step, per name code
+        for name, (count, *_) in c.region_totals().items():
+            top = top_counts.get(c.ann_names.index(name), 0)
+            if not top:  # always nested: inside its parent's time
+                continue
+            if top == count:  # all top-level: the per-step sums the reader keeps
                 sums = view.region_sums(index, name)
                 covered = list(map(add, covered, sums))
                 totals = ({phase: sum(compress(sums, mask)) for phase, mask in masks.items()} if masks is not None
                           else {c.phase_names[0]: sum(sums)})
             else:
                 totals = {}
+                at, durations, depths = view.region(index, name)
                 for step, duration, depth in zip(at, durations, depths):
                     if depth == 0:
                         covered[step] += duration

@@ -6,7 +6,7 @@
   one point per pass: the value the loop recorded outside steps in that phase (the evaluation's own
   mean, as the Hugging Face callback records it) when it recorded one, else the mean of the values
   recorded in the pass's steps; the point sits at the number of the last main-phase step before the
-  pass. Scalars of one rank (the lowest that recorded the name): data-parallel ranks log their own.
+  pass. A scalar's curves are those of the lowest rank that recorded it (data-parallel ranks log their own).
 * Throughput per main-phase step: recorded ``samples`` (``tokens``) over the step's duration, added
   up over the ranks by step number (data parallelism adds them up), as the throughput table does.
 * Step time over wall time per phase and rank, with the outlier steps (as the step-duration section
@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import bisect
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress
-from operator import add
+from itertools import compress, repeat
+from operator import add, mul, truediv
 
 from otelprof import semconv as sc
 from otelprof.analysis.run import RunView
@@ -159,47 +160,66 @@ def main_phase(view: RunView) -> str:
 
 
 class _RankSteps:
-    """One rank's steps as the curves need them: the main-phase step number each step follows."""
+    """One rank's steps as the curves need them: the main-phase step each step follows, and when main-phase
+    steps ended (both worked out on first use: most runs need neither)."""
 
     def __init__(self, view: RunView, index: int, main: str) -> None:
         c = view.ranks[index].step_columns
         self.columns = c
-        main_code = c.phase_names.index(main) if main in c.phase_names else -1
-        numbers = [n for n, p in zip(c.number, c.phase) if p == main_code]
-        before = (numbers[0] - 1) if numbers else -1
-        self.last_main: list[int] = []
-        last = before
-        for n, p in zip(c.number, c.phase):
-            if p == main_code:
-                last = n
-            self.last_main.append(last)
-        self.main_code = main_code
-        ends = sorted(zip(map(add, compress(c.start_ns, map(main_code.__eq__, c.phase)),
-                              compress(c.duration_ns, map(main_code.__eq__, c.phase))), numbers))
-        self.end_ns = [e for e, _ in ends]
-        self.end_number = [n for _, n in ends]
-        self.before = before
+        self.main_code = c.phase_names.index(main) if main in c.phase_names else -1
+        self._positions: list[int] | None = None
+        self._ends: tuple[list[int], list[int]] | None = None
+
+    def _main(self) -> list[int]:
+        if self._positions is None:
+            c = self.columns
+            self._positions = list(compress(range(len(c)), map(self.main_code.__eq__, c.phase)))
+        return self._positions
+
+    @property
+    def before(self) -> int:
+        """x of what comes before the first main-phase step: its number minus one."""
+        positions = self._main()
+        return self.columns.number[positions[0]] - 1 if positions else -1
+
+    def last_main(self, i: int) -> int:
+        """Number of the last main-phase step at or before step ``i`` (file order)."""
+        positions = self._main()
+        k = bisect.bisect_right(positions, i)
+        return self.columns.number[positions[k - 1]] if k else self.before
 
     def number_at(self, t_ns: int) -> int:
         """Number of the last main-phase step that ended by ``t_ns``."""
-        i = bisect.bisect_right(self.end_ns, t_ns)
-        return self.end_number[i - 1] if i else self.before
+        if self._ends is None:
+            c = self.columns
+            positions = self._main()
+            ends = sorted(zip(map(add, map(c.start_ns.__getitem__, positions), map(c.duration_ns.__getitem__,
+                                                                                   positions)),
+                              map(c.number.__getitem__, positions)))
+            self._ends = ([e for e, _ in ends], [n for _, n in ends])
+        end_ns, numbers = self._ends
+        i = bisect.bisect_right(end_ns, t_ns)
+        return numbers[i - 1] if i else self.before
 
 
-def _scalar_points(view: RunView, steps: list[_RankSteps], index: int, name: str, main: str
+def _scalar_points(view: RunView, rs: _RankSteps, index: int, name: str, main: str
                    ) -> dict[str, tuple[list[float], list[float], bool]]:
     """Per phase: (x, values, per pass) of scalar ``name`` (and its aliases) on rank ``index``."""
-    rs = steps[index]
     c = rs.columns
     in_steps: dict[str, tuple[list[float], list[float]]] = {}
-    names = [n for n in c.scalar_names if canonical(n) == name]
-    for recorded in names:
+    for recorded in (n for n in c.scalar_names if canonical(n) == name):
         at, values = c.scalar(recorded)
-        for i, v in zip(at, values):
-            phase = c.phase_names[c.phase[i]]
-            xs, ys = in_steps.setdefault(phase, ([], []))
-            xs.append(c.number[i] if c.phase[i] == rs.main_code else rs.last_main[i])
-            ys.append(v)
+        codes = list(map(c.phase.__getitem__, at))
+        for code in sorted(set(codes)):
+            if len(c.phase_names) == 1:
+                where, found = list(at), list(values)
+            else:
+                mask = list(map(code.__eq__, codes))
+                where, found = list(compress(at, mask)), list(compress(values, mask))
+            x = map(c.number.__getitem__, where) if code == rs.main_code else map(rs.last_main, where)
+            xs, ys = in_steps.setdefault(c.phase_names[code], ([], []))
+            xs.extend(x)
+            ys.extend(found)
     outside: dict[str, tuple[list[float], list[float]]] = {}
     for t_ns, phase, recorded, value in view.ranks[index].scalars:
         if canonical(recorded) == name:
@@ -207,7 +227,7 @@ def _scalar_points(view: RunView, steps: list[_RankSteps], index: int, name: str
             xs.append(rs.number_at(t_ns))
             ys.append(value)
     out: dict[str, tuple[list[float], list[float], bool]] = {}
-    for phase in {*in_steps, *outside}:
+    for phase in sorted({*in_steps, *outside}):
         if phase == main:
             xs, ys = in_steps.get(phase) or outside[phase]
             out[phase] = (xs, ys, False)
@@ -234,18 +254,31 @@ def _pass_means(xs: list[float], ys: list[float]) -> tuple[list[float], list[flo
 
 def _throughput(view: RunView, main: str, scalar: str) -> tuple[list[float], list[float]]:
     """Per main-phase step number: recorded ``scalar`` over the step's duration, added up over ranks."""
-    per_number: dict[int, float] = {}
+    per_rank: list[tuple[list[int], list[float]]] = []
     for rank in view.ranks:
         c = rank.step_columns
         if main not in c.phase_names:
             continue
         code = c.phase_names.index(main)
         at, values = c.scalar(scalar)
-        for i, v in zip(at, values):
-            d = c.duration_ns[i]
-            if c.phase[i] == code and d > 0 and math.isfinite(v):
-                n = c.number[i]
-                per_number[n] = per_number.get(n, 0.0) + v * 1e9 / d
+        if len(c.phase_names) > 1:
+            mask = list(map(code.__eq__, map(c.phase.__getitem__, at)))
+            at, values = array("q", compress(at, mask)), array("d", compress(values, mask))
+        durations = list(map(c.duration_ns.__getitem__, at))
+        keep = [d > 0 and math.isfinite(v) for d, v in zip(durations, values)]
+        rates = list(map(truediv, map(mul, compress(values, keep), repeat(1e9)), compress(durations, keep)))
+        per_rank.append((list(map(c.number.__getitem__, compress(at, keep))), rates))
+    if not per_rank:
+        return [], []
+    numbers, total = per_rank[0]
+    if all(other == numbers for other, _ in per_rank[1:]):  # the ranks stepped in lockstep: add them up in place
+        for _, rates in per_rank[1:]:
+            total = list(map(add, total, rates))
+        return [float(n) for n in numbers], total
+    per_number: dict[int, float] = {}
+    for ranks_numbers, rates in per_rank:
+        for n, r in zip(ranks_numbers, rates):
+            per_number[n] = per_number.get(n, 0.0) + r
     return [float(n) for n in per_number], list(per_number.values())
 
 
@@ -289,22 +322,20 @@ def _timeline(view: RunView, index: int, phase: str, origin: float, max_points: 
 def progress(view: RunView, max_points: int = MAX_POINTS) -> Progress:
     view.say("training curves")
     main = main_phase(view)
-    steps = [_RankSteps(view, i, main) for i in range(len(view.ranks))]
-    names = sorted({canonical(n) for r in view.ranks for n in r.step_columns.scalar_names}
-                   | {canonical(s[2]) for r in view.ranks for s in r.scalars})
+    recorded_by = [{canonical(n) for n in r.step_columns.scalar_names} | {canonical(x[2]) for x in r.scalars}
+                   for r in view.ranks]
+    names = sorted(set().union(*recorded_by)) if recorded_by else []
+    order = sorted(range(len(view.ranks)), key=lambda i: view.info[i].rank)
     curves: list[Curve] = []
     for name in names:
         if name in (sc.SCALAR_SAMPLES, sc.SCALAR_TOKENS):
             continue
-        done: set[str] = set()
-        for index in sorted(range(len(view.ranks)), key=lambda i: view.info[i].rank):
-            for phase, (xs, ys, per_pass) in _scalar_points(view, steps, index, name, main).items():
-                if phase in done:
-                    continue
-                done.add(phase)
-                curve = downsample(name, phase, view.info[index].rank, xs, ys, max_points, per_pass)
-                if curve is not None:
-                    curves.append(curve)
+        index = next(i for i in order if name in recorded_by[i])  # the lowest rank that recorded it
+        rs = _RankSteps(view, index, main)
+        for phase, (xs, ys, per_pass) in _scalar_points(view, rs, index, name, main).items():
+            curve = downsample(name, phase, view.info[index].rank, xs, ys, max_points, per_pass)
+            if curve is not None:
+                curves.append(curve)
     for scalar, label in ((sc.SCALAR_SAMPLES, SAMPLES_PER_SECOND), (sc.SCALAR_TOKENS, TOKENS_PER_SECOND)):
         xs, ys = _throughput(view, main, scalar)
         curve = downsample(label, main, None if len(view.ranks) > 1 else (view.info[0].rank if view.info else 0),
