@@ -28,7 +28,7 @@ from otelprof import semconv as sc
 from otelprof.analysis import environment as envmod
 from otelprof.analysis import framework as fw
 from otelprof.analysis import progress as prog
-from otelprof.analysis.prometheus_progress import input_series
+from otelprof.analysis.prometheus_progress import grid, input_series
 from otelprof.analysis.report import build_report, load
 from otelprof.collectors import environment as detect
 from otelprof.collectors.gpu import GpuCollector
@@ -298,6 +298,16 @@ def test_gpu_attributes_through_the_nvml_seam(monkeypatch: pytest.MonkeyPatch) -
     assert (cuda_version(12040), cuda_version(11080), cuda_version(0)) == ("12.4", "11.8", "")
     with pytest.raises(NvmlCallError):
         fake.versions()
+
+
+def test_prometheus_curves_end_at_the_range_end() -> None:
+    """The evaluation grid ends at the range's end, so the curves see the last scrape, and holds at most
+    MAX_POINTS + 1 evaluations a whole number of seconds apart."""
+    for start, end in ((1000.0, 1012.3456), (0.0, 100_000.5), (5.0, 5.5), (1.7e9, 1.7e9 + 86_400 * 30)):
+        first, last, step = grid(start, end)
+        assert last == math.floor(end * 1000) / 1000 and start <= first <= last and step == int(step) >= 1
+        count = (last - first) / step
+        assert count == pytest.approx(round(count)) and round(count) + 1 <= prog.MAX_POINTS + 1
 
 
 def test_prometheus_alert_inputs_leave_out_the_warm_up_guard() -> None:

@@ -119,21 +119,29 @@ def _instance_types(qs: _Queries, nodes: list[str]) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------- curves
 
+def grid(start: float, end: float) -> tuple[float, float, float]:
+    """(first, last evaluation time, whole seconds between them) of at most MAX_POINTS + 1 evaluations that end
+    at ``end`` (to the millisecond, as the queries send times): the last scrape of the range is always seen."""
+    last = math.floor(end * 1000) / 1000
+    step = float(max(math.ceil((last - start) / MAX_POINTS), 1))
+    return last - math.floor((last - start) / step) * step, last, step
+
+
 def progress(qs: _Queries, steps_per_phase: Iterable[tuple[str, int]], steps: StepAnalysis,
              origin: float) -> Progress:
     counts = dict(steps_per_phase)
     main = MAIN_PHASE if MAIN_PHASE in counts or not counts else max(counts.items(), key=lambda kv: kv[1])[0]
-    step = max((qs.end - qs.start) / MAX_POINTS, 1.0)
+    first, last, step = grid(qs.start, qs.end)
     window = f"{max(RATE_WINDOW, 2 * step):.0f}s"
     clocks: dict[str, dict[int, float]] = {}
     for labels, points in qs.client.query_range(f"sum by ({RANK}) ({qs.s(sc.STEPS, extra=_phase(main))})",
-                                                qs.start, qs.end, step):
+                                                first, last, step):
         clocks[labels.get(RANK, "")] = {_key(t): v for t, v in points}
     curves: list[Curve] = []
     recorded: set[str] = set()
     for spec, name in SCALAR_GAUGES:
         per_phase: dict[str, tuple[str, list[tuple[float, float]]]] = {}
-        for labels, points in qs.client.query_range(qs.s(spec), qs.start, qs.end, step):
+        for labels, points in qs.client.query_range(qs.s(spec), first, last, step):
             rank, phase = labels.get(RANK, ""), labels.get(PHASE, "")
             if phase not in per_phase or _rank_order(rank) < _rank_order(per_phase[phase][0]):
                 per_phase[phase] = (rank, points)
@@ -154,7 +162,7 @@ def progress(qs: _Queries, steps_per_phase: Iterable[tuple[str, int]], steps: St
     lowest = min(clocks, key=_rank_order) if clocks else ""
     for spec, scalar, label in ((sc.SAMPLES, sc.SCALAR_SAMPLES, SAMPLES_PER_SECOND),
                                 (sc.TOKENS, sc.SCALAR_TOKENS, TOKENS_PER_SECOND)):
-        found = qs.client.query_range(f"sum(rate({qs.s(spec, extra=_phase(main))}[{window}]))", qs.start, qs.end, step)
+        found = qs.client.query_range(f"sum(rate({qs.s(spec, extra=_phase(main))}[{window}]))", first, last, step)
         xs, ys = [], []
         for _, points in found:
             for t, v in points:
@@ -168,14 +176,15 @@ def progress(qs: _Queries, steps_per_phase: Iterable[tuple[str, int]], steps: St
             if curve is not None:
                 curves.append(curve)
     curves.sort(key=lambda c: curve_order(c.name, c.phase, main))
-    timelines, left_out = _timelines(qs, main, counts, steps, origin, step, window)
+    timelines, left_out = _timelines(qs, main, counts, steps, origin, (first, last, step), window)
     expected = (sc.SCALAR_LOSS, sc.SCALAR_LEARNING_RATE, sc.SCALAR_SAMPLES, sc.SCALAR_TOKENS)
     return Progress(main, tuple(curves), tuple(timelines), tuple(n for n in expected if n not in recorded), (),
                     left_out, MAX_POINTS)
 
 
-def _timelines(qs: _Queries, main: str, counts: dict[str, int], steps: StepAnalysis, origin: float, step: float,
-               window: str) -> tuple[list[StepTimeline], int]:
+def _timelines(qs: _Queries, main: str, counts: dict[str, int], steps: StepAnalysis, origin: float,
+               times: tuple[float, float, float], window: str) -> tuple[list[StepTimeline], int]:
+    first, last, step = times
     phases = sorted(counts, key=lambda p: (p != main, -counts[p], p))
     out: list[StepTimeline] = []
     left_out = 0
@@ -185,7 +194,7 @@ def _timelines(qs: _Queries, main: str, counts: dict[str, int], steps: StepAnaly
         duration_count = qs.s(sc.STEP_DURATION, "count", sel)
         means = {labels.get(RANK, ""): points for labels, points in qs.client.query_range(
             f"sum by ({RANK}) (rate({duration_sum}[{window}])) / sum by ({RANK}) (rate({duration_count}[{window}]))",
-            qs.start, qs.end, step)}
+            first, last, step)}
         ranks = [r for r in means if any(math.isfinite(v) for _, v in means[r])]
         if index >= MAX_TIMELINE_PHASES:
             left_out += len(ranks)
@@ -200,10 +209,10 @@ def _timelines(qs: _Queries, main: str, counts: dict[str, int], steps: StepAnaly
         rank_sel = f'{RANK}=~"{"|".join(re.escape(r) for r in chosen)}"'
         p99 = {labels.get(RANK, ""): {_key(t): v for t, v in points} for labels, points in qs.client.query_range(
             f"histogram_quantile(0.99, sum by ({RANK}, le) (rate({qs.s(sc.STEP_DURATION, 'bucket', sel)}[{window}])))",
-            qs.start, qs.end, step)}
+            first, last, step)}
         marked = {labels.get(RANK, ""): [t for t, _ in points] for labels, points in qs.client.query_range(
             f"sum by ({RANK}) (increase({qs.s(sc.STEP_OUTLIERS, extra=f'{sel}, {rank_sel}')}[{window}])) > 0",
-            qs.start, qs.end, step)}
+            first, last, step)}
         for rank in chosen:
             points = [(t, v) for t, v in means[rank] if math.isfinite(v)]
             at = {_key(t): v for t, v in points}
