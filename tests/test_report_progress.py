@@ -165,6 +165,7 @@ def test_curves_breakdown_and_environment_equal_what_the_loop_recorded(tmp_path:
     assert "1 loss value(s) of train were NaN or infinite, the first at step 17" in training
     assert "Not recorded" not in training
     assert "NVIDIA A100-SXM4-40GB" in _section(html, "environment")
+    assert "older than this report" not in _section(html, "environment")
     assert "uncovered" in _section(html, "framework") and "Step time over the run" in _section(html, "steps")
 
 
@@ -211,7 +212,7 @@ def test_absent_series_render_as_not_recorded(tmp_path: Path) -> None:
     assert "Not recorded: loss — otelprof.record" in html
     environment = _section(html, "environment")
     assert "Not recorded: Instance type" in environment and "GPU model" in environment
-    assert "Recordings made before otelprof recorded its environment have none of these" in environment
+    assert "Processes of an otelprof older than this report record none of these" in environment
     assert "nan" not in _section(html, "training") + environment
 
 

@@ -294,12 +294,10 @@ def _environment(r: Report) -> str:
         by_hint: dict[str, list[str]] = {}
         for field, label in e.missing:
             by_hint.setdefault(MISSING_HINTS.get(field, ""), []).append(label)
+        older = any(field == sc.PROCESS_RUNTIME_VERSION for field, _ in e.missing)  # recorded by every otelprof since
         out.append(p("Not recorded: " + "; ".join(", ".join(labels) + (f" ({hint})" if hint else "")
-                                                   for hint, labels in by_hint.items())
-                     + ". Recordings made before otelprof recorded its environment have none of these."
-                     if not _from_prometheus(r) else
-                     "Not recorded: " + "; ".join(", ".join(labels) + (f" ({hint})" if hint else "")
-                                                  for hint, labels in by_hint.items()) + "."))
+                                                   for hint, labels in by_hint.items()) + "."
+                     + (" Processes of an otelprof older than this report record none of these." if older else "")))
     return section("environment", "Environment", "".join(out))
 
 
