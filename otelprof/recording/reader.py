@@ -572,33 +572,25 @@ class RankRecording:
         finally:
             self._skipped(schema.PROFILES, bad)
 
-    def last_metric_snapshot(self, max_bytes: int = MAX_LINE_BYTES[schema.METRICS]) -> Any | None:
+    def last_metric_snapshot(self) -> Any | None:
         """The newest readable ExportMetricsServiceRequest of metrics.jsonl (each line is a full snapshot
-        of the process's metrics), read from the end of the file; None when there is none. Lines longer
-        than ``max_bytes`` are never read whole."""
+        of the process's metrics), read from the end of the file; None when there is none. Unreadable
+        lines on the way are skipped and counted."""
+        bad = 0
         try:
             with _open_regular(self.path / schema.METRICS) as handle:
-                end = os.fstat(handle.fileno()).st_size
-                chunk, tried, bad = 1 << 20, 0, 0
-                while True:
-                    chunk = min(chunk, max_bytes)
-                    start = max(end - chunk, 0)
-                    handle.seek(start)
-                    lines = [raw for raw in handle.read(end - start).split(b"\n") if raw.strip()]
-                    if start > 0:
-                        lines = lines[1:]  # may be the tail of a longer line
-                    for raw in reversed(lines[:len(lines) - tried]):
-                        tried += 1
-                        try:
-                            return otlp_json.parse_metrics(raw.decode("utf-8", errors="replace"))
-                        except Exception:
-                            bad += 1
-                            self._skipped(schema.METRICS, bad)
-                    if start == 0 or chunk >= max_bytes:
-                        return None
-                    chunk *= 4
+                for raw in _lines_backwards(handle, MAX_LINE_BYTES[schema.METRICS]):
+                    try:
+                        if raw is None:
+                            raise ValueError("line too long")
+                        return otlp_json.parse_metrics(raw.decode("utf-8", errors="replace"))
+                    except Exception:
+                        bad += 1
         except OSError:
-            return None
+            pass
+        finally:
+            self._skipped(schema.METRICS, bad)
+        return None
 
     def metric_snapshots(self) -> Iterator[Any]:
         """ExportMetricsServiceRequest messages of metrics.jsonl, oldest first."""
@@ -745,6 +737,37 @@ def _blocks(path: Path, max_line: int) -> Iterator[tuple[str, int]]:
             yield "", over
 
 
+def _lines_backwards(handle: IO[bytes], max_line: int, chunk: int = 2**20) -> Iterator[bytes | None]:
+    """The non-blank lines of a file from its end, newest first; None for each line longer than
+    ``max_line`` bytes (never held whole). Reads ``chunk`` bytes at a time."""
+    position = os.fstat(handle.fileno()).st_size
+    carry = b""  # the line that goes on after the block being read
+    skipping = False  # that line is already longer than max_line
+    while position > 0:
+        start = max(position - chunk, 0)
+        handle.seek(start)
+        pieces = handle.read(position - start).split(b"\n")
+        position = start
+        if not skipping:
+            carry = pieces[-1] + carry
+            if len(carry) > max_line:
+                carry, skipping = b"", True
+                yield None
+        if len(pieces) == 1:
+            continue  # no newline here: the line goes on backwards
+        if not skipping and carry.strip():
+            yield carry
+        for piece in reversed(pieces[1:-1]):
+            if piece.strip():
+                yield piece if len(piece) <= max_line else None
+        carry, skipping = pieces[0], len(pieces[0]) > max_line
+        if skipping:
+            carry = b""
+            yield None
+    if not skipping and carry.strip():
+        yield carry
+
+
 def _lines(path: Path) -> Iterator[str | None]:
     """Non-blank lines of ``path``, stripped; None for each line longer than its file's limit. Nothing
     when the file is missing or cannot be read."""
@@ -824,14 +847,19 @@ def _check_manifest(path: Path) -> dict[str, Any]:
         raise RecordingError(
             f"{path} uses recording schema {version[:40]}; this otelprof reads {schema.SCHEMA_MAJOR}.x — "
             "use a matching otelprof version")
+    config, lifecycle = manifest.get("config"), manifest.get("lifecycle")
     checks = [(key, manifest.get(key), what, valid) for key, (what, valid) in _MANIFEST_FIELDS.items()]
-    checks += [(f"config.{key}", (manifest.get("config") or {}).get(key), what, valid)
+    checks += [(f"config.{key}", config.get(key) if type(config) is dict else None, what, valid)
                for key, (what, valid) in _CONFIG_FIELDS.items()]
-    checks += [(f"lifecycle.{key}", (manifest.get("lifecycle") or {}).get(key), "a Unix time in seconds", _is_seconds)
-               for key in schema.LIFECYCLE_EVENTS]
+    checks += [(f"lifecycle.{key}", lifecycle.get(key) if type(lifecycle) is dict else None,
+                "a Unix time in seconds", _is_seconds) for key in schema.LIFECYCLE_EVENTS]
     for name, value, what, valid in checks:
         if value is not None and not valid(value):
             raise RecordingError(f"{file}: {name} is not {what} ({_preview(value)})")
+    for fields, where in ((_MANIFEST_FIELDS, manifest), (_CONFIG_FIELDS, config if type(config) is dict else {})):
+        for key in fields:
+            if key in where and where[key] is None:  # null: as if absent (readers take their default)
+                del where[key]
     if "lifecycle" in manifest:  # the events the writer records; nothing else is read
         manifest["lifecycle"] = {k: v for k, v in manifest["lifecycle"].items() if k in schema.LIFECYCLE_EVENTS}
     return manifest
@@ -845,8 +873,8 @@ def _preview(value: Any) -> str:
 
 
 _STR = r'"(?:[^"\\\n]|\\.)*"'
-_INT = r"-?\d+"
-_NUM = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+_INT = r"-?(?:0|[1-9]\d*)"
+_NUM = _INT + r"(?:\.\d+)?(?:[eE][-+]?\d+)?"
 _REGION = r"\[" + _STR + "," + _INT + "," + _INT + "," + _INT + r"\]"
 _SCALAR = _STR + ":(?:" + _NUM + "|" + _STR + ")"
 _STEP_LINE = re.compile(
@@ -1011,7 +1039,7 @@ def _fill_columns(c: StepColumns, rows: list[tuple[str, ...]]) -> bool:
     c.scalar_index = array("q", [0])
     c.scalar_index.extend(accumulate(counts))
     if any(errors):
-        c.errors = {i: _str(loads(e)) for i, e in enumerate(errors) if e}
+        c.errors = {i: _str(loads(e)) for i, e in enumerate(errors) if e and e != '""'}
     return True
 
 
@@ -1107,10 +1135,10 @@ def _read_samples(c: SampleColumns, text: str) -> None:
 
 
 def _value(value: Any) -> float:
-    """A sample's number (null: missing)."""
+    """A sample's number (null or NaN: missing; no sampler writes an infinity)."""
     if value is None:
         return math.nan
-    if type(value) not in (int, float):
+    if type(value) not in (int, float) or value in (math.inf, -math.inf):
         raise ValueError(f"not a number: {value!r:.40}")
     return float(value)
 
