@@ -196,3 +196,10 @@ def test_line_exactly_at_the_limit_is_read_and_one_byte_more_is_skipped(base_run
     rank = read_recording(run).ranks[0]
     assert [s.number for s in rank.steps] == [10_000] and len(rank.steps[0].annotations) == 4000
     assert rank.skipped_lines == 1
+
+
+def test_reader_limits_hold_what_the_recorder_writes() -> None:
+    from otelprof import hotpath
+
+    assert reader.MAX_STEP_REGIONS == hotpath.MAX_STEP_ANNOTATIONS  # a step the recorder writes is never cut
+    assert all(reader.MAX_LINE_BYTES[f] >= 2**20 for f in (schema.STEPS, schema.SAMPLES, schema.PROFILES))
