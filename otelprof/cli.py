@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from otelprof import environment_variables as ev
@@ -288,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Settings come from OTEL_* and OTELPROF_* environment variables: see 'otelprof env'.",
     )
     parser.add_argument("--version", action="version", version=f"otelprof {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an unexpected error print the traceback (otherwise one line), and log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     env = sub.add_parser("env", help="list every environment variable with its default and current value",
@@ -368,8 +373,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"otelprof: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    result: int = args.func(args)
+    if args.debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(name)s %(levelname)s %(message)s")
+    try:
+        result: int = args.func(args)
+    except KeyboardInterrupt:
+        print(f"otelprof {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader of our output went away (otelprof check | head)
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_USAGE
+    except Exception as exc:  # a last resort: known bad input is reported where it is found
+        if args.debug:
+            traceback.print_exc()
+        print(f"otelprof {args.command}: internal error: {one_line(f'{type(exc).__name__}: {exc}')}"
+              + ("" if args.debug else f" (otelprof --debug {args.command} ... shows where)"), file=sys.stderr)
+        return EXIT_USAGE
     return result
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` fit for a one-line message: control characters (newlines, terminal escapes) escaped, cut
+    at ``limit`` characters."""
+    clean = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit + 1])
+    return clean if len(clean) <= limit else clean[:limit - 3] + "..."
 
 
 if __name__ == "__main__":
