@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from otelprof import environment_variables as ev
@@ -115,6 +118,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         env["OTELPROF_RUN_TORCH"] = "0"
     if args.grad_norm:
         env["OTELPROF_RUN_GRAD_NORM"] = "1"
+    if args.quiet:
+        env[ev.OTELPROF_QUIET] = "true"
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
@@ -286,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Settings come from OTEL_* and OTELPROF_* environment variables: see 'otelprof env'.",
     )
     parser.add_argument("--version", action="version", version=f"otelprof {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an unexpected error print the traceback (otherwise one line), and log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     env = sub.add_parser("env", help="list every environment variable with its default and current value",
@@ -311,10 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run a training command with otelprof and PyTorch instrumented automatically",
         description="Run COMMAND with otelprof started before the program's own code (a sitecustomize module "
                     "put first on PYTHONPATH) and, when PyTorch is importable, every optimizer, top-level module "
-                    "call and DataLoader hooked: steps end at optimizer.step(). Settings come from the usual "
+                    "call and DataLoader hooked: steps end at optimizer.step(); a Hugging Face or Lightning Trainer "
+                    "gets otelprof's callback, DDP models their all-reduce timed. Rank 0 says on stderr where the "
+                    "recording goes and, at the exit, how to report it. Settings come from the usual "
                     "OTEL_*/OTELPROF_* variables. Works with torchrun: otelprof run -- torchrun ... train.py.")
     run.add_argument("--no-torch", action="store_true", help="only start otelprof; do not hook PyTorch")
     run.add_argument("--grad-norm", action="store_true", help="also record the global gradient norm")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="no start and exit lines on stderr (OTELPROF_QUIET=true); warnings still show")
     run.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     run.set_defaults(func=_cmd_run)
 
@@ -362,8 +373,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"otelprof: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    result: int = args.func(args)
+    if args.debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(name)s %(levelname)s %(message)s")
+    try:
+        result: int = args.func(args)
+    except KeyboardInterrupt:
+        print(f"otelprof {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader of our output went away (otelprof check | head)
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_USAGE
+    except Exception as exc:  # a last resort: known bad input is reported where it is found
+        if args.debug:
+            traceback.print_exc()
+        print(f"otelprof {args.command}: internal error: {one_line(f'{type(exc).__name__}: {exc}')}"
+              + ("" if args.debug else f" (otelprof --debug {args.command} ... shows where)"), file=sys.stderr)
+        return EXIT_USAGE
     return result
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` fit for a one-line message: control characters (newlines, terminal escapes) escaped, cut
+    at ``limit`` characters."""
+    clean = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit + 1])
+    return clean if len(clean) <= limit else clean[:limit - 3] + "..."
 
 
 if __name__ == "__main__":

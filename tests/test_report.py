@@ -108,7 +108,7 @@ def test_corrupt_lines_are_skipped_counted_and_reported(tmp_path: Path) -> None:
     html = render(report)
     assert "2 truncated or corrupt lines were skipped" in html
     result = otelprof("report", str(run), "-o", str(tmp_path / "r.html"))
-    assert result.returncode == 0 and "2 truncated or corrupt lines" in result.stdout
+    assert result.returncode == 0 and "2 truncated, corrupt or oversized lines" in result.stdout
 
 
 def test_killed_run_without_shutdown(tmp_path: Path) -> None:
