@@ -320,6 +320,34 @@ def test_only_the_node_sampler_reports_node_series(tmp_path: Path) -> None:
     assert {sc.PROCESS_MEMORY_USAGE.name, sc.PROCESS_CPU_TIME.name, sc.PROCESS_GPU_MEMORY.name} <= names
 
 
+def test_container_memory_reaches_the_series_the_recording_and_the_reader(tmp_path: Path) -> None:
+    """The working set and the limit (what OtelprofHostMemoryNearLimit reads, live and offline)."""
+    from otelprof.recording.reader import read_recording
+
+    config = Config.from_env({})
+    registry = MetricRegistry(IDENTITY)
+    (tmp_path / "rank-0").mkdir()
+    writer = RecordingWriter(tmp_path / "rank-0", {"schema_version": "1.1", "rank": 0}, lambda n: None,
+                             lambda n: None)
+    sampler = Sampler(config, registry, writer, nvml_factory=None,
+                      cgroup=CgroupReader(CGROUPS / "v2_quota", proc_cgroup="0::/\n"))
+    for _ in range(3):
+        sampler.sample()
+        time.sleep(0.02)
+    assert _values(registry, sc.CONTAINER_MEMORY_WORKING_SET) == {(): 8 * 1024**3}
+    assert _values(registry, sc.CONTAINER_MEMORY_LIMIT) == {(): 16 * 1024**3}
+    writer.flush()
+    lines = [json.loads(line) for line in (tmp_path / "rank-0" / schema.SAMPLES).read_text().splitlines()]
+    assert lines and all(line["cws"] == 8 * 1024**3 and line["cml"] == 16 * 1024**3 for line in lines)
+    columns = read_recording(tmp_path / "rank-0", samples=True).ranks[0].sample_columns()
+    assert list(columns.container_memory) == [8 * 1024**3] * len(lines)
+    assert list(columns.container_limit) == [16 * 1024**3] * len(lines)
+    unlimited = Sampler(config, MetricRegistry(IDENTITY), None, nvml_factory=None,
+                        cgroup=CgroupReader(CGROUPS / "v2_unlimited", proc_cgroup="0::/\n"))
+    unlimited.sample()
+    assert _values(unlimited.registry, sc.CONTAINER_MEMORY_LIMIT) == {}  # no limit: absent, not 0
+
+
 def test_overrunning_ticks_are_skipped_and_counted(tmp_path: Path) -> None:
     class SlowNvml(FakeNvml):
         def read(self, index: int, field: str) -> float:
