@@ -219,3 +219,22 @@ def test_periodic_windows_can_be_switched_off(tmp_path: Path) -> None:
     run_dir = session.run_dir
     otelprof.shutdown()
     assert list(read_recording(run_dir).ranks[0].profiles()) == []
+
+
+def test_a_window_leaves_the_jobs_stderr_alone(tmp_path: Path) -> None:
+    """Kineto prints USDT lines on fd 2 as the profiler starts and stops; a window hides them."""
+    import subprocess
+    import sys
+
+    script = ("import time, torch, otelprof\n"
+              "from otelprof.integrations import torch as ot\n"
+              f"otelprof.init(record_dir={str(tmp_path)!r}, system_metrics=False, profile_every=0)\n"
+              "ot.profile_window(1, 2)\n"
+              "for _ in range(5):\n"
+              "    with otelprof.step():\n"
+              "        torch.mm(torch.randn(4, 4), torch.randn(4, 4))\n"
+              "time.sleep(0.5)\n"
+              "otelprof.shutdown()\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert result.returncode == 0 and result.stderr == ""

@@ -10,15 +10,17 @@ background thread so the training thread only pays for starting and stopping the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,7 +172,8 @@ class ProfileWindows:
             activities.append(ProfilerActivity.CUDA)
         try:
             window.profiler = profile(activities=activities, record_shapes=False, with_stack=False)
-            window.profiler.start()
+            with _quiet_stderr():
+                window.profiler.start()
         except Exception as exc:  # another profiler is active, or Kineto is unavailable
             warn_once("profile:start", "otelprof: cannot start torch.profiler (%s); window skipped", exc)
             return False
@@ -188,11 +191,36 @@ class ProfileWindows:
     def _finish(self, window: _Window) -> None:
         ended_ns = time.time_ns()
         try:
-            window.profiler.stop()
+            with _quiet_stderr():
+                window.profiler.stop()
         except Exception as exc:
             warn_once("profile:stop", "otelprof: torch.profiler failed to stop (%s)", exc)
             return
         threading.Thread(target=_summarize, args=(window, ended_ns), name="otelprof-profile", daemon=True).start()
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 to /dev/null while the profiler starts or stops: Kineto prints ``USDT ... profiler_start``
+    lines there whatever its log level, and the training job's stderr is not ours to write to. The profiler
+    calls hold the GIL, so only native threads writing in those few milliseconds would lose a line."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 2)
+        finally:
+            os.close(devnull)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _step_overhead(window: _Window) -> float:
