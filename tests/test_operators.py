@@ -209,6 +209,11 @@ def test_a_default_session_profiles_a_window_after_warmup(tmp_path: Path) -> Non
     assert window["trigger"] == "periodic" and window["start_step"] >= 12 and window["num_steps"] == 3
     assert window["overhead_s"] > 0 and window["operator_spans"] > 0
     assert session.profile_schedule.next_delay == pytest.approx(600.0)
+    from otelprof.report.commands import write_demo_outputs
+
+    report, _ = write_demo_outputs(rank.path.parent)
+    html = report.read_text()
+    assert "No operator-profiling window was recorded" not in html and "aten::mm" in html
 
 
 def test_periodic_windows_can_be_switched_off(tmp_path: Path) -> None:
