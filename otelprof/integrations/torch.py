@@ -48,10 +48,9 @@ import torch
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import info_once, warn_once
-from otelprof.integrations import cuda_timing
+from otelprof.integrations import cuda_timing, torch_profiler
 from otelprof.integrations._iterators import IteratorProxy
 from otelprof.integrations.cuda_timing import DeviceTimer
-from otelprof.integrations.torch_profiler import ProfileWindows
 
 __all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_window", "uninstrument"]
 
@@ -354,7 +353,7 @@ class TorchInstrumentation:
         self._global_depth = _Nesting()
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.windows = ProfileWindows()
+        self.windows = torch_profiler.windows
         self.device_timer: DeviceTimer | _Undecided | None = _UNDECIDED
         """CUDA event timing: decided at the first forward of a module with parameters; None on CPU."""
         self.native: Any = None
@@ -934,7 +933,7 @@ class TorchInstrumentation:
                 session.capture_handler = None
 
     def _capture(self, steps: int) -> dict[str, Any]:
-        return self.windows.arm(hot.next_step_number(), steps)
+        return self.windows.arm(hot.next_step_number(), steps, trigger="capture")
 
 
 _object_class = object.__dict__["__class__"]
