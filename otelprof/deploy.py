@@ -28,6 +28,9 @@ DASHBOARD_PROVIDER = DASHBOARDS_DIR / "provisioning" / "dashboards.yaml"
 
 SCRAPE_LABEL = "otelprof.io/scrape"
 METRICS_PORT_NAME = "metrics"
+METRICS_PORT_REGEX = f"{METRICS_PORT_NAME}(-[0-9]+)?"
+"""Container ports scraped: ``metrics-<LOCAL_RANK>``, one per local rank (each serves 9464 + LOCAL_RANK),
+or a lone ``metrics``. The pod declares one per local rank; every declared one becomes a target."""
 ALERTMANAGER_SECRET = "alertmanager-otelprof"
 
 
@@ -64,7 +67,11 @@ def _dashboard_config_maps(root: Path, labels: dict[str, str] | None,
 
 
 def prometheus_config() -> dict[str, Any]:
-    """prometheus.yml for plain Prometheus in the cluster: pod discovery of otelprof's /metrics ports."""
+    """prometheus.yml for plain Prometheus in the cluster: pod discovery of otelprof's /metrics ports.
+
+    Pod discovery yields one target per declared container port; the relabeling keeps the ports named
+    ``metrics-<LOCAL_RANK>``, so every local rank of a multi-GPU pod is scraped.
+    """
     return {
         "global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
         "rule_files": ["/etc/prometheus/otelprof/otelprof-alerts.yaml", "/etc/prometheus/otelprof/otelprof-rules.yaml"],
@@ -75,7 +82,7 @@ def prometheus_config() -> dict[str, Any]:
             "relabel_configs": [
                 {"source_labels": ["__meta_kubernetes_pod_label_otelprof_io_scrape"], "regex": "true",
                  "action": "keep"},
-                {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": f"{METRICS_PORT_NAME}.*",
+                {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": METRICS_PORT_REGEX,
                  "action": "keep"},
                 {"source_labels": ["__meta_kubernetes_namespace"], "target_label": sc.SCRAPE_LABEL_NAMESPACE},
                 {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
