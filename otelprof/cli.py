@@ -118,6 +118,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         env["OTELPROF_RUN_TORCH"] = "0"
     if args.grad_norm:
         env["OTELPROF_RUN_GRAD_NORM"] = "1"
+    if args.quiet:
+        env[ev.OTELPROF_QUIET] = "true"
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
@@ -374,10 +376,14 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run a training command with otelprof and PyTorch instrumented automatically",
         description="Run COMMAND with otelprof started before the program's own code (a sitecustomize module "
                     "put first on PYTHONPATH) and, when PyTorch is importable, every optimizer, top-level module "
-                    "call and DataLoader hooked: steps end at optimizer.step(). Settings come from the usual "
+                    "call and DataLoader hooked: steps end at optimizer.step(); a Hugging Face or Lightning Trainer "
+                    "gets otelprof's callback, DDP models their all-reduce timed. Rank 0 says on stderr where the "
+                    "recording goes and, at the exit, how to report it. Settings come from the usual "
                     "OTEL_*/OTELPROF_* variables. Works with torchrun: otelprof run -- torchrun ... train.py.")
     run.add_argument("--no-torch", action="store_true", help="only start otelprof; do not hook PyTorch")
     run.add_argument("--grad-norm", action="store_true", help="also record the global gradient norm")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="no start and exit lines on stderr (OTELPROF_QUIET=true); warnings still show")
     run.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     run.set_defaults(func=_cmd_run)
 

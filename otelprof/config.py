@@ -65,6 +65,7 @@ class Config:
     control_host: str = "127.0.0.1"
     control_token: str = ""
     stop_raises: bool = False
+    quiet: bool = False
     pod_name: str = ""
     pod_namespace: str = ""
     node_name: str = ""
@@ -221,6 +222,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "max_label_values": _ranged(int, 1, 10_000),
     "system_metrics": _parse_bool,
     "stop_raises": _parse_bool,
+    "quiet": _parse_bool,
     "control_port": _ranged(int, 0, 65535),
     "gpu_metrics": _parse_bool,
     "torch_native": _parse_bool,
@@ -281,7 +283,8 @@ class _Builder:
         values["job_name"] = (
             env.get(ev.OTELPROF_JOB_NAME) or env.get(ev.OTEL_SERVICE_NAME) or _script_name() or "training"
         )
-        values["run_id"] = env.get(ev.OTELPROF_RUN_ID) or _torchelastic_run_id(env) or ""
+        values["run_id"] = (env.get(ev.OTELPROF_RUN_ID) or _torchelastic_run_id(env)
+                            or env.get(ev.OTELPROF_RUN_LAUNCH_ID) or "")
         if env.get(ev.OTELPROF_RECORD_DIR):
             values["record_dir"] = env[ev.OTELPROF_RECORD_DIR]
         otlp_endpoint = any(

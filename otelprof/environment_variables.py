@@ -61,6 +61,8 @@ OTELPROF_CONTROL_PORT = "OTELPROF_CONTROL_PORT"
 OTELPROF_CONTROL_HOST = "OTELPROF_CONTROL_HOST"
 OTELPROF_CONTROL_TOKEN = "OTELPROF_CONTROL_TOKEN"
 OTELPROF_STOP_RAISES = "OTELPROF_STOP_RAISES"
+OTELPROF_QUIET = "OTELPROF_QUIET"
+OTELPROF_RUN_LAUNCH_ID = "OTELPROF_RUN_LAUNCH_ID"
 OTELPROF_WEBHOOK_TOKEN = "OTELPROF_WEBHOOK_TOKEN"
 OTELPROF_POD_NAME = "OTELPROF_POD_NAME"
 OTELPROF_POD_NAMESPACE = "OTELPROF_POD_NAMESPACE"
@@ -164,6 +166,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_STOP_RAISES, "stop_raises", "false",
            "After a stop request, raise `otelprof.StopTraining` at the next step boundary (after the `on_stop` "
            "callbacks) instead of only setting `session.should_stop()`."),
+    EnvVar(OTELPROF_QUIET, "quiet", "false",
+           "`true`: `otelprof run` prints no start and exit lines (the run id, where the recording goes, the "
+           "report command); warnings are still printed. `otelprof run --quiet` sets it."),
+    EnvVar(OTELPROF_RUN_LAUNCH_ID, None, "",
+           "Set under `otelprof run` by a launcher (torchrun, `accelerate launch`, ...) for the processes it "
+           "starts: their run id when neither `OTELPROF_RUN_ID` nor torchrun's `TORCHELASTIC_RUN_ID` gives one, so "
+           "all ranks of `otelprof run -- torchrun ...` share one run."),
     EnvVar(OTELPROF_WEBHOOK_TOKEN, None, "",
            "`otelprof webhook` only: the bearer token Alertmanager must send (or `--token-file`); required."),
     EnvVar(OTELPROF_POD_NAME, "pod_name", "(HOSTNAME in Kubernetes)",

@@ -164,13 +164,53 @@ def test_library_not_found_degrades_cleanly(caplog: pytest.LogCaptureFixture) ->
         pytest.skip("this machine has a working NVML")
     except NvmlUnavailable as exc:
         assert exc.reason in ("library_not_found", "driver_not_loaded")
-    with caplog.at_level(logging.WARNING, logger="otelprof"):
+    with caplog.at_level(logging.INFO, logger="otelprof"):
         collector = GpuCollector(lambda s, r: errors.append((s, r)))
         assert collector.sample() == []
         assert collector.sample() == []
     assert collector.backend is None and collector.devices == []
     assert len(errors) == 1 and errors[0][0] == "nvml"
-    assert caplog.text.count("NVML unavailable") == 1
+    # No NVIDIA GPU here: one info line (shown where logging is configured), no warning on stderr.
+    assert [(r.levelno, r.getMessage().count("NVML unavailable")) for r in caplog.records] == [(logging.INFO, 1)]
+    assert "no NVIDIA GPU visible" in caplog.text
+
+
+def _unavailable(reason: str) -> Any:
+    def factory() -> Any:
+        raise NvmlUnavailable(reason, f"NVML said {reason}")
+
+    return factory
+
+
+@pytest.mark.parametrize(("reason", "device_nodes", "warn", "level"), [
+    ("driver_not_loaded", False, True, logging.INFO),  # no GPU: nothing to warn about
+    ("not_installed", False, True, logging.INFO),  # nvidia-ml-py missing on a machine without a GPU
+    ("not_installed", True, True, logging.WARNING),  # ... and on one with a GPU: say so
+    ("no_permission", True, True, logging.WARNING),  # a GPU NVML cannot read
+    ("no_permission", True, False, logging.INFO),  # ... said by the node's sampling rank, not every rank
+])
+def test_nvml_that_cannot_start_warns_only_where_a_gpu_goes_unmeasured(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, reason: str, device_nodes: bool, warn: bool,
+    level: int,
+) -> None:
+    reset_warnings()
+    monkeypatch.setattr("otelprof.collectors.gpu.nvidia_device_present", lambda: device_nodes)
+    errors: list[tuple[str, str]] = []
+    with caplog.at_level(logging.INFO, logger="otelprof"):
+        collector = GpuCollector(lambda s, r: errors.append((s, r)), _unavailable(reason), warn=warn)
+        GpuCollector(lambda s, r: errors.append((s, r)), _unavailable(reason), warn=warn)  # once per process
+    assert collector.sample() == []
+    assert errors == [("nvml", reason)] * 2  # counted either way
+    assert [(r.levelno, f"NVML said {reason}" in r.getMessage()) for r in caplog.records] == [(level, True)]
+
+
+def test_only_the_node_sampling_rank_warns_about_nvml(tmp_path: Path) -> None:
+    def collector(**overrides: Any) -> Any:
+        config = Config.from_env({}, **overrides)
+        return Sampler(config, MetricRegistry(IDENTITY), None, nvml_factory=_unavailable("no_permission")).gpus
+
+    assert collector(local_rank=0)._warn and not collector(local_rank=1)._warn
+    assert collector(local_rank=1, node_sampler_local_rank=-1)._warn
 
 
 # ---------------------------------------------------------------- sampler

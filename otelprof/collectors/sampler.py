@@ -63,7 +63,7 @@ class Sampler:
         self.time_spent = r.counter(sc.SAMPLER_TIME)
         self.system = SystemCollector(self._error)
         self.cgroup = cgroup if cgroup is not None else CgroupReader()
-        self.gpus = (GpuCollector(self._error, nvml_factory)
+        self.gpus = (GpuCollector(self._error, nvml_factory, warn=config.samples_node)
                      if config.gpu_metrics and nvml_factory is not None else None)
         self._thread: threading.Thread | None = None
         self._logged_internal = False
