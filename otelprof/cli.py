@@ -221,6 +221,23 @@ def _cmd_mixin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    import importlib.util
+    import platform
+
+    from otelprof.integrations import native
+
+    print(f"otelprof {__version__} on Python {platform.python_version()} ({platform.system()} {platform.machine()})")
+    torch_found = importlib.util.find_spec("torch") is not None
+    hooks = native.status()
+    print(f"PyTorch: {'installed' if torch_found else 'not installed (the PyTorch hooks are not used)'}")
+    print(f"PyTorch hooks: {hooks.path} — {hooks.reason}")
+    if args.require_native and native.load()[0] is None:
+        print("otelprof doctor: the C extension is required (--require-native) but not installed", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _read_secret(path: str | None, env_name: str) -> str:
     from pathlib import Path
 
@@ -280,6 +297,15 @@ def _cmd_webhook(args: argparse.Namespace) -> int:
 
 
 def _add_alerting_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    doctor = sub.add_parser(
+        "doctor", help="say how otelprof is installed: version, and whether the PyTorch hooks run in C or Python",
+        description="Print the otelprof version and platform, and which PyTorch hooks a training process "
+                    "started from this environment uses: the C extension, or the Python hooks and why "
+                    "(extension not installed, or disabled by OTELPROF_TORCH_NATIVE).")
+    doctor.add_argument("--require-native", action="store_true",
+                        help="exit 1 when the C extension is not installed (for wheel and image checks)")
+    doctor.set_defaults(func=_cmd_doctor)
+
     mixin = sub.add_parser(
         "mixin", help="write the whole mixin with your settings: rules, PrometheusRule, runbook, Grafana "
                       "dashboards, provisioning and ConfigMaps",
