@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import functools
-import importlib
 import sys
 import threading
 import weakref
@@ -64,10 +63,9 @@ _original_dataloader_iter: Callable[..., Any] | None = None
 
 def _load_native() -> Any:
     """The hot path in C (``_torch_native.c``, built by setup.py where a compiler is available), or None."""
-    try:
-        return importlib.import_module("otelprof.integrations._torch_native")
-    except ImportError:
-        return None
+    from otelprof.integrations import native
+
+    return native.load()[0]
 
 
 _native = _load_native()
