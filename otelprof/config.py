@@ -49,6 +49,13 @@ class Config:
     span_first_steps: int = 10
     span_every: int = 0
     span_windows: tuple[tuple[int, int], ...] = ()
+    profile_every: float = 600.0
+    profile_steps: int = 3
+    profile_warmup: float = 5.0
+    profile_warmup_steps: int = 10
+    profile_budget: float = 0.01
+    profile_max_spans: int = 500
+    profile_top_k: int = 10
     outlier_sigma: float = thresholds.OUTLIER_SIGMA
     outlier_min_steps: int = 20
     outlier_min_ratio: float = thresholds.OUTLIER_MIN_RATIO
@@ -219,6 +226,13 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "span_first_steps": _ranged(int, 0, 1_000_000),
     "span_every": _ranged(int, 0, 1_000_000_000),
     "span_windows": _parse_windows,
+    "profile_every": _ranged(float, 0.0, 1e7),
+    "profile_steps": _ranged(int, 1, 1000),
+    "profile_warmup": _ranged(float, 0.0, 1e6),
+    "profile_warmup_steps": _ranged(int, 0, 1_000_000),
+    "profile_budget": _ranged(float, 0.0, 1.0),
+    "profile_max_spans": _ranged(int, 0, 100_000),
+    "profile_top_k": _ranged(int, 1, 100),
     "outlier_sigma": _ranged(float, 0.0, 100.0),
     "outlier_min_steps": _ranged(int, 2, 1_000_000),
     "outlier_min_ratio": _ranged(float, 1.0, 100.0),
@@ -247,6 +261,13 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "metric_export_interval": lambda v: _in_range(v, 1.0, 600.0),
     "prometheus_port": lambda v: _in_range(v, 0, 65535),
     "span_budget": lambda v: _in_range(v, 0.0, 1.0),
+    "profile_every": lambda v: _in_range(v, 0.0, 1e7),
+    "profile_steps": lambda v: _in_range(v, 1, 1000),
+    "profile_warmup": lambda v: _in_range(v, 0.0, 1e6),
+    "profile_warmup_steps": lambda v: _in_range(v, 0, 1_000_000),
+    "profile_budget": lambda v: _in_range(v, 0.0, 1.0),
+    "profile_max_spans": lambda v: _in_range(v, 0, 100_000),
+    "profile_top_k": lambda v: _in_range(v, 1, 100),
     "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
     "outlier_min_ratio": lambda v: _in_range(v, 1.0, 100.0),
     "outlier_min_excess": lambda v: _in_range(v, 0.0, 3600.0),

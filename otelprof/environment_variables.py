@@ -45,6 +45,13 @@ OTELPROF_SPAN_BUDGET = "OTELPROF_SPAN_BUDGET"
 OTELPROF_SPAN_FIRST_STEPS = "OTELPROF_SPAN_FIRST_STEPS"
 OTELPROF_SPAN_EVERY = "OTELPROF_SPAN_EVERY"
 OTELPROF_SPAN_WINDOWS = "OTELPROF_SPAN_WINDOWS"
+OTELPROF_PROFILE_EVERY = "OTELPROF_PROFILE_EVERY"
+OTELPROF_PROFILE_STEPS = "OTELPROF_PROFILE_STEPS"
+OTELPROF_PROFILE_WARMUP = "OTELPROF_PROFILE_WARMUP"
+OTELPROF_PROFILE_WARMUP_STEPS = "OTELPROF_PROFILE_WARMUP_STEPS"
+OTELPROF_PROFILE_BUDGET = "OTELPROF_PROFILE_BUDGET"
+OTELPROF_PROFILE_MAX_SPANS = "OTELPROF_PROFILE_MAX_SPANS"
+OTELPROF_PROFILE_TOP_K = "OTELPROF_PROFILE_TOP_K"
 OTELPROF_OUTLIER_SIGMA = "OTELPROF_OUTLIER_SIGMA"
 OTELPROF_OUTLIER_MIN_STEPS = "OTELPROF_OUTLIER_MIN_STEPS"
 OTELPROF_OUTLIER_MIN_RATIO = "OTELPROF_OUTLIER_MIN_RATIO"
@@ -130,6 +137,24 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Every K-th step becomes a span (0 = off; the budget samples instead)."),
     EnvVar(OTELPROF_SPAN_WINDOWS, "span_windows", "",
            "Profiling windows whose every step becomes a span: `start_step:num_steps[,...]`, e.g. `100:20`."),
+    EnvVar(OTELPROF_PROFILE_EVERY, "profile_every", "600",
+           "Seconds between periodic operator-profiling windows of a PyTorch job (`torch.profiler` for "
+           "`OTELPROF_PROFILE_STEPS` steps); 0 turns periodic windows off (captures and `profile_window` still work). "
+           "The interval grows when a window costs more than `OTELPROF_PROFILE_BUDGET` of it."),
+    EnvVar(OTELPROF_PROFILE_STEPS, "profile_steps", "3", "Steps in each periodic profiling window; 1-1000."),
+    EnvVar(OTELPROF_PROFILE_WARMUP, "profile_warmup", "5",
+           "Seconds after `init()` before the first periodic window may start."),
+    EnvVar(OTELPROF_PROFILE_WARMUP_STEPS, "profile_warmup_steps", "10",
+           "Step number before which no periodic window starts (warm-up steps are not typical)."),
+    EnvVar(OTELPROF_PROFILE_BUDGET, "profile_budget", "0.01",
+           "Share of training time periodic windows may cost (0-1): a window that cost X seconds more than its "
+           "steps' usual time delays the next by at least X / budget."),
+    EnvVar(OTELPROF_PROFILE_MAX_SPANS, "profile_max_spans", "500",
+           "Operator spans per profiled step, the longest first (and as many kernel spans); the rest are counted "
+           "as dropped (`exporter=\"operator_spans\"`). 0: no operator spans."),
+    EnvVar(OTELPROF_PROFILE_TOP_K, "profile_top_k", "10",
+           "Operators and kernels per window with series of their own on the operator metrics; the rest are "
+           "summed as `other`; 1-100."),
     EnvVar(OTELPROF_OUTLIER_SIGMA, "outlier_sigma", "3",
            "A step slower than mean + sigma x stddev of the last 256 steps of its phase, and materially slower "
            "than their median (`OTELPROF_OUTLIER_MIN_RATIO`, `OTELPROF_OUTLIER_MIN_EXCESS_MS`), is an outlier: "

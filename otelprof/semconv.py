@@ -43,6 +43,12 @@ LABEL_DISK_DIRECTION = "disk.io.direction"
 LABEL_NETWORK_DIRECTION = "network.io.direction"
 LABEL_ERROR_TYPE = "error.type"
 LABEL_SOURCE = "source"
+LABEL_DEVICE_KIND = "device"
+LABEL_OPERATOR = "operator"
+LABEL_CATEGORY = "category"
+LABEL_PRECISION = "precision"
+OPERATOR_CATEGORIES: tuple[str, ...] = ("matmul", "convolution", "attention", "normalization", "elementwise",
+                                        "memory_copy", "communication", "other")
 GPU_LABELS: tuple[str, ...] = (LABEL_GPU, LABEL_HW_ID)
 SCRAPE_LABEL_POD_IP = "pod_ip"
 """Not emitted by otelprof: the PodMonitor / scrape config add the pod IP under this label, so an
@@ -115,6 +121,9 @@ DROPPED_CUDA_EVENTS = "cuda_events"
 """CUDA event pairs that waited too long for the GPU (device times dropped)."""
 DROPPED_STEP_REGIONS = "step_regions"
 """Regions past the per-step cap (a step that never ends)."""
+DROPPED_OPERATOR_SPANS = "operator_spans"
+"""Operators and kernels of a profiling window left out of its spans: past ``OTELPROF_PROFILE_MAX_SPANS`` per
+step, between steps, or in a step whose span was not kept."""
 DEVICE_TIMED_REGIONS: tuple[str, ...] = (REGION_FORWARD, REGION_BACKWARD, REGION_OPTIMIZER)
 """Regions that also get a device time from CUDA events when the model is on a CUDA device."""
 
@@ -122,8 +131,27 @@ SPAN_PROFILE = "otelprof.profile"
 """One span per operator-profiling window; its events are the top operators."""
 ATTR_PROFILE_START = "otelprof.profile.start_step"
 ATTR_PROFILE_STEPS = "otelprof.profile.num_steps"
+ATTR_PROFILE_TRIGGER = "otelprof.profile.trigger"
+"""Why a window ran: periodic, capture (on demand or on an alert) or api (``profile_window``)."""
+PROFILE_TRIGGERS: tuple[str, ...] = ("periodic", "capture", "api")
+# Operator and kernel spans: children of the span of the step they ran in (profiling windows only).
+ATTR_OP_KIND = "otelprof.op.kind"
+"""cpu (a host operator), kernel, memcpy or memset (device events, children of their launching operator)."""
+ATTR_OP_CATEGORY = "otelprof.op.category"
+ATTR_OP_THREAD = "thread.id"
+ATTR_OP_DEVICE = "otelprof.op.device"
+ATTR_OP_NAME = "otelprof.op.name"
+ATTR_OP_CALLS = "otelprof.op.calls"
+ATTR_OP_SELF_TIME = "otelprof.op.self_time"
+ATTR_OP_TOTAL_TIME = "otelprof.op.total_time"
+ATTR_KERNEL_DEVICE = "otelprof.kernel.device"
+ATTR_KERNEL_STREAM = "otelprof.kernel.stream"
+ATTR_KERNEL_CORRELATION = "otelprof.kernel.correlation"
+ATTR_KERNEL_GRID = "otelprof.kernel.grid"
+ATTR_KERNEL_BLOCK = "otelprof.kernel.block"
+ATTR_KERNEL_BYTES = "otelprof.kernel.bytes"
 
-SPAN_REASONS: tuple[str, ...] = ("first", "every", "window", "outlier", "budget", "annotation")
+SPAN_REASONS: tuple[str, ...] = ("first", "every", "window", "outlier", "budget", "annotation", "operator")
 
 
 @dataclass(frozen=True)
@@ -171,6 +199,23 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(ATTR_ANNOTATION, "span", "True on spans made from `annotate()`."),
     AttributeSpec(ATTR_ERROR, "span", "The exception type when user code raised inside the step or annotation."),
     AttributeSpec(ATTR_SCALAR_PREFIX + "<name>", "span", "A scalar recorded with `record()` during the step."),
+    AttributeSpec(ATTR_PROFILE_START, "span", "On `otelprof.profile`: the window's first step."),
+    AttributeSpec(ATTR_PROFILE_STEPS, "span", "On `otelprof.profile`: steps in the window."),
+    AttributeSpec(ATTR_PROFILE_TRIGGER, "span", "On `otelprof.profile`: " + ", ".join(PROFILE_TRIGGERS) + "."),
+    AttributeSpec(ATTR_OP_KIND, "span", "On operator spans: cpu (host operator), kernel, memcpy or memset."),
+    AttributeSpec(ATTR_OP_CATEGORY, "span", "On operator spans: the operator category (see `OPERATOR_CATEGORIES`)."),
+    AttributeSpec(ATTR_OP_THREAD, "span", "On host operator spans: the thread the operator ran on."),
+    AttributeSpec(ATTR_OP_DEVICE, "span event", "On `otelprof.profile` events: cpu or gpu."),
+    AttributeSpec(ATTR_OP_NAME, "span event", "On `otelprof.profile` events: operator name."),
+    AttributeSpec(ATTR_OP_CALLS, "span event", "On `otelprof.profile` events: calls in the window."),
+    AttributeSpec(ATTR_OP_SELF_TIME, "span event", "On `otelprof.profile` events: self time in seconds."),
+    AttributeSpec(ATTR_OP_TOTAL_TIME, "span event", "On `otelprof.profile` events: total time in seconds."),
+    AttributeSpec(ATTR_KERNEL_DEVICE, "span", "On kernel/memcpy/memset spans: the GPU index."),
+    AttributeSpec(ATTR_KERNEL_STREAM, "span", "On kernel/memcpy/memset spans: the CUDA stream."),
+    AttributeSpec(ATTR_KERNEL_CORRELATION, "span", "On device spans: the profiler's launch correlation id."),
+    AttributeSpec(ATTR_KERNEL_GRID, "span", "On kernel spans: grid dimensions [x, y, z]."),
+    AttributeSpec(ATTR_KERNEL_BLOCK, "span", "On kernel spans: block dimensions [x, y, z]."),
+    AttributeSpec(ATTR_KERNEL_BYTES, "span", "On memcpy/memset spans: bytes moved."),
     AttributeSpec(LABEL_JOB, "metric", "Training job name (same as `service.name`)."),
     AttributeSpec(LABEL_RANK, "metric", "Global rank."),
     AttributeSpec(LABEL_LOCAL_RANK, "metric", "Rank within the node."),
@@ -180,7 +225,8 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(LABEL_SCALAR, "metric", "Which recorded scalar (loss, grad_norm)."),
     AttributeSpec(LABEL_EXPORTER, "metric", "queue, otlp_traces, otlp_metrics, recording; cuda_events: CUDA event "
                   "pairs that waited too long for the GPU (device times dropped); step_regions: regions past "
-                  "4096 in one step (a step that never ends)."),
+                  "4096 in one step (a step that never ends); operator_spans: profiled operators and kernels "
+                  "left out of spans (`OTELPROF_PROFILE_MAX_SPANS`)."),
     AttributeSpec(LABEL_REASON, "metric", "Why a span was built; on otelprof.sampler.errors the error; "
                   "on otelprof.gpu.throttle the clock-event reason."),
     AttributeSpec(LABEL_GPU, "metric", "GPU index as NVML numbers them in the container."),
@@ -191,6 +237,11 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(LABEL_NETWORK_DIRECTION, "metric", "receive or transmit."),
     AttributeSpec(LABEL_ERROR_TYPE, "metric", "corrected or uncorrected (GPU ECC errors)."),
     AttributeSpec(LABEL_SOURCE, "metric", "Telemetry source of a sampler error: psutil, cgroup, nvml."),
+    AttributeSpec(LABEL_DEVICE_KIND, "metric", "cpu (host operators) or gpu (kernels, memcpy, memset)."),
+    AttributeSpec(LABEL_OPERATOR, "metric", "Operator or kernel name (120 characters at most): the last window's "
+                  "top `OTELPROF_PROFILE_TOP_K` by self time, the rest summed as `other`."),
+    AttributeSpec(LABEL_CATEGORY, "metric", ", ".join(OPERATOR_CATEGORIES) + " (by name pattern)."),
+    AttributeSpec(LABEL_PRECISION, "metric", "fp8, bf16, fp16, tf32, int8, fp64, fp32 or other (by kernel name)."),
 )
 
 # ---------------------------------------------------------------- metrics
@@ -298,6 +349,38 @@ INTEGRATION_ERRORS = MetricSpec(
     "Framework hooks that failed and were removed (training went on without them).", ("hook",))
 PROFILE_WINDOWS = MetricSpec(
     "otelprof.profile.windows", Kind.COUNTER, "{window}", "Operator-profiling windows completed.")
+PROFILE_OVERHEAD = MetricSpec(
+    "otelprof.profile.overhead", Kind.COUNTER, "s",
+    "Time the profiling windows added to training: each window's steps (and starting/stopping the profiler) "
+    "beyond the same number of steps just before it, plus the window's processing time.")
+OPERATOR_SELF_TIME = MetricSpec(
+    "otelprof.operator.self_time", Kind.GAUGE, "s",
+    "Per profiled step in the last profiling window: self time of each of the top operators (cpu) and kernels "
+    "(gpu), the rest as `other`.", (LABEL_DEVICE_KIND, LABEL_OPERATOR))
+OPERATOR_TOTAL_TIME = MetricSpec(
+    "otelprof.operator.total_time", Kind.GAUGE, "s",
+    "Per profiled step in the last window: total time (self plus children) of the top operators and kernels.",
+    (LABEL_DEVICE_KIND, LABEL_OPERATOR))
+OPERATOR_CALLS = MetricSpec(
+    "otelprof.operator.calls", Kind.GAUGE, "{call}",
+    "Per profiled step in the last window: calls of the top operators and kernels.",
+    (LABEL_DEVICE_KIND, LABEL_OPERATOR))
+OPERATOR_LAUNCHES = MetricSpec(
+    "otelprof.operator.launches", Kind.GAUGE, "{launch}",
+    "Per profiled step in the last window: GPU kernel/memcpy launches by each top host operator.",
+    (LABEL_OPERATOR,))
+OPERATOR_CATEGORY_TIME = MetricSpec(
+    "otelprof.operator.category.time", Kind.GAUGE, "s",
+    "Per profiled step in the last window: operator self time (cpu) or kernel time (gpu) by category.",
+    (LABEL_DEVICE_KIND, LABEL_CATEGORY))
+OPERATOR_HOST_RATIO = MetricSpec(
+    "otelprof.operator.host_ratio", Kind.GAUGE, "1",
+    "Last window: host operator self time over host plus device operator time (1 on a CPU-only run; near 0 "
+    "when the GPU is busy while the host only launches).")
+KERNEL_PRECISION = MetricSpec(
+    "otelprof.kernel.precision", Kind.GAUGE, "1",
+    "Last window: share of GPU kernel time by arithmetic precision (from kernel names; GPU runs only).",
+    (LABEL_PRECISION,))
 EXPORTER_DROPPED = MetricSpec(
     "otelprof.exporter.dropped", Kind.COUNTER, "{item}",
     "Records, spans or metric exports otelprof dropped instead of blocking training "
@@ -440,7 +523,9 @@ STEP_METRICS: tuple[MetricSpec, ...] = (
 """From the step/annotation API and the recorder: present whenever steps run."""
 FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
     DATALOADER_WORKERS, DATALOADER_PIN_MEMORY, CUDA_MEMORY_ALLOCATED, CUDA_MEMORY_RESERVED, CUDA_MEMORY_PEAK,
-    REGION_DEVICE_DURATION, INTEGRATION_ERRORS, PROFILE_WINDOWS,
+    REGION_DEVICE_DURATION, INTEGRATION_ERRORS, PROFILE_WINDOWS, PROFILE_OVERHEAD, OPERATOR_SELF_TIME,
+    OPERATOR_TOTAL_TIME, OPERATOR_CALLS, OPERATOR_LAUNCHES, OPERATOR_CATEGORY_TIME, OPERATOR_HOST_RATIO,
+    KERNEL_PRECISION,
 )
 """Set by the PyTorch integration when it sees a data loader / CUDA."""
 

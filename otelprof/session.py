@@ -34,6 +34,8 @@ from otelprof.config import Config
 from otelprof.control import ControlServer
 from otelprof.export import otlp
 from otelprof.export.prometheus import PrometheusEndpoint
+from otelprof.integrations.profile_schedule import PeriodicWindows
+from otelprof.integrations.torch_profiler import windows as profile_windows
 from otelprof.metrics import MetricRegistry
 from otelprof.recorder import Recorder, SpanSink
 from otelprof.recording import otlp_json, schema
@@ -123,6 +125,9 @@ class Session:
         self._thread = threading.Thread(target=self._run, name="otelprof-recorder", daemon=True)
         self._thread.start()
         hot._activate(self.recorder)
+        profile_windows.reset()
+        self.profile_schedule = PeriodicWindows(config)
+        self.profile_schedule.start()
 
     # ------------------------------------------------------------------ recording helpers
     def _add_gpu_attributes(self, sampler: Sampler) -> None:
@@ -298,6 +303,7 @@ class Session:
         try:
             hot._activate(None) if hot._active is self.recorder else None
             self._stop.set()
+            self.profile_schedule.stop()
             self.recorder.wake_up()
             self._thread.join(max(min(1.0, deadline - time.monotonic()), 0.0))
             if self.sampler is not None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import functools
-import importlib
 import sys
 import threading
 import weakref
@@ -48,10 +47,9 @@ import torch
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import info_once, warn_once
-from otelprof.integrations import cuda_timing
+from otelprof.integrations import cuda_timing, torch_profiler
 from otelprof.integrations._iterators import IteratorProxy
 from otelprof.integrations.cuda_timing import DeviceTimer
-from otelprof.integrations.torch_profiler import ProfileWindows
 
 __all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_window", "uninstrument"]
 
@@ -65,10 +63,9 @@ _original_dataloader_iter: Callable[..., Any] | None = None
 
 def _load_native() -> Any:
     """The hot path in C (``_torch_native.c``, built by setup.py where a compiler is available), or None."""
-    try:
-        return importlib.import_module("otelprof.integrations._torch_native")
-    except ImportError:
-        return None
+    from otelprof.integrations import native
+
+    return native.load()[0]
 
 
 _native = _load_native()
@@ -354,7 +351,7 @@ class TorchInstrumentation:
         self._global_depth = _Nesting()
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.windows = ProfileWindows()
+        self.windows = torch_profiler.windows
         self.device_timer: DeviceTimer | _Undecided | None = _UNDECIDED
         """CUDA event timing: decided at the first forward of a module with parameters; None on CPU."""
         self.native: Any = None
@@ -934,7 +931,7 @@ class TorchInstrumentation:
                 session.capture_handler = None
 
     def _capture(self, steps: int) -> dict[str, Any]:
-        return self.windows.arm(hot.next_step_number(), steps)
+        return self.windows.arm(hot.next_step_number(), steps, trigger="capture")
 
 
 _object_class = object.__dict__["__class__"]

@@ -152,8 +152,17 @@ class MixinConfig:
     """``action`` label per alert (name without prefix); the webhook acts on it."""
     disabled_alerts: tuple[str, ...] = ()
     """Alerts (names without prefix) left out of the generated files."""
-    runbook_url: str = "https://otelprof.example/deploy/prometheus/runbook.md"
+    runbook_url: str = "runbook.md"
+    """Where the runbook is, for each alert's ``runbook_url`` annotation (``<runbook_url>#<alert>``). The default,
+    relative, is the ``runbook.md`` written beside the rules; set the URL your team serves it at (a wiki, your
+    repository) for links that resolve from Alertmanager and Grafana."""
     grafana_url: str = "http://localhost:3000"
+    """Grafana's base URL, for each alert's ``dashboard_url`` annotation (default: Grafana's own default address,
+    e.g. behind ``kubectl port-forward``)."""
+    prometheus_url: str = "http://prometheus:9090"
+    """The Prometheus data source's URL in the generated Grafana provisioning."""
+    tempo_url: str = "http://tempo:3200"
+    """The Tempo data source's URL in the generated Grafana provisioning."""
     prometheus_rule_name: str = "otelprof"
     prometheus_rule_release: str = "kube-prometheus-stack"
     """``release`` label of the PrometheusRule: kube-prometheus-stack only loads rules carrying its release name."""

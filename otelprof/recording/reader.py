@@ -645,6 +645,39 @@ def _profile(record: Any) -> dict[str, Any]:
                     for op in _entries(record.get(key), list)]
     for key in ("gpu_activity_s", "kernel_precision_s"):
         out[key] = {_str(name): _seconds(seconds) for name, seconds in _entries(record.get(key), dict).items()}
+    for key in ("phase", "trigger"):
+        if record.get(key) is not None:
+            out[key] = _str(record[key])
+    for key in ("operator_spans", "operator_spans_dropped"):
+        if key in record:
+            out[key] = _int(record[key], 0, INT64)
+    if "overhead_s" in record:
+        out["overhead_s"] = _seconds(record["overhead_s"])
+    if record.get("operators") is not None:
+        out["operators"] = _operators(record["operators"])
+    return out
+
+
+def _operators(summary: Any) -> dict[str, Any]:
+    """A window's operator and kernel statistics (integrations/operators.py ``window_summary``)."""
+    if type(summary) is not dict:
+        raise ValueError("operators: not an object")
+    out: dict[str, Any] = {}
+    for key in ("ops", "kernels"):
+        out[key] = [{"name": _str(row["name"]), "self_s": _seconds(row.get("self_s", 0.0)),
+                     "total_s": _seconds(row.get("total_s", 0.0)), "calls": _int(row.get("calls", 0), 0, INT64),
+                     "launches": _int(row.get("launches", 0), 0, INT64)}
+                    for row in _entries(summary.get(key), list)]
+    for key in ("host_op_s", "device_op_s"):
+        out[key] = _seconds(summary.get(key, 0.0))
+    categories = _entries(summary.get("categories_s"), dict)
+    out["categories_s"] = {_str(side): {_str(name): _seconds(seconds)
+                                        for name, seconds in _entries(table, dict).items()}
+                           for side, table in categories.items()}
+    out["kernel_precision_s"] = {_str(name): _seconds(seconds)
+                                 for name, seconds in _entries(summary.get("kernel_precision_s"), dict).items()}
+    for key in ("operators", "device_events"):
+        out[key] = _int(summary.get(key, 0), 0, INT64)
     return out
 
 
