@@ -66,6 +66,7 @@ class Config:
     sample_interval: float = 0.5
     node_sampler_local_rank: int = 0
     gpu_metrics: bool = True
+    gpu_sampling: bool = True
     torch_native: bool = True
     cpu_high_threshold: float = thresholds.CPU_HIGH
     gpu_low_threshold: float = thresholds.GPU_LOW
@@ -243,6 +244,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "quiet": _parse_bool,
     "control_port": _ranged(int, 0, 65535),
     "gpu_metrics": _parse_bool,
+    "gpu_sampling": _parse_bool,
     "torch_native": _parse_bool,
     "sample_interval": lambda t: _ranged(float, 100, 60_000)(t) / 1000.0,
     "node_sampler_local_rank": _ranged(int, -1, 65535),

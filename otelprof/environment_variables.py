@@ -62,6 +62,7 @@ OTELPROF_SYSTEM_METRICS = "OTELPROF_SYSTEM_METRICS"
 OTELPROF_SAMPLE_INTERVAL_MS = "OTELPROF_SAMPLE_INTERVAL_MS"
 OTELPROF_NODE_SAMPLER_LOCAL_RANK = "OTELPROF_NODE_SAMPLER_LOCAL_RANK"
 OTELPROF_GPU_METRICS = "OTELPROF_GPU_METRICS"
+OTELPROF_GPU_SAMPLING = "OTELPROF_GPU_SAMPLING"
 OTELPROF_TORCH_NATIVE = "OTELPROF_TORCH_NATIVE"
 OTELPROF_CPU_HIGH_THRESHOLD = "OTELPROF_CPU_HIGH_THRESHOLD"
 OTELPROF_GPU_LOW_THRESHOLD = "OTELPROF_GPU_LOW_THRESHOLD"
@@ -180,6 +181,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_GPU_METRICS, "gpu_metrics", "true",
            "Read GPUs through NVML (nvidia-ml-py) when available. Honours `CUDA_VISIBLE_DEVICES` and "
            "`NVIDIA_VISIBLE_DEVICES`."),
+    EnvVar(OTELPROF_GPU_SAMPLING, "gpu_sampling", "true",
+           "Sample the GPUs' readings (utilization, memory, power, ...). false where dcgm-exporter already "
+           "samples them (mixin `gpu_source=dcgm`): NVML is then only asked once, for the GPU's identity "
+           "(`otelprof_gpu_info`, the join to dcgm-exporter's series)."),
     EnvVar(OTELPROF_TORCH_NATIVE, "torch_native", "true",
            "The PyTorch integration's per-step hooks in C where the extension was built (false: the same hooks "
            "in Python, e.g. to compare). Read when `instrument()` is first called."),

@@ -10,6 +10,7 @@ import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import psutil
 import pytest
@@ -286,6 +287,28 @@ def test_every_gpu_series_in_the_catalog_is_produced_through_the_seam(tmp_path: 
     gpu_specs = {m.name for m in sc.SYSTEM_METRICS if sc.LABEL_GPU in m.labels}
     assert gpu_specs <= produced
     assert _values(registry, sc.GPU_TENSOR_ACTIVE)[("0", fake.data["devices"][0]["uuid"])] == 0.3
+
+
+def test_gpu_info_names_the_ranks_gpu_and_sampling_off_reads_nothing_else(tmp_path: Path) -> None:
+    """otelprof_gpu_info: the visible GPU at LOCAL_RANK (or the only one); with sampling off NVML is asked only
+    who the GPUs are, then shut down, and no GPU reading series appears."""
+    uuid0, uuid1 = (d["uuid"] for d in FakeNvml().data["devices"])
+    _, registry, _ = _sampler(tmp_path, FakeNvml(), local_rank=1, node_sampler_local_rank=0)
+    assert _values(registry, sc.GPU_INFO) == {("1", uuid1): 1}
+    _, registry, _ = _sampler(tmp_path, FakeNvml(), local_rank=3)  # more ranks than GPUs: cannot tell
+    assert _values(registry, sc.GPU_INFO) == {}
+    fake = FakeNvml()
+    with mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": "1"}):
+        sampler, registry, _ = _sampler(tmp_path, fake, local_rank=5, gpu_sampling=False)
+    assert _values(registry, sc.GPU_INFO) == {("1", uuid1): 1}
+    assert fake.shut_down and sampler.gpus is None
+    sampler.sample()
+    sampler.sample()
+    names = {m.name for m in registry.collect()}
+    gpu_readings = {m.name for m in sc.SYSTEM_METRICS if sc.LABEL_GPU in m.labels} - {sc.GPU_INFO.name}
+    assert not gpu_readings & names and sc.GPU_INFO.name in names
+    assert not fake.calls  # no reading at all
+    assert uuid0 != uuid1
 
 
 def test_coincidence_thresholds_are_strict(tmp_path: Path) -> None:

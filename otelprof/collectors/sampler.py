@@ -20,7 +20,7 @@ from otelprof import semconv as sc
 from otelprof._log import logger
 from otelprof.collectors.cgroup import CgroupReader, CgroupReading
 from otelprof.collectors.gpu import GpuCollector, GpuReading
-from otelprof.collectors.nvml import THROTTLE_REASONS, NvmlBackend, PynvmlBackend
+from otelprof.collectors.nvml import THROTTLE_REASONS, DeviceInfo, NvmlBackend, PynvmlBackend
 from otelprof.collectors.system import HostReading, ProcessReading, SystemCollector, affinity_cpus
 from otelprof.config import Config
 from otelprof.metrics import MetricRegistry
@@ -65,9 +65,23 @@ class Sampler:
         self.cgroup = cgroup if cgroup is not None else CgroupReader()
         self.gpus = (GpuCollector(self._error, nvml_factory, warn=config.samples_node)
                      if config.gpu_metrics and nvml_factory is not None else None)
+        if self.gpus is not None:
+            self._set_gpu_info(self.gpus.devices, config.local_rank)
+            if not config.gpu_sampling:  # dcgm-exporter samples the GPUs: NVML was only asked who they are
+                self.gpus.shutdown()
+                self.gpus = None
         self._thread: threading.Thread | None = None
         self._logged_internal = False
         self.samples_taken = 0
+
+    def _set_gpu_info(self, devices: list[DeviceInfo], local_rank: int) -> None:
+        """``otelprof_gpu_info`` for the GPU this process computes on: the one visible GPU, else the visible
+        GPU at ``LOCAL_RANK`` (what ``cuda:LOCAL_RANK`` names); none when that cannot be told."""
+        device = devices[0] if len(devices) == 1 else (devices[local_rank] if 0 <= local_rank < len(devices)
+                                                        else None)
+        if device is not None:
+            with self.registry.lock:
+                self.registry.gauge(sc.GPU_INFO).set(1, (str(device.index), device.uuid))
 
     def _error(self, source: str, reason: str) -> None:
         with self.registry.lock:

@@ -14,6 +14,7 @@ from typing import Any
 from otelprof import semconv as sc
 from otelprof.mixin import config as mc
 from otelprof.mixin.config import MixinConfig, seconds
+from otelprof.mixin.gpu_source import GpuReadings
 from otelprof.mixin.promql import (
     GPU,
     HW_ID,
@@ -171,7 +172,8 @@ def _system(c: MixinConfig) -> list[Alert]:
     ws, patience = seconds(w), seconds(c.patience)
     never_early = f"Never in the first {_human(patience)} of a process (patience)."
     gpu_labels = (*IDENTITY, GPU, HW_ID)
-    used = f"and on ({JOB}, {RANK}, {GPU}) max_over_time({q.sel(sc.GPU_UTILIZATION)}[{w}]) > 0"
+    g = GpuReadings(c)
+    used = f"and on ({JOB}, {RANK}, {GPU}) max_over_time({g.current(sc.GPU_UTILIZATION)}[{w}]) > 0"
 
     def bottleneck(short: str, counter: sc.MetricSpec, threshold: float, what: str, original: str,
                    todo: str, high: str) -> Alert:
@@ -225,8 +227,8 @@ def _system(c: MixinConfig) -> list[Alert]:
         "check the volume's throughput limits (network file systems and cloud disks cap IOPS per volume).",
         f"a CPU above {_pct(c.io_threshold)} in iowait")
 
-    util_p95 = q.window_quantile(0.95, sc.GPU_UTILIZATION_DISTRIBUTION, w)
-    util_p5 = q.window_quantile(0.05, sc.GPU_UTILIZATION_DISTRIBUTION, w)
+    util_p95 = g.quantile(0.95, sc.GPU_UTILIZATION, w)
+    util_p5 = g.quantile(0.05, sc.GPU_UTILIZATION, w)
     low_runbook_dev = (f"The original used numpy quantiles over the last 500 samples; here the quantiles come "
                        f"from the per-sample utilization histogram (buckets every 5 %, linear interpolation "
                        f"inside a bucket, as histogram_quantile does), over the last {w}, so a GPU sitting "
@@ -279,7 +281,7 @@ def _system(c: MixinConfig) -> list[Alert]:
                  "remove host synchronizations from the step.",
             deviations=low_runbook_dev, original="LowGPUUtilization"))
 
-    mem_p95 = q.window_quantile(0.95, sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, w)
+    mem_p95 = g.quantile(0.95, sc.GPU_MEMORY_UTILIZATION, w)
     cpu_p95 = q.window_quantile(0.95, sc.NODE_CPU_UTILIZATION, w)
     batch = Alert(
         "BatchSizeTooSmall", GROUP_SYSTEM,
@@ -312,8 +314,8 @@ def _system(c: MixinConfig) -> list[Alert]:
             original="BatchSize"))
 
     m = c.gpu_memory_increase_window
-    now_mean = q.window_mean(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, m)
-    before_mean = q.window_mean(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, m, offset=m)
+    now_mean = g.mean(sc.GPU_MEMORY_UTILIZATION, m)
+    before_mean = g.mean(sc.GPU_MEMORY_UTILIZATION, m, offset=m)
     increase = Alert(
         "GPUMemoryIncrease", GROUP_SYSTEM,
         f"(\n  {now_mean}\n  -\n  {before_mean}\n) > {number(c.gpu_memory_increase)}\n{warm}",
@@ -342,7 +344,7 @@ def _system(c: MixinConfig) -> list[Alert]:
     cap_w = c.gpu_memory_capacity_window
     capacity = Alert(
         "GPUMemoryNearCapacity", GROUP_SYSTEM,
-        f"{q.window_mean(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, cap_w)} > "
+        f"{g.mean(sc.GPU_MEMORY_UTILIZATION, cap_w)} > "
         f"{number(c.gpu_memory_capacity_threshold)}",
         "0s", "warning",
         "A GPU's memory is nearly full.",
@@ -362,7 +364,7 @@ def _system(c: MixinConfig) -> list[Alert]:
                  "compare otelprof_cuda_memory_allocated_bytes with _reserved_bytes before blaming the model.",
             deviations="No original: SageMaker Debugger only watched growth, not the ceiling."))
 
-    spread_mean = q.window_mean(sc.GPU_UTILIZATION_DISTRIBUTION, w)
+    spread_mean = g.mean(sc.GPU_UTILIZATION, w)
     load = Alert(
         "GPULoadImbalance", GROUP_SYSTEM,
         f"(\n  max by ({JOB}) ({spread_mean})\n  -\n  min by ({JOB}) ({spread_mean})\n)"
@@ -906,6 +908,9 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
                  "errors; a GPU that fell off the bus needs the node drained and the job moved.",
             deviations="No original."))
 
+    if GpuReadings(c).dcgm:
+        gpu_absent = _dcgm_absent(c)
+
     dropped = Alert(
         "TelemetryDropped", GROUP_TELEMETRY,
         f"{q.delta(sc.EXPORTER_DROPPED, c.dropped_window)} > 0",
@@ -928,3 +933,33 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
             deviations="No original."))
     return [target_down, absent, system_absent, gpu_absent, dropped]
 
+
+
+def _dcgm_absent(c: MixinConfig) -> Alert:
+    """GPUTelemetryAbsent with ``gpu_source=dcgm``: a rank's GPU that dcgm-exporter's joined series lack."""
+    from otelprof.mixin import gpu_source
+
+    q = Q(c.selector)
+    info = q.sel(sc.GPU_INFO)
+    record = gpu_source.record_name(sc.GPU_UTILIZATION)
+    return Alert(
+        "GPUTelemetryAbsent", GROUP_TELEMETRY,
+        f"group by ({JOB}, {NODE}, {GPU}) (\n  {info}\n  unless on ({JOB}, {RANK}, {HW_ID}) {record}\n)",
+        c.absent_for, "warning",
+        "No dcgm-exporter series for a GPU of the job.",
+        f"{AT_GPU}: a rank computes on this GPU (otelprof_gpu_info) but no dcgm-exporter utilization joins to it.",
+        mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE, GPU),
+        Runbook(
+            meaning="A training process names the GPU it computes on (otelprof_gpu_info, with the GPU's UUID and "
+                    f"its pod), and no {sc.DCGM_GPU_UTIL} series with that UUID and pod is there: dcgm-exporter "
+                    "does not run on the node, is not scraped, lost the GPU, or its pod labels do not name the "
+                    "training pod, so every GPU alert of this job has nothing to judge.",
+            thresholds=_params(("for", c.absent_for), ("dcgm_pod_label", c.dcgm_pod_label),
+                               ("dcgm_namespace_label", c.dcgm_namespace_label)),
+            limit=f"One GPU of the job without a joined dcgm-exporter series; fires {c.absent_for} after the "
+                  "recording rule otelprof-dcgm last joined it (at once when it never did).",
+            todo=f"Query {sc.DCGM_GPU_UTIL}{{UUID=\"<hw_id of the alert>\"}}: absent -> dcgm-exporter or its "
+                 "scrape; present -> compare its pod/namespace labels (exported_pod with the ServiceMonitor's "
+                 "honorLabels: false) with the mixin's dcgm_pod_label / dcgm_namespace_label, and check that "
+                 "dcgm-exporter's pod attribution (kubelet pod-resources socket) is on.",
+            deviations="No original."))

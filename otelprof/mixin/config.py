@@ -30,6 +30,10 @@ ACTIONS = (ACTION_STOP, ACTION_CAPTURE)
 
 SEVERITIES = ("critical", "warning", "info")
 
+GPU_SOURCE_OTELPROF = "otelprof"
+GPU_SOURCE_DCGM = "dcgm"
+GPU_SOURCES = (GPU_SOURCE_OTELPROF, GPU_SOURCE_DCGM)
+
 
 @dataclass(frozen=True)
 class MixinConfig:
@@ -40,6 +44,19 @@ class MixinConfig:
     """Extra label matchers on ``up`` (the target-down alert only looks at targets that exposed otelprof)."""
     target_labels: tuple[str, str] = ("job", "instance")
     """Labels Prometheus gives a scrape target (joined with ``up``)."""
+    gpu_source: str = GPU_SOURCE_OTELPROF
+    """Where the GPU alerts, recording rules and dashboard panels read GPU readings: ``otelprof`` (its own NVML
+    sampling) or ``dcgm`` (NVIDIA dcgm-exporter's ``DCGM_FI_DEV_*`` series, joined to the ranks through the pod
+    and the GPU UUID in ``otelprof_gpu_info``; run the job with ``OTELPROF_GPU_SAMPLING=false``)."""
+    dcgm_selector: str = ""
+    """Extra label matchers on dcgm-exporter's series, e.g. ``job="nvidia-dcgm-exporter"``."""
+    dcgm_pod_label: str = "exported_pod"
+    """The label of dcgm-exporter's series holding the training pod: ``exported_pod`` when its ServiceMonitor
+    keeps ``honorLabels: false`` (the chart's default; ``pod`` is then dcgm-exporter's own pod), ``pod`` with
+    ``honorLabels: true``."""
+    dcgm_namespace_label: str = "exported_namespace"
+    """The label of dcgm-exporter's series holding the training pod's namespace (``namespace`` with
+    ``honorLabels: true``)."""
     train_phase: str = "train"
     eval_phase: str = "eval"
 
@@ -193,6 +210,8 @@ def validate(config: MixinConfig) -> None:
         if f.name.endswith(("window", "_for", "patience", "lookback", "_time", "stalled_training_threshold")) \
                 and isinstance(value, str):
             seconds(value)
+    if config.gpu_source not in GPU_SOURCES:
+        raise ValueError(f"gpu_source must be one of {', '.join(GPU_SOURCES)}, not {config.gpu_source!r}")
     for name, action in config.actions:
         if action not in ACTIONS:
             raise ValueError(f"action of {name} must be one of {', '.join(ACTIONS)}, not {action!r}")
