@@ -34,6 +34,22 @@ NATIVE_STEP = "n"
 ``steps.pop()`` builds its ``STEP`` record (on the recorder's thread, not the training thread)."""
 
 _active: Recorder | None = None
+
+
+class Sum(list):  # type: ignore[type-arg]
+    """A step's scalar made of parts that the recorder adds up, off the hot path: the losses passed to
+    ``backward()`` in one step (numbers, or tensors converted there)."""
+
+    __slots__ = ()
+
+
+class Mean(list):  # type: ignore[type-arg]
+    """A step's scalar made of parts that the recorder averages, off the hot path: the losses of an evaluation
+    step's forwards."""
+
+    __slots__ = ()
+
+
 MAX_STEP_ANNOTATIONS = 4096
 """Regions kept inside one step; past this (a step that never ends) they are dropped and counted
 (``otelprof.exporter.dropped{exporter="step_regions"}``), so that an open step cannot grow without bound."""
