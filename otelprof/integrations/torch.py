@@ -36,6 +36,7 @@ import copyreg
 import functools
 import importlib
 import threading
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -213,16 +214,17 @@ _OpenRegion = tuple[int, "hot.StepContext | None", int]
 class _AutoSteps:
     """Opens steps the user did not mark at the first event of an iteration and closes them at the end of
     ``optimizer.step()``: with an optimizer hooked, the fetch/forward/backward rounds before its ``step()`` are
-    one step (gradient accumulation), and a step is a **train** step. An **evaluation** forward (module in
-    eval mode, or gradients off: ``model.eval()`` / ``torch.no_grad()``) that finds no training work in the
-    step makes it an **eval** step (phase ``eval``); each evaluation forward of that model (or each fetch)
-    starts the next eval step, and the model's next training forward ends the evaluation: it opens the next
-    train step. An eval step that then gets a backward or an optimizer step was training after all and goes
-    back to its phase. Without an optimizer hooked, an event of the kind that opened the step starts the
-    next one, so an automatic step always ends.
+    one step (gradient accumulation), a **train** step. An **evaluation** forward (module in eval mode, or
+    gradients off: ``model.eval()`` / ``torch.no_grad()``) that finds no training work in its step makes it an
+    **eval** step (phase ``eval``): the next evaluation forward of the same module (or the next fetch) starts
+    the next eval step, and that module's next training forward ends the evaluation and opens a train step.
+    Other modules' forwards join the step they find (a loss module, a teacher model run before or after the
+    student); an eval step that gets a backward or an optimizer step was training after all and goes back to
+    its phase. Without an optimizer hooked, an event of the kind that opened the step starts the next one, so
+    an automatic step always ends.
 
-    The hooks test the usual case inline (a step open that the event continues) and call :meth:`begin`
-    only when it can do something: no step open, or ours open and the event may end it."""
+    The hooks test the usual case inline (a step open that the event continues) and call :meth:`begin` /
+    :meth:`forward` only when they can do something: no step open, or ours open and the event may end it."""
 
     def __init__(self) -> None:
         self.current: hot.StepContext | None = None
@@ -235,8 +237,6 @@ class _AutoSteps:
         """Training work in the step: a training forward, a backward or an optimizer step."""
         self.eval_module: Any = None
         """The module whose evaluation forward made the current step an eval step; None: not one."""
-        self.eval_no_grad = False
-        """That forward ran with gradients off (``torch.no_grad()``): a forward with them on ends the step."""
         self.retagged: str | None = None
         """The phase the current step had before it became an eval step (``retag``)."""
         self.by_optimizer = False
@@ -269,9 +269,8 @@ class _AutoSteps:
         open on the thread (None, or ours). Returns the step open afterwards."""
         if step is not None and step is self.current:
             if self.eval_module is not None:  # an eval step
-                if (module is self.eval_module and (self.leader == FORWARD or not evaluating)) \
-                        or (not evaluating and self.eval_no_grad):  # the next evaluation batch, or training again
-                    self.close()
+                if module is self.eval_module and (self.leader == FORWARD or not evaluating):
+                    self.close()  # that model's next evaluation batch, or its training again
                     step = hot._tls.step
             elif self.leader == FORWARD and not self.by_optimizer:
                 self.close()
@@ -285,7 +284,6 @@ class _AutoSteps:
                 self.trained = True
             elif self.eval_module is None and not self.trained:  # the step's first work is evaluation
                 self.eval_module = module
-                self.eval_no_grad = not _grad_enabled()
                 if hot._phase[0] == hot.DEFAULT_PHASE:
                     self.retag(EVAL_PHASE)
         return step
@@ -1015,6 +1013,10 @@ class TorchInstrumentation:
             self._on_remove("optimizer", handle.remove)
         _patch_dataloader_class()
         self._on_remove("dataloader", _unpatch_dataloader_class)
+        # torch warns at each call of a torch.compile'd module while global hooks exist that they fire for it too:
+        # that is expected here (only top-level calls count), and the training job's stderr stays quiet.
+        warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
+        self._on_remove("forward", _forget_compile_hooks_warning)
 
     # ------------------------------------------------------------------ lifecycle
     def profile_window(self, start_step: int, num_steps: int, *, chrome_trace: bool = False,
@@ -1239,6 +1241,15 @@ def _unpatch_grad_scaler() -> None:
         cls.scale = original_scale  # type: ignore[attr-defined]
         cls.step = original_step  # type: ignore[attr-defined]
         _original_scaler = None
+
+
+_COMPILE_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+
+
+def _forget_compile_hooks_warning() -> None:
+    for entry in [f for f in warnings.filters if f[0] == "ignore" and getattr(f[1], "pattern", None)
+                  == _COMPILE_HOOKS_WARNING]:
+        warnings.filters.remove(entry)  # type: ignore[attr-defined]
 
 
 def _patch_dataloader_class() -> None:
