@@ -31,6 +31,7 @@ the same recording; :meth:`TorchInstrumentation.sync_native` says when the C pat
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copyreg
 import functools
@@ -166,6 +167,14 @@ def _output_loss(output: Any) -> Any:
     return loss.item() if loss.is_cpu else loss.detach()
 
 
+def _has_parameters(module: Any) -> bool:
+    """A module with parameters (a model, not a loss function)."""
+    try:
+        return next(module.parameters(), None) is not None
+    except Exception:
+        return False
+
+
 def _add_eval_loss(step: hot.StepContext, loss: Any) -> None:
     """An evaluation forward's loss into its step: averaged with the step's others (unless the step's loss is
     anything else: what the user recorded, or the sum of backward losses)."""
@@ -237,10 +246,14 @@ class _AutoSteps:
         """Training work in the step: a training forward, a backward or an optimizer step."""
         self.eval_module: Any = None
         """The module whose evaluation forward made the current step an eval step; None: not one."""
+        self.eval_seen: list[Any] | None = None
+        """Other modules with parameters whose evaluation forwards the current eval step holds."""
         self.retagged: str | None = None
         """The phase the current step had before it became an eval step (``retag``)."""
         self.by_optimizer = False
-        """An optimizer is hooked: its ``step()`` ends steps."""
+        """An optimizer is hooked (under ``otelprof run``: one exists): its ``step()`` ends steps."""
+        self.leader_module: Any = None
+        """The module whose forward opened the current step: without an optimizer, its next forward ends it."""
 
     def _ours(self) -> bool:
         return self.current is not None and hot._tls.step is self.current
@@ -269,21 +282,32 @@ class _AutoSteps:
         open on the thread (None, or ours). Returns the step open afterwards."""
         if step is not None and step is self.current:
             if self.eval_module is not None:  # an eval step
-                if module is self.eval_module and (self.leader == FORWARD or not evaluating):
-                    self.close()  # that model's next evaluation batch, or its training again
-                    step = hot._tls.step
-            elif self.leader == FORWARD and not self.by_optimizer:
+                if module is self.eval_module:
+                    if self.leader == FORWARD or not evaluating:
+                        self.close()  # that model's next evaluation batch, or its training again
+                        step = hot._tls.step
+                elif evaluating and self.leader == FORWARD and _has_parameters(module):
+                    seen = self.eval_seen
+                    if seen is None:
+                        self.eval_seen = [module]
+                    elif any(m is module for m in seen):
+                        self.close()  # another model ran again: the next batch (a model reloaded for the test set)
+                        step = hot._tls.step
+                    else:
+                        seen.append(module)  # a second model of the same batch (a decoder after its encoder)
+            elif self.leader == FORWARD and not self.by_optimizer and module is self.leader_module:
                 self.close()
                 step = hot._tls.step
         if step is None:
             if hot._active is None:
                 return None
             step = self.open(FORWARD)
+            self.leader_module = module
         if step is self.current:
             if not evaluating:
                 self.trained = True
             elif self.eval_module is None and not self.trained:  # the step's first work is evaluation
-                self.eval_module = module
+                self.eval_module, self.eval_seen = module, None
                 if hot._phase[0] == hot.DEFAULT_PHASE:
                     self.retag(EVAL_PHASE)
         return step
@@ -296,7 +320,7 @@ class _AutoSteps:
 
     def close(self) -> None:
         step = self.current
-        self.eval_module = None
+        self.eval_module = self.leader_module = None
         if step is not None:
             self.current = None
             if hot._tls.step is step:
@@ -858,6 +882,7 @@ class TorchInstrumentation:
             if self._optimizer_depth > 1:
                 return  # a subclass's step() calling super().step(): both are wrapped, time the outer one
             auto = self.auto
+            auto.by_optimizer = True  # (already, unless otelprof run's hooks met an optimizer made before them)
             step = hot._tls.step
             if step is None or (step is auto.current and (auto.leader == OPTIMIZER or auto.eval_module is not None)):
                 step = auto.begin(OPTIMIZER, step)
@@ -938,6 +963,19 @@ class TorchInstrumentation:
         except Exception as exc:
             self.failed("optimizer", exc)
 
+    def end_open_step(self) -> None:
+        """End the automatic step open on this thread, if it holds work (a forward, backward or optimizer step)."""
+        native = self.native
+        if native is not None and native.open:
+            self._materialise()
+        auto = self.auto
+        current = auto.current
+        if current is not None and hot._tls.step is current:
+            if auto.saw_work:
+                auto.close()
+            else:
+                auto.cancel()
+
     def scaler_stepped(self) -> None:
         """After ``GradScaler.step(optimizer)``: a step still open with a backward in it ends here — the scaler
         skipped ``optimizer.step()`` (inf/NaN gradients), whose hook would have ended it."""
@@ -1003,7 +1041,10 @@ class TorchInstrumentation:
             if level == 0:
                 forward_post(module, args, output)
 
-        self.auto.by_optimizer = True
+        # Steps end at optimizer.step() once an optimizer exists (made from now on, or seen stepping): a loop that
+        # updates its parameters itself has none, and its steps end at its model's next forward.
+        _patch_optimizer_class(self.auto)
+        self._on_remove("optimizer", _unpatch_optimizer_class)
         handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post),
                    optim_module.register_optimizer_step_pre_hook(self._optimizer_pre_hook),
                    optim_module.register_optimizer_step_post_hook(self._optimizer_post_hook)]
@@ -1252,6 +1293,35 @@ def _forget_compile_hooks_warning() -> None:
         warnings.filters.remove(entry)  # type: ignore[attr-defined]
 
 
+_original_optimizer_init: Callable[..., Any] | None = None
+
+
+def _patch_optimizer_class(auto: _AutoSteps) -> None:
+    """``Optimizer.__init__`` tells ``auto`` that an optimizer exists (``otelprof run``)."""
+    global _original_optimizer_init
+    from torch.optim import Optimizer
+
+    if _original_optimizer_init is not None:
+        return
+    original = _original_optimizer_init = Optimizer.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        auto.by_optimizer = True
+
+    Optimizer.__init__ = __init__  # type: ignore[method-assign]
+
+
+def _unpatch_optimizer_class() -> None:
+    global _original_optimizer_init
+    from torch.optim import Optimizer
+
+    if _original_optimizer_init is not None:
+        Optimizer.__init__ = _original_optimizer_init  # type: ignore[method-assign]
+        _original_optimizer_init = None
+
+
 def _patch_dataloader_class() -> None:
     global _original_dataloader_iter
     from torch.utils.data import DataLoader
@@ -1297,6 +1367,7 @@ def instrument(
             inst = TorchInstrumentation(grad_norm, loss, count_samples)
             _active.append(inst)
             _patch_backward(inst.native)
+            _end_steps_at_exit()
             session = _session()
             if session is not None and hasattr(session, "capture_handler"):
                 session.capture_handler = inst._capture
@@ -1314,6 +1385,25 @@ def instrument(
                               part, type(obj).__name__, type(exc).__name__, exc)
         inst.sync_native()
         return inst
+
+
+_exit_hook: list[bool] = []
+
+
+def _end_steps_at_exit() -> None:
+    """Once per process: at exit, before the session's shutdown (registered earlier, so run later), the automatic
+    step still open is recorded — one no event of a next iteration ended: the last evaluation batch of a loop
+    without a DataLoader, the last step of a loop without an optimizer."""
+    if not _exit_hook:
+        _exit_hook.append(True)
+        atexit.register(_end_open_steps)
+
+
+def _end_open_steps() -> None:
+    with _lock:
+        for inst in list(_active):
+            with contextlib.suppress(hot.StopTraining):  # a stop request at the very end: nothing left to stop
+                inst.guarded("optimizer", inst.end_open_step)
 
 
 def auto_instrument(grad_norm: bool = False) -> TorchInstrumentation:
