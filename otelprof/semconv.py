@@ -70,6 +70,21 @@ OTELPROF_RANK = "otelprof.rank"
 OTELPROF_LOCAL_RANK = "otelprof.local_rank"
 OTELPROF_WORLD_SIZE = "otelprof.world_size"
 OTELPROF_VERSION = "otelprof.version"
+# What the process runs on (read once in init(), otelprof.collectors.environment).
+PROCESS_RUNTIME_NAME = "process.runtime.name"
+PROCESS_RUNTIME_VERSION = "process.runtime.version"
+OS_TYPE = "os.type"
+OS_VERSION = "os.version"
+HOST_ARCH = "host.arch"
+HOST_TYPE = "host.type"
+HOST_CPU_MODEL = "host.cpu.model.name"
+CLOUD_PROVIDER = "cloud.provider"
+OTELPROF_TORCH_VERSION = "otelprof.torch.version"
+OTELPROF_TORCH_CUDA = "otelprof.torch.cuda_version"
+OTELPROF_GPU_MODEL = "otelprof.gpu.model"
+OTELPROF_GPU_COUNT = "otelprof.gpu.count"
+OTELPROF_GPU_DRIVER = "otelprof.gpu.driver_version"
+OTELPROF_CUDA_DRIVER = "otelprof.cuda.driver_version"
 
 # ---------------------------------------------------------------- span names and attributes
 SPAN_STEP = "otelprof.step"
@@ -133,6 +148,22 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(OTELPROF_LOCAL_RANK, "resource", "Rank within the node (`LOCAL_RANK`)."),
     AttributeSpec(OTELPROF_WORLD_SIZE, "resource", "Number of ranks (`WORLD_SIZE`)."),
     AttributeSpec(OTELPROF_VERSION, "resource", "otelprof version."),
+    AttributeSpec(PROCESS_RUNTIME_NAME, "resource", "Python implementation (`cpython`)."),
+    AttributeSpec(PROCESS_RUNTIME_VERSION, "resource", "Python version."),
+    AttributeSpec(OS_TYPE, "resource", "Operating system (`linux`)."),
+    AttributeSpec(OS_VERSION, "resource", "Kernel release."),
+    AttributeSpec(HOST_ARCH, "resource", "CPU architecture (`amd64`, `arm64`)."),
+    AttributeSpec(HOST_TYPE, "resource", "Cloud instance type: from SageMaker's `SM_CURRENT_INSTANCE_TYPE`, the "
+                  "DMI product name on AWS, else give it via `OTEL_RESOURCE_ATTRIBUTES`."),
+    AttributeSpec(HOST_CPU_MODEL, "resource", "CPU model (`/proc/cpuinfo`)."),
+    AttributeSpec(CLOUD_PROVIDER, "resource", "aws, gcp, azure, ... from the machine's DMI vendor strings."),
+    AttributeSpec(OTELPROF_TORCH_VERSION, "resource", "PyTorch version (read without importing torch)."),
+    AttributeSpec(OTELPROF_TORCH_CUDA, "resource", "CUDA version PyTorch was built with; `none` for a CPU build."),
+    AttributeSpec(OTELPROF_GPU_MODEL, "resource", "Model of the GPUs the process sees (NVML; several joined by "
+                  "`, `)."),
+    AttributeSpec(OTELPROF_GPU_COUNT, "resource", "GPUs the process sees (NVML, after `CUDA_VISIBLE_DEVICES`)."),
+    AttributeSpec(OTELPROF_GPU_DRIVER, "resource", "NVIDIA driver version (NVML)."),
+    AttributeSpec(OTELPROF_CUDA_DRIVER, "resource", "Newest CUDA version the driver supports (NVML)."),
     AttributeSpec(ATTR_STEP_NUMBER, "span", "Step number (per phase, from 0 unless given)."),
     AttributeSpec(ATTR_STEP_PHASE, "span", "Phase of the step: train, eval, ..."),
     AttributeSpec(ATTR_STEP_OUTLIER, "span", "True when the step was slower than mean + sigma x stddev."),

@@ -70,6 +70,16 @@ class RulesSummary:
     def fired(self) -> tuple[RuleRow, ...]:
         return tuple(r for r in self.rows if r.triggered)
 
+    @property
+    def judged(self) -> tuple[RuleRow, ...]:
+        """The checks that had something to judge (fired or ok), in row order."""
+        return tuple(r for r in self.rows if r.status != "no data")
+
+    @property
+    def no_data(self) -> tuple[RuleRow, ...]:
+        """The checks that had nothing to judge (no GPU for the GPU checks, no steps for the step checks)."""
+        return tuple(r for r in self.rows if r.status == "no data")
+
 
 def evaluation_interval(duration: float | None) -> float:
     if not duration or duration <= 0 or math.isnan(duration):
