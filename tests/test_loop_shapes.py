@@ -40,11 +40,12 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "evaluation-loader": ("evaluation_loader", {}),
     "evaluation-inline": ("evaluation_inline", {}),
     "manual-sgd": ("manual_sgd", {}),
+    "seq2seq": ("seq2seq", {}),
 }
 """Shape id: (module in tests/loop_shapes, options for its main())."""
-PYTHON_ONLY = {"nanogpt-compiled", "manual-sgd"}
+PYTHON_ONLY = {"nanogpt-compiled", "manual-sgd", "gan", "seq2seq"}
 """Shapes the C hooks leave to the Python ones: a torch.compile'd model is timed by module hooks, and the C hooks
-keep steps ended by optimizer.step() only."""
+keep steps ended by the step() of one optimizer only."""
 
 
 @pytest.fixture(autouse=True)
@@ -59,10 +60,12 @@ def _expected_regions(regions: list[str], mode: str) -> list[str]:
     return [r for r in regions if r != OTHER_FORWARD]
 
 
-def check(rank: RankRecording, account: list[dict[str, Any]], mode: str) -> None:
+def check(rank: RankRecording, account: dict[str, Any], mode: str) -> None:
     """The recording holds the loop's steps: phases in order, numbered from 0 per phase, with the loop's regions,
-    samples and loss."""
-    steps = rank.steps
+    samples and loss; and the regions it says stand outside steps."""
+    assert account["steps"], "the loop accounted for no step"
+    assert sorted(a.name for a in rank.annotations if a.name in REGIONS) == account["outside"]
+    steps, account = rank.steps, account["steps"]
     assert [s.phase for s in steps] == [a["phase"] for a in account]
     for phase in {a["phase"] for a in account}:
         numbers = [s.number for s in steps if s.phase == phase]
@@ -83,7 +86,7 @@ def check(rank: RankRecording, account: list[dict[str, Any]], mode: str) -> None
 
 
 def launch(tmp_path: Path, module: str, options: dict[str, Any], env: dict[str, str], *, under_run: bool,
-           launcher: tuple[str, ...] = ()) -> tuple[list[RankRecording], list[list[dict[str, Any]]]]:
+           launcher: tuple[str, ...] = ()) -> tuple[list[RankRecording], list[dict[str, Any]]]:
     """``[otelprof run --] [launcher] python -m tests.loop_shapes.<module>`` (``launcher`` torchrun: ``torchrun ...
     -m tests.loop_shapes.<module>``, torchrun starting Python itself): the recording's ranks and the loop's
     accounts of them."""
@@ -107,7 +110,7 @@ def launch(tmp_path: Path, module: str, options: dict[str, Any], env: dict[str, 
 
 
 def explicit_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, options: dict[str, Any],
-                   path: str, c_holds_steps: bool) -> tuple[RankRecording, list[dict[str, Any]]]:
+                   path: str, c_holds_steps: bool) -> tuple[RankRecording, dict[str, Any]]:
     """The loop in this process, its objects given to ``otelprof.torch.instrument``."""
     monkeypatch.setenv("OTELPROF_TORCH_NATIVE", "true" if path == "native" else "false")
     session = otelprof.init(record_dir=str(tmp_path / "runs"), system_metrics=False)
@@ -166,4 +169,4 @@ def test_each_ddp_rank_records_its_own_steps_and_loss(tmp_path: Path, mode: str)
     assert [r.rank for r in ranks] == [0, 1]
     for rank, account in zip(ranks, accounts):
         check(rank, account, mode)
-    assert accounts[0][0]["loss"] != accounts[1][0]["loss"]  # each rank its own micro-batches
+    assert accounts[0]["steps"][0]["loss"] != accounts[1]["steps"][0]["loss"]  # each rank its own micro-batches

@@ -567,7 +567,7 @@ def test_a_teacher_models_forward_stays_in_the_students_train_step(tmp_path: Pat
         for x, _ in loader:
             student(x)
     rank = _recording(session)
-    assert [(s.phase, s.number) for s in rank.steps] == [("train", i) for i in range(8)] + [("eval", i) for i in range(8)]
+    assert [(s.phase, s.number) for s in rank.steps] == [(phase, i) for phase in ("train", "eval") for i in range(8)]
     assert all([a.name for a in s.annotations] == [sc.REGION_DATALOADER, sc.REGION_FORWARD, sc.REGION_FORWARD,
                                                    sc.REGION_BACKWARD, sc.REGION_OPTIMIZER] for s in rank.steps[:8])
 
@@ -611,7 +611,7 @@ def test_the_loss_of_an_evaluation_forward_output(tmp_path: Path) -> None:
                 otelprof.record("loss", 42.0)
     rank = _recording(session)
     assert [(s.phase, s.number) for s in rank.steps] == [("eval", i) for i in range(8)]
-    assert [s.scalars["loss"] for s in rank.steps] == pytest.approx(losses[:3] + [42.0] + losses[4:], rel=1e-6)
+    assert [s.scalars["loss"] for s in rank.steps] == pytest.approx([*losses[:3], 42.0, *losses[4:]], rel=1e-6)
 
 
 def test_grad_scaler_is_patched_while_instrumented() -> None:

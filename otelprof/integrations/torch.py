@@ -229,11 +229,15 @@ class _AutoSteps:
     the next eval step, and that module's next training forward ends the evaluation and opens a train step.
     Other modules' forwards join the step they find (a loss module, a teacher model run before or after the
     student); an eval step that gets a backward or an optimizer step was training after all and goes back to
-    its phase. Without an optimizer hooked, an event of the kind that opened the step starts the next one, so
-    an automatic step always ends.
+    its phase. Optimizers whose ``step()`` calls follow each other with nothing in between (one per parameter
+    group, an encoder's and a decoder's) are one step: once seen, the first one's ``step()`` leaves the step to
+    the next (the first time the second one's region stands outside steps). Without an optimizer, an event of
+    the kind that opened the step (a forward of the module that opened it) starts the next one, so an automatic
+    step always ends.
 
     The hooks test the usual case inline (a step open that the event continues) and call :meth:`begin` /
-    :meth:`forward` only when they can do something: no step open, or ours open and the event may end it."""
+    :meth:`forward` only when they can do something: no step open, or ours open and the event may end it
+    (``slow``)."""
 
     def __init__(self) -> None:
         self.current: hot.StepContext | None = None
@@ -254,6 +258,13 @@ class _AutoSteps:
         """An optimizer is hooked (under ``otelprof run``: one exists): its ``step()`` ends steps."""
         self.leader_module: Any = None
         """The module whose forward opened the current step: without an optimizer, its next forward ends it."""
+        self.pending: Any = None
+        """The optimizer whose ``step()`` left the current step open for the next optimizer's; any other event
+        ends the step first."""
+        self.stepped: Any = None
+        """The optimizer whose ``step()`` ended the last step, until a step opens."""
+        self.slow = False
+        """The hooks must call :meth:`begin` / :meth:`forward` for any event: an eval step or a pending one."""
 
     def _ours(self) -> bool:
         return self.current is not None and hot._tls.step is self.current
@@ -263,7 +274,14 @@ class _AutoSteps:
         ours when ``kind`` starts the next iteration, open one when none is; training work turns an eval step
         back into a train step. Returns the step open afterwards."""
         if step is not None and step is self.current:
-            if kind == FETCH:
+            if self.pending is not None:
+                if kind == OPTIMIZER:  # the next optimizer of the iteration
+                    self.pending = None
+                    self.slow = False
+                else:
+                    self.close()
+                    step = hot._tls.step
+            elif kind == FETCH:
                 if (kind == self.leader and (not self.by_optimizer or not self.saw_backward)) \
                         or self.eval_module is not None:
                     self.close()
@@ -281,7 +299,10 @@ class _AutoSteps:
         """A forward of ``module`` (``evaluating``: in eval mode or with gradients off), with ``step`` the step
         open on the thread (None, or ours). Returns the step open afterwards."""
         if step is not None and step is self.current:
-            if self.eval_module is not None:  # an eval step
+            if self.pending is not None:
+                self.close()
+                step = hot._tls.step
+            elif self.eval_module is not None:  # an eval step
                 if module is self.eval_module:
                     if self.leader == FORWARD or not evaluating:
                         self.close()  # that model's next evaluation batch, or its training again
@@ -307,20 +328,23 @@ class _AutoSteps:
             if not evaluating:
                 self.trained = True
             elif self.eval_module is None and not self.trained:  # the step's first work is evaluation
-                self.eval_module, self.eval_seen = module, None
+                self.eval_module, self.eval_seen, self.slow = module, None, True
                 if hot._phase[0] == hot.DEFAULT_PHASE:
                     self.retag(EVAL_PHASE)
         return step
 
     def open(self, kind: str) -> hot.StepContext:
+        """Open a step (the data-loader hook does the same inline)."""
         step = hot._begin_step(None)
         self.current, self.leader, self.saw_backward, self.saw_work, self.trained = step, kind, False, False, False
-        self.eval_module, self.retagged = None, None
+        self.eval_module = self.pending = self.retagged = self.stepped = None
+        self.slow = False
         return step
 
     def close(self) -> None:
         step = self.current
-        self.eval_module = self.leader_module = None
+        self.eval_module = self.leader_module = self.pending = None
+        self.slow = False
         if step is not None:
             self.current = None
             if hot._tls.step is step:
@@ -333,7 +357,8 @@ class _AutoSteps:
             return
         if not self.saw_work and _open_step() is step:
             self.current = None
-            self.eval_module = None
+            self.eval_module = self.pending = None
+            self.slow = False
             step.closed = True
             hot._tls.step = step._previous
             if hot._step_numbers.get(step.phase) == step.number + 1:
@@ -355,6 +380,7 @@ class _AutoSteps:
     def untag(self) -> None:
         """The eval step got training work (a backward, an optimizer step): it is a train step after all."""
         self.eval_module = None
+        self.slow = self.pending is not None
         phase, self.retagged = self.retagged, None
         if phase is not None:
             self.retag(phase)
@@ -408,8 +434,9 @@ class _TimedIterator(IteratorProxy):
                 step = hot._begin_step(None)
                 auto.current, auto.leader, auto.saw_backward, auto.saw_work, auto.trained = step, FETCH, False, \
                     False, False
-                auto.eval_module = auto.retagged = None
-            elif step is auto.current and (auto.leader == FETCH or auto.eval_module is not None):
+                auto.eval_module = auto.pending = auto.retagged = auto.stepped = None
+                auto.slow = False
+            elif step is auto.current and (auto.leader == FETCH or auto.slow):
                 step = auto.begin(FETCH, step)
             if step is not None:
                 depth = step.depth
@@ -480,6 +507,8 @@ class TorchInstrumentation:
         self._global_depth = _Nesting()
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._not_last: weakref.WeakSet[Any] = weakref.WeakSet()
+        """Optimizers whose ``step()`` another optimizer's follows in each iteration (see ``_AutoSteps``)."""
         self.windows = ProfileWindows()
         self.device_timer: DeviceTimer | _Undecided | None = _UNDECIDED
         """CUDA event timing: decided at the first forward of a module with parameters; None on CPU."""
@@ -527,15 +556,16 @@ class TorchInstrumentation:
     def sync_native(self) -> None:
         """Turn the C hot path on where it does exactly what the Python hooks would: the plain automatic step
         of a model whose forward this instance wraps, ended by a hooked optimizer, on CPU, without gradient
-        norm, DDP communication hook, global hooks (``otelprof run``) or a failed hook. Anything else the C
-        hooks hand to the Python ones."""
+        norm, DDP communication hook, global hooks (``otelprof run``), second optimizer or a failed hook. Anything
+        else the C hooks hand to the Python ones."""
         native = self.native
         if native is None:
             return
         native.loss = self.loss
         native.count_samples = self.count_samples
         native.enabled = (not self.closed and not self.grad_norm and self.device_timer is None
-                          and self.auto.by_optimizer and self._wrapped_models > 0 and not self._hooked_models
+                          and self.auto.by_optimizer and len(self.optimizers) < 2
+                          and self._wrapped_models > 0 and not self._hooked_models
                           and not self._comm_hooked and not self._hook_failed and not self.backward_off
                           and "everything" not in self._removers)
 
@@ -556,7 +586,8 @@ class TorchInstrumentation:
         auto.current, auto.leader = step, _NATIVE_KINDS[leader]
         # the C hooks hold training steps only: their work (a training forward, backward, optimizer) is training
         auto.saw_backward, auto.saw_work, auto.trained = bool(saw_backward), bool(saw_work), bool(saw_work)
-        auto.eval_module = auto.retagged = None
+        auto.eval_module = auto.retagged = auto.pending = None
+        auto.slow = False
         if optimizer is not None:  # inside optimizer.step(): the post-hook ends the region
             optimizer_start, optimizer_depth, self._optimizer_depth = optimizer
             self._optimizer_region = (optimizer_start, step, optimizer_depth)
@@ -586,7 +617,7 @@ class TorchInstrumentation:
         """Before the data loader's ``next()``: may open a step, begins the ``dataloader`` region."""
         auto = self.auto
         step = hot._tls.step
-        if step is None or (step is auto.current and (auto.leader == FETCH or auto.eval_module is not None)):
+        if step is None or (step is auto.current and (auto.leader == FETCH or auto.slow)):
             step = auto.begin(FETCH, step)
         return hot._begin_region(step)
 
@@ -795,7 +826,7 @@ class TorchInstrumentation:
                 step = hot._tls.step
                 auto = owner.auto
                 if (step is None or owner.device_timer is not None or not this.training or not _grad_enabled()
-                        or (step is auto.current and (auto.leader == FORWARD or auto.eval_module is not None))):
+                        or (step is auto.current and (auto.leader == FORWARD or auto.slow))):
                     hooked = True
                     pre(this, args)
                 else:
@@ -884,7 +915,15 @@ class TorchInstrumentation:
             auto = self.auto
             auto.by_optimizer = True  # (already, unless otelprof run's hooks met an optimizer made before them)
             step = hot._tls.step
-            if step is None or (step is auto.current and (auto.leader == OPTIMIZER or auto.eval_module is not None)):
+            if step is None:
+                stepped = auto.stepped
+                if stepped is not None and stepped is not optimizer:
+                    # right after another optimizer's step() ended the step: both update the same iteration, and
+                    # from now on that one leaves the step to this one (this time, this region stands alone)
+                    self._not_last.add(stepped)
+                else:
+                    step = auto.begin(OPTIMIZER, step)
+            elif step is auto.current and (auto.leader == OPTIMIZER or auto.slow):
                 step = auto.begin(OPTIMIZER, step)
             auto.saw_work = auto.trained = True
             if self.grad_norm:
@@ -954,10 +993,16 @@ class TorchInstrumentation:
                 _cuda_memory_if_initialized()
             auto = self.auto
             current = auto.current
-            if current is not None:  # _AutoSteps.close() inline
-                auto.current = auto.eval_module = None
-                if step is current:
-                    current.__exit__(None, None, None)
+            if current is not None:
+                not_last = self._not_last
+                if not_last and step is current and optimizer in not_last:
+                    auto.pending = optimizer  # another optimizer's step() follows in this iteration
+                    auto.slow = True
+                else:  # _AutoSteps.close() inline (the pre-hook left no eval step, nothing pending)
+                    auto.current = auto.eval_module = None
+                    auto.stepped = optimizer
+                    if step is current:
+                        current.__exit__(None, None, None)
         except hot.StopTraining:
             raise
         except Exception as exc:
@@ -976,13 +1021,16 @@ class TorchInstrumentation:
             else:
                 auto.cancel()
 
-    def scaler_stepped(self) -> None:
+    def scaler_stepped(self, optimizer: Any) -> None:
         """After ``GradScaler.step(optimizer)``: a step still open with a backward in it ends here — the scaler
-        skipped ``optimizer.step()`` (inf/NaN gradients), whose hook would have ended it."""
+        skipped ``optimizer.step()`` (inf/NaN gradients), whose hook would have ended it — unless that step went
+        on to the next optimizer's."""
         native = self.native
         if native is not None and native.open:
             self._materialise()
         auto = self.auto
+        if auto.pending is not None and auto.pending is _unwrap_optimizer(optimizer):
+            return
         current = auto.current
         if current is not None and auto.saw_backward and hot._tls.step is current:
             auto.close()
@@ -1150,7 +1198,7 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             auto = inst.auto
             step = hot._tls.step
-            if step is None or (step is auto.current and (auto.leader == BACKWARD or auto.eval_module is not None)):
+            if step is None or (step is auto.current and (auto.leader == BACKWARD or auto.slow)):
                 step = auto.begin(BACKWARD, step)
             auto.saw_work = auto.saw_backward = auto.trained = True
             if inst.loss and self.numel() == 1:
@@ -1267,7 +1315,7 @@ def _patch_grad_scaler() -> None:
         result = original_step(self, optimizer, *args, **kwargs)
         inst = _active[-1] if _active and hot._active is not None else None
         if inst is not None:
-            inst.guarded("optimizer", inst.scaler_stepped)
+            inst.guarded("optimizer", inst.scaler_stepped, optimizer)
         return result
 
     GradScaler.scale = scale  # type: ignore[method-assign]

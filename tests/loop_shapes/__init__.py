@@ -32,6 +32,8 @@ class Account:
 
     def __init__(self) -> None:
         self.steps: list[dict[str, Any]] = []
+        self.outside: list[str] = []
+        """Regions that stand outside steps."""
 
     def step(self, phase: str) -> None:
         """A step of ``phase`` begins."""
@@ -58,8 +60,9 @@ class Account:
         current["loss"] = sum(current["losses"]) / len(current["losses"])
         current["loss_from"] = module
 
-    def dump(self) -> list[dict[str, Any]]:
-        return [{k: v for k, v in s.items() if k != "losses"} for s in self.steps]
+    def dump(self) -> dict[str, Any]:
+        return {"steps": [{k: v for k, v in s.items() if k != "losses"} for s in self.steps],
+                "outside": sorted(self.outside)}
 
 
 def run_as_script(main: Callable[..., Account]) -> None:
