@@ -15,11 +15,13 @@ When the model's parameters are on a CUDA device, forward, backward and optimize
 them, never waited for; ``otelprof.region.device.duration`` and late ``"k":"d"`` lines in the recording.
 On CPU there is no timer at all (one attribute check per hook).
 
-Steps: when the user marks none, a step runs from the first event of an iteration (batch fetch,
+Steps: when the user marks none, a train step runs from the first event of an iteration (batch fetch,
 forward) to the end of ``optimizer.step()`` — with gradient accumulation, one step per optimizer
-update. An iteration without backward (evaluation) ends at the next fetch. Scalars: the loss (the
-tensor ``backward()`` is called on, when it is a scalar), the learning rate, optionally the global
-gradient norm, samples per step (the first dimension of the batch), CUDA memory when CUDA is used.
+update — and each evaluation batch (forwards in eval mode or without gradients) is an eval step
+(:class:`_AutoSteps`; docs/pytorch.md has the rules per loop shape). Scalars: the loss (a train step's: the
+sum of the scalar tensors given to ``backward()``, a ``GradScaler``'s scale undone; an eval step's: the mean
+of the scalar losses its forwards returned), the learning rate, optionally the global gradient norm,
+samples per step (the first dimension of the batch), CUDA memory when CUDA is used.
 
 A hook that raises is removed and counted (``otelprof_integration_errors_total``); training goes on.
 
