@@ -36,11 +36,10 @@ NATIVE_STEP = "n"
 _active: Recorder | None = None
 
 
-class Sum(list):  # type: ignore[type-arg]
-    """A step's scalar made of parts that the recorder adds up, off the hot path: the losses passed to
-    ``backward()`` in one step (numbers, or tensors converted there)."""
-
-    __slots__ = ()
+Sum = list
+"""A step's scalar made of parts that the recorder adds up, off the hot path: the losses passed to ``backward()``
+in one step (numbers, or tensors converted there). A plain list, the cheapest object to make on the training
+thread: a list recorded as a scalar is its sum."""
 
 
 class Mean(list):  # type: ignore[type-arg]
@@ -370,7 +369,8 @@ def annotation_end(name: str) -> None:
 def record(name: str, value: Any) -> None:
     """Record a training scalar: ``loss``, ``learning_rate`` (or ``lr``), ``grad_norm``,
     ``samples`` and ``tokens`` (per step; their rate is throughput), or any other name
-    (kept in spans and the recording). Tensors are converted off the hot path."""
+    (kept in spans and the recording). Tensors are converted off the hot path; a list of numbers or
+    tensors counts as their sum."""
     recorder = _active
     if recorder is None:
         return

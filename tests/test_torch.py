@@ -622,3 +622,20 @@ def test_grad_scaler_is_patched_while_instrumented() -> None:
     assert GradScaler.scale is not scale and GradScaler.step is not step
     otorch.uninstrument()
     assert GradScaler.scale is scale and GradScaler.step is step and otorch._scaled == [None]
+
+
+def test_a_steps_loss_parts_are_added_up_off_the_hot_path(tmp_path: Path) -> None:
+    """A loss of parts (tensors, as a CUDA loop's backward() losses are kept) is their sum in the recording; the
+    parts of an evaluation step's loss their mean; parts that are not numbers are ignored with one warning."""
+    from otelprof import hotpath
+
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    with otelprof.step():
+        otelprof.record("loss", [torch.tensor(0.25), 0.5, torch.tensor([1.0])])
+    with otelprof.step(phase="eval"):
+        otelprof.record("loss", hotpath.Mean([torch.tensor(1.0), 2.0]))
+    with otelprof.step():
+        otelprof.record("loss", ["x"])
+        otelprof.record("samples", 4)
+    rank = _recording(session)
+    assert [s.scalars.get("loss") for s in rank.steps] == [1.75, 1.5, None]

@@ -1214,11 +1214,11 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
                     # the step's loss: the sum of what its backward() calls were given (gradient accumulation)
                     scalars = step.scalars
                     if scalars is None:
-                        step.scalars = {_LOSS: _Sum((loss,))}
+                        step.scalars = {_LOSS: [loss]}  # a hot.Sum
                     elif type(total := scalars.get(_LOSS)) is _Sum:
                         total.append(loss)
                     else:
-                        scalars[_LOSS] = _Sum((loss,))
+                        scalars[_LOSS] = [loss]
                 else:
                     hot.record(_LOSS, loss)
             timer = inst.device_timer
