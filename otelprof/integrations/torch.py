@@ -511,6 +511,8 @@ class TorchInstrumentation:
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._not_last: weakref.WeakSet[Any] = weakref.WeakSet()
         """Optimizers whose ``step()`` another optimizer's follows in each iteration (see ``_AutoSteps``)."""
+        self._followed = False
+        """``_not_last`` has had members (a flag: a WeakSet's ``len()`` is Python code, too slow for each step)."""
         self.windows = ProfileWindows()
         self.device_timer: DeviceTimer | _Undecided | None = _UNDECIDED
         """CUDA event timing: decided at the first forward of a module with parameters; None on CPU."""
@@ -923,6 +925,7 @@ class TorchInstrumentation:
                     # right after another optimizer's step() ended the step: both update the same iteration, and
                     # from now on that one leaves the step to this one (this time, this region stands alone)
                     self._not_last.add(stepped)
+                    self._followed = True
                 else:
                     step = auto.begin(OPTIMIZER, step)
             elif step is auto.current and (auto.leader == OPTIMIZER or auto.slow):
@@ -996,8 +999,7 @@ class TorchInstrumentation:
             auto = self.auto
             current = auto.current
             if current is not None:
-                not_last = self._not_last
-                if not_last and step is current and optimizer in not_last:
+                if self._followed and step is current and optimizer in self._not_last:
                     auto.pending = optimizer  # another optimizer's step() follows in this iteration
                     auto.slow = True
                 else:  # _AutoSteps.close() inline (the pre-hook left no eval step, nothing pending)
