@@ -24,6 +24,7 @@ from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import describe_exception, logger, sanitize, warn_once
 from otelprof.config import Config
+from otelprof.integrations.operators import StepSpan
 from otelprof.metrics import MetricRegistry
 from otelprof.recording import schema
 from otelprof.recording.writer import RecordingWriter
@@ -70,6 +71,10 @@ class _Encoded(dict[str, str]):
         return encoded
 
 
+MAX_WINDOWS = 16
+"""Step-tracing windows armed at run time kept by the span selector (older ones have ended)."""
+MAX_WINDOW_STEPS = 256
+"""Spans of steps inside windows remembered for the operator spans of their window."""
 _DATALOADER = sc.REGION_DATALOADER
 _COLLECTIVE = sc.REGION_COLLECTIVE
 DRAIN_CHUNK = 16
@@ -146,6 +151,8 @@ class Recorder:
         self._last_label = ""
         """The phase of the last step record and its label (a step's phase mostly repeats the one before)."""
         self._last_step_ns = 0
+        self._window_spans: dict[tuple[str, int], StepSpan] = {}
+        """Spans of the latest steps inside windows: operator spans become their children."""
         """Duration of the last step processed: chooses the background pace (``GENTLE_MIN_STEP_NS``)."""
 
         r = registry
@@ -192,8 +199,29 @@ class Recorder:
         return self._wake.acquire(timeout=timeout)
 
     def arm_window(self, start_step: int, num_steps: int) -> None:
-        """Trace every step numbered ``start_step`` .. ``start_step + num_steps - 1`` (any phase)."""
-        self._selector.windows = (*self._selector.windows, (start_step, num_steps))
+        """Trace every step numbered ``start_step`` .. ``start_step + num_steps - 1`` (any phase); the windows
+        armed at run time (captures, periodic profiling) are the last ``MAX_WINDOWS`` ones."""
+        configured = len(self.config.span_windows)
+        armed = self._selector.windows[configured:][-(MAX_WINDOWS - 1):]
+        self._selector.windows = (*self._selector.windows[:configured], *armed, (start_step, num_steps))
+
+    @property
+    def span_builder(self) -> SpanBuilder:
+        return self._spans
+
+    def window_steps(self, phase: str, start_step: int, num_steps: int) -> list[StepSpan]:
+        """The spans of a window's steps that were traced (a sampler may have dropped some)."""
+        with self._drain_lock:
+            found = (self._window_spans.get((phase, n)) for n in range(start_step, start_step + num_steps))
+            return [s for s in found if s is not None]
+
+    def add_spans(self, spans: Sequence[ReadableSpan], dropped: int = 0) -> None:
+        """Operator spans built elsewhere (off the hot path): exported and recorded with the step spans."""
+        self._collected.extend(spans)
+        with self.registry.lock:
+            self.spans_built.add(len(spans), ("operator",))
+            if dropped:
+                self.dropped.add(dropped, (sc.DROPPED_OPERATOR_SPANS,))
 
     # ------------------------------------------------------------------ background
     def count_dropped(self, exporter: str, amount: int) -> None:
@@ -343,8 +371,7 @@ class Recorder:
         values = self._scalars(scalars, labels) if scalars else None
         detector = self._outliers.get(phase)
         if detector is None:
-            detector = self._outliers[phase] = OutlierDetector(self.config.outlier_sigma,
-                                                               self.config.outlier_min_steps)
+            detector = self._outliers[phase] = OutlierDetector.from_config(self.config)
         outlier = detector.observe(duration)
         if outlier:
             self.step_outliers.add(1, labels)
@@ -410,7 +437,7 @@ class Recorder:
                 name = checked
             kind = type(raw)  # floats and ints (loss, lr, samples): the common case
             try:
-                value = raw if kind is float else float(raw) if kind is int else _arguments.to_float(raw)
+                value = raw if kind is float else float(raw) if kind is int else _to_float(raw)
             except OverflowError:
                 value = _arguments.to_float(raw)  # rejects it: an int too large for a float
             if value is None:
@@ -435,7 +462,7 @@ class Recorder:
         checked = _arguments.name_argument(name, "record-name", "record()")
         if checked is None:
             return
-        value = _arguments.to_float(raw)
+        value = _to_float(raw)
         if value is None:
             return
         self._scalar_metric(checked, value, (self._phase_label(phase),))
@@ -514,6 +541,11 @@ class Recorder:
                                           else child_attributes))
             parents.append(context)
         collected.append(builder.span(sc.SPAN_STEP, root, None, start_ns + unix, end_ns + unix, attributes))
+        if self._selector.windows and self._selector.in_window(number):
+            spans = self._window_spans
+            spans[(phase, number)] = StepSpan(root, number, start_ns + unix, end_ns + unix)
+            if len(spans) > MAX_WINDOW_STEPS:
+                del spans[next(iter(spans))]
         self._span_seconds += time.perf_counter() - began
         self.spans_built.add(1 + len(annotations), (reason,))
 
@@ -527,3 +559,20 @@ class _CollectSpans(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         self._into.append(span)
 
+
+
+def _to_float(raw: Any) -> float | None:
+    """A recorded value as a float (:func:`_arguments.to_float`); a step's parts (``hot.Sum``: the losses of its
+    backwards, ``hot.Mean``: of an evaluation step's forwards, tensors among them) added up here, off the hot path.
+    An empty list is no value; parts that do not add up to a number are an unusable argument."""
+    kind = type(raw)
+    if kind is not hot.Sum and kind is not hot.Mean:
+        return _arguments.to_float(raw)
+    if not raw:
+        return None
+    try:
+        total = sum(raw)
+    except Exception:
+        total = raw  # not a number: rejected below
+    value = _arguments.to_float(total)
+    return value if value is None or kind is hot.Sum else value / len(raw)

@@ -254,9 +254,11 @@ def test_values_of_every_kind(record_dir: Path, caplog: pytest.LogCaptureFixture
         "np_bool": np.bool_(False), "np_0d": np.array(1.5), "tensor": torch.tensor(2.5),
         "tensor_grad": torch.tensor(4.0, requires_grad=True) * 1, "decimal": decimal.Decimal("1.25"),
         "fraction": fractions.Fraction(1, 4), "nan": float("nan"), "inf": float("inf"), "big_int": 2**1000,
+        "list": [1.0, torch.tensor(2.0), 3],  # a list is the sum of its parts (how the integrations record losses)
     }
     bad: dict[str, Any] = {
-        "str": "0.5", "bytes": b"1", "none": None, "list": [1.0], "complex": 1j, "tensor_many": torch.ones(3),
+        "str": "0.5", "bytes": b"1", "none": None, "list_of_str": ["a"], "list_huge": [10**400], "empty_tuple": (),
+        "complex": 1j, "tensor_many": torch.ones(3),
         "np_many": np.ones(2), "float_raises": FloatRaises(), "item_raises": ItemRaises(), "weird": WeirdFloat(),
         "huge": 10**400, "huge_fraction": fractions.Fraction(10**400, 3), "object": object(), "opaque": Opaque(),
     }
@@ -272,7 +274,7 @@ def test_values_of_every_kind(record_dir: Path, caplog: pytest.LogCaptureFixture
     [step] = rank.steps
     assert step.scalars.keys() == good.keys()
     for name, value in good.items():
-        expected = float(value.item() if hasattr(value, "item") else value)
+        expected = float(sum(value) if isinstance(value, list) else value.item() if hasattr(value, "item") else value)
         got = step.scalars[name]
         assert got == expected or (math.isnan(got) and math.isnan(expected)), name
     assert [name for _, _, name, _ in rank.scalars] == list(good)
