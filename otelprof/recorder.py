@@ -560,7 +560,6 @@ class _CollectSpans(SpanProcessor):
         self._into.append(span)
 
 
-
 def _to_float(raw: Any) -> float | None:
     """A recorded value as a float (:func:`_arguments.to_float`); a step's parts (``hot.Sum``: the losses of its
     backwards, ``hot.Mean``: of an evaluation step's forwards, tensors among them) added up here, off the hot path.
