@@ -27,6 +27,9 @@ STEP = 0.05
 """Seconds of a typical step: mostly waiting (on a device, say) and a little fixed CPU work."""
 WORK = 5_000
 """Units of :func:`cpu_work` per step: a quarter of a millisecond on an idle core."""
+DEVICE = 0.1
+"""Seconds a PyTorch loop's step spends "on the device" (a sleep in the model's last module)."""
+BATCH = 64
 LEAK_RATE = 8 * 2**20
 """Bytes per second the leaking loop keeps alive."""
 
@@ -183,7 +186,7 @@ def torch_loop(kind: str, stop_file: str, options: dict[str, Any]) -> None:
 
         def __getitem__(self, i: int) -> tuple[Any, Any]:
             if kind == "slow_loader" and run.fault():
-                time.sleep(0.004)  # decoding from a slow store
+                time.sleep(DEVICE * 2 / BATCH)  # decoding from a slow store: twice the device time per batch
             return self.x[i], self.y[i]
 
     slow = ddp and rank == options.get("slow_rank", -1)
@@ -193,15 +196,15 @@ def torch_loop(kind: str, stop_file: str, options: dict[str, Any]) -> None:
 
         def forward(self, x: Any) -> Any:
             factor = float(options.get("factor", 1.3)) if slow and run.fault() else 1.0
-            time.sleep(STEP * factor)
+            time.sleep(DEVICE * factor)
             return x
 
     model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(64, 8), Device())
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=2e-3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=4e-3)
     workers = {"slow_loader": 0, "workers": 3}.get(kind, 1)  # 3 workers on one CPU: ...too many
-    loader = DataLoader(Regression(), batch_size=16, shuffle=True, num_workers=workers,
+    loader = DataLoader(Regression(), batch_size=BATCH, shuffle=True, num_workers=workers,
                         persistent_workers=workers > 0)
     otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
     steps = 0
