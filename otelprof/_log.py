@@ -13,11 +13,23 @@ _lock = threading.Lock()
 
 def warn_once(key: str, message: str, *args: object) -> None:
     """Log ``message`` as a warning the first time ``key`` is seen in this process."""
+    if _first(key):
+        logger.warning(message, *args)
+
+
+def info_once(key: str, message: str, *args: object) -> None:
+    """Log ``message`` at info level (shown only where the application configured logging) the first time
+    ``key`` is seen in this process: what otelprof does about something that needs no action."""
+    if _first(key):
+        logger.info(message, *args)
+
+
+def _first(key: str) -> bool:
     with _lock:
         if key in _warned:
-            return
+            return False
         _warned.add(key)
-    logger.warning(message, *args)
+        return True
 
 
 def reset_warnings() -> None:

@@ -49,8 +49,17 @@ class Config:
     span_first_steps: int = 10
     span_every: int = 0
     span_windows: tuple[tuple[int, int], ...] = ()
-    outlier_sigma: float = 3.0
+    profile_every: float = 600.0
+    profile_steps: int = 3
+    profile_warmup: float = 5.0
+    profile_warmup_steps: int = 10
+    profile_budget: float = 0.01
+    profile_max_spans: int = 500
+    profile_top_k: int = 10
+    outlier_sigma: float = thresholds.OUTLIER_SIGMA
     outlier_min_steps: int = 20
+    outlier_min_ratio: float = thresholds.OUTLIER_MIN_RATIO
+    outlier_min_excess: float = thresholds.OUTLIER_MIN_EXCESS
     max_label_values: int = 64
     handle_sigterm: bool = True
     system_metrics: bool = True
@@ -65,6 +74,7 @@ class Config:
     control_host: str = "127.0.0.1"
     control_token: str = ""
     stop_raises: bool = False
+    quiet: bool = False
     pod_name: str = ""
     pod_namespace: str = ""
     node_name: str = ""
@@ -216,11 +226,21 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "span_first_steps": _ranged(int, 0, 1_000_000),
     "span_every": _ranged(int, 0, 1_000_000_000),
     "span_windows": _parse_windows,
+    "profile_every": _ranged(float, 0.0, 1e7),
+    "profile_steps": _ranged(int, 1, 1000),
+    "profile_warmup": _ranged(float, 0.0, 1e6),
+    "profile_warmup_steps": _ranged(int, 0, 1_000_000),
+    "profile_budget": _ranged(float, 0.0, 1.0),
+    "profile_max_spans": _ranged(int, 0, 100_000),
+    "profile_top_k": _ranged(int, 1, 100),
     "outlier_sigma": _ranged(float, 0.0, 100.0),
     "outlier_min_steps": _ranged(int, 2, 1_000_000),
+    "outlier_min_ratio": _ranged(float, 1.0, 100.0),
+    "outlier_min_excess": lambda t: _ranged(float, 0.0, 3_600_000.0)(t) / 1000.0,
     "max_label_values": _ranged(int, 1, 10_000),
     "system_metrics": _parse_bool,
     "stop_raises": _parse_bool,
+    "quiet": _parse_bool,
     "control_port": _ranged(int, 0, 65535),
     "gpu_metrics": _parse_bool,
     "torch_native": _parse_bool,
@@ -241,7 +261,16 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "metric_export_interval": lambda v: _in_range(v, 1.0, 600.0),
     "prometheus_port": lambda v: _in_range(v, 0, 65535),
     "span_budget": lambda v: _in_range(v, 0.0, 1.0),
+    "profile_every": lambda v: _in_range(v, 0.0, 1e7),
+    "profile_steps": lambda v: _in_range(v, 1, 1000),
+    "profile_warmup": lambda v: _in_range(v, 0.0, 1e6),
+    "profile_warmup_steps": lambda v: _in_range(v, 0, 1_000_000),
+    "profile_budget": lambda v: _in_range(v, 0.0, 1.0),
+    "profile_max_spans": lambda v: _in_range(v, 0, 100_000),
+    "profile_top_k": lambda v: _in_range(v, 1, 100),
     "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
+    "outlier_min_ratio": lambda v: _in_range(v, 1.0, 100.0),
+    "outlier_min_excess": lambda v: _in_range(v, 0.0, 3600.0),
     "max_label_values": lambda v: _in_range(v, 1, 10_000),
     "sample_interval": lambda v: _in_range(v, 0.1, 60.0),
     "control_port": lambda v: _in_range(v, 0, 65535),
@@ -281,7 +310,8 @@ class _Builder:
         values["job_name"] = (
             env.get(ev.OTELPROF_JOB_NAME) or env.get(ev.OTEL_SERVICE_NAME) or _script_name() or "training"
         )
-        values["run_id"] = env.get(ev.OTELPROF_RUN_ID) or _torchelastic_run_id(env) or ""
+        values["run_id"] = (env.get(ev.OTELPROF_RUN_ID) or _torchelastic_run_id(env)
+                            or env.get(ev.OTELPROF_RUN_LAUNCH_ID) or "")
         if env.get(ev.OTELPROF_RECORD_DIR):
             values["record_dir"] = env[ev.OTELPROF_RECORD_DIR]
         otlp_endpoint = any(

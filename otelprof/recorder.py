@@ -23,6 +23,7 @@ from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import logger, warn_once
 from otelprof.config import Config
+from otelprof.integrations.operators import StepSpan
 from otelprof.metrics import MetricRegistry
 from otelprof.recording import schema
 from otelprof.recording.writer import RecordingWriter
@@ -66,6 +67,10 @@ class _Encoded(dict[str, str]):
         return encoded
 
 
+MAX_WINDOWS = 16
+"""Step-tracing windows armed at run time kept by the span selector (older ones have ended)."""
+MAX_WINDOW_STEPS = 256
+"""Spans of steps inside windows remembered for the operator spans of their window."""
 _DATALOADER = sc.REGION_DATALOADER
 _COLLECTIVE = sc.REGION_COLLECTIVE
 DRAIN_CHUNK = 16
@@ -141,6 +146,8 @@ class Recorder:
         self._last_label = ""
         """The phase of the last step record and its label (a step's phase mostly repeats the one before)."""
         self._last_step_ns = 0
+        self._window_spans: dict[tuple[str, int], StepSpan] = {}
+        """Spans of the latest steps inside windows: operator spans become their children."""
         """Duration of the last step processed: chooses the background pace (``GENTLE_MIN_STEP_NS``)."""
 
         r = registry
@@ -187,8 +194,29 @@ class Recorder:
         return self._wake.acquire(timeout=timeout)
 
     def arm_window(self, start_step: int, num_steps: int) -> None:
-        """Trace every step numbered ``start_step`` .. ``start_step + num_steps - 1`` (any phase)."""
-        self._selector.windows = (*self._selector.windows, (start_step, num_steps))
+        """Trace every step numbered ``start_step`` .. ``start_step + num_steps - 1`` (any phase); the windows
+        armed at run time (captures, periodic profiling) are the last ``MAX_WINDOWS`` ones."""
+        configured = len(self.config.span_windows)
+        armed = self._selector.windows[configured:][-(MAX_WINDOWS - 1):]
+        self._selector.windows = (*self._selector.windows[:configured], *armed, (start_step, num_steps))
+
+    @property
+    def span_builder(self) -> SpanBuilder:
+        return self._spans
+
+    def window_steps(self, phase: str, start_step: int, num_steps: int) -> list[StepSpan]:
+        """The spans of a window's steps that were traced (a sampler may have dropped some)."""
+        with self._drain_lock:
+            found = (self._window_spans.get((phase, n)) for n in range(start_step, start_step + num_steps))
+            return [s for s in found if s is not None]
+
+    def add_spans(self, spans: Sequence[ReadableSpan], dropped: int = 0) -> None:
+        """Operator spans built elsewhere (off the hot path): exported and recorded with the step spans."""
+        self._collected.extend(spans)
+        with self.registry.lock:
+            self.spans_built.add(len(spans), ("operator",))
+            if dropped:
+                self.dropped.add(dropped, (sc.DROPPED_OPERATOR_SPANS,))
 
     # ------------------------------------------------------------------ background
     def count_dropped(self, exporter: str, amount: int) -> None:
@@ -321,8 +349,7 @@ class Recorder:
         values = self._scalars(scalars, labels) if scalars else None
         detector = self._outliers.get(phase)
         if detector is None:
-            detector = self._outliers[phase] = OutlierDetector(self.config.outlier_sigma,
-                                                               self.config.outlier_min_steps)
+            detector = self._outliers[phase] = OutlierDetector.from_config(self.config)
         outlier = detector.observe(duration)
         if outlier:
             self.step_outliers.add(1, labels)
@@ -475,6 +502,11 @@ class Recorder:
                                           else child_attributes))
             parents.append(context)
         collected.append(builder.span(sc.SPAN_STEP, root, None, start_ns + unix, end_ns + unix, attributes))
+        if self._selector.windows and self._selector.in_window(number):
+            spans = self._window_spans
+            spans[(phase, number)] = StepSpan(root, number, start_ns + unix, end_ns + unix)
+            if len(spans) > MAX_WINDOW_STEPS:
+                del spans[next(iter(spans))]
         self._span_seconds += time.perf_counter() - began
         self.spans_built.add(1 + len(annotations), (reason,))
 

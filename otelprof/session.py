@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -27,11 +28,14 @@ from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import logger, reset_warnings, warn_once
 from otelprof._version import __version__
+from otelprof.collectors.environment import gpu_attributes
 from otelprof.collectors.sampler import Sampler
 from otelprof.config import Config
 from otelprof.control import ControlServer
 from otelprof.export import otlp
 from otelprof.export.prometheus import PrometheusEndpoint
+from otelprof.integrations.profile_schedule import PeriodicWindows
+from otelprof.integrations.torch_profiler import windows as profile_windows
 from otelprof.metrics import MetricRegistry
 from otelprof.recorder import Recorder, SpanSink
 from otelprof.recording import otlp_json, schema
@@ -76,6 +80,10 @@ class Session:
         if config.record:
             self.run_dir = Path(config.record_dir) / config.run_id / schema.rank_dir_name(config.rank)
             self.writer = RecordingWriter(self.run_dir, self._manifest(), self._writer_dropped, self._writer_bytes)
+        self.sampler: Sampler | None = None
+        if config.system_metrics:
+            self.sampler = Sampler(config, self.registry, self.writer)
+            self._add_gpu_attributes(self.sampler)
 
         self._span_exporters: list[otlp.BackgroundExporter] = []
         for kind in config.traces_exporters:
@@ -104,9 +112,7 @@ class Session:
             self.prometheus = PrometheusEndpoint(self.registry, dict(self.resource.attributes))
             if not self.prometheus.start(config.prometheus_host, config.prometheus_rank_port):
                 self.prometheus = None
-        self.sampler: Sampler | None = None
-        if config.system_metrics:
-            self.sampler = Sampler(config, self.registry, self.writer)
+        if self.sampler is not None:
             self.sampler.start()
         self._stop_reason: str | None = None
         self._stop_callbacks: list[Callable[[], None]] = []
@@ -119,8 +125,20 @@ class Session:
         self._thread = threading.Thread(target=self._run, name="otelprof-recorder", daemon=True)
         self._thread.start()
         hot._activate(self.recorder)
+        profile_windows.reset()
+        self.profile_schedule = PeriodicWindows(config)
+        self.profile_schedule.start()
 
     # ------------------------------------------------------------------ recording helpers
+    def _add_gpu_attributes(self, sampler: Sampler) -> None:
+        """The GPUs' model, count and driver versions, from the NVML seam the sampler just opened, join the
+        resource (``OTEL_RESOURCE_ATTRIBUTES`` still wins) before the exporters are given it."""
+        found = gpu_attributes(sampler.gpus)
+        if not found:
+            return
+        self.resource = Resource(found).merge(self.resource)
+        if self.writer is not None:
+            self.writer.update_manifest(resource=dict(self.resource.attributes))
     def _manifest(self) -> dict[str, Any]:
         return {
             "schema_version": schema.SCHEMA_VERSION,
@@ -285,6 +303,7 @@ class Session:
         try:
             hot._activate(None) if hot._active is self.recorder else None
             self._stop.set()
+            self.profile_schedule.stop()
             self.recorder.wake_up()
             self._thread.join(max(min(1.0, deadline - time.monotonic()), 0.0))
             if self.sampler is not None:

@@ -175,7 +175,10 @@ def test_rules_summary_uses_the_offline_checks(report: Report) -> None:
     assert not r.fired
     outliers = next(row for row in r.rows if row.alert == "OtelprofStepOutliers")
     assert outliers.original == "StepOutlier" and outliers.description and outliers.recommendation
-    assert outliers.datapoints == 25 and outliers.evaluations == 3  # T0, T0 + 10, T0 + 18.25
+    assert outliers.evaluations == 3  # T0, T0 + 10, T0 + 18.25
+    assert outliers.datapoints == 0 and outliers.status == "no data"  # never 100 steps in its window to judge
+    stalled = next(row for row in r.rows if row.alert == "OtelprofTrainingStalled")
+    assert stalled.datapoints == 25 and stalled.status == "ok"
 
 
 def test_rules_summary_reports_a_fired_check(tmp_path: Path) -> None:

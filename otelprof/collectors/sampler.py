@@ -63,7 +63,7 @@ class Sampler:
         self.time_spent = r.counter(sc.SAMPLER_TIME)
         self.system = SystemCollector(self._error)
         self.cgroup = cgroup if cgroup is not None else CgroupReader()
-        self.gpus = (GpuCollector(self._error, nvml_factory)
+        self.gpus = (GpuCollector(self._error, nvml_factory, warn=config.samples_node)
                      if config.gpu_metrics and nvml_factory is not None else None)
         self._thread: threading.Thread | None = None
         self._logged_internal = False
@@ -182,6 +182,7 @@ class Sampler:
             _set_or_remove(r.gauge(sc.CONTAINER_CPU_LIMIT), cgroup.cpu_limit_cores)
             _set_or_remove(r.gauge(sc.CONTAINER_MEMORY_LIMIT), cgroup.memory_limit_bytes)
             _set_or_remove(r.gauge(sc.CONTAINER_MEMORY_USAGE), cgroup.memory_usage_bytes)
+            _set_or_remove(r.gauge(sc.CONTAINER_MEMORY_WORKING_SET), cgroup.memory_working_set_bytes)
             for spec, value in ((sc.CONTAINER_CPU_TIME, cgroup.cpu_usage_seconds),
                                 (sc.CONTAINER_CPU_PERIODS, cgroup.periods),
                                 (sc.CONTAINER_CPU_THROTTLED_PERIODS, cgroup.throttled_periods),
@@ -283,6 +284,10 @@ def _raw_sample(now: float, host: HostReading | None, process: ProcessReading, g
             line["net"] = [host.network["bytes_recv"], host.network["bytes_sent"]]
         if cgroup is not None and cgroup.throttled_periods is not None:
             line["thr"] = cgroup.throttled_periods
+        if cgroup is not None and cgroup.memory_working_set_bytes is not None:
+            line["cws"] = cgroup.memory_working_set_bytes
+            if cgroup.memory_limit_bytes is not None:
+                line["cml"] = cgroup.memory_limit_bytes
         gpu_lines = {}
         for reading in gpus:
             entry: dict[str, float] = {GPU_SAMPLE_KEYS[k]: round(v, 4) for k, v in reading.values.items()

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import functools
-import importlib
+import sys
 import threading
 import weakref
 from collections import deque
@@ -46,11 +46,10 @@ import torch
 
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
-from otelprof._log import warn_once
-from otelprof.integrations import cuda_timing
+from otelprof._log import info_once, warn_once
+from otelprof.integrations import cuda_timing, torch_profiler
 from otelprof.integrations._iterators import IteratorProxy
 from otelprof.integrations.cuda_timing import DeviceTimer
-from otelprof.integrations.torch_profiler import ProfileWindows
 
 __all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_window", "uninstrument"]
 
@@ -64,10 +63,9 @@ _original_dataloader_iter: Callable[..., Any] | None = None
 
 def _load_native() -> Any:
     """The hot path in C (``_torch_native.c``, built by setup.py where a compiler is available), or None."""
-    try:
-        return importlib.import_module("otelprof.integrations._torch_native")
-    except ImportError:
-        return None
+    from otelprof.integrations import native
+
+    return native.load()[0]
 
 
 _native = _load_native()
@@ -182,6 +180,8 @@ class _AutoSteps:
         self.saw_work = False
         self.by_optimizer = False
         """An optimizer is hooked: its ``step()`` ends steps."""
+        self.opens = True
+        """Open steps at all: False once a trainer callback is in charge (:meth:`TorchInstrumentation.hand_over`)."""
 
     def _ours(self) -> bool:
         return self.current is not None and hot._tls.step is self.current
@@ -197,7 +197,7 @@ class _AutoSteps:
                 not self.by_optimizer or (not self.saw_backward and (kind == FETCH or evaluating))):
             self.close()
             step = hot._tls.step
-        if step is not None or hot._active is None:
+        if step is not None or hot._active is None or not self.opens:
             return step
         step = hot._begin_step(None)
         self.current, self.leader, self.saw_backward, self.saw_work = step, kind, False, False
@@ -351,7 +351,7 @@ class TorchInstrumentation:
         self._global_depth = _Nesting()
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.windows = ProfileWindows()
+        self.windows = torch_profiler.windows
         self.device_timer: DeviceTimer | _Undecided | None = _UNDECIDED
         """CUDA event timing: decided at the first forward of a module with parameters; None on CPU."""
         self.native: Any = None
@@ -366,6 +366,10 @@ class TorchInstrumentation:
         self._hooked_models = 0
         self._comm_hooked = False
         self._hook_failed = False
+        self.handed_over = ""
+        """The trainer whose callback ``otelprof run`` attached and put in charge of steps (:meth:`hand_over`)."""
+        self._global_removers: list[Callable[[], None]] = []
+        """Undo the global hooks of :meth:`add_everything` (also listed under their hook names)."""
 
     # ------------------------------------------------------------------ failure handling
     def guarded(self, hook: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -707,32 +711,14 @@ class TorchInstrumentation:
         return True
 
     def _add_comm_hook(self, model: Any) -> None:
-        ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
+        """Time a DDP model's gradient all-reduce (:func:`_hook_ddp`); the C hot path then leaves steps to Python,
+        where the collective regions go."""
+        ddp = _ddp_class()
         if ddp is None or not isinstance(model, ddp):
             return
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        owner = self
-
-        def timed_allreduce(state: Any, bucket: Any) -> Any:
-            step = owner.auto.current if owner.auto.current is not None else _open_step()
-            start = perf_counter_ns()
-            future = default_hooks.allreduce_hook(state, bucket)
-
-            def done(fut: Any) -> Any:
-                if step is not None and not step.closed:
-                    step.annotations.append((sc.REGION_COLLECTIVE, start, perf_counter_ns(), 1, None))
-                return fut.value()
-
-            return future.then(done)
-
-        timed_allreduce.__annotations__.clear()  # DDP checks annotations against its own (unresolved) types
-        self._comm_hooked = True  # the C hot path leaves the step to Python, where the collective regions go
-        try:
-            model.register_comm_hook(state=None, hook=timed_allreduce)
-        except Exception as exc:  # a hook is already registered, or DDP already ran
-            warn_once("torch:comm-hook", "otelprof: cannot time DDP all-reduce (%s); collective time is not "
-                      "measured", exc)
+        self._comm_hooked = True
+        _hook_ddp(model)
+        self.sync_native()
 
     # ------------------------------------------------------------------ backward
     # Tensor.backward is patched once per process (_patched_backward): the wrapper does this instance's work,
@@ -890,6 +876,28 @@ class TorchInstrumentation:
             self._on_remove("optimizer", handle.remove)
         _patch_dataloader_class()
         self._on_remove("dataloader", _unpatch_dataloader_class)
+        self._global_removers = [handle.remove for handle in handles] + [_unpatch_dataloader_class]
+        _patch_ddp_class()  # each DDP model built from now on: collective regions
+        self._on_remove("collective", _unpatch_ddp_class)
+
+    def hand_over(self, framework: str) -> None:
+        """A trainer's callback is in charge of steps from now on (``otelprof run`` attached it, see
+        :mod:`otelprof.integrations.autoattach`): the global hooks of :meth:`add_everything` stop timing module
+        calls, optimizer steps and data-loader fetches, and no step opens automatically or records loss or
+        samples — the callback does all that as it does without ``otelprof run``. ``Tensor.backward`` stays
+        timed (the callbacks rely on it) and DDP models still get their collective regions."""
+        with _lock:
+            if self.handed_over or self.closed:
+                return
+            self.handed_over = framework
+            removers, self._global_removers = self._global_removers, []
+            for remove in removers:
+                with contextlib.suppress(Exception):
+                    remove()
+            self.auto.close()
+            self.auto.opens = False
+            self.loss = self.count_samples = False
+            self.sync_native()
 
     # ------------------------------------------------------------------ lifecycle
     def profile_window(self, start_step: int, num_steps: int, *, chrome_trace: bool = False,
@@ -923,7 +931,7 @@ class TorchInstrumentation:
                 session.capture_handler = None
 
     def _capture(self, steps: int) -> dict[str, Any]:
-        return self.windows.arm(hot.next_step_number(), steps)
+        return self.windows.arm(hot.next_step_number(), steps, trigger="capture")
 
 
 _object_class = object.__dict__["__class__"]
@@ -1066,7 +1074,9 @@ def _patch_dataloader_class() -> None:
     def __iter__(self: Any) -> Any:
         iterator = original(self)
         owner = _active[-1] if _active else None
-        return iterator if owner is None else _TimedIterator(iterator, owner)
+        if owner is None or getattr(self, "_otelprof_instrumented", False):
+            return iterator  # an instrumented loader (or one whose wrapper is) times its own fetches
+        return _TimedIterator(iterator, owner)
 
     DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
 
@@ -1078,6 +1088,155 @@ def _unpatch_dataloader_class() -> None:
     if _original_dataloader_iter is not None:
         DataLoader.__iter__ = _original_dataloader_iter  # type: ignore[method-assign]
         _original_dataloader_iter = None
+
+
+# ---------------------------------------------------------------------- DDP communication hook
+# DDP takes one communication hook per model, for good. otelprof's times each bucket's reduction as a ``collective``
+# region and runs the reduction itself inside: DDP's all-reduce, or the user's hook when they register one after
+# otelprof's — ``register_comm_hook`` is patched to hand it over, so theirs wins and is timed. A model that has a
+# hook of its own before otelprof sees it keeps it alone (no collective regions).
+_ddp_hooks: weakref.WeakKeyDictionary[Any, _CommHook] = weakref.WeakKeyDictionary()
+"""The DDP models that carry otelprof's communication hook."""
+_original_ddp_init: Callable[..., Any] | None = None
+_original_register_comm_hook: Callable[..., Any] | None = None
+_original_register_builtin_comm_hook: Callable[..., Any] | None = None
+
+
+def _ddp_class() -> Any:
+    return getattr(torch.nn.parallel, "DistributedDataParallel", None)
+
+
+class _CommHook:
+    """The reduction otelprof's communication hook of one DDP model runs: DDP's default all-reduce over the
+    model's process group, until the user registers a hook of their own."""
+
+    __slots__ = ("hook", "state", "users")
+
+    def __init__(self, process_group: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.hook: Callable[[Any, Any], Any] = default_hooks.allreduce_hook
+        self.state: Any = process_group
+        self.users = False
+        """The user's hook is inside: a second registration fails as DDP's would."""
+
+
+def _timed_comm_hook(inner: _CommHook) -> Callable[[Any, Any], Any]:
+    def otelprof_collective(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations: none here
+        hook, hook_state = inner.hook, inner.state
+        step: hot.StepContext | None = None
+        try:
+            inst = _active[-1] if _active and hot._active is not None else None
+            if inst is not None:  # the step may be open on another thread (autograd's device threads)
+                step = inst.auto.current if inst.auto.current is not None else _open_step()
+            start = perf_counter_ns()
+        except Exception:
+            step = None
+        future = hook(hook_state, bucket)
+        if step is None:
+            return future
+        opened: hot.StepContext = step
+
+        def done(fut):  # type: ignore[no-untyped-def]
+            if not opened.closed and len(opened.annotations) < hot.MAX_STEP_ANNOTATIONS:
+                opened.annotations.append((sc.REGION_COLLECTIVE, start, perf_counter_ns(), 1, None))
+            return fut.value()
+
+        return future.then(done)
+
+    return otelprof_collective
+
+
+def _hook_ddp(model: Any) -> None:
+    """Give a DDP model otelprof's communication hook, unless it has one (a hook of its own, or DDP's mixed
+    precision or optimizer-in-backward hook): DDP allows one, so otelprof leaves it alone, and says so once."""
+    if model in _ddp_hooks:
+        return
+    if getattr(model, "_comm_hooks", None) or getattr(model, "_use_python_reducer", False):
+        info_once("torch:comm-hook-own", "otelprof: a DDP model already has a communication hook; otelprof leaves "
+                  "it alone, so its gradient reduction is not timed (no collective regions). Register your hook "
+                  "after otelprof.torch.instrument() (or under `otelprof run`) to have it timed.")
+        return
+    _patch_register_comm_hook()
+    inner = _CommHook(getattr(model, "process_group", None))
+    register = _original_register_comm_hook
+    assert register is not None
+    try:
+        register(model, None, _timed_comm_hook(inner))
+    except Exception as exc:  # a built-in (C++) hook is registered already, or an unforeseen DDP
+        info_once("torch:comm-hook", "otelprof: cannot time this DDP model's gradient reduction (%s); no collective "
+                  "regions", exc)
+        return
+    _ddp_hooks[model] = inner
+
+
+def _patch_register_comm_hook() -> None:
+    """``register_comm_hook`` on a model with otelprof's hook puts the user's hook inside it (theirs runs, timed);
+    DDP's own checks of the hook run as before. Kept for the process's life: the models keep otelprof's hook."""
+    global _original_register_comm_hook, _original_register_builtin_comm_hook
+    ddp = _ddp_class()
+    if ddp is None or _original_register_comm_hook is not None:
+        return
+    original = _original_register_comm_hook = ddp.register_comm_hook
+    original_builtin = _original_register_builtin_comm_hook = ddp._register_builtin_comm_hook
+
+    @functools.wraps(original)
+    def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
+        inner = _ddp_hooks.get(self)
+        if inner is None or inner.users:
+            original(self, state, hook)
+            return
+        self._check_comm_hook(hook)  # DDP's own checks: the same errors as without otelprof
+        inner.hook, inner.state, inner.users = hook, state, True
+        with contextlib.suppress(Exception):
+            self.logger._set_comm_hook_name(hook.__qualname__)
+        info_once("torch:comm-hook-user", "otelprof: your DDP communication hook %s runs inside otelprof's, which "
+                  "times it as the collective region", getattr(hook, "__qualname__", hook))
+
+    @functools.wraps(original_builtin)
+    def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        inner = _ddp_hooks.get(self)
+        python = {"ALLREDUCE": default_hooks.allreduce_hook,
+                  "FP16_COMPRESS": default_hooks.fp16_compress_hook}.get(getattr(comm_hook_type, "name", ""))
+        if inner is None or inner.users or python is None:
+            original_builtin(self, comm_hook_type)
+            return
+        register_comm_hook(self, self.process_group, python)  # the same reduction, written in Python
+
+    ddp.register_comm_hook = register_comm_hook
+    ddp._register_builtin_comm_hook = _register_builtin_comm_hook
+
+
+def _patch_ddp_class() -> None:
+    """``otelprof run``: each DDP model built from now on gets otelprof's communication hook."""
+    global _original_ddp_init
+    ddp = _ddp_class()
+    if ddp is None or _original_ddp_init is not None:
+        return
+    original = _original_ddp_init = ddp.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        owner = _active[-1] if _active else None
+        if owner is not None and not owner.closed:
+            try:
+                owner._add_comm_hook(self)
+            except Exception as exc:  # never the job's failure
+                warn_once("torch:comm-hook-auto", "otelprof: cannot time DDP's gradient reduction (%r); no "
+                          "collective regions", exc)
+
+    ddp.__init__ = __init__
+
+
+def _unpatch_ddp_class() -> None:
+    global _original_ddp_init
+    ddp = _ddp_class()
+    if ddp is not None and _original_ddp_init is not None:
+        ddp.__init__ = _original_ddp_init
+        _original_ddp_init = None
 
 
 def instrument(
@@ -1115,7 +1274,22 @@ def instrument(
                     warn_once(f"torch:add-{part}", "otelprof: cannot instrument the %s %s (%s: %s); ignored",
                               part, type(obj).__name__, type(exc).__name__, exc)
         inst.sync_native()
+        _patch_accelerate()
         return inst
+
+
+def _patch_accelerate() -> None:
+    """accelerate loaded: the loss passed to ``Accelerator.backward`` is the one recorded (see
+    :mod:`otelprof.integrations.accelerate`)."""
+    module = sys.modules.get("accelerate.accelerator")
+    if module is not None:
+        try:
+            from otelprof.integrations.accelerate import patch_backward
+
+            patch_backward(module.Accelerator)
+        except Exception as exc:
+            warn_once("torch:accelerate", "otelprof: cannot patch accelerate (%r); the recorded loss of its "
+                      "backward() is the divided one", exc)
 
 
 def auto_instrument(grad_norm: bool = False) -> TorchInstrumentation:
