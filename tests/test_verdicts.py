@@ -323,13 +323,15 @@ def test_every_fault_fires_its_alert_live_and_offline_and_healthy_jobs_stay_quie
         wrong |= {c: statuses[c] for c, _ in job.offline if statuses[c] != "fired"}
         if wrong:
             problems.append(f"{job.name}: statuses {wrong}")
-        onset = min(p.events().get("onset", launched) for p in processes if p.job is job)
-        for alert, rank in sorted(job.live):
-            live_at = first.get((ALERT_PREFIX + alert, job.name, rank))
+        onsets = [p.events()["onset"] for p in processes if p.job is job and "onset" in p.events()]
+        onset, since = (min(onsets), "") if onsets else (launched, " (from the launch)")
+        for alert, rank in sorted(job.live | {(a, "*") for a in job.info}):
+            live_at = min((t for (a, j, r), t in first.items() if (a, j) == (ALERT_PREFIX + alert, job.name)
+                           and rank in (r, "*")), default=None)
             offline_at = next((r["first_fired"] for r in rows if _short(r["alert"]) == alert and r["fired"]), None)
             timings.append(f"  {job.name:<14} {alert:<22} rank {rank or '-':<2} live "
                            f"{'-' if live_at is None else f'{live_at - onset:5.1f} s'}  offline "
-                           f"{'-' if offline_at is None else f'{offline_at - onset:5.1f} s'}")
+                           f"{'-' if offline_at is None else f'{offline_at - onset:5.1f} s'}{since}")
     print(f"\nverdict suite: {len(JOBS)} jobs, {len(processes)} processes, live part {live_run:.0f} s, "
           f"total {time.time() - began:.0f} s\n" + "\n".join(summary) + "\nfrom the onset of each fault to its "
           "alert:\n" + "\n".join(timings))
