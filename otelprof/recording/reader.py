@@ -854,6 +854,8 @@ _CONFIG_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "job_name": ("a string", _is_string),
     "outlier_sigma": ("a number from 0 to 1000", lambda v: type(v) in (int, float) and 0 <= v <= 1000),
     "outlier_min_steps": ("an integer from 0 to 2^31 - 1", _is_count),
+    "outlier_min_ratio": ("a number from 1 to 100", lambda v: type(v) in (int, float) and 1 <= v <= 100),
+    "outlier_min_excess": ("a number from 0 to 3600", lambda v: type(v) in (int, float) and 0 <= v <= 3600),
 }
 
 
