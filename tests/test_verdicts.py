@@ -329,7 +329,7 @@ def test_every_fault_fires_its_alert_live_and_offline_and_healthy_jobs_stay_quie
             live_at = min((t for (a, j, r), t in first.items() if (a, j) == (ALERT_PREFIX + alert, job.name)
                            and rank in (r, "*")), default=None)
             offline_at = next((r["first_fired"] for r in rows if _short(r["alert"]) == alert and r["fired"]), None)
-            timings.append(f"  {job.name:<14} {alert:<22} rank {rank or '-':<2} live "
+            timings.append(f"  {job.name:<14} {alert:<25} rank {rank or '-':<2} live "
                            f"{'-' if live_at is None else f'{live_at - onset:5.1f} s'}  offline "
                            f"{'-' if offline_at is None else f'{offline_at - onset:5.1f} s'}{since}")
     print(f"\nverdict suite: {len(JOBS)} jobs, {len(processes)} processes, live part {live_run:.0f} s, "
