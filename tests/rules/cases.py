@@ -636,6 +636,9 @@ def telemetry_groups() -> list[Group]:
                   .silent("TelemetryDropped", "16m"))
     g = Group("nothing dropped", interval="1m")
     groups.append(g.counter(sc.EXPORTER_DROPPED, queue, const(0, 20)).silent("TelemetryDropped", "15m"))
+    g = Group("operator spans over the per-step cap of a profiling window: a designed bound", interval="1m")
+    g.counter(sc.EXPORTER_DROPPED, {**ID, "exporter": sc.DROPPED_OPERATOR_SPANS}, f"{const(0, 4)} {const(543, 20)}")
+    groups.append(g.silent("TelemetryDropped", "5m").silent("TelemetryDropped", "10m"))
     return groups
 
 
