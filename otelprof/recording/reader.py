@@ -695,6 +695,8 @@ class Recording:
 
 def _any_value(value: Any) -> Any:
     kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_any_value(v) for v in value.array_value.values]
     return getattr(value, kind) if kind else None
 
 
