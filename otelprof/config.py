@@ -56,6 +56,8 @@ class Config:
     profile_budget: float = 0.01
     profile_max_spans: int = 500
     profile_top_k: int = 10
+    profile_flops: bool = True
+    peak_flops: float = 0.0
     outlier_sigma: float = 3.0
     outlier_min_steps: int = 20
     max_label_values: int = 64
@@ -231,6 +233,8 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "profile_budget": _ranged(float, 0.0, 1.0),
     "profile_max_spans": _ranged(int, 0, 100_000),
     "profile_top_k": _ranged(int, 1, 100),
+    "profile_flops": _parse_bool,
+    "peak_flops": _ranged(float, 0.0, 1e20),
     "outlier_sigma": _ranged(float, 0.0, 100.0),
     "outlier_min_steps": _ranged(int, 2, 1_000_000),
     "max_label_values": _ranged(int, 1, 10_000),
@@ -264,6 +268,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "profile_budget": lambda v: _in_range(v, 0.0, 1.0),
     "profile_max_spans": lambda v: _in_range(v, 0, 100_000),
     "profile_top_k": lambda v: _in_range(v, 1, 100),
+    "peak_flops": lambda v: _in_range(v, 0.0, 1e20),
     "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
     "max_label_values": lambda v: _in_range(v, 1, 10_000),
     "sample_interval": lambda v: _in_range(v, 0.1, 60.0),

@@ -52,6 +52,8 @@ OTELPROF_PROFILE_WARMUP_STEPS = "OTELPROF_PROFILE_WARMUP_STEPS"
 OTELPROF_PROFILE_BUDGET = "OTELPROF_PROFILE_BUDGET"
 OTELPROF_PROFILE_MAX_SPANS = "OTELPROF_PROFILE_MAX_SPANS"
 OTELPROF_PROFILE_TOP_K = "OTELPROF_PROFILE_TOP_K"
+OTELPROF_PROFILE_FLOPS = "OTELPROF_PROFILE_FLOPS"
+OTELPROF_PEAK_FLOPS = "OTELPROF_PEAK_FLOPS"
 OTELPROF_OUTLIER_SIGMA = "OTELPROF_OUTLIER_SIGMA"
 OTELPROF_OUTLIER_MIN_STEPS = "OTELPROF_OUTLIER_MIN_STEPS"
 OTELPROF_MAX_LABEL_VALUES = "OTELPROF_MAX_LABEL_VALUES"
@@ -153,6 +155,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_PROFILE_TOP_K, "profile_top_k", "10",
            "Operators and kernels per window with series of their own on the operator metrics; the rest are "
            "summed as `other`; 1-100."),
+    EnvVar(OTELPROF_PROFILE_FLOPS, "profile_flops", "true",
+           "Count the model FLOPs of the step after each profiling window (`torch.utils.flop_counter`; skipped "
+           "under `torch.compile`) for achieved FLOP/s and MFU; its cost counts as the window's."),
+    EnvVar(OTELPROF_PEAK_FLOPS, "peak_flops", "0",
+           "Peak FLOP/s of the device for MFU, replacing the built-in table of GPU models and dtypes (0: the table; "
+           "a CPU run has no utilization unless this is set)."),
     EnvVar(OTELPROF_OUTLIER_SIGMA, "outlier_sigma", "3",
            "A step slower than mean + sigma x stddev of the recent steps of its phase is an outlier: "
            "counted and traced retroactively. 0 turns outlier detection off."),

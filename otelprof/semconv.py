@@ -381,6 +381,17 @@ KERNEL_PRECISION = MetricSpec(
     "otelprof.kernel.precision", Kind.GAUGE, "1",
     "Last window: share of GPU kernel time by arithmetic precision (from kernel names; GPU runs only).",
     (LABEL_PRECISION,))
+MODEL_FLOPS = MetricSpec(
+    "otelprof.model.flops", Kind.GAUGE, "{flop}",
+    "FLOPs of one training step (forward, backward, optimizer), counted by torch.utils.flop_counter in the step "
+    "after the last profiling window.")
+MODEL_FLOPS_ACHIEVED = MetricSpec(
+    "otelprof.model.flops.achieved", Kind.GAUGE, "{flop}/s",
+    "FLOPs per step times steps per second (the pace of the steps before the last profiling window).")
+MODEL_FLOPS_UTILIZATION = MetricSpec(
+    "otelprof.model.flops.utilization", Kind.GAUGE, "1",
+    "Model FLOPs utilization (MFU): achieved FLOP/s over the GPU's dense peak for the dtype in use (GPU model "
+    "from NVML, or OTELPROF_PEAK_FLOPS). Absent on a CPU run.")
 EXPORTER_DROPPED = MetricSpec(
     "otelprof.exporter.dropped", Kind.COUNTER, "{item}",
     "Records, spans or metric exports otelprof dropped instead of blocking training "
@@ -520,7 +531,7 @@ FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
     DATALOADER_WORKERS, DATALOADER_PIN_MEMORY, CUDA_MEMORY_ALLOCATED, CUDA_MEMORY_RESERVED, CUDA_MEMORY_PEAK,
     REGION_DEVICE_DURATION, INTEGRATION_ERRORS, PROFILE_WINDOWS, PROFILE_OVERHEAD, OPERATOR_SELF_TIME,
     OPERATOR_TOTAL_TIME, OPERATOR_CALLS, OPERATOR_LAUNCHES, OPERATOR_CATEGORY_TIME, OPERATOR_HOST_RATIO,
-    KERNEL_PRECISION,
+    KERNEL_PRECISION, MODEL_FLOPS, MODEL_FLOPS_ACHIEVED, MODEL_FLOPS_UTILIZATION,
 )
 """Set by the PyTorch integration when it sees a data loader / CUDA."""
 

@@ -651,6 +651,22 @@ def _profile(record: Any) -> dict[str, Any]:
         out["overhead_s"] = _seconds(record["overhead_s"])
     if record.get("operators") is not None:
         out["operators"] = _operators(record["operators"])
+    if record.get("flops") is not None:
+        out["flops"] = _flops(record["flops"])
+    return out
+
+
+def _flops(figures: Any) -> dict[str, Any]:
+    """A window's model FLOPs (integrations/flops.py ``figures``)."""
+    if type(figures) is not dict:
+        raise ValueError("flops: not an object")
+    out: dict[str, Any] = {"per_step": _seconds(figures["per_step"])}
+    for key in ("achieved", "peak", "utilization"):
+        if figures.get(key) is not None:
+            out[key] = _seconds(figures[key])
+    for key in ("device", "dtype", "gpu_model"):
+        if figures.get(key) is not None:
+            out[key] = _str(figures[key])
     return out
 
 
