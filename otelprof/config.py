@@ -57,6 +57,7 @@ class Config:
     profile_max_spans: int = 500
     profile_top_k: int = 10
     profile_flops: bool = True
+    profile_memory: bool = True
     peak_flops: float = 0.0
     outlier_sigma: float = 3.0
     outlier_min_steps: int = 20
@@ -234,6 +235,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "profile_max_spans": _ranged(int, 0, 100_000),
     "profile_top_k": _ranged(int, 1, 100),
     "profile_flops": _parse_bool,
+    "profile_memory": _parse_bool,
     "peak_flops": _ranged(float, 0.0, 1e20),
     "outlier_sigma": _ranged(float, 0.0, 100.0),
     "outlier_min_steps": _ranged(int, 2, 1_000_000),

@@ -53,6 +53,7 @@ OTELPROF_PROFILE_BUDGET = "OTELPROF_PROFILE_BUDGET"
 OTELPROF_PROFILE_MAX_SPANS = "OTELPROF_PROFILE_MAX_SPANS"
 OTELPROF_PROFILE_TOP_K = "OTELPROF_PROFILE_TOP_K"
 OTELPROF_PROFILE_FLOPS = "OTELPROF_PROFILE_FLOPS"
+OTELPROF_PROFILE_MEMORY = "OTELPROF_PROFILE_MEMORY"
 OTELPROF_PEAK_FLOPS = "OTELPROF_PEAK_FLOPS"
 OTELPROF_OUTLIER_SIGMA = "OTELPROF_OUTLIER_SIGMA"
 OTELPROF_OUTLIER_MIN_STEPS = "OTELPROF_OUTLIER_MIN_STEPS"
@@ -158,6 +159,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_PROFILE_FLOPS, "profile_flops", "true",
            "Count the model FLOPs of the step after each profiling window (`torch.utils.flop_counter`; skipped "
            "under `torch.compile`) for achieved FLOP/s and MFU; its cost counts as the window's."),
+    EnvVar(OTELPROF_PROFILE_MEMORY, "profile_memory", "true",
+           "Profiling windows record allocations (`torch.profiler` `profile_memory`): the top allocating "
+           "operators and each window's memory curve."),
     EnvVar(OTELPROF_PEAK_FLOPS, "peak_flops", "0",
            "Peak FLOP/s of the device for MFU, replacing the built-in table of GPU models and dtypes (0: the table; "
            "a CPU run has no utilization unless this is set)."),

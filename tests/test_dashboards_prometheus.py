@@ -214,3 +214,7 @@ def _check_meaning(results: dict[tuple[str, int, int], list[dict[str, Any]]]) ->
     assert not results[(report, ids.REPORT_MFU, 0)]
     host = {s["metric"]["annotation"]: _last(s) for s in results[(report, ids.REPORT_DEVICE_TIME, 0)]}
     assert host.get("forward", 0) > 0 and not results[(report, ids.REPORT_DEVICE_TIME, 1)]  # no CUDA events
+    allocated = {(s["metric"]["device"], s["metric"]["operator"]): _last(s)
+                 for s in results[(report, ids.REPORT_TOP_ALLOCATIONS, 0)]}
+    assert allocated and all(device == "cpu" and v > 0 for (device, _), v in allocated.items()), allocated
+    assert value(report, ids.REPORT_WINDOW_MEMORY_PEAK, device="cpu") > 0

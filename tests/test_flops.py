@@ -12,14 +12,14 @@ import torch
 
 import otelprof
 from otelprof import semconv as sc
+from otelprof.analysis.report import build_report
 from otelprof.collectors.sampler import Sampler
 from otelprof.integrations import flops
 from otelprof.integrations import torch as otorch
-from otelprof.analysis.report import build_report
 from otelprof.recording.reader import read_recording
 from otelprof.report.html import render
-from tests.test_report_fixtures import T0, manifest, step_line, write_rank
 from tests.fake_nvml import FakeNvml
+from tests.test_report_fixtures import T0, manifest, step_line, write_rank
 
 BATCH, IN, HIDDEN, OUT = 16, 64, 128, 32
 

@@ -4,6 +4,9 @@
   that have one beside the host time of the same regions in the same steps, and their gap (host minus
   device: positive when the host takes longer than the GPU work it queues, i.e. launch overhead or host
   work in the region; negative when the GPU runs behind the host, which then waits at the next sync);
+* memory: the operators that allocated the most in the profiling windows (summed over windows and ranks), the
+  allocated-bytes curve of the last window with allocations, and on CUDA the caching allocator's peak and
+  fragmentation (reserved - allocated) over the run, per rank, from its metric snapshots;
 * model FLOPs: per rank, the FLOPs per step counted after its last profiling window, times the rank's
   training steps per second over the run, and over the device's peak when the window knew one (MFU).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from otelprof import semconv as sc
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import share
 
@@ -49,9 +53,115 @@ class ModelFlops:
 
 
 @dataclass(frozen=True)
+class Allocation:
+    device: str
+    name: str
+    bytes: int
+    allocations: int
+    windows: int
+
+
+@dataclass(frozen=True)
+class MemoryCurve:
+    rank: int
+    device: str
+    start_step: int
+    points: tuple[tuple[float, int], ...]
+    """(seconds since the window's start, bytes allocated)."""
+    peak: int
+
+
+@dataclass(frozen=True)
+class Allocator:
+    """A rank's CUDA caching allocator over the run (from its metric snapshots)."""
+
+    rank: int
+    gpu: str
+    peak: int
+    """Most bytes held by tensors at once (torch.cuda.max_memory_allocated)."""
+    reserved_max: int
+    fragmentation_max: int
+    fragmentation_last: int
+    snapshots: int
+
+
+@dataclass(frozen=True)
 class DeviceAnalysis:
     regions: tuple[DeviceRegion, ...] = ()
     flops: tuple[ModelFlops, ...] = ()
+    allocations: tuple[Allocation, ...] = ()
+    curves: tuple[MemoryCurve, ...] = ()
+    allocators: tuple[Allocator, ...] = ()
+    memory_windows: int = 0
+    """Profiling windows that recorded allocations."""
+
+
+TOP_ALLOCATIONS = 15
+
+
+def _memory(view: RunView) -> tuple[tuple[Allocation, ...], tuple[MemoryCurve, ...], int]:
+    totals: dict[tuple[str, str], list[int]] = {}
+    curves: dict[int, MemoryCurve] = {}
+    windows = 0
+    for rank in view.ranks:
+        for record in rank.profiles():
+            memory = (record.get("operators") or {}).get("memory")
+            if not memory:
+                continue
+            windows += 1
+            for row in memory["top"]:
+                found = totals.setdefault((row["device"], row["name"]), [0, 0, 0])
+                found[0] += row["bytes"]
+                found[1] += row["allocations"]
+                found[2] += 1
+            if memory["curve"]:
+                device = max(memory["curve"], key=lambda d: memory["peak_bytes"].get(d, 0))
+                points = memory["curve"][device]
+                t0 = int(record["t"])
+                curves[rank.rank] = MemoryCurve(rank.rank, device, int(record["start_step"]),
+                                                tuple(((t - t0) / 1e9, v) for t, v in points),
+                                                int(memory["peak_bytes"].get(device, 0)))
+    rows = [Allocation(device, name, b, n, w) for (device, name), (b, n, w) in totals.items()]
+    rows.sort(key=lambda a: -a.bytes)
+    return tuple(rows[:TOP_ALLOCATIONS]), tuple(curves[r] for r in sorted(curves)), windows
+
+
+def _allocators(view: RunView) -> tuple[Allocator, ...]:
+    names = {sc.CUDA_MEMORY_PEAK.name: 0, sc.CUDA_MEMORY_RESERVED.name: 1, sc.CUDA_MEMORY_FRAGMENTATION.name: 2}
+    out = []
+    for rank in view.ranks:
+        last = rank.last_metric_snapshot()
+        if last is None or not _has_cuda(last, names):
+            continue
+        per_gpu: dict[str, list[int]] = {}  # peak, reserved max, fragmentation max, last, snapshots
+        for snapshot in rank.metric_snapshots():
+            for name, gpu, value in _points(snapshot, names):
+                row = per_gpu.setdefault(gpu, [0, 0, 0, 0, 0])
+                index = names[name]
+                row[index] = max(row[index], int(value))
+                if index == 2:
+                    row[3] = int(value)
+                    row[4] += 1
+        out += [Allocator(rank.rank, gpu, *row) for gpu, row in sorted(per_gpu.items())]
+    return tuple(out)
+
+
+def _has_cuda(snapshot: object, names: dict[str, int]) -> bool:
+    return any(True for _ in _points(snapshot, names))
+
+
+def _points(snapshot: object, names: dict[str, int]) -> list[tuple[str, str, float]]:
+    out = []
+    for resource_metrics in snapshot.resource_metrics:  # type: ignore[attr-defined]
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if metric.name not in names or metric.WhichOneof("data") != "gauge":
+                    continue
+                for point in metric.gauge.data_points:
+                    value = point.as_double if point.WhichOneof("value") == "as_double" else float(point.as_int)
+                    gpu = next((a.value.string_value for a in point.attributes if a.key == sc.LABEL_GPU), "")
+                    out.append((metric.name, gpu, value))
+    return out
 
 
 def _device_regions(view: RunView) -> tuple[DeviceRegion, ...]:
@@ -120,4 +230,5 @@ def _model_flops(view: RunView) -> tuple[ModelFlops, ...]:
 
 def device_analysis(view: RunView) -> DeviceAnalysis:
     view.say("device time and model FLOPs")
-    return DeviceAnalysis(_device_regions(view), _model_flops(view))
+    allocations, curves, windows = _memory(view)
+    return DeviceAnalysis(_device_regions(view), _model_flops(view), allocations, curves, _allocators(view), windows)

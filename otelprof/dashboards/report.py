@@ -346,6 +346,10 @@ def _gpu_memory() -> Row:
                    [Prom(PROC.sel(sc.CUDA_MEMORY_ALLOCATED), "rank {{rank}} gpu {{gpu}} allocated",
                          needs=frozenset({"cuda"})),
                     Prom(PROC.sel(sc.CUDA_MEMORY_RESERVED), "rank {{rank}} gpu {{gpu}} reserved",
+                         needs=frozenset({"cuda"})),
+                    Prom(PROC.sel(sc.CUDA_MEMORY_FRAGMENTATION), "rank {{rank}} gpu {{gpu}} fragmentation",
+                         needs=frozenset({"cuda"})),
+                    Prom(PROC.sel(sc.CUDA_MEMORY_PEAK), "rank {{rank}} gpu {{gpu}} peak",
                          needs=frozenset({"cuda"}))], "bytes", min=0, w=8),
     ])
 
@@ -472,6 +476,14 @@ def _device_and_flops() -> Row:
               [("Host", Prom(host), "s"), ("Device", Prom(device, needs=GPU_NEEDS), "s"),
                ("Gap", Prom(f"{host} - {device}", needs=GPU_NEEDS), "s")],
               [(ANNOTATION, "Region")], sort_by="Host", w=12),
+        table(ids.REPORT_TOP_ALLOCATIONS, "Top allocating operators", "Bytes allocated per profiled step by the 15 "
+              f"operators that allocated the most (their own allocations; profile_memory), {WINDOW_NOTE}.",
+              [("Allocated", Prom(f"topk(15, {_last_window(sc.OPERATOR_ALLOCATED, (DEVICE_KIND, OPERATOR))})"),
+                "bytes")], [(DEVICE_KIND, "Device"), (OPERATOR, "Operator")], sort_by="Allocated", w=12),
+        stat(ids.REPORT_WINDOW_MEMORY_PEAK, "Window memory peak", "The most memory tensors held at once during the "
+             "last profiling window in the range, host (cpu) and GPU, the largest of the selected ranks.",
+             [Prom(f"max by ({DEVICE_KIND}) (last_over_time({PROC.sel(sc.PROFILE_MEMORY_PEAK)}[{pq.RANGE}]))",
+                   "{{device}}", instant=True)], "bytes", w=6),
     ])
 
 

@@ -216,7 +216,12 @@ class ProfileWindows:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         try:
-            window.profiler = profile(activities=activities, record_shapes=False, with_stack=False)
+            from otelprof.session import get_session as _session
+
+            current = _session()
+            memory = bool(current is not None and current.config.profile_memory)
+            window.profiler = profile(activities=activities, record_shapes=False, with_stack=False,
+                                      profile_memory=memory)
             with _quiet_stderr():
                 window.profiler.start()
         except Exception as exc:  # another profiler is active, or Kineto is unavailable

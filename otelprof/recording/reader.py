@@ -690,6 +690,18 @@ def _operators(summary: Any) -> dict[str, Any]:
                                  for name, seconds in _entries(summary.get("kernel_precision_s"), dict).items()}
     for key in ("operators", "device_events"):
         out[key] = _int(summary.get(key, 0), 0, INT64)
+    memory = _entries(summary.get("memory"), dict)
+    if memory:
+        out["memory"] = {
+            "top": [{"device": _str(row["device"]), "name": _str(row["name"]),
+                     "bytes": _int(row.get("bytes", 0), 0, INT64), "allocations": _int(row.get("allocations", 0), 0,
+                                                                                     INT64)}
+                    for row in _entries(memory.get("top"), list)],
+            "peak_bytes": {_str(d): _int(v, 0, INT64) for d, v in _entries(memory.get("peak_bytes"), dict).items()},
+            "reserved_bytes": {_str(d): _int(v, 0, INT64)
+                               for d, v in _entries(memory.get("reserved_bytes"), dict).items()},
+            "curve": {_str(d): [(_int(t, 0, MAX_TIME_NS), _int(v, 0, INT64)) for t, v in _entries(points, list)]
+                      for d, points in _entries(memory.get("curve"), dict).items()}}
     return out
 
 

@@ -1038,7 +1038,45 @@ def _device(r: Report) -> str:
         out.append(table(("Phase", "Region", "Steps", "Host mean", "Device mean", "Gap", "Gap share of host"),
                          [(x.phase, x.region, f"{x.steps:,}", secs(x.host_mean), secs(x.device_mean),
                            secs(x.gap_mean), pct(x.gap_share)) for x in d.regions], 2))
+    out.append(_window_memory(r))
     return section("device", "Device time and FLOPs", "".join(out))
+
+
+def _window_memory(r: Report) -> str:
+    d = r.device
+    out = ["<h3>Memory in the profiling windows</h3>"]
+    if _from_prometheus(r):
+        out.append(p(f"From Prometheus: {sc.OPERATOR_ALLOCATED.prometheus_name} and "
+                     f"{sc.PROFILE_MEMORY_PEAK.prometheus_name} on the training report dashboard; the curves are "
+                     f"{IN_RECORDING}."))
+    elif not d.memory_windows:
+        out.append(p("No data: no profiling window recorded allocations (OTELPROF_PROFILE_MEMORY=false, or no "
+                     "window ran)."))
+    else:
+        out.append(p(f"The operators that allocated the most in {d.memory_windows} window(s), their own allocations "
+                     "(an operator's children count for themselves), all ranks."))
+        out.append(table(("Device", "Operator", "Allocated", "Allocations", "Windows"),
+                         [(a.device, a.name, size(a.bytes), f"{a.allocations:,}", a.windows) for a in d.allocations],
+                         2))
+        charts_ = [figure(svg.xy([(f"rank {c.rank} {c.device}", [x for x, _ in c.points], [y for _, y in c.points],
+                                   [y for _, y in c.points], [y for _, y in c.points])],
+                                 f"Rank {c.rank}: allocated during the window of step {c.start_step}", size,
+                                 lambda v: f"{v:.3g} s"),
+                          f"Bytes held by tensors on {c.device} over the window (peak {size(c.peak)}).")
+                   for c in d.curves[:4]]
+        out.append(charts(*charts_))
+    out.append("<h3>CUDA allocator over the run</h3>")
+    if not d.allocators:
+        out.append(p("No data: no CUDA allocator figures were recorded (the model ran on the CPU)."))
+    else:
+        out.append(p("Per rank and GPU: the most memory tensors held at once, the most the caching allocator "
+                     "reserved, and fragmentation (reserved minus allocated: cached and split blocks no tensor uses). "
+                     "Fragmentation close to the GPU's free memory makes an out-of-memory error possible with memory "
+                     "to spare; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces it."))
+        out.append(table(("Rank", "GPU", "Peak allocated", "Max reserved", "Max fragmentation", "Last fragmentation"),
+                         [(a.rank, a.gpu, size(a.peak), size(a.reserved_max), size(a.fragmentation_max),
+                           size(a.fragmentation_last)) for a in d.allocators], 2))
+    return "".join(out)
 
 
 def _memory(r: Report) -> str:
