@@ -394,6 +394,14 @@ PROFILE_MEMORY_PEAK = MetricSpec(
     "otelprof.profile.memory.peak", Kind.GAUGE, "By",
     "Last profiling window: the most memory the allocator held (tensors) at any moment, host (cpu) or GPU.",
     (LABEL_DEVICE_KIND,))
+COMM_OVERLAP = MetricSpec(
+    "otelprof.communication.overlap", Kind.GAUGE, "1",
+    "Last profiling window: share of the time collective kernels (NCCL) ran during which compute kernels ran "
+    "too on the same GPU (communication hidden behind computation). GPU runs with collectives only.")
+COMM_EXPOSED = MetricSpec(
+    "otelprof.communication.exposed", Kind.GAUGE, "s",
+    "Per profiled step in the last window: time collective kernels ran with no compute kernel beside them on the "
+    "same GPU (exposed communication the step waits for).")
 MODEL_FLOPS = MetricSpec(
     "otelprof.model.flops", Kind.GAUGE, "{flop}",
     "FLOPs of one training step (forward, backward, optimizer), counted by torch.utils.flop_counter in the step "
@@ -546,7 +554,7 @@ FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
     OPERATOR_SELF_TIME,
     OPERATOR_TOTAL_TIME, OPERATOR_CALLS, OPERATOR_LAUNCHES, OPERATOR_CATEGORY_TIME, OPERATOR_HOST_RATIO,
     KERNEL_PRECISION, OPERATOR_ALLOCATED, PROFILE_MEMORY_PEAK, MODEL_FLOPS, MODEL_FLOPS_ACHIEVED,
-    MODEL_FLOPS_UTILIZATION,
+    MODEL_FLOPS_UTILIZATION, COMM_OVERLAP, COMM_EXPOSED,
 )
 """Set by the PyTorch integration when it sees a data loader / CUDA."""
 

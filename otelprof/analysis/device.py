@@ -7,6 +7,8 @@
 * memory: the operators that allocated the most in the profiling windows (summed over windows and ranks), the
   allocated-bytes curve of the last window with allocations, and on CUDA the caching allocator's peak and
   fragmentation (reserved - allocated) over the run, per rank, from its metric snapshots;
+* communication/computation overlap: per rank, over its profiling windows, the time collective kernels ran,
+  the share of it compute kernels ran beside them, and the exposed rest per profiled step;
 * model FLOPs: per rank, the FLOPs per step counted after its last profiling window, times the rank's
   training steps per second over the run, and over the device's peak when the window knew one (MFU).
 """
@@ -86,6 +88,18 @@ class Allocator:
 
 
 @dataclass(frozen=True)
+class Overlap:
+    rank: int
+    windows: int
+    communication: float
+    """Seconds collective kernels ran, per profiled step."""
+    overlap: float
+    """Share of that time compute kernels ran too."""
+    exposed: float
+    """Seconds per profiled step the GPU only communicated."""
+
+
+@dataclass(frozen=True)
 class DeviceAnalysis:
     regions: tuple[DeviceRegion, ...] = ()
     flops: tuple[ModelFlops, ...] = ()
@@ -94,6 +108,7 @@ class DeviceAnalysis:
     allocators: tuple[Allocator, ...] = ()
     memory_windows: int = 0
     """Profiling windows that recorded allocations."""
+    overlap: tuple[Overlap, ...] = ()
 
 
 TOP_ALLOCATIONS = 15
@@ -228,7 +243,27 @@ def _model_flops(view: RunView) -> tuple[ModelFlops, ...]:
     return tuple(out)
 
 
+def _overlap(view: RunView) -> tuple[Overlap, ...]:
+    out = []
+    for rank in view.ranks:
+        windows = steps = 0
+        comm = overlapped = exposed = 0.0
+        for record in rank.profiles():
+            found = (record.get("operators") or {}).get("overlap")
+            if not found:
+                continue
+            windows += 1
+            steps += max(int(record["num_steps"]), 1)
+            comm += found["communication_s"]
+            overlapped += found["overlapped_s"]
+            exposed += found["exposed_s"]
+        if windows:
+            out.append(Overlap(rank.rank, windows, comm / steps, share(overlapped, comm), exposed / steps))
+    return tuple(out)
+
+
 def device_analysis(view: RunView) -> DeviceAnalysis:
     view.say("device time and model FLOPs")
     allocations, curves, windows = _memory(view)
-    return DeviceAnalysis(_device_regions(view), _model_flops(view), allocations, curves, _allocators(view), windows)
+    return DeviceAnalysis(_device_regions(view), _model_flops(view), allocations, curves, _allocators(view), windows,
+                          _overlap(view))

@@ -480,6 +480,16 @@ def _device_and_flops() -> Row:
               f"operators that allocated the most (their own allocations; profile_memory), {WINDOW_NOTE}.",
               [("Allocated", Prom(f"topk(15, {_last_window(sc.OPERATOR_ALLOCATED, (DEVICE_KIND, OPERATOR))})"),
                 "bytes")], [(DEVICE_KIND, "Device"), (OPERATOR, "Operator")], sort_by="Allocated", w=12),
+        table(ids.REPORT_OVERLAP, "Communication/computation overlap", "Per rank, from the GPU kernels of the last "
+              "profiling window in the range: the share of the time collective kernels (NCCL) ran during which "
+              "compute kernels ran too on the same GPU, and the exposed communication per profiled step (collectives "
+              "with nothing beside them: time the step waits). The rank that stands out is the straggler's "
+              "partner or the straggler. GPU runs with collectives only.",
+              [("Overlap", Prom(f"max by ({RANK}) (last_over_time({PROC.sel(sc.COMM_OVERLAP)}[{pq.RANGE}]))",
+                                needs=GPU_NEEDS), "percentunit"),
+               ("Exposed per step", Prom(f"max by ({RANK}) (last_over_time({PROC.sel(sc.COMM_EXPOSED)}"
+                                         f"[{pq.RANGE}]))", needs=GPU_NEEDS), "s")],
+              [(RANK, "Rank")], sort_by="Exposed per step", w=6),
         stat(ids.REPORT_WINDOW_MEMORY_PEAK, "Window memory peak", "The most memory tensors held at once during the "
              "last profiling window in the range, host (cpu) and GPU, the largest of the selected ranks.",
              [Prom(f"max by ({DEVICE_KIND}) (last_over_time({PROC.sel(sc.PROFILE_MEMORY_PEAK)}[{pq.RANGE}]))",

@@ -370,6 +370,7 @@ def window_summary(parsed: ParsedTrace, top: int, precision: Any = None) -> dict
         label = categorize(op.name)
         host_categories[label] = host_categories.get(label, 0.0) + seconds
     return {
+        "overlap": overlap_summary(parsed),
         "memory": memory_summary(parsed, top),
         "ops": _top(host, top),
         "kernels": _top(kernels, top),
@@ -380,6 +381,56 @@ def window_summary(parsed: ParsedTrace, top: int, precision: Any = None) -> dict
         "operators": len(parsed.operators),
         "device_events": len(parsed.device),
     }
+
+
+def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _intersection(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    """Length of the intersection of two sorted disjoint interval lists."""
+    i = j = total = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def overlap_summary(parsed: ParsedTrace) -> dict[str, float]:
+    """Communication/computation overlap on the device timeline of a window, over all its GPUs: the time some
+    collective kernel (category communication: NCCL) ran, how much of it some compute kernel (any other kernel)
+    ran at the same time on the same GPU, and the rest, exposed (the GPU only communicated). Empty without
+    collective kernels."""
+    comm: dict[int, list[tuple[int, int]]] = {}
+    compute: dict[int, list[tuple[int, int]]] = {}
+    for event in parsed.device:
+        if event.kind != "kernel":
+            continue
+        side = comm if categorize(event.name) == "communication" else compute
+        side.setdefault(event.device, []).append((event.start_ns, event.end_ns))
+    if not comm:
+        return {}
+    comm_ns = overlapped_ns = compute_ns = 0
+    for device in comm.keys() | compute.keys():
+        collectives, kernels = _union(comm.get(device, [])), _union(compute.get(device, []))
+        comm_ns += sum(e - s for s, e in collectives)
+        compute_ns += sum(e - s for s, e in kernels)
+        overlapped_ns += _intersection(collectives, kernels)
+    return {"communication_s": comm_ns / 1e9, "overlapped_s": overlapped_ns / 1e9,
+            "exposed_s": (comm_ns - overlapped_ns) / 1e9, "compute_s": compute_ns / 1e9,
+            "overlap_ratio": overlapped_ns / comm_ns if comm_ns else 0.0}
 
 
 CURVE_POINTS = 200
@@ -484,6 +535,13 @@ def set_metrics(registry: MetricRegistry, stats: Mapping[str, Any], num_steps: i
         for device, value in (memory.get("peak_bytes") or {}).items():
             kind = (_kind(device),)
             peak.set(max(peak.values.get(kind, 0.0), value), kind)
+        overlap = stats.get("overlap") or {}
+        ratio, exposed = registry.gauge(sc.COMM_OVERLAP), registry.gauge(sc.COMM_EXPOSED)
+        ratio.values.clear()
+        exposed.values.clear()
+        if overlap:
+            ratio.set(overlap["overlap_ratio"])
+            exposed.set(overlap["exposed_s"] * per_step)
         kernel_s = sum(stats["kernel_precision_s"].values())
         for label, seconds in stats["kernel_precision_s"].items():
             if kernel_s > 0:

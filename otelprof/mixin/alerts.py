@@ -375,7 +375,11 @@ def _steps(c: MixinConfig) -> list[Alert]:
             todo="Compare the node's telemetry with the other nodes': CPU throttling "
                  "(otelprof_container_cpu_throttled_periods_total), a GPU at a lower clock or thermally "
                  "throttled (otelprof_gpu_throttle), a slower data path on that node, or uneven input sizes. "
-                 "The captured window (action `capture`, sent to this rank only) shows where its time goes.",
+                 "The captured window (action `capture`, sent to this rank only) shows where its time goes. "
+                 "On GPUs, the \"Communication/computation overlap\" panel of the training report (and the "
+                 "report's section of that name) gives each rank's exposed communication per step from its "
+                 "profiling windows' kernels: the ranks that wait for the straggler show the most exposed "
+                 "all-reduce time, the straggler itself the least.",
             deviations="No original. With two ranks the median is their mean, so the straggler must be 1.5 times "
                        "slower for a ratio of 1.2; with more ranks the median is robust. The collective time "
                        "comes from the DDP integration; without it the plain step time is compared."))

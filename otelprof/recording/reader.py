@@ -690,6 +690,10 @@ def _operators(summary: Any) -> dict[str, Any]:
                                  for name, seconds in _entries(summary.get("kernel_precision_s"), dict).items()}
     for key in ("operators", "device_events"):
         out[key] = _int(summary.get(key, 0), 0, INT64)
+    overlap = _entries(summary.get("overlap"), dict)
+    if overlap:
+        out["overlap"] = {key: _seconds(overlap[key]) for key in
+                          ("communication_s", "overlapped_s", "exposed_s", "compute_s", "overlap_ratio")}
     memory = _entries(summary.get("memory"), dict)
     if memory:
         out["memory"] = {

@@ -1038,8 +1038,30 @@ def _device(r: Report) -> str:
         out.append(table(("Phase", "Region", "Steps", "Host mean", "Device mean", "Gap", "Gap share of host"),
                          [(x.phase, x.region, f"{x.steps:,}", secs(x.host_mean), secs(x.device_mean),
                            secs(x.gap_mean), pct(x.gap_share)) for x in d.regions], 2))
+    out.append(_overlap(r))
     out.append(_window_memory(r))
     return section("device", "Device time and FLOPs", "".join(out))
+
+
+def _overlap(r: Report) -> str:
+    d = r.device
+    out = ['<h3 id="overlap">Communication/computation overlap</h3>']
+    if _from_prometheus(r):
+        out.append(p(f"From Prometheus: {sc.COMM_OVERLAP.prometheus_name} and {sc.COMM_EXPOSED.prometheus_name} on "
+                     "the training report dashboard."))
+    elif not d.overlap:
+        out.append(p("No data: no profiling window saw collective (NCCL) kernels on a GPU (a single-GPU or CPU run)."))
+    else:
+        worst = max(d.overlap, key=lambda o: o.exposed)
+        out.append(p("Per rank, from the GPU kernels of its profiling windows: the time collective kernels (NCCL) ran "
+                     "per profiled step, the share of it compute kernels ran beside them on the same GPU (hidden "
+                     "communication), and the exposed rest, which the step waits for. A rank whose exposed time "
+                     f"stands out waits for the others: rank {worst.rank} has the most "
+                     f"({secs(worst.exposed)} per step)."))
+        out.append(table(("Rank", "Windows", "Communication per step", "Overlapped", "Exposed per step"),
+                         [(o.rank, o.windows, secs(o.communication), pct(o.overlap), secs(o.exposed))
+                          for o in d.overlap], 0))
+    return "".join(out)
 
 
 def _window_memory(r: Report) -> str:
