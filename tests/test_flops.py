@@ -127,3 +127,33 @@ def test_the_report_shows_mfu_of_a_gpu_window(tmp_path: Path) -> None:
     assert row.utilization == pytest.approx(1e14 / 312e12)
     html = render(report)
     assert "reached 32.1 % of the NVIDIA A100-SXM4-40GB" in html and "312.00 T" in html
+
+
+def test_attention_on_the_cpu_is_counted_like_on_the_gpu() -> None:
+    """A causal self-attention block (the shape of GPT training loops): its matmuls and the CPU flash attention
+    of scaled_dot_product_attention (QK^T and AV), which torch's own counter leaves out on the CPU."""
+    batch, heads, seq, dim = 2, 4, 16, 8
+    width = heads * dim
+    qkv, proj = torch.nn.Linear(width, 3 * width, bias=False), torch.nn.Linear(width, width, bias=False)
+    x = torch.randn(batch, seq, width, requires_grad=True)
+
+    def block() -> torch.Tensor:
+        q, k, v = qkv(x).split(width, dim=2)
+        q, k, v = (t.view(batch, seq, heads, dim).transpose(1, 2) for t in (q, k, v))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return proj(y.transpose(1, 2).reshape(batch, seq, width))
+
+    tokens = batch * seq
+    matmuls = 2 * tokens * width * 3 * width + 2 * tokens * width * width
+    attention = 2 * (2 * batch * heads * seq * seq * dim)  # QK^T and AV, causal mask not discounted
+    counter = flops.start()
+    with torch.no_grad():
+        block()
+    forward = flops.stop(counter)
+    assert forward is not None and forward["flops"] == matmuls + attention
+    counter = flops.start()
+    block().sum().backward()
+    count = flops.stop(counter)
+    # backward: twice the matmuls; attention's as torch counts the CUDA kernels' (dQ, dK, dV, dP and the
+    # recomputed scores: 2.5 times its forward)
+    assert count is not None and count["flops"] == 3 * matmuls + attention + attention * 5 // 2

@@ -74,6 +74,24 @@ def compiled() -> bool:
         return True
 
 
+def _cpu_attention() -> dict[Any, Any]:
+    """Formulas for the CPU flash-attention kernels ``scaled_dot_product_attention`` runs on the CPU, which
+    torch's flop counter lacks (it counts the CUDA ones): the same as the CUDA flash attention's."""
+    import torch
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+    found: dict[Any, Any] = {}
+    forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if forward is not None:
+        found[forward] = lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v)
+    if backward is not None:
+        found[backward] = (lambda grad, q, k, v, *args, out_shape=None, **kwargs:
+                           sdpa_backward_flop_count(grad, q, k, v))
+    return found
+
+
 def _counter_class() -> Any:
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -81,7 +99,7 @@ def _counter_class() -> Any:
         """FlopCounterMode keeping FLOPs by (device type, dtype) of each counted operator's first tensor."""
 
         def __init__(self) -> None:
-            super().__init__(display=False)
+            super().__init__(display=False, custom_mapping=_cpu_attention())
             self.by_kind: dict[tuple[str, str], int] = {}
 
         def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:

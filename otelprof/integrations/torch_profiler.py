@@ -89,6 +89,14 @@ class _Window:
     """Duration of the counted step (with the counter's cost)."""
 
 
+UNKNOWN_FREE_WARNING = 1000
+"""With ``profile_memory``, PyTorch's CPU allocator logs "Memory block of unknown size was allocated before the
+profiling started" to stderr at the first and then every 1000th free of a block allocated before a profiler
+started (a c10 LOG(WARNING), which no Python setting silences). The first window frees one such block while
+stderr is muted, so the first line, which every run would print, is not the job's; a later one comes only
+after 1000 such frees inside windows (tens per window: hours of a default schedule). OTELPROF_PROFILE_MEMORY=false
+avoids them altogether."""
+
 BASELINE_STEPS = 3
 """Steps just before a window whose mean period is the window's baseline (a periodic window is armed that
 many steps ahead)."""
@@ -223,7 +231,9 @@ class ProfileWindows:
             window.profiler = profile(activities=activities, record_shapes=False, with_stack=False,
                                       profile_memory=memory)
             with _quiet_stderr():
+                before = torch.empty(16) if memory else None
                 window.profiler.start()
+                del before  # see UNKNOWN_FREE_WARNING
         except Exception as exc:  # another profiler is active, or Kineto is unavailable
             warn_once("profile:start", "otelprof: cannot start torch.profiler (%s); window skipped", exc)
             return False
