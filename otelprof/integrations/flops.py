@@ -85,10 +85,10 @@ def _cpu_attention() -> dict[Any, Any]:
     forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
     if forward is not None:
-        found[forward] = lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v)
+        found[forward] = lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v)  # type: ignore[no-untyped-call]
     if backward is not None:
         found[backward] = (lambda grad, q, k, v, *args, out_shape=None, **kwargs:
-                           sdpa_backward_flop_count(grad, q, k, v))
+                           sdpa_backward_flop_count(grad, q, k, v))  # type: ignore[no-untyped-call]
     return found
 
 
