@@ -59,14 +59,17 @@ class Config:
     profile_flops: bool = True
     profile_memory: bool = True
     peak_flops: float = 0.0
-    outlier_sigma: float = 3.0
+    outlier_sigma: float = thresholds.OUTLIER_SIGMA
     outlier_min_steps: int = 20
+    outlier_min_ratio: float = thresholds.OUTLIER_MIN_RATIO
+    outlier_min_excess: float = thresholds.OUTLIER_MIN_EXCESS
     max_label_values: int = 64
     handle_sigterm: bool = True
     system_metrics: bool = True
     sample_interval: float = 0.5
     node_sampler_local_rank: int = 0
     gpu_metrics: bool = True
+    gpu_sampling: bool = True
     torch_native: bool = True
     cpu_high_threshold: float = thresholds.CPU_HIGH
     gpu_low_threshold: float = thresholds.GPU_LOW
@@ -239,12 +242,15 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "peak_flops": _ranged(float, 0.0, 1e20),
     "outlier_sigma": _ranged(float, 0.0, 100.0),
     "outlier_min_steps": _ranged(int, 2, 1_000_000),
+    "outlier_min_ratio": _ranged(float, 1.0, 100.0),
+    "outlier_min_excess": lambda t: _ranged(float, 0.0, 3_600_000.0)(t) / 1000.0,
     "max_label_values": _ranged(int, 1, 10_000),
     "system_metrics": _parse_bool,
     "stop_raises": _parse_bool,
     "quiet": _parse_bool,
     "control_port": _ranged(int, 0, 65535),
     "gpu_metrics": _parse_bool,
+    "gpu_sampling": _parse_bool,
     "torch_native": _parse_bool,
     "sample_interval": lambda t: _ranged(float, 100, 60_000)(t) / 1000.0,
     "node_sampler_local_rank": _ranged(int, -1, 65535),
@@ -272,6 +278,8 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "profile_top_k": lambda v: _in_range(v, 1, 100),
     "peak_flops": lambda v: _in_range(v, 0.0, 1e20),
     "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
+    "outlier_min_ratio": lambda v: _in_range(v, 1.0, 100.0),
+    "outlier_min_excess": lambda v: _in_range(v, 0.0, 3600.0),
     "max_label_values": lambda v: _in_range(v, 1, 10_000),
     "sample_interval": lambda v: _in_range(v, 0.1, 60.0),
     "control_port": lambda v: _in_range(v, 0, 65535),

@@ -57,12 +57,15 @@ OTELPROF_PROFILE_MEMORY = "OTELPROF_PROFILE_MEMORY"
 OTELPROF_PEAK_FLOPS = "OTELPROF_PEAK_FLOPS"
 OTELPROF_OUTLIER_SIGMA = "OTELPROF_OUTLIER_SIGMA"
 OTELPROF_OUTLIER_MIN_STEPS = "OTELPROF_OUTLIER_MIN_STEPS"
+OTELPROF_OUTLIER_MIN_RATIO = "OTELPROF_OUTLIER_MIN_RATIO"
+OTELPROF_OUTLIER_MIN_EXCESS_MS = "OTELPROF_OUTLIER_MIN_EXCESS_MS"
 OTELPROF_MAX_LABEL_VALUES = "OTELPROF_MAX_LABEL_VALUES"
 OTELPROF_HANDLE_SIGTERM = "OTELPROF_HANDLE_SIGTERM"
 OTELPROF_SYSTEM_METRICS = "OTELPROF_SYSTEM_METRICS"
 OTELPROF_SAMPLE_INTERVAL_MS = "OTELPROF_SAMPLE_INTERVAL_MS"
 OTELPROF_NODE_SAMPLER_LOCAL_RANK = "OTELPROF_NODE_SAMPLER_LOCAL_RANK"
 OTELPROF_GPU_METRICS = "OTELPROF_GPU_METRICS"
+OTELPROF_GPU_SAMPLING = "OTELPROF_GPU_SAMPLING"
 OTELPROF_TORCH_NATIVE = "OTELPROF_TORCH_NATIVE"
 OTELPROF_CPU_HIGH_THRESHOLD = "OTELPROF_CPU_HIGH_THRESHOLD"
 OTELPROF_GPU_LOW_THRESHOLD = "OTELPROF_GPU_LOW_THRESHOLD"
@@ -166,10 +169,16 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Peak FLOP/s of the device for MFU, replacing the built-in table of GPU models and dtypes (0: the table; "
            "a CPU run has no utilization unless this is set)."),
     EnvVar(OTELPROF_OUTLIER_SIGMA, "outlier_sigma", "3",
-           "A step slower than mean + sigma x stddev of the recent steps of its phase is an outlier: "
-           "counted and traced retroactively. 0 turns outlier detection off."),
+           "A step slower than mean + sigma x stddev of the last 256 steps of its phase, and materially slower "
+           "than their median (`OTELPROF_OUTLIER_MIN_RATIO`, `OTELPROF_OUTLIER_MIN_EXCESS_MS`), is an outlier: "
+           "counted (OtelprofStepOutliers) and traced retroactively. 0 turns outlier detection off."),
     EnvVar(OTELPROF_OUTLIER_MIN_STEPS, "outlier_min_steps", "20",
            "Steps of a phase needed before outliers are judged."),
+    EnvVar(OTELPROF_OUTLIER_MIN_RATIO, "outlier_min_ratio", "1.5",
+           "An outlier step also takes at least this many times the median of the recent steps of its phase "
+           "(1-100): scheduler jitter on steady steps passes mean + 3 sigma but is no outlier."),
+    EnvVar(OTELPROF_OUTLIER_MIN_EXCESS_MS, "outlier_min_excess", "1",
+           "An outlier step also takes at least this many milliseconds more than that median."),
     EnvVar(OTELPROF_MAX_LABEL_VALUES, "max_label_values", "64",
            "Distinct phase / annotation names kept as metric labels; further names are counted as `other`."),
     EnvVar(OTELPROF_HANDLE_SIGTERM, "handle_sigterm", "true",
@@ -184,6 +193,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_GPU_METRICS, "gpu_metrics", "true",
            "Read GPUs through NVML (nvidia-ml-py) when available. Honours `CUDA_VISIBLE_DEVICES` and "
            "`NVIDIA_VISIBLE_DEVICES`."),
+    EnvVar(OTELPROF_GPU_SAMPLING, "gpu_sampling", "true",
+           "Sample the GPUs' readings (utilization, memory, power, ...). false where dcgm-exporter already "
+           "samples them (mixin `gpu_source=dcgm`): NVML is then only asked once, for the GPU's identity "
+           "(`otelprof_gpu_info`, the join to dcgm-exporter's series)."),
     EnvVar(OTELPROF_TORCH_NATIVE, "torch_native", "true",
            "The PyTorch integration's per-step hooks in C where the extension was built (false: the same hooks "
            "in Python, e.g. to compare). Read when `instrument()` is first called."),

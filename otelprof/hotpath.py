@@ -34,6 +34,21 @@ NATIVE_STEP = "n"
 ``steps.pop()`` builds its ``STEP`` record (on the recorder's thread, not the training thread)."""
 
 _active: Recorder | None = None
+
+
+Sum = list
+"""A step's scalar made of parts that the recorder adds up, off the hot path: the losses passed to ``backward()``
+in one step (numbers, or tensors converted there). A plain list, the cheapest object to make on the training
+thread: a list recorded as a scalar is its sum."""
+
+
+class Mean(list):  # type: ignore[type-arg]
+    """A step's scalar made of parts that the recorder averages, off the hot path: the losses of an evaluation
+    step's forwards."""
+
+    __slots__ = ()
+
+
 MAX_STEP_ANNOTATIONS = 4096
 """Regions kept inside one step; past this (a step that never ends) they are dropped and counted
 (``otelprof.exporter.dropped{exporter="step_regions"}``), so that an open step cannot grow without bound."""
@@ -354,7 +369,8 @@ def annotation_end(name: str) -> None:
 def record(name: str, value: Any) -> None:
     """Record a training scalar: ``loss``, ``learning_rate`` (or ``lr``), ``grad_norm``,
     ``samples`` and ``tokens`` (per step; their rate is throughput), or any other name
-    (kept in spans and the recording). Tensors are converted off the hot path."""
+    (kept in spans and the recording). Tensors are converted off the hot path; a list of numbers or
+    tensors counts as their sum."""
     recorder = _active
     if recorder is None:
         return

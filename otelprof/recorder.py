@@ -349,8 +349,7 @@ class Recorder:
         values = self._scalars(scalars, labels) if scalars else None
         detector = self._outliers.get(phase)
         if detector is None:
-            detector = self._outliers[phase] = OutlierDetector(self.config.outlier_sigma,
-                                                               self.config.outlier_min_steps)
+            detector = self._outliers[phase] = OutlierDetector.from_config(self.config)
         outlier = detector.observe(duration)
         if outlier:
             self.step_outliers.add(1, labels)
@@ -523,6 +522,16 @@ class _CollectSpans(SpanProcessor):
 
 
 def _to_float(name: str, raw: Any) -> float | None:
+    kind = type(raw)
+    if kind is hot.Sum or kind is hot.Mean:  # a step's parts (losses of its backwards / eval forwards)
+        if not raw:
+            return None
+        try:
+            total = float(sum(raw))  # tensors among them (CUDA losses): added, then read, here
+        except (TypeError, ValueError, RuntimeError):
+            warn_once(f"scalar:{name}", "otelprof: record(%r, ...) got parts that are not numbers; ignored", name)
+            return None
+        return total if kind is hot.Sum else total / len(raw)
     try:
         if hasattr(raw, "item"):  # torch / numpy scalars; resolved here, off the hot path
             raw = raw.item()

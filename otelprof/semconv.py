@@ -461,6 +461,10 @@ CONTAINER_CPU_THROTTLED_TIME = MetricSpec(
 CONTAINER_MEMORY_LIMIT = MetricSpec(
     "otelprof.container.memory.limit", Kind.GAUGE, "By", "The container's memory limit (absent: no limit).")
 CONTAINER_MEMORY_USAGE = MetricSpec("container.memory.usage", Kind.GAUGE, "By", "Memory charged to the container.")
+CONTAINER_MEMORY_WORKING_SET = MetricSpec(
+    "otelprof.container.memory.working_set", Kind.GAUGE, "By",
+    "Memory charged to the container less its inactive file cache: what counts against the limit when the "
+    "kernel must reclaim (the kubelet's working set).")
 PROCESS_CPU_TIME = MetricSpec(
     "process.cpu.time", Kind.COUNTER, "s", "CPU time of this training process.", (LABEL_CPU_MODE,))
 PROCESS_CPU_UTILIZATION = MetricSpec(
@@ -471,6 +475,10 @@ PROCESS_THREAD_COUNT = MetricSpec("process.thread.count", Kind.GAUGE, "{thread}"
 PROCESS_GPU_MEMORY = MetricSpec(
     "otelprof.process.gpu.memory", Kind.GAUGE, "By", "GPU memory used by this process, per GPU (NVML).",
     GPU_LABELS)
+GPU_INFO = MetricSpec(
+    "otelprof.gpu.info", Kind.GAUGE, "", "1 for the GPU this process computes on (NVML; the visible GPU at "
+    "`LOCAL_RANK`, or the only one): joins a GPU's series from dcgm-exporter (its `UUID` label = `hw_id`) to the "
+    "rank. Set once at start, also with OTELPROF_GPU_SAMPLING=false.", GPU_LABELS)
 GPU_UTILIZATION = MetricSpec(
     "hw.gpu.utilization", Kind.GAUGE, "1", "Share of the last sample period a kernel ran on the GPU (NVML).",
     GPU_LABELS)
@@ -533,12 +541,13 @@ SYSTEM_METRICS: tuple[MetricSpec, ...] = (
     SYSTEM_CPU_UTILIZATION, NODE_CPU_UTILIZATION, CPU_AVAILABLE, SYSTEM_MEMORY_USAGE, SYSTEM_MEMORY_LIMIT,
     SYSTEM_MEMORY_UTILIZATION, SYSTEM_DISK_IO, SYSTEM_DISK_OPERATIONS, SYSTEM_NETWORK_IO, CONTAINER_CPU_LIMIT,
     CONTAINER_CPU_TIME, CONTAINER_CPU_PERIODS, CONTAINER_CPU_THROTTLED_PERIODS, CONTAINER_CPU_THROTTLED_TIME,
-    CONTAINER_MEMORY_LIMIT, CONTAINER_MEMORY_USAGE, PROCESS_CPU_TIME, PROCESS_CPU_UTILIZATION,
-    PROCESS_MEMORY_USAGE, PROCESS_THREAD_COUNT, PROCESS_GPU_MEMORY, GPU_UTILIZATION, GPU_MEMORY_COPY_UTILIZATION,
-    GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT, GPU_MEMORY_UTILIZATION, GPU_POWER, GPU_POWER_LIMIT, GPU_TEMPERATURE,
-    GPU_SM_CLOCK, GPU_PCIE_THROUGHPUT, GPU_THROTTLE, GPU_ERRORS, GPU_SM_ACTIVE, GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVE,
-    GPU_UTILIZATION_DISTRIBUTION, GPU_MEMORY_UTILIZATION_DISTRIBUTION, SAMPLER_SAMPLES, SAMPLER_HIGH_CPU,
-    SAMPLER_LOW_GPU, SAMPLER_CPU_BOTTLENECK, SAMPLER_IO_BOTTLENECK, SAMPLER_ERRORS, SAMPLER_OVERRUNS, SAMPLER_TIME,
+    CONTAINER_MEMORY_LIMIT, CONTAINER_MEMORY_USAGE, CONTAINER_MEMORY_WORKING_SET, PROCESS_CPU_TIME,
+    PROCESS_CPU_UTILIZATION, PROCESS_MEMORY_USAGE, PROCESS_THREAD_COUNT, PROCESS_GPU_MEMORY, GPU_INFO, GPU_UTILIZATION,
+    GPU_MEMORY_COPY_UTILIZATION, GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT, GPU_MEMORY_UTILIZATION, GPU_POWER, GPU_POWER_LIMIT,
+    GPU_TEMPERATURE, GPU_SM_CLOCK, GPU_PCIE_THROUGHPUT, GPU_THROTTLE, GPU_ERRORS, GPU_SM_ACTIVE, GPU_SM_OCCUPANCY,
+    GPU_TENSOR_ACTIVE, GPU_UTILIZATION_DISTRIBUTION, GPU_MEMORY_UTILIZATION_DISTRIBUTION, SAMPLER_SAMPLES,
+    SAMPLER_HIGH_CPU, SAMPLER_LOW_GPU, SAMPLER_CPU_BOTTLENECK, SAMPLER_IO_BOTTLENECK, SAMPLER_ERRORS, SAMPLER_OVERRUNS,
+    SAMPLER_TIME,
 )
 
 STEP_METRICS: tuple[MetricSpec, ...] = (
@@ -571,6 +580,33 @@ SCALAR_GAUGES: dict[str, MetricSpec] = {SCALAR_LOSS: LOSS, SCALAR_LEARNING_RATE:
                                         SCALAR_GRAD_NORM: GRAD_NORM}
 SCALAR_COUNTERS: dict[str, MetricSpec] = {SCALAR_SAMPLES: SAMPLES, SCALAR_TOKENS: TOKENS}
 NONFINITE_CHECKED: tuple[str, ...] = (SCALAR_LOSS, SCALAR_GRAD_NORM)
+
+# ---------------------------------------------------------------- dcgm-exporter's series (mixin gpu_source=dcgm)
+# NVIDIA dcgm-exporter's default counters (etc/default-counters.csv), read instead of otelprof's own GPU series.
+# Labels: gpu (host index), UUID, pci_bus_id, device, modelName, Hostname, and with pod attribution
+# pod/namespace/container of the pod using the GPU (exported_pod, ... after a honorLabels: false scrape).
+DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+"""GPU utilization in percent (0-100)."""
+DCGM_MEM_COPY_UTIL = "DCGM_FI_DEV_MEM_COPY_UTIL"
+"""Memory (copy engine) utilization in percent."""
+DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"
+"""Framebuffer memory used, MiB."""
+DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"
+"""Framebuffer memory free, MiB."""
+DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
+"""Framebuffer memory reserved by the driver, MiB (newer dcgm-exporters; used + free + reserved = total)."""
+DCGM_POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"
+"""Power draw, W."""
+DCGM_GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"
+"""GPU temperature, Celsius."""
+DCGM_SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
+"""SM clock, MHz."""
+DCGM_TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
+"""Ratio of cycles the tensor pipe is active (0-1)."""
+DCGM_LABEL_UUID = "UUID"
+DCGM_LABEL_GPU = "gpu"
+DCGM_SERIES: tuple[str, ...] = (DCGM_GPU_UTIL, DCGM_MEM_COPY_UTIL, DCGM_FB_USED, DCGM_FB_FREE, DCGM_FB_RESERVED,
+                                DCGM_POWER_USAGE, DCGM_GPU_TEMP, DCGM_SM_CLOCK, DCGM_TENSOR_ACTIVE)
 
 # ---------------------------------------------------------------- OTel -> Prometheus names
 

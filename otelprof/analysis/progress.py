@@ -315,8 +315,9 @@ def _timeline(view: RunView, index: int, phase: str, origin: float, max_points: 
     series = Series.of(starts, durations, origin, max_points)
     marked = [(starts[i] - origin, durations[i], numbers[i]) for i, flag in enumerate(flags) if flag]
     slowest = sorted(sorted(marked, key=lambda m: -m[1])[:MAX_OUTLIER_MARKS])
+    limit = outlier_threshold(durations, view.outlier_sigma, view.outlier_floor)
     return StepTimeline(view.info[index].rank, phase, series, len(durations), max(1, -(-len(durations) // max_points)),
-                        outlier_threshold(durations, view.outlier_sigma), tuple(slowest), len(marked))
+                        limit, tuple(slowest), len(marked))
 
 
 def progress(view: RunView, max_points: int = MAX_POINTS) -> Progress:

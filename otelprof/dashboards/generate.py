@@ -11,8 +11,8 @@ from otelprof.dashboards.ranks import ranks
 from otelprof.dashboards.report import training_report
 from otelprof.dashboards.system import gpu_system
 from otelprof.dashboards.timeline import timeline
-from otelprof.mixin import yamlout
-from otelprof.mixin.config import MixinConfig
+from otelprof.mixin import gpu_source, yamlout
+from otelprof.mixin.config import GPU_SOURCE_DCGM, MixinConfig
 
 DASHBOARDS_DIR = Path("dashboards")
 PROVIDER_FILE = "provisioning/dashboards.yaml"
@@ -37,11 +37,14 @@ def render_json(board: Json) -> str:
 def render_all(config: MixinConfig | None = None) -> dict[str, str]:
     """Path under ``dashboards/`` -> content, for every generated file.
 
-    ``config``'s ``selector`` goes into every raw series the dashboards read, its ``prometheus_url`` and
-    ``tempo_url`` into the data sources (the committed files use the defaults).
+    With ``gpu_source=dcgm`` the panels read dcgm-exporter's GPU series (the ``otelprof-dcgm`` records)
+    instead of otelprof's own. ``config``'s ``selector`` goes into every raw series the dashboards read, its
+    ``prometheus_url`` and ``tempo_url`` into the data sources (the committed files use the defaults).
     """
     config = config or MixinConfig()
-    files = {file_name(board): render_json(selector.apply(board.to_json(), config.selector))
+    renames = gpu_source.RECORD_BY_SERIES if config.gpu_source == GPU_SOURCE_DCGM else {}
+    files = {file_name(board): render_json(selector.apply(selector.rename_series(board.to_json(), renames),
+                                                          config.selector))
              for board in dashboards()}
     files[PROVIDER_FILE] = yamlout.dump(provisioning.dashboard_provider(), HEADER)
     files[DATASOURCES_FILE] = yamlout.dump(provisioning.datasources(prometheus_url=config.prometheus_url,

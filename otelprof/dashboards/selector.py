@@ -44,3 +44,21 @@ def apply(board: Any, selector: str) -> Any:
     if isinstance(board, list):
         return [apply(item, selector) for item in board]
     return board
+
+
+def _rename(expr: str, names: dict[str, str]) -> str:
+    pattern = re.compile(r"(?<![\w:])(" + "|".join(re.escape(n) for n in names) + r")(?![\w:])")
+    return pattern.sub(lambda m: names[m.group(1)], expr)
+
+
+def rename_series(board: Any, names: dict[str, str]) -> Any:
+    """A copy of a dashboard's JSON with the series ``names`` (old -> new) renamed in every PromQL query: with the
+    mixin's ``gpu_source=dcgm`` otelprof's GPU gauges become the dcgm-exporter records standing for them."""
+    if not names:
+        return board
+    if isinstance(board, dict):
+        return {key: (_rename(value, names) if key in _EXPR_KEYS and isinstance(value, str)
+                      else rename_series(value, names)) for key, value in board.items()}
+    if isinstance(board, list):
+        return [rename_series(item, names) for item in board]
+    return board

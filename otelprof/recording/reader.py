@@ -450,6 +450,10 @@ class SampleColumns:
     net_rx: array[float] = field(default_factory=lambda: array("d"))
     net_tx: array[float] = field(default_factory=lambda: array("d"))
     throttled: array[float] = field(default_factory=lambda: array("d"))
+    container_memory: array[float] = field(default_factory=lambda: array("d"))
+    """The container's working set (bytes)."""
+    container_limit: array[float] = field(default_factory=lambda: array("d"))
+    """The container's memory limit (bytes; NaN: none)."""
     cores: int = 0
     """Most logical CPUs seen in a node sample."""
     core_busy_sum: list[float] = field(default_factory=list)
@@ -884,6 +888,8 @@ _CONFIG_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "job_name": ("a string", _is_string),
     "outlier_sigma": ("a number from 0 to 1000", lambda v: type(v) in (int, float) and 0 <= v <= 1000),
     "outlier_min_steps": ("an integer from 0 to 2^31 - 1", _is_count),
+    "outlier_min_ratio": ("a number from 1 to 100", lambda v: type(v) in (int, float) and 1 <= v <= 100),
+    "outlier_min_excess": ("a number from 0 to 3600", lambda v: type(v) in (int, float) and 0 <= v <= 3600),
 }
 
 
@@ -1194,7 +1200,7 @@ def _read_samples(c: SampleColumns, text: str) -> None:
             c.pcpu.extend(pcpu_values)
             c.rss.extend(rss_values)
             for column in (c.cpu_mean, c.cpu_max, c.iow_mean, c.iow_max, c.mem, c.disk_read, c.disk_write, c.net_rx,
-                           c.net_tx, c.throttled):
+                           c.net_tx, c.throttled, c.container_memory, c.container_limit):
                 column.extend(array("d", [math.nan]) * n)
             return
     for line in text.split("\n"):
@@ -1267,6 +1273,7 @@ def _add_sample(c: SampleColumns, line: str) -> None:
         get = sample.get
         t = _int(sample["t"], 0, MAX_TIME_NS)
         pcpu, rss, mem, throttled = _value(get("pcpu")), _value(get("rss")), _value(get("mem")), _value(get("thr"))
+        container_memory, container_limit = _value(get("cws")), _value(get("cml"))
         cpu, iow = _per_cpu(get("cpu")), _per_cpu(get("iow"))
         disk, net = _pair(get("disk")), _pair(get("net"))
         gpus = _gpu_values(c, get("gpu"))
@@ -1280,6 +1287,8 @@ def _add_sample(c: SampleColumns, line: str) -> None:
     c.rss.append(rss)
     c.mem.append(mem)
     c.throttled.append(throttled)
+    c.container_memory.append(container_memory)
+    c.container_limit.append(container_limit)
     if cpu:
         c.cpu_mean.append(sum(cpu) / len(cpu))
         c.cpu_max.append(max(cpu))

@@ -177,9 +177,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         if recording.skipped_lines:
             print(f"otelprof check: note: {_skipped(recording)}", file=sys.stderr)
-        print(json.dumps([{"alert": r.alert, "original": r.original, "severity": r.severity, "fired": r.triggered,
-                           "status": r.status, "firing_evaluations": r.firing_evaluations, "evaluations": r.evaluations,
-                           "datapoints": r.datapoints, "first_fired": r.first_fired, "subjects": list(r.subjects)}
+        print(json.dumps([{"alert": r.alert, "original": r.original, "severity": r.severity, "status": r.status,
+                           "fired": r.triggered, "firing_evaluations": r.firing_evaluations,
+                           "evaluations": r.evaluations, "datapoints": r.datapoints, "first_fired": r.first_fired,
+                           "subjects": list(r.subjects)}
                           for r in summary.rows], indent=1))
     else:
         width = max((len(r.alert) for r in summary.rows), default=10)
@@ -188,7 +189,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             verdict = "FIRED" if r.triggered else r.status
             print(f"{r.alert:<{width}}  {verdict:<7}  {r.severity:<8}  {f'{r.firing_evaluations}/{r.evaluations}':>9}"
                   f"  {r.datapoints:>10,}  {', '.join(r.subjects) or '-'}")
-        print(f"\n{len(summary.fired)} of {len(summary.rows)} checks fired (evaluated every {summary.interval:g} s)."
+        empty = sum(1 for r in summary.rows if r.status == "no data")
+        print(f"\n{len(summary.fired)} of {len(summary.rows)} checks fired"
+              + (f", {empty} had no data to judge" if empty else "")
+              + f" (evaluated every {summary.interval:g} s)."
               + (f" {_skipped(recording)}." if recording.skipped_lines else ""))
     return 1 if summary.fired else 0
 
