@@ -272,9 +272,11 @@ def _device_time_track(rank: Any, pid: int, events: list[dict[str, Any]], ts: An
     c = rank.step_columns
     shown_any = False
     for i in range(len(c)):
-        regions = by_step.get((c.phase_names[c.phase[i]], c.number[i]))
         start = c.start_ns[i]
-        if not regions or not inside(start, start + c.duration_ns[i]):
+        if not inside(start, start + c.duration_ns[i]):
+            continue
+        regions = by_step.pop((c.phase_names[c.phase[i]], c.number[i]), None)  # a step number repeated: once
+        if not regions:
             continue
         host: dict[str, tuple[int, int]] = {}
         for j in range(c.ann_index[i], c.ann_index[i + 1]):
