@@ -137,7 +137,7 @@ def _memory(view: RunView) -> tuple[tuple[Allocation, ...], tuple[MemoryCurve, .
                                                 tuple(((t - t0) / 1e9, v) for t, v in points),
                                                 int(memory["peak_bytes"].get(device, 0)))
     rows = [Allocation(device, name, b, n, w) for (device, name), (b, n, w) in totals.items()]
-    rows.sort(key=lambda a: -a.bytes)
+    rows.sort(key=lambda a: (a.name == sc.OTHER_LABEL_VALUE, -a.bytes))  # the windows' "other" rows last
     return tuple(rows[:TOP_ALLOCATIONS]), tuple(curves[r] for r in sorted(curves)), windows
 
 
