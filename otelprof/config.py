@@ -57,6 +57,9 @@ class Config:
     profile_budget: float = 0.01
     profile_max_spans: int = 500
     profile_top_k: int = 10
+    profile_flops: bool = True
+    profile_memory: bool = True
+    peak_flops: float = 0.0
     outlier_sigma: float = thresholds.OUTLIER_SIGMA
     outlier_min_steps: int = 20
     outlier_min_ratio: float = thresholds.OUTLIER_MIN_RATIO
@@ -265,6 +268,9 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "profile_budget": _ranged(float, 0.0, 1.0),
     "profile_max_spans": _ranged(int, 0, 100_000),
     "profile_top_k": _ranged(int, 1, 100),
+    "profile_flops": _parse_bool,
+    "profile_memory": _parse_bool,
+    "peak_flops": _ranged(float, 0.0, 1e20),
     "outlier_sigma": _ranged(float, 0.0, 100.0),
     "outlier_min_steps": _ranged(int, 2, 1_000_000),
     "outlier_min_ratio": _ranged(float, 1.0, 100.0),
@@ -310,6 +316,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "profile_budget": lambda v: _in_range(v, 0.0, 1.0),
     "profile_max_spans": lambda v: _in_range(v, 0, 100_000),
     "profile_top_k": lambda v: _in_range(v, 1, 100),
+    "peak_flops": lambda v: _in_range(v, 0.0, 1e20),
     "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
     "outlier_min_ratio": lambda v: _in_range(v, 1.0, 100.0),
     "outlier_min_excess": lambda v: _in_range(v, 0.0, 3600.0),

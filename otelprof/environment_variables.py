@@ -53,6 +53,9 @@ OTELPROF_PROFILE_WARMUP_STEPS = "OTELPROF_PROFILE_WARMUP_STEPS"
 OTELPROF_PROFILE_BUDGET = "OTELPROF_PROFILE_BUDGET"
 OTELPROF_PROFILE_MAX_SPANS = "OTELPROF_PROFILE_MAX_SPANS"
 OTELPROF_PROFILE_TOP_K = "OTELPROF_PROFILE_TOP_K"
+OTELPROF_PROFILE_FLOPS = "OTELPROF_PROFILE_FLOPS"
+OTELPROF_PROFILE_MEMORY = "OTELPROF_PROFILE_MEMORY"
+OTELPROF_PEAK_FLOPS = "OTELPROF_PEAK_FLOPS"
 OTELPROF_OUTLIER_SIGMA = "OTELPROF_OUTLIER_SIGMA"
 OTELPROF_OUTLIER_MIN_STEPS = "OTELPROF_OUTLIER_MIN_STEPS"
 OTELPROF_OUTLIER_MIN_RATIO = "OTELPROF_OUTLIER_MIN_RATIO"
@@ -161,6 +164,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_PROFILE_TOP_K, "profile_top_k", "10",
            "Operators and kernels per window with series of their own on the operator metrics; the rest are "
            "summed as `other`; 1-100."),
+    EnvVar(OTELPROF_PROFILE_FLOPS, "profile_flops", "true",
+           "Count the model FLOPs of the step after each profiling window (`torch.utils.flop_counter`; skipped "
+           "under `torch.compile`) for achieved FLOP/s and MFU; its cost counts as the window's."),
+    EnvVar(OTELPROF_PROFILE_MEMORY, "profile_memory", "true",
+           "Profiling windows record allocations (`torch.profiler` `profile_memory`): the top allocating "
+           "operators and each window's memory curve."),
+    EnvVar(OTELPROF_PEAK_FLOPS, "peak_flops", "0",
+           "Peak FLOP/s of the device for MFU, replacing the built-in table of GPU models and dtypes (0: the table; "
+           "a CPU run has no utilization unless this is set)."),
     EnvVar(OTELPROF_OUTLIER_SIGMA, "outlier_sigma", "3",
            "A step slower than mean + sigma x stddev of the last 256 steps of its phase, and materially slower "
            "than their median (`OTELPROF_OUTLIER_MIN_RATIO`, `OTELPROF_OUTLIER_MIN_EXCESS_MS`), is an outlier: "

@@ -345,6 +345,10 @@ CUDA_MEMORY_RESERVED = MetricSpec(
 CUDA_MEMORY_PEAK = MetricSpec(
     "otelprof.cuda.memory.peak", Kind.GAUGE, "By", "Peak memory held by tensors since start (torch.cuda).",
     (LABEL_GPU,))
+CUDA_MEMORY_FRAGMENTATION = MetricSpec(
+    "otelprof.cuda.memory.fragmentation", Kind.GAUGE, "By",
+    "Reserved minus allocated (torch.cuda): memory the caching allocator holds that no tensor uses (cached and "
+    "split blocks), per device.", (LABEL_GPU,))
 REGION_DEVICE_DURATION = MetricSpec(
     "otelprof.region.device.duration", Kind.HISTOGRAM, "s",
     "Device time of the forward, backward and optimizer regions on CUDA, from CUDA events read once the GPU got "
@@ -387,6 +391,34 @@ KERNEL_PRECISION = MetricSpec(
     "otelprof.kernel.precision", Kind.GAUGE, "1",
     "Last window: share of GPU kernel time by arithmetic precision (from kernel names; GPU runs only).",
     (LABEL_PRECISION,))
+OPERATOR_ALLOCATED = MetricSpec(
+    "otelprof.operator.allocated", Kind.GAUGE, "By",
+    "Per profiled step in the last window: bytes allocated by each of the top allocating operators (their own "
+    "allocations, torch.profiler profile_memory), on the host (cpu) or GPU (gpu), the rest as `other`.",
+    (LABEL_DEVICE_KIND, LABEL_OPERATOR))
+PROFILE_MEMORY_PEAK = MetricSpec(
+    "otelprof.profile.memory.peak", Kind.GAUGE, "By",
+    "Last profiling window: the most memory the allocator held (tensors) at any moment, host (cpu) or GPU.",
+    (LABEL_DEVICE_KIND,))
+COMM_OVERLAP = MetricSpec(
+    "otelprof.communication.overlap", Kind.GAUGE, "1",
+    "Last profiling window: share of the time collective kernels (NCCL) ran during which compute kernels ran "
+    "too on the same GPU (communication hidden behind computation). GPU runs with collectives only.")
+COMM_EXPOSED = MetricSpec(
+    "otelprof.communication.exposed", Kind.GAUGE, "s",
+    "Per profiled step in the last window: time collective kernels ran with no compute kernel beside them on the "
+    "same GPU (exposed communication the step waits for).")
+MODEL_FLOPS = MetricSpec(
+    "otelprof.model.flops", Kind.GAUGE, "{flop}",
+    "FLOPs of one training step (forward, backward, optimizer), counted by torch.utils.flop_counter in the step "
+    "after the last profiling window.")
+MODEL_FLOPS_ACHIEVED = MetricSpec(
+    "otelprof.model.flops.achieved", Kind.GAUGE, "{flop}/s",
+    "FLOPs per step times steps per second (the pace of the steps before the last profiling window).")
+MODEL_FLOPS_UTILIZATION = MetricSpec(
+    "otelprof.model.flops.utilization", Kind.GAUGE, "1",
+    "Model FLOPs utilization (MFU): achieved FLOP/s over the GPU's dense peak for the dtype in use (GPU model "
+    "from NVML, or OTELPROF_PEAK_FLOPS). Absent on a CPU run.")
 EXPORTER_DROPPED = MetricSpec(
     "otelprof.exporter.dropped", Kind.COUNTER, "{item}",
     "Records, spans or metric exports otelprof dropped instead of blocking training "
@@ -533,9 +565,11 @@ STEP_METRICS: tuple[MetricSpec, ...] = (
 """From the step/annotation API and the recorder: present whenever steps run."""
 FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
     DATALOADER_WORKERS, DATALOADER_PIN_MEMORY, CUDA_MEMORY_ALLOCATED, CUDA_MEMORY_RESERVED, CUDA_MEMORY_PEAK,
-    REGION_DEVICE_DURATION, INTEGRATION_ERRORS, PROFILE_WINDOWS, PROFILE_OVERHEAD, OPERATOR_SELF_TIME,
+    CUDA_MEMORY_FRAGMENTATION, REGION_DEVICE_DURATION, INTEGRATION_ERRORS, PROFILE_WINDOWS, PROFILE_OVERHEAD,
+    OPERATOR_SELF_TIME,
     OPERATOR_TOTAL_TIME, OPERATOR_CALLS, OPERATOR_LAUNCHES, OPERATOR_CATEGORY_TIME, OPERATOR_HOST_RATIO,
-    KERNEL_PRECISION,
+    KERNEL_PRECISION, OPERATOR_ALLOCATED, PROFILE_MEMORY_PEAK, MODEL_FLOPS, MODEL_FLOPS_ACHIEVED,
+    MODEL_FLOPS_UTILIZATION, COMM_OVERLAP, COMM_EXPOSED,
 )
 """Set by the PyTorch integration when it sees a data loader / CUDA."""
 

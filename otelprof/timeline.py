@@ -2,7 +2,10 @@
 
 One process per rank with tracks for its steps (outlier steps marked), the regions inside steps
 (one track per nesting depth, more lanes where regions overlap), regions outside steps and
-lifecycle moments, and operator-profiling windows; per rank counters of its own CPU and memory;
+lifecycle moments, and operator-profiling windows; for profiled steps the operators (one track per host
+thread, nested as they ran), the GPU kernels and copies (one track per device and stream) and a flow arrow
+from each launching operator to its kernel; the device (CUDA event) time of each step's regions on a track
+of its own; per rank counters of its own CPU and memory;
 one process per node with counter tracks for CPU (mean and busiest core), I/O wait, host memory,
 and each GPU's utilization and memory. Times are microseconds since the run's first record (its
 Unix time is in ``otherData``). Long runs are cut to a window of steps so the file stays small
@@ -27,7 +30,12 @@ from otelprof.recording.reader import Recording
 
 DEFAULT_MAX_STEPS = 2000
 NODE_PID_BASE = 100_000
-TID_STEPS, TID_OUTSIDE, TID_PROFILES, TID_REGIONS = 1, 2, 3, 10
+TID_STEPS, TID_OUTSIDE, TID_PROFILES, TID_DEVICE_TIME, TID_REGIONS = 1, 2, 3, 4, 10
+TID_OPERATORS = 50_000
+"""Host operator tracks: this plus the lane (one per thread and overlap lane)."""
+TID_DEVICE = 60_000
+"""GPU stream tracks: this plus ``device * 1000 + stream % 1000``."""
+DEVICE_KINDS = ("kernel", "memcpy", "memset")
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,7 @@ def build_timeline(recording: Recording, from_step: int | None = None, to_step: 
 
     meta: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
+    flows: dict[tuple[int, str, int], int] = {}
     for index, (rank, info) in enumerate(zip(view.ranks, view.info)):
         pid = info.rank + 1
         meta += _process(pid, f"rank {info.rank} ({info.node})", info.rank)
@@ -210,6 +219,8 @@ def build_timeline(recording: Recording, from_step: int | None = None, to_step: 
                            "cat": "profile", "ph": "X", "pid": pid, "tid": TID_PROFILES, "ts": ts(int(p["t"])),
                            "dur": int(p.get("d", 0)) / 1e3,
                            "args": {"self time ms": top, "trace_file": p.get("trace_file")}})
+        meta += _device_time_track(rank, pid, events, ts, inside)
+        meta += _operator_tracks(rank, pid, events, ts, inside, flows)
         if counters:
             s = view.samples(index)
             for t, pcpu, rss in zip(s.t_ns, s.pcpu, s.rss):
@@ -246,6 +257,113 @@ def build_timeline(recording: Recording, from_step: int | None = None, to_step: 
                       "regions": sorted({n for r in view.ranks for n in r.step_columns.ann_names}),
                       "dataloader_region": sc.REGION_DATALOADER},
     }
+
+
+def _device_time_track(rank: Any, pid: int, events: list[dict[str, Any]], ts: Any, inside: Any) -> list[dict[str, Any]]:
+    """Each step's CUDA-event region times on one track. The events give durations only, so a region is drawn
+    where one stream would have run it: from its host region's start, or the end of the previous region's
+    device work when that is later (the GPU was still busy); ``args`` carry the host time beside it."""
+    if not rank.device_times:
+        return []
+    by_step: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for d in rank.device_times:
+        if d.number is not None:
+            by_step.setdefault((d.phase, d.number), []).append((d.name, d.duration_ns))
+    c = rank.step_columns
+    shown_any = False
+    for i in range(len(c)):
+        start = c.start_ns[i]
+        if not inside(start, start + c.duration_ns[i]):
+            continue
+        regions = by_step.pop((c.phase_names[c.phase[i]], c.number[i]), None)  # a step number repeated: once
+        if not regions:
+            continue
+        host: dict[str, tuple[int, int]] = {}
+        for j in range(c.ann_index[i], c.ann_index[i + 1]):
+            name = c.ann_names[c.ann_name[j]]
+            host.setdefault(name, (start + c.ann_offset[j], c.ann_duration[j]))
+        free = start
+        for name, duration in regions:
+            host_start, host_duration = host.get(name, (free, 0))
+            begin = max(host_start, free)
+            events.append({"name": f"{name} (device)", "cat": "device time", "ph": "X", "pid": pid,
+                           "tid": TID_DEVICE_TIME, "ts": ts(begin), "dur": duration / 1e3,
+                           "args": {"step": c.number[i], "device_ms": duration / 1e6, "host_ms": host_duration / 1e6,
+                                    "start": "estimated (CUDA events time durations)"}})
+            free = begin + duration
+            shown_any = True
+    return _thread(pid, TID_DEVICE_TIME, "device time (CUDA events)", 2) if shown_any else []
+
+
+def _operator_tracks(rank: Any, pid: int, events: list[dict[str, Any]], ts: Any, inside: Any,
+                     flows: dict[tuple[int, str, int], int]) -> list[dict[str, Any]]:
+    """Operator spans of profiled steps (spans.jsonl): host operators on per-thread tracks (lanes where two
+    overlap without nesting), kernels and copies on per-stream tracks, and a launch->kernel flow for each
+    device span whose launching operator is shown (the arrow leaves the operator at the kernel's start, or
+    at the operator's end when the kernel started later: spans keep no launch time)."""
+    host: dict[str, tuple[int, int, int]] = {}  # span id -> start, end, tid
+    device: list[Any] = []
+    ops = []
+    for span in rank.spans():
+        kind = span.attributes.get(sc.ATTR_OP_KIND)
+        if kind is None or not inside(span.start_ns, span.end_ns):
+            continue
+        if kind == "cpu":
+            ops.append(span)
+        elif kind in DEVICE_KINDS:
+            device.append(span)
+    if not ops and not device:
+        return []
+    meta: list[dict[str, Any]] = []
+    threads: dict[Any, _Lanes] = {}
+    named: set[int] = set()
+    ops.sort(key=lambda s: (s.start_ns, -s.end_ns))
+    several = len({span.attributes.get(sc.ATTR_OP_THREAD, 0) for span in ops}) > 1
+    for span in ops:
+        thread = span.attributes.get(sc.ATTR_OP_THREAD, 0)
+        if thread not in threads:
+            threads[thread] = _Lanes()
+        lane, shown = threads[thread].place(span.start_ns, span.end_ns)
+        tid = TID_OPERATORS + 100 * list(threads).index(thread) + lane
+        if tid not in named:
+            named.add(tid)
+            label = "operators" + (f" (thread {thread})" if several else "")
+            label += f" ({lane + 1})" if lane else ""
+            meta += _thread(pid, tid, label, 3 + tid - TID_OPERATORS)
+        host[span.span_id] = (shown, span.end_ns, tid)
+        events.append({"name": span.name, "cat": "operator", "ph": "X", "pid": pid, "tid": tid, "ts": ts(shown),
+                       "dur": (span.end_ns - shown) / 1e3,
+                       "args": {"step": span.attributes.get(sc.ATTR_STEP_NUMBER),
+                                "category": span.attributes.get(sc.ATTR_OP_CATEGORY)}})
+    streams: dict[int, _Lanes] = {}
+    device.sort(key=lambda s: (s.start_ns, -s.end_ns))
+    for span in device:
+        gpu = int(span.attributes.get(sc.ATTR_KERNEL_DEVICE, 0) or 0)
+        stream = int(span.attributes.get(sc.ATTR_KERNEL_STREAM, 0) or 0)
+        base = TID_DEVICE + gpu * 1000 + stream % 1000
+        lane, shown = streams.setdefault(base, _Lanes()).place(span.start_ns, span.end_ns)
+        tid = base + 100_000 * lane
+        if tid not in named:
+            named.add(tid)
+            meta += _thread(pid, tid, f"GPU {gpu} stream {stream}" + (f" ({lane + 1})" if lane else ""), tid)
+        args: dict[str, Any] = {"kind": span.attributes.get(sc.ATTR_OP_KIND),
+                                "category": span.attributes.get(sc.ATTR_OP_CATEGORY)}
+        for key in (sc.ATTR_KERNEL_GRID, sc.ATTR_KERNEL_BLOCK, sc.ATTR_KERNEL_BYTES, sc.ATTR_KERNEL_CORRELATION):
+            if key in span.attributes:
+                args[key.rsplit(".", 1)[-1]] = span.attributes[key]
+        events.append({"name": span.name, "cat": "gpu", "ph": "X", "pid": pid, "tid": tid, "ts": ts(shown),
+                       "dur": (span.end_ns - shown) / 1e3, "args": args})
+        launcher = host.get(span.parent_span_id)
+        correlation = span.attributes.get(sc.ATTR_KERNEL_CORRELATION)
+        if launcher is None or correlation is None:
+            continue
+        flow = flows.setdefault((pid, span.trace_id, int(correlation)), len(flows) + 1)
+        at = min(max(span.start_ns, launcher[0]), launcher[1])
+        events.append({"name": "launch", "cat": "launch", "ph": "s", "id": flow, "pid": pid, "tid": launcher[2],
+                       "ts": ts(at)})
+        events.append({"name": "launch", "cat": "launch", "ph": "f", "bp": "e", "id": flow, "pid": pid, "tid": tid,
+                       "ts": ts(shown)})
+    return meta
 
 
 def _process(pid: int, name: str, sort: int) -> list[dict[str, Any]]:

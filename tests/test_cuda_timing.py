@@ -356,3 +356,43 @@ def test_nothing_is_recorded_while_a_cuda_graph_is_captured(tmp_path: Path, monk
     _train(model, optimizer, loader, 4, finish=True)
     assert isinstance(inst.device_timer, cuda_timing.DeviceTimer)
     assert gpu.calls == {"record": 0, "query": 0, "elapsed_time": 0}
+
+
+def test_device_times_in_the_report_and_the_timeline_beside_host_times(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from otelprof.analysis.report import build_report
+    from otelprof.report.html import render
+    from otelprof.timeline import build_timeline
+
+    gpu = FakeGPU()
+    _fake_cuda(monkeypatch, gpu)
+    session = _init(tmp_path)
+    model, optimizer, loader = _parts(gpu)
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    _train(model, optimizer, loader, 6, finish=True)
+    otorch.uninstrument()
+    run_dir = session.run_dir
+    assert run_dir is not None
+    rank = _recording(session)
+    host: dict[str, list[int]] = {}
+    for step in rank.steps:
+        for a in step.annotations:
+            host.setdefault(a.name, []).append(a.duration_ns)
+    recording = read_recording(run_dir.parent)
+    report = build_report(recording, checks=False)
+    rows = {(x.phase, x.region): x for x in report.device.regions}
+    assert set(rows) == {("train", sc.REGION_FORWARD), ("train", sc.REGION_BACKWARD), ("train", sc.REGION_OPTIMIZER)}
+    for region, ms in ((sc.REGION_FORWARD, FORWARD_MS), (sc.REGION_BACKWARD, BACKWARD_MS),
+                       (sc.REGION_OPTIMIZER, OPTIMIZER_MS)):
+        row = rows[("train", region)]
+        assert row.steps == 6 and row.device_mean == pytest.approx(ms / 1e3)
+        assert row.host_mean == pytest.approx(sum(host[region]) / 6 / 1e9)
+        assert row.gap_mean == pytest.approx(row.host_mean - row.device_mean)
+    html = render(report)
+    assert "Device time vs host time" in html and 'id="device"' in html
+    trace = build_timeline(recording)
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    device = [e for e in trace["traceEvents"] if e["ph"] == "X"
+              and tracks.get((e["pid"], e["tid"])) == "device time (CUDA events)"]
+    assert len(device) == 18 and {e["args"]["step"] for e in device} == set(range(6))
+    assert sorted({e["args"]["device_ms"] for e in device}) == [OPTIMIZER_MS, FORWARD_MS, BACKWARD_MS]

@@ -209,3 +209,12 @@ def _check_meaning(results: dict[tuple[str, int, int], list[dict[str, Any]]]) ->
     assert value(report, 1504) == 1.0  # CPU only: all operator time is host time
     assert 0 < value(report, 1506) < 0.05  # one 3-step window in a 20 s run
     assert value(ranks, ids.RANKS_TARGETS) == 1
+    # The FLOPs counted after the window: a CPU run has achieved FLOP/s and no utilization.
+    assert value(report, ids.REPORT_FLOPS_ACHIEVED) > 1e6 and value(report, 1603) > 1e6
+    assert not results[(report, ids.REPORT_MFU, 0)]
+    host = {s["metric"]["annotation"]: _last(s) for s in results[(report, ids.REPORT_DEVICE_TIME, 0)]}
+    assert host.get("forward", 0) > 0 and not results[(report, ids.REPORT_DEVICE_TIME, 1)]  # no CUDA events
+    allocated = {(s["metric"]["device"], s["metric"]["operator"]): _last(s)
+                 for s in results[(report, ids.REPORT_TOP_ALLOCATIONS, 0)]}
+    assert allocated and all(device == "cpu" and v > 0 for (device, _), v in allocated.items()), allocated
+    assert value(report, ids.REPORT_WINDOW_MEMORY_PEAK, device="cpu") > 0

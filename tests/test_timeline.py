@@ -123,3 +123,111 @@ def test_cli_writes_a_trace(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "otelprof", "timeline", str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+# ---------------------------------------------------------------- operator, kernel and device-time tracks
+def _tracks(trace: dict[str, Any]) -> dict[tuple[int, int], str]:
+    return {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+
+
+def _on(events: list[dict[str, Any]], tracks: dict[tuple[int, int], str], label: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["ph"] == "X" and tracks.get((e["pid"], e.get("tid", 0))) == label]
+
+
+def _encloses(outer: dict[str, Any], inner: dict[str, Any]) -> bool:
+    return outer["ts"] - 1e-3 <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + 1e-3
+
+
+def _profiled_run(tmp_path: Path, steps: int, sleep_s: float = 0.0) -> Path:
+    import time
+
+    import torch
+
+    import otelprof
+    from otelprof.integrations import torch as otorch
+    from tests.test_operators import Block, _finish
+
+    session = otelprof.init(record_dir=str(tmp_path / "rec"), system_metrics=False, profile_every=0,
+                            span_first_steps=0, span_budget=0.0)
+    otorch.profile_window(1, 2)
+    model, x = Block(), torch.randn(8, 32)
+    for _ in range(steps):
+        with otelprof.step():
+            model(x).sum()
+            time.sleep(sleep_s)
+    run_dir = session.run_dir
+    _finish(session)
+    return Path(run_dir).parent
+
+
+def test_a_cpu_window_shows_operator_tracks_nested_under_its_steps(tmp_path: Path) -> None:
+    trace = build_timeline(read_recording(_profiled_run(tmp_path, 4)))
+    events = validate(trace)
+    tracks = _tracks(trace)
+    steps = {e["args"]["number"]: e for e in events if e["cat"] == "step"}
+    blocks = [e for e in _on(events, tracks, "operators") if e["name"] == "block"]
+    assert sorted(b["args"]["step"] for b in blocks) == [1, 2]  # one forward per profiled step, none elsewhere
+    ops = _on(events, tracks, "operators")
+    for block in blocks:
+        assert _encloses(steps[block["args"]["step"]], block)
+        inner = [e["name"] for e in ops if e is not block and _encloses(block, e)]
+        assert inner[:1] == ["aten::mm"] and "aten::relu" in inner and "aten::clamp_min" in inner
+        relu = next(e for e in ops if e["name"] == "aten::relu" and _encloses(block, e))
+        assert [e["name"] for e in ops if e is not relu and _encloses(relu, e)] == ["aten::clamp_min"]
+    assert not [e for e in events if e["cat"] == "gpu" or e["ph"] in ("s", "f")]  # a CPU run has no kernels
+
+
+def test_gpu_window_kernels_go_to_stream_tracks_with_launch_flows(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from otelprof.integrations import torch_profiler
+
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "kineto_gpu_trace.json").read_text())
+
+    def gpu_trace(window: Any, keep: str | None) -> dict[str, Any]:  # both fixture steps 1-2 ms into the window
+        return {**fixture, "baseTimeNanoseconds": window.started_ns}
+
+    monkeypatch.setattr(torch_profiler, "_kineto_trace", gpu_trace)
+    trace = build_timeline(read_recording(_profiled_run(tmp_path, 4, sleep_s=0.005)))
+    events = validate(trace)
+    tracks = _tracks(trace)
+    assert {"operators", "GPU 0 stream 7", "GPU 0 stream 13"} <= set(tracks.values())
+    kernels = _on(events, tracks, "GPU 0 stream 7")
+    copies = _on(events, tracks, "GPU 0 stream 13")
+    assert [k["name"][:12] for k in kernels] == ["ampere_sgemm", "void at::nat"] * 2
+    assert [k["dur"] for k in kernels] == pytest.approx([90, 12, 90, 12])
+    assert [c["args"]["bytes"] for c in copies] == [262144, 262144] and copies[0]["args"]["kind"] == "memcpy"
+    assert kernels[0]["args"]["grid"] == [16, 4, 1]
+    step = next(e for e in events if e["cat"] == "step" and e["args"]["number"] == 1)
+    ops = _on(events, tracks, "operators")
+    assert len(ops) == 10 and all(_encloses(step, op) for op in ops)
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len(starts) == 6 and set(starts) == set(ends)
+    launchers = {"ampere_sgemm": "aten::addmm", "void at::nat": "aten::relu", "Memcpy DtoH ": "aten::copy_"}
+    for flow, end in ends.items():
+        assert end["bp"] == "e"
+        [device] = [k for k in kernels + copies if k["tid"] == end["tid"] and k["ts"] == end["ts"]]
+        start = starts[flow]
+        assert len([o for o in ops if o["tid"] == start["tid"] and o["name"] == launchers[device["name"][:12]]
+                    and o["ts"] <= start["ts"] <= o["ts"] + o["dur"]]) == 1  # the arrow leaves its launcher
+        assert start["ts"] <= end["ts"]  # the launch comes before the kernel
+
+
+def test_device_times_of_every_step_on_their_own_track(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    regions = [("forward", 0.01, 0.02, 0), ("backward", 0.03, 0.04, 0), ("optimizer", 0.07, 0.01, 0)]
+    steps = [step_line("train", n, T0 + 0.1 * n, 0.1, regions) for n in range(3)]
+    device = [{"k": "d", "ph": "train", "n": n, "a": [["forward", 30_000_000], ["backward", 20_000_000],
+                                                      ["optimizer", 5_000_000]]} for n in range(3)]
+    write_rank(run, 0, manifest(), steps + device)
+    trace = build_timeline(read_recording(run))
+    events = validate(trace)
+    device_track = _on(events, _tracks(trace), "device time (CUDA events)")
+    assert len(device_track) == 9
+    first = device_track[:3]
+    assert [e["name"] for e in first] == ["forward (device)", "backward (device)", "optimizer (device)"]
+    assert [e["args"]["device_ms"] for e in first] == [30.0, 20.0, 5.0]
+    assert [e["args"]["host_ms"] for e in first] == [20.0, 40.0, 10.0]
+    # forward's device work (30 ms) outlasts its host region: backward's starts where forward's ends
+    assert first[0]["ts"] == pytest.approx(1e4) and first[1]["ts"] == pytest.approx(4e4)
+    assert first[2]["ts"] == pytest.approx(7e4)  # the optimizer's host start is later than backward's device end

@@ -18,6 +18,7 @@ from typing import Any
 from otelprof.analysis.batch import BatchSize, batch_size
 from otelprof.analysis.bottlenecks import Bottleneck, bottleneck
 from otelprof.analysis.dataloader import DataLoaderAnalysis, dataloader_analysis
+from otelprof.analysis.device import DeviceAnalysis, device_analysis
 from otelprof.analysis.environment import Environment, recording_environment
 from otelprof.analysis.framework import FrameworkSummary, framework_summary
 from otelprof.analysis.gpu import GpuAnalysis, gpu_analysis
@@ -62,6 +63,8 @@ class Report:
     environment: Environment = dataclasses.field(default_factory=lambda: Environment((), ()))
     """Instance type, GPUs, driver, CUDA, PyTorch, Python, OS: per rank and node."""
     progress: Progress = dataclasses.field(default_factory=no_progress)
+    device: DeviceAnalysis = dataclasses.field(default_factory=DeviceAnalysis)
+    """Device (CUDA event) time beside host time, and model FLOPs / MFU (recordings only)."""
     """Loss, learning rate and throughput over the steps; step time over the run."""
 
 
@@ -113,7 +116,7 @@ def build_report(recording: Recording, config: MixinConfig | None = None, check_
                      "(a process killed while writing leaves one).")
     return Report(FORMAT_VERSION, str(recording.path), time.time(), summary, system, framework, rules, steps, gpus,
                   batch_size(system, gpus, steps, config), cpu, io, load_, loader, tuple(notes), ORIGIN_RECORDING,
-                  environment, curves)
+                  environment, curves, device_analysis(view))
 
 
 def report_dict(report: Report) -> dict[str, Any]:

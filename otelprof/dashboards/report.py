@@ -346,6 +346,10 @@ def _gpu_memory() -> Row:
                    [Prom(PROC.sel(sc.CUDA_MEMORY_ALLOCATED), "rank {{rank}} gpu {{gpu}} allocated",
                          needs=frozenset({"cuda"})),
                     Prom(PROC.sel(sc.CUDA_MEMORY_RESERVED), "rank {{rank}} gpu {{gpu}} reserved",
+                         needs=frozenset({"cuda"})),
+                    Prom(PROC.sel(sc.CUDA_MEMORY_FRAGMENTATION), "rank {{rank}} gpu {{gpu}} fragmentation",
+                         needs=frozenset({"cuda"})),
+                    Prom(PROC.sel(sc.CUDA_MEMORY_PEAK), "rank {{rank}} gpu {{gpu}} peak",
                          needs=frozenset({"cuda"}))], "bytes", min=0, w=8),
     ])
 
@@ -448,6 +452,51 @@ def _operators() -> Row:
     ])
 
 
+def _device_and_flops() -> Row:
+    regions = f'{ANNOTATION}=~"{sc.REGION_FORWARD}|{sc.REGION_BACKWARD}|{sc.REGION_OPTIMIZER}",{pq.TRAIN_M}'
+    host = pq.mean(PROC, sc.ANNOTATION_DURATION, (ANNOTATION,), regions)
+    device = pq.mean(PROC, sc.REGION_DEVICE_DURATION, (ANNOTATION,), pq.TRAIN_M)
+    return Row(1600, "Device time and model FLOPs", [
+        stat(ids.REPORT_MFU, "Model FLOPs utilization", "Achieved FLOP/s over the GPU's dense peak for the dtype "
+             "in use (MFU), from the last profiling window in the range, averaged over the selected ranks. FLOPs "
+             "per step are counted (torch.utils.flop_counter) in the step after each window; the peak comes from "
+             "the GPU model (NVML) or OTELPROF_PEAK_FLOPS. GPU runs only.",
+             [Prom(f"avg (last_over_time({PROC.sel(sc.MODEL_FLOPS_UTILIZATION)}[{pq.RANGE}]))", instant=True,
+                   needs=GPU_NEEDS)], "percentunit", w=4, steps=((None, RED), (0.3, YELLOW), (0.45, GREEN))),
+        stat(ids.REPORT_FLOPS_ACHIEVED, "Achieved FLOP/s", "FLOPs per step times steps per second, all selected "
+             "ranks together, from the last profiling window in the range (CPU runs too).",
+             [Prom(f"sum (last_over_time({PROC.sel(sc.MODEL_FLOPS_ACHIEVED)}[{pq.RANGE}]))", instant=True)],
+             "flops", w=4),
+        stat(1603, "FLOPs per step", "Model FLOPs of one training step (forward, backward, optimizer) of one rank.",
+             [Prom(f"avg (last_over_time({PROC.sel(sc.MODEL_FLOPS)}[{pq.RANGE}]))", instant=True)], "short", w=4),
+        table(ids.REPORT_DEVICE_TIME, "Device time vs host time", "Mean host time of the training step regions "
+              "beside their mean device time from CUDA events, and the gap (host minus device): a large positive "
+              "gap is launch overhead or host work the GPU waits for; a negative one, a GPU running behind the "
+              f"host (which waits at the next sync). {RANGE_NOTE}.",
+              [("Host", Prom(host), "s"), ("Device", Prom(device, needs=GPU_NEEDS), "s"),
+               ("Gap", Prom(f"{host} - {device}", needs=GPU_NEEDS), "s")],
+              [(ANNOTATION, "Region")], sort_by="Host", w=12),
+        table(ids.REPORT_TOP_ALLOCATIONS, "Top allocating operators", "Bytes allocated per profiled step by the 15 "
+              f"operators that allocated the most (their own allocations; profile_memory), {WINDOW_NOTE}.",
+              [("Allocated", Prom(f"topk(15, {_last_window(sc.OPERATOR_ALLOCATED, (DEVICE_KIND, OPERATOR))})"),
+                "bytes")], [(DEVICE_KIND, "Device"), (OPERATOR, "Operator")], sort_by="Allocated", w=12),
+        table(ids.REPORT_OVERLAP, "Communication/computation overlap", "Per rank, from the GPU kernels of the last "
+              "profiling window in the range: the share of the time collective kernels (NCCL) ran during which "
+              "compute kernels ran too on the same GPU, and the exposed communication per profiled step (collectives "
+              "with nothing beside them: time the step waits). The rank that stands out is the straggler's "
+              "partner or the straggler. GPU runs with collectives only.",
+              [("Overlap", Prom(f"max by ({RANK}) (last_over_time({PROC.sel(sc.COMM_OVERLAP)}[{pq.RANGE}]))",
+                                needs=GPU_NEEDS), "percentunit"),
+               ("Exposed per step", Prom(f"max by ({RANK}) (last_over_time({PROC.sel(sc.COMM_EXPOSED)}"
+                                         f"[{pq.RANGE}]))", needs=GPU_NEEDS), "s")],
+              [(RANK, "Rank")], sort_by="Exposed per step", w=6),
+        stat(ids.REPORT_WINDOW_MEMORY_PEAK, "Window memory peak", "The most memory tensors held at once during the "
+             "last profiling window in the range, host (cpu) and GPU, the largest of the selected ranks.",
+             [Prom(f"max by ({DEVICE_KIND}) (last_over_time({PROC.sel(sc.PROFILE_MEMORY_PEAK)}[{pq.RANGE}]))",
+                   "{{device}}", instant=True)], "bytes", w=6),
+    ])
+
+
 def training_report() -> Dashboard:
     rows = [
         _job_summary(), _system_usage(), _framework(), _rules(), _steps(), _gpu_utilization(), _batch_size(),
@@ -459,10 +508,12 @@ def training_report() -> Dashboard:
                     sc.SAMPLER_IO_BOTTLENECK, "io_bottleneck_ratio", M.io_bottleneck_threshold,
                     "share of each sample interval waiting for I/O", "I/O wait per core", pq.iowait(NODEQ)),
         _load_balancing(), _gpu_memory(), _data_loader(), _training_health(), _operators(),
+        _device_and_flops(),
     ]
     return dashboard(ids.TRAINING_REPORT, "otelprof / Training report",
                      "The profiling report of a training job, live from Prometheus: job summary, system usage, "
                      "framework summary, rules, step time, GPU utilization, batch size, CPU and I/O bottlenecks, "
-                     "load balancing, GPU memory, data loader, training health, operators and kernels.", rows,
+                     "load balancing, GPU memory, data loader, training health, operators and kernels, device time and "
+                     "model FLOPs.", rows,
                      time_from="now-3h")
 

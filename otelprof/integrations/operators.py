@@ -15,6 +15,8 @@ behind the operator metrics, the report and ``profiles.jsonl``.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,9 +68,23 @@ class DeviceOp:
 
 
 @dataclass
+class MemoryEvent:
+    """An allocation (bytes > 0) or free (< 0) recorded with ``profile_memory``, after which the allocator of
+    ``device`` ("cpu", "cuda:0") held ``allocated`` bytes; ``operator`` is the innermost operator it ran in."""
+
+    t_ns: int
+    bytes: int
+    allocated: int
+    reserved: int
+    device: str
+    operator: int | None
+
+
+@dataclass
 class ParsedTrace:
     operators: list[Operator] = field(default_factory=list)
     device: list[DeviceOp] = field(default_factory=list)
+    memory: list[MemoryEvent] = field(default_factory=list)
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -101,8 +117,16 @@ def parse_kineto_trace(trace: Mapping[str, Any], shift_ns: int = 0) -> ParsedTra
         return ParsedTrace()
     host: list[tuple[int, int, int, str, str, int | None]] = []  # start, end, thread, name, cat, correlation
     device_raw: list[tuple[dict[str, Any], int, int]] = []
+    memory_raw: list[tuple[int, int, Mapping[str, Any]]] = []
     for event in events:
-        if not isinstance(event, dict) or event.get("ph") != "X":
+        if not isinstance(event, dict):
+            continue
+        if event.get("ph") in ("i", "I") and event.get("name") == MEMORY_EVENT:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                memory_raw.append((round(float(event["ts"]) * 1000) + base_ns + shift_ns, _int(event.get("tid")),
+                                   _args(event)))
+            continue
+        if event.get("ph") != "X":
             continue
         category = event.get("cat")
         try:
@@ -154,7 +178,39 @@ def parse_kineto_trace(trace: Mapping[str, Any], shift_ns: int = 0) -> ParsedTra
             None if correlation == -1 else correlation, launcher, _dims(args.get("grid")), _dims(args.get("block")),
             _int(raw_bytes) if raw_bytes is not None else None, launch_ns))
     parsed.device.sort(key=lambda d: d.start_ns)
+    parsed.memory = _memory_events(parsed.operators, memory_raw)
     return parsed
+
+
+MEMORY_EVENT = "[memory]"
+"""Name of the profiler's allocation instant events (``profile_memory=True``)."""
+
+
+def _memory_events(operators: Sequence[Operator], raw: list[tuple[int, int, Mapping[str, Any]]]
+                   ) -> list[MemoryEvent]:
+    """Memory events in time order, each attributed to the innermost operator of its thread around it: the last
+    operator started before it, or the nearest of that one's ancestors still running."""
+    starts: dict[int, tuple[list[int], list[int]]] = {}  # thread -> (start times, operator indices), by start
+    for index in sorted(range(len(operators)), key=lambda i: operators[i].start_ns):
+        op = operators[index]
+        times, indices = starts.setdefault(op.thread, ([], []))
+        times.append(op.start_ns)
+        indices.append(index)
+    out = []
+    for t_ns, tid, args in sorted(raw, key=lambda r: r[0]):
+        operator = None
+        if tid in starts:
+            times, indices = starts[tid]
+            at = bisect.bisect_right(times, t_ns) - 1
+            candidate: int | None = indices[at] if at >= 0 else None
+            while candidate is not None and operators[candidate].end_ns < t_ns:
+                candidate = operators[candidate].parent
+            operator = candidate
+        kind = _int(args.get("Device Type"))
+        device = "cpu" if kind == 0 else f"cuda:{_int(args.get('Device Id'))}" if kind == 1 else f"device{kind}"
+        out.append(MemoryEvent(t_ns, _int(args.get("Bytes")), _int(args.get("Total Allocated")),
+                               _int(args.get("Total Reserved")), device, operator))
+    return out
 
 
 # ---------------------------------------------------------------- categories
@@ -314,6 +370,8 @@ def window_summary(parsed: ParsedTrace, top: int, precision: Any = None) -> dict
         label = categorize(op.name)
         host_categories[label] = host_categories.get(label, 0.0) + seconds
     return {
+        "overlap": overlap_summary(parsed),
+        "memory": memory_summary(parsed, top),
         "ops": _top(host, top),
         "kernels": _top(kernels, top),
         "host_op_s": host_s,
@@ -323,6 +381,103 @@ def window_summary(parsed: ParsedTrace, top: int, precision: Any = None) -> dict
         "operators": len(parsed.operators),
         "device_events": len(parsed.device),
     }
+
+
+def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _intersection(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    """Length of the intersection of two sorted disjoint interval lists."""
+    i = j = total = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def overlap_summary(parsed: ParsedTrace) -> dict[str, float]:
+    """Communication/computation overlap on the device timeline of a window, over all its GPUs: the time some
+    collective kernel (category communication: NCCL) ran, how much of it some compute kernel (any other kernel)
+    ran at the same time on the same GPU, and the rest, exposed (the GPU only communicated). Empty without
+    collective kernels."""
+    comm: dict[int, list[tuple[int, int]]] = {}
+    compute: dict[int, list[tuple[int, int]]] = {}
+    for event in parsed.device:
+        if event.kind != "kernel":
+            continue
+        side = comm if categorize(event.name) == "communication" else compute
+        side.setdefault(event.device, []).append((event.start_ns, event.end_ns))
+    if not comm:
+        return {}
+    comm_ns = overlapped_ns = compute_ns = 0
+    for device in comm.keys() | compute.keys():
+        collectives, kernels = _union(comm.get(device, [])), _union(compute.get(device, []))
+        comm_ns += sum(e - s for s, e in collectives)
+        compute_ns += sum(e - s for s, e in kernels)
+        overlapped_ns += _intersection(collectives, kernels)
+    return {"communication_s": comm_ns / 1e9, "overlapped_s": overlapped_ns / 1e9,
+            "exposed_s": (comm_ns - overlapped_ns) / 1e9, "compute_s": compute_ns / 1e9,
+            "overlap_ratio": overlapped_ns / comm_ns if comm_ns else 0.0}
+
+
+CURVE_POINTS = 200
+"""Points kept of a window's memory curve per device (the largest of each time bucket)."""
+
+
+def memory_summary(parsed: ParsedTrace, top: int) -> dict[str, Any]:
+    """Per window: the operators that allocated the most (bytes and allocations, their own allocations only, the
+    rest as ``other``), per device the peak allocated and reserved bytes, and the allocated-bytes curve (Unix
+    ns, bytes; at most CURVE_POINTS points, each the largest of its time bucket)."""
+    if not parsed.memory:
+        return {}
+    allocs: dict[tuple[str, str], list[int]] = {}
+    peaks: dict[str, list[int]] = {}
+    points: dict[str, list[tuple[int, int]]] = {}
+    for event in parsed.memory:
+        points.setdefault(event.device, []).append((event.t_ns, event.allocated))
+        peak = peaks.setdefault(event.device, [0, 0])
+        peak[0] = max(peak[0], event.allocated)
+        peak[1] = max(peak[1], event.reserved)
+        if event.bytes > 0:
+            name = parsed.operators[event.operator].name if event.operator is not None else "(outside operators)"
+            row = allocs.setdefault((event.device, name), [0, 0])
+            row[0] += event.bytes
+            row[1] += 1
+    ranked = sorted(allocs.items(), key=lambda kv: -kv[1][0])
+    rows = [{"device": device, "name": name, "bytes": v[0], "allocations": v[1]} for (device, name), v in ranked[:top]]
+    rest = ranked[top:]
+    if rest:
+        rows.append({"device": rest[0][0][0], "name": sc.OTHER_LABEL_VALUE, "bytes": sum(v[0] for _, v in rest),
+                     "allocations": sum(v[1] for _, v in rest)})
+    return {"top": rows, "peak_bytes": {d: p[0] for d, p in peaks.items()},
+            "reserved_bytes": {d: p[1] for d, p in peaks.items()},
+            "curve": {d: _downsample(p, CURVE_POINTS) for d, p in points.items()}}
+
+
+def _downsample(points: list[tuple[int, int]], limit: int) -> list[list[int]]:
+    if len(points) <= limit:
+        return [list(p) for p in points]
+    first, last = points[0][0], points[-1][0]
+    width = (last - first) / limit or 1
+    buckets: dict[int, tuple[int, int]] = {}
+    for t, value in points:
+        key = min(int((t - first) / width), limit - 1)
+        if key not in buckets or value > buckets[key][1]:
+            buckets[key] = (t, value)
+    return [list(buckets[k]) for k in sorted(buckets)]
 
 
 def _inside_same(ops: Sequence[Operator], op: Operator) -> bool:
@@ -336,6 +491,10 @@ def _inside_same(ops: Sequence[Operator], op: Operator) -> bool:
 
 NAME_LIMIT = 120
 """Characters of an operator or kernel name kept in a metric label (C++ kernel names run to kilobytes)."""
+
+
+def _kind(device: str) -> str:
+    return "cpu" if device == "cpu" else "gpu"
 
 
 def set_metrics(registry: MetricRegistry, stats: Mapping[str, Any], num_steps: int) -> None:
@@ -365,6 +524,24 @@ def set_metrics(registry: MetricRegistry, stats: Mapping[str, Any], num_steps: i
         busy = stats["host_op_s"] + stats["device_op_s"]
         if busy > 0:
             registry.gauge(sc.OPERATOR_HOST_RATIO).set(stats["host_op_s"] / busy)
+        allocated = registry.gauge(sc.OPERATOR_ALLOCATED)
+        peak = registry.gauge(sc.PROFILE_MEMORY_PEAK)
+        allocated.values.clear()
+        peak.values.clear()
+        memory = stats.get("memory") or {}
+        for row in memory.get("top", ()):
+            labels = (_kind(row["device"]), str(row["name"])[:NAME_LIMIT])
+            allocated.set(allocated.values.get(labels, 0.0) + row["bytes"] * per_step, labels)
+        for device, value in (memory.get("peak_bytes") or {}).items():
+            kind = (_kind(device),)
+            peak.set(max(peak.values.get(kind, 0.0), value), kind)
+        overlap = stats.get("overlap") or {}
+        ratio, exposed = registry.gauge(sc.COMM_OVERLAP), registry.gauge(sc.COMM_EXPOSED)
+        ratio.values.clear()
+        exposed.values.clear()
+        if overlap:
+            ratio.set(overlap["overlap_ratio"])
+            exposed.set(overlap["exposed_s"] * per_step)
         kernel_s = sum(stats["kernel_precision_s"].values())
         for label, seconds in stats["kernel_precision_s"].items():
             if kernel_s > 0:

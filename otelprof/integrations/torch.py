@@ -51,7 +51,7 @@ import torch
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import info_once, warn_once
-from otelprof.integrations import cuda_timing, torch_profiler
+from otelprof.integrations import cuda_memory, cuda_timing, torch_profiler
 from otelprof.integrations._iterators import IteratorProxy
 from otelprof.integrations.cuda_timing import DeviceTimer
 
@@ -121,20 +121,10 @@ def _batch_size(batch: Any) -> int | None:
 
 
 def _record_cuda_memory() -> None:
-    """CUDA memory gauges, after each optimizer step once CUDA is initialized."""
-    if not torch.cuda.is_available():
-        return
-    device = torch.cuda.current_device()
-    allocated = torch.cuda.memory_allocated(device)
-    reserved = torch.cuda.memory_reserved(device)
-    peak = torch.cuda.max_memory_allocated(device)
-
-    def update(r: Any) -> None:
-        r.gauge(sc.CUDA_MEMORY_ALLOCATED).set(allocated, (str(device),))
-        r.gauge(sc.CUDA_MEMORY_RESERVED).set(reserved, (str(device),))
-        r.gauge(sc.CUDA_MEMORY_PEAK).set(peak, (str(device),))
-
-    _with_registry(update)
+    """CUDA memory gauges, after each optimizer step once CUDA is initialized (reads: cuda_memory.py)."""
+    figures = cuda_memory.read()
+    if figures is not None:
+        _with_registry(lambda r: cuda_memory.set_gauges(r, figures))
 
 
 def _learning_rate(lr: Any) -> Any:

@@ -81,7 +81,21 @@ class _Window:
     """perf_counter_ns when the step after the window began (0: not yet)."""
     measured: threading.Event = field(default_factory=threading.Event)
     step_overhead_s: float = 0.0
+    counter: Any = None
+    """The FLOP counter of the step after the window (flops.py), while it counts."""
+    counted: threading.Event = field(default_factory=threading.Event)
+    flop_count: dict[str, Any] | None = None
+    flop_step_ns: int = 0
+    """Duration of the counted step (with the counter's cost)."""
 
+
+UNKNOWN_FREE_WARNING = 1000
+"""With ``profile_memory``, PyTorch's CPU allocator logs "Memory block of unknown size was allocated before the
+profiling started" to stderr at the first and then every 1000th free of a block allocated before a profiler
+started (a c10 LOG(WARNING), which no Python setting silences). The first window frees one such block while
+stderr is muted, so the first line, which every run would print, is not the job's; a later one comes only
+after 1000 such frees inside windows (tens per window: hours of a default schedule). OTELPROF_PROFILE_MEMORY=false
+avoids them altogether."""
 
 BASELINE_STEPS = 3
 """Steps just before a window whose mean period is the window's baseline (a periodic window is armed that
@@ -98,6 +112,7 @@ class ProfileWindows:
         self._pending: list[_Window] = []
         self._running: _Window | None = None
         self._after: _Window | None = None
+        self._counting: _Window | None = None
         self._lock = threading.Lock()
 
     @property
@@ -110,6 +125,8 @@ class ProfileWindows:
         with self._lock:
             self._pending.clear()
             self._running = self._after = None
+            if self._counting is not None:
+                self._stop_count(self._counting, 0)
 
     def arm(self, start_step: int, num_steps: int, *, chrome_trace: bool = False, top: int = 15,
             trigger: str = "api", phase: str | None = None,
@@ -126,12 +143,15 @@ class ProfileWindows:
     def _on_begin(self, step: hot.StepContext) -> None:
         now = time.perf_counter_ns()
         with self._lock:
+            if self._counting is not None:  # the counted step raised: its boundary never came
+                self._stop_count(self._counting, 0)
             after = self._after
             if after is not None and step.phase == (after.phase or step.phase):
                 after.after_ns = now
                 self._after = None
                 after.measured.set()
-                if not self._pending:
+                self._start_count(after)
+                if not self._pending and self._counting is None:
                     hot._step_begin.remove(self._on_begin)
             if self._running is not None or not self._pending:
                 return
@@ -163,6 +183,39 @@ class ProfileWindows:
                 hot._step_begin.append(self._on_begin)
             self._finish(window)
 
+    def _start_count(self, window: _Window) -> None:
+        """Count the FLOPs of this step (the one after the window) until its end."""
+        from otelprof.integrations import flops
+        from otelprof.session import get_session
+
+        session = get_session()
+        if session is not None and session.config.profile_flops:
+            window.counter = flops.start()
+        if window.counter is None:
+            window.counted.set()
+            return
+        self._counting = window
+        hot._step_boundary.append(self._on_counted)
+
+    def _on_counted(self) -> None:
+        with self._lock:
+            window = self._counting
+            if window is None:
+                return
+            self._stop_count(window, time.perf_counter_ns() - window.after_ns)
+            if not self._pending and self._after is None and self._on_begin in hot._step_begin:
+                hot._step_begin.remove(self._on_begin)
+
+    def _stop_count(self, window: _Window, step_ns: int) -> None:
+        from otelprof.integrations import flops
+
+        self._counting = None
+        count = flops.stop(window.counter)
+        window.counter = None
+        if step_ns > 0:
+            window.flop_count, window.flop_step_ns = count, step_ns
+        window.counted.set()
+
     def _start(self, window: _Window) -> bool:
         import torch
         from torch.profiler import ProfilerActivity, profile
@@ -171,9 +224,16 @@ class ProfileWindows:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         try:
-            window.profiler = profile(activities=activities, record_shapes=False, with_stack=False)
+            from otelprof.session import get_session as _session
+
+            current = _session()
+            memory = bool(current is not None and current.config.profile_memory)
+            window.profiler = profile(activities=activities, record_shapes=False, with_stack=False,
+                                      profile_memory=memory)
             with _quiet_stderr():
+                before = torch.empty(16) if memory else None
                 window.profiler.start()
+                del before  # see UNKNOWN_FREE_WARNING
         except Exception as exc:  # another profiler is active, or Kineto is unavailable
             warn_once("profile:start", "otelprof: cannot start torch.profiler (%s); window skipped", exc)
             return False
@@ -223,13 +283,20 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _step_overhead(window: _Window) -> float:
-    """The window's steps (with starting and stopping the profiler) beyond as many steps at the baseline pace."""
+def _baseline_ns(window: _Window) -> float:
+    """Mean period of the steps just before the window (0: unknown)."""
     begins = list(window.begins)
-    if len(begins) < 2 or not window.after_ns:
+    return (begins[-1] - begins[0]) / (len(begins) - 1) if len(begins) >= 2 else 0.0
+
+
+def _step_overhead(window: _Window) -> float:
+    """The window's steps (with starting and stopping the profiler) beyond as many steps at the baseline pace,
+    and the FLOP-counted step beyond one."""
+    baseline = _baseline_ns(window)
+    if not baseline or not window.after_ns:
         return 0.0
-    baseline = (begins[-1] - begins[0]) / (len(begins) - 1)
-    return max((window.after_ns - begins[-1]) - window.num_steps * baseline, 0.0) / 1e9
+    window_ns = max((window.after_ns - window.begins[-1]) - window.num_steps * baseline, 0.0)
+    return (window_ns + max(window.flop_step_ns - baseline, 0.0)) / 1e9
 
 
 def _device_time(event: Any, attribute: str) -> float:
@@ -327,7 +394,16 @@ def _process(window: _Window, ended_ns: int, began: float) -> None:
         record["operator_spans"] = len(spans)
         record["operator_spans_dropped"] = dropped
         operators.set_metrics(session.registry, window_stats, window.num_steps)
-    window.measured.wait(AFTER_STEP_WAIT)
+    if window.measured.wait(AFTER_STEP_WAIT):
+        window.counted.wait(AFTER_STEP_WAIT)
+    if window.flop_count is not None:
+        from otelprof.integrations import flops
+
+        model = session.resource.attributes.get(sc.OTELPROF_GPU_MODEL)
+        figures = flops.figures(window.flop_count, _baseline_ns(window) / 1e9, str(model) if model else None,
+                                config.peak_flops)
+        record["flops"] = figures
+        flops.set_metrics(session.registry, figures)
     overhead = _step_overhead(window) + (time.thread_time() - began)
     record["overhead_s"] = overhead
     if session.writer is not None:

@@ -520,7 +520,11 @@ def _steps(c: MixinConfig) -> list[Alert]:
             todo="Compare the node's telemetry with the other nodes': CPU throttling "
                  "(otelprof_container_cpu_throttled_periods_total), a GPU at a lower clock or thermally "
                  "throttled (otelprof_gpu_throttle), a slower data path on that node, or uneven input sizes. "
-                 "The captured window (action `capture`, sent to this rank only) shows where its time goes.",
+                 "The captured window (action `capture`, sent to this rank only) shows where its time goes. "
+                 "On GPUs, the \"Communication/computation overlap\" panel of the training report (and the "
+                 "report's section of that name) gives each rank's exposed communication per step from its "
+                 "profiling windows' kernels: the ranks that wait for the straggler show the most exposed "
+                 "all-reduce time, the straggler itself the least.",
             deviations="No original. The peers' median is exact for 2, 3 and 4 ranks and any even number; with "
                        "an odd number of 5 or more ranks it is the job's median, which is at most one rank's "
                        "compute time above the exact one (the alert errs on the quiet side). The collective "

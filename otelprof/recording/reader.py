@@ -655,6 +655,22 @@ def _profile(record: Any) -> dict[str, Any]:
         out["overhead_s"] = _seconds(record["overhead_s"])
     if record.get("operators") is not None:
         out["operators"] = _operators(record["operators"])
+    if record.get("flops") is not None:
+        out["flops"] = _flops(record["flops"])
+    return out
+
+
+def _flops(figures: Any) -> dict[str, Any]:
+    """A window's model FLOPs (integrations/flops.py ``figures``)."""
+    if type(figures) is not dict:
+        raise ValueError("flops: not an object")
+    out: dict[str, Any] = {"per_step": _seconds(figures["per_step"])}
+    for key in ("achieved", "peak", "utilization"):
+        if figures.get(key) is not None:
+            out[key] = _seconds(figures[key])
+    for key in ("device", "dtype", "gpu_model"):
+        if figures.get(key) is not None:
+            out[key] = _str(figures[key])
     return out
 
 
@@ -678,6 +694,22 @@ def _operators(summary: Any) -> dict[str, Any]:
                                  for name, seconds in _entries(summary.get("kernel_precision_s"), dict).items()}
     for key in ("operators", "device_events"):
         out[key] = _int(summary.get(key, 0), 0, INT64)
+    overlap = _entries(summary.get("overlap"), dict)
+    if overlap:
+        out["overlap"] = {key: _seconds(overlap[key]) for key in
+                          ("communication_s", "overlapped_s", "exposed_s", "compute_s", "overlap_ratio")}
+    memory = _entries(summary.get("memory"), dict)
+    if memory:
+        out["memory"] = {
+            "top": [{"device": _str(row["device"]), "name": _str(row["name"]),
+                     "bytes": _int(row.get("bytes", 0), 0, INT64), "allocations": _int(row.get("allocations", 0), 0,
+                                                                                     INT64)}
+                    for row in _entries(memory.get("top"), list)],
+            "peak_bytes": {_str(d): _int(v, 0, INT64) for d, v in _entries(memory.get("peak_bytes"), dict).items()},
+            "reserved_bytes": {_str(d): _int(v, 0, INT64)
+                               for d, v in _entries(memory.get("reserved_bytes"), dict).items()},
+            "curve": {_str(d): [(_int(t, 0, MAX_TIME_NS), _int(v, 0, INT64)) for t, v in _entries(points, list)]
+                      for d, points in _entries(memory.get("curve"), dict).items()}}
     return out
 
 
@@ -699,6 +731,8 @@ class Recording:
 
 def _any_value(value: Any) -> Any:
     kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_any_value(v) for v in value.array_value.values]
     return getattr(value, kind) if kind else None
 
 
