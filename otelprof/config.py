@@ -52,6 +52,7 @@ class Config:
     outlier_sigma: float = 3.0
     outlier_min_steps: int = 20
     max_label_values: int = 64
+    max_series: int = 500
     handle_sigterm: bool = True
     system_metrics: bool = True
     sample_interval: float = 0.5
@@ -86,8 +87,9 @@ class Config:
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly view (the recording's manifest keeps it); secrets are redacted."""
         values = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-        if values["control_token"]:
-            values["control_token"] = "(set)"
+        for var in ev.ENV_VARS:
+            if var.secret and var.field is not None and values.get(var.field):
+                values[var.field] = "(set)"
         return values
 
     @property
@@ -219,6 +221,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "outlier_sigma": _ranged(float, 0.0, 100.0),
     "outlier_min_steps": _ranged(int, 2, 1_000_000),
     "max_label_values": _ranged(int, 1, 10_000),
+    "max_series": _ranged(int, 16, 1_000_000),
     "system_metrics": _parse_bool,
     "stop_raises": _parse_bool,
     "control_port": _ranged(int, 0, 65535),
@@ -243,6 +246,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "span_budget": lambda v: _in_range(v, 0.0, 1.0),
     "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
     "max_label_values": lambda v: _in_range(v, 1, 10_000),
+    "max_series": lambda v: _in_range(v, 16, 1_000_000),
     "sample_interval": lambda v: _in_range(v, 0.1, 60.0),
     "control_port": lambda v: _in_range(v, 0, 65535),
     "cpu_high_threshold": lambda v: _in_range(v, 0.0, 1.0),

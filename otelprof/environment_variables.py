@@ -18,6 +18,8 @@ class EnvVar:
     field: str | None
     default: str
     description: str
+    secret: bool = False
+    """A credential: never printed (``otelprof env``) nor recorded (the manifest's config)."""
 
 
 OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
@@ -48,6 +50,7 @@ OTELPROF_SPAN_WINDOWS = "OTELPROF_SPAN_WINDOWS"
 OTELPROF_OUTLIER_SIGMA = "OTELPROF_OUTLIER_SIGMA"
 OTELPROF_OUTLIER_MIN_STEPS = "OTELPROF_OUTLIER_MIN_STEPS"
 OTELPROF_MAX_LABEL_VALUES = "OTELPROF_MAX_LABEL_VALUES"
+OTELPROF_MAX_SERIES = "OTELPROF_MAX_SERIES"
 OTELPROF_HANDLE_SIGTERM = "OTELPROF_HANDLE_SIGTERM"
 OTELPROF_SYSTEM_METRICS = "OTELPROF_SYSTEM_METRICS"
 OTELPROF_SAMPLE_INTERVAL_MS = "OTELPROF_SAMPLE_INTERVAL_MS"
@@ -133,6 +136,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Steps of a phase needed before outliers are judged."),
     EnvVar(OTELPROF_MAX_LABEL_VALUES, "max_label_values", "64",
            "Distinct phase / annotation names kept as metric labels; further names are counted as `other`."),
+    EnvVar(OTELPROF_MAX_SERIES, "max_series", "500",
+           "Series one metric may have for its phase / annotation label sets (e.g. phases x annotation names), "
+           "16-1000000; observations of further ones are counted under `other` and in `otelprof.series.folded`. "
+           "Bounds a scrape of /metrics."),
     EnvVar(OTELPROF_HANDLE_SIGTERM, "handle_sigterm", "true",
            "Flush the recording on SIGTERM (pod deletion), then let the signal take its usual course."),
     EnvVar(OTELPROF_SYSTEM_METRICS, "system_metrics", "true",
@@ -160,12 +167,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_CONTROL_HOST, "control_host", "(0.0.0.0 in Kubernetes, else 127.0.0.1)",
            "Address the control endpoint binds to."),
     EnvVar(OTELPROF_CONTROL_TOKEN, "control_token", "",
-           "Bearer token the control endpoint requires; without one it only starts on loopback. Never recorded."),
+           "Bearer token the control endpoint requires; without one it only starts on loopback. Never recorded.",
+           secret=True),
     EnvVar(OTELPROF_STOP_RAISES, "stop_raises", "false",
            "After a stop request, raise `otelprof.StopTraining` at the next step boundary (after the `on_stop` "
            "callbacks) instead of only setting `session.should_stop()`."),
     EnvVar(OTELPROF_WEBHOOK_TOKEN, None, "",
-           "`otelprof webhook` only: the bearer token Alertmanager must send (or `--token-file`); required."),
+           "`otelprof webhook` only: the bearer token Alertmanager must send (or `--token-file`); required.",
+           secret=True),
     EnvVar(OTELPROF_POD_NAME, "pod_name", "(HOSTNAME in Kubernetes)",
            "`k8s.pod.name`; set from the downward API `metadata.name`."),
     EnvVar(OTELPROF_POD_NAMESPACE, "pod_namespace", "(service-account namespace file)",
