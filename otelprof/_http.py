@@ -328,8 +328,8 @@ class BackgroundServer:
                     elif key.fileobj is listener:
                         self._accept(listener, selector, receiving, ready)
                     else:
-                        connection = key.data
-                        if receiving.get(key.fd) is not connection:
+                        connection = receiving.get(key.fd)
+                        if connection is None or connection is not key.data:
                             continue  # closed earlier in this turn (its number may be a new connection's)
                         state = self._receive(connection)
                         if state != "wait":
