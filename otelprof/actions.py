@@ -186,12 +186,39 @@ def parse_targets_text(text: str) -> list[Target]:
     return targets
 
 
+def _printable(value: str, limit: int = 80) -> str:
+    """A label value for a log line: cut, control characters escaped (no forged log lines)."""
+    return repr(value[:limit])[1:-1]
+
+
+class Tally:
+    """Counts refusals by cause; logs a cause the first time, then at its 10th, 100th, ... occurrence
+    (the counts are on ``GET /healthz``): a flood of hostile requests never floods the log."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, cause: str, detail: str = "") -> None:
+        with self._lock:
+            self._counts[cause] += 1
+            n = self._counts[cause]
+        if n == 10 ** (len(str(n)) - 1):
+            log.warning("%s %s (%d so far)%s", self.what, cause, n, f": {detail}" if detail else "")
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
 @dataclass
 class TargetMap:
     """Static targets plus an optional file that is re-read when it changes (a mounted ConfigMap)."""
 
     static: list[Target] = field(default_factory=list)
     path: Path | None = None
+    missing: Tally = field(default_factory=lambda: Tally("a target needs a label the alert lacks:"))
     _file_targets: list[Target] = field(default_factory=list)
     _mtime: float | None = None
 
@@ -227,7 +254,7 @@ class TargetMap:
             try:
                 urls.append(target.render(labels))
             except KeyError as exc:
-                log.warning("target %s=%s needs label %s, which the alert lacks", target.job, target.url, exc)
+                self.missing.add(f"{target.job}={target.url} needs {exc}")
         return list(dict.fromkeys(urls))
 
 
@@ -324,32 +351,6 @@ class KubernetesJobs:
                 return int(response.status)
         except urllib.error.HTTPError as exc:
             return int(exc.code)
-
-
-def _printable(value: str, limit: int = 80) -> str:
-    """A label value for a log line: cut, control characters escaped (no forged log lines)."""
-    return repr(value[:limit])[1:-1]
-
-
-class Tally:
-    """Counts refusals by cause; logs a cause the first time, then at its 10th, 100th, ... occurrence
-    (the counts are on ``GET /healthz``): a flood of hostile requests never floods the log."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self._counts: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def add(self, cause: str, detail: str = "") -> None:
-        with self._lock:
-            self._counts[cause] += 1
-            n = self._counts[cause]
-        if n == 10 ** (len(str(n)) - 1):
-            log.warning("%s %s (%d so far)%s", self.what, cause, n, f": {detail}" if detail else "")
-
-    def counts(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
 
 
 LIMITS = Limits(workers=8, max_connections=64, deadline=10.0, rate=100.0)

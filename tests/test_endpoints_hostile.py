@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
-import struct
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import urllib.error
@@ -19,7 +16,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,105 +25,26 @@ from otelprof import semconv as sc
 from otelprof._http import BackgroundServer, Limits, QuietHandler
 from otelprof.control import MAX_BODY, ControlServer
 from otelprof.export.prometheus import PrometheusEndpoint
-from tests.servers import free_port
-
-REPO = Path(__file__).resolve().parents[1]
-TOKEN = "s3cret-control"
-WEBHOOK_TOKEN = "s3cret-webhook"
-
-TRAINER = """
-    import json, sys, threading, time
-    import otelprof
-
-    session = otelprof.init(job_name="victim", record_dir=sys.argv[1], metrics_exporters=("prometheus",),
-                            prometheus_port=0, control_port=int(sys.argv[2]), control_token=sys.argv[3],
-                            system_metrics=False)
-    print(json.dumps({"metrics": session.metrics_address, "control": session.control_address}), flush=True)
-    done = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-    steps = 0
-    while not done.is_set() and not session.should_stop():
-        with otelprof.step():
-            with otelprof.annotate("forward"):
-                time.sleep(0.002)
-            otelprof.record("loss", 1.0)
-        steps += 1
-    print(json.dumps({"steps": steps, "stopped": session.should_stop()}), flush=True)
-    otelprof.shutdown()
-"""
-
-
-def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTELPROF_"))
-           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "KUBERNETES_SERVICE_HOST")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-@dataclass
-class Trainer:
-    """A real training process serving /metrics and the control endpoint."""
-
-    proc: subprocess.Popen[str]
-    metrics: tuple[str, int]
-    control: tuple[str, int]
-
-    def threads(self) -> int:
-        return len(os.listdir(f"/proc/{self.proc.pid}/task"))
-
-    def scrape(self, timeout: float = 10.0) -> str:
-        with urllib.request.urlopen(f"http://{self.metrics[0]}:{self.metrics[1]}/metrics",
-                                    timeout=timeout) as response:
-            return str(response.read().decode())
-
-    def finish(self) -> tuple[dict[str, Any], str]:
-        """End the loop; (its last line, its whole stderr)."""
-        out, err = self.proc.communicate("", timeout=30)
-        assert self.proc.returncode == 0, err
-        return json.loads(out.strip().splitlines()[-1]), err
+from tests.endpoints import (
+    TOKEN,
+    WEBHOOK_TOKEN,
+    Trainer,
+    WebhookProcess,
+    alert,
+    child_env,
+    counted,
+    payload,
+    raw,
+    reset,
+    status_of,
+)
 
 
 @pytest.fixture
 def trainer(tmp_path: Path) -> Iterator[Trainer]:
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(TRAINER), str(tmp_path), str(free_port()), TOKEN],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env())
-    assert proc.stdout is not None
-    addresses = json.loads(proc.stdout.readline())
-    yield Trainer(proc, tuple(addresses["metrics"]), tuple(addresses["control"]))  # type: ignore[arg-type]
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
-
-
-def counted(exposition: str, endpoint: str, reason: str) -> float:
-    name = sc.ENDPOINT_ERRORS.prometheus_name + "_total"
-    total = 0.0
-    for line in exposition.splitlines():
-        if line.startswith(name + "{") and f'endpoint="{endpoint}"' in line and f'reason="{reason}"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def reset(sock: socket.socket) -> None:
-    """Close with an RST (SO_LINGER 0), as a client that is killed or times out does."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
-
-
-def raw(address: tuple[str, int], request: bytes, timeout: float = 10.0) -> bytes:
-    """Send ``request`` and read the whole answer (the server closes after one)."""
-    with socket.create_connection(address, timeout=timeout) as sock:
-        sock.sendall(request)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-
-def status_of(answer: bytes) -> int:
-    return int(answer.split(b" ", 2)[1])
+    started = Trainer.start(tmp_path)
+    yield started
+    started.kill()
 
 
 # ---------------------------------------------------------------------- defect 6: silent and counted
@@ -353,52 +270,17 @@ def victim() -> Iterator[Victim]:
     server.stop()
 
 
-def _alert(labels: dict[str, str], fingerprint: str = "f") -> dict[str, Any]:
-    return {"status": "firing", "labels": {"alertname": "OtelprofNonFiniteValues", "action": "stop", **labels},
-            "annotations": {}, "startsAt": "2026-01-01T00:00:00Z", "fingerprint": fingerprint}
-
-
-def _payload(*alerts: dict[str, Any]) -> bytes:
-    return json.dumps({"version": "4", "status": "firing", "alerts": list(alerts)}).encode()
-
-
 @pytest.fixture
-def webhook_process(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """``otelprof webhook`` as a real process, with the indexed-Job template target."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "otelprof", "webhook", "--host", "127.0.0.1", "--port", str(port), "--timeout", "2",
-         "--target", "*=http://{job_name}-{rank}.{job_name}:9470", "--target", "*=http://{pod_ip}:{control_port}",
-         "--control-port-base", "9470"],
-        env={**child_env(), "OTELPROF_WEBHOOK_TOKEN": WEBHOOK_TOKEN, "OTELPROF_CONTROL_TOKEN": TOKEN},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + actions.HEALTH_PATH, timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.1)
-    yield url, proc
-    proc.terminate()
-    proc.communicate(timeout=10)
+def webhook(tmp_path: Path) -> Iterator[WebhookProcess]:
+    """The indexed-Job template and the pod-IP template."""
+    started = WebhookProcess.start(tmp_path, ["*=http://{job_name}-{rank}.{job_name}:9470",
+                                              "*=http://{pod_ip}:{control_port}"],
+                                   "--timeout", "2", "--control-port-base", "9470")
+    yield started
+    started.stop()
 
 
-def post(url: str, body: bytes, token: str = WEBHOOK_TOKEN) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(url + actions.PATH, data=body, method="POST",
-                                     headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"{}")
-
-
-def test_an_alert_for_one_job_never_stops_another(webhook_process: tuple[str, subprocess.Popen[str]],
-                                                 victim: Victim) -> None:
-    url, proc = webhook_process
+def test_an_alert_for_one_job_never_stops_another(webhook: WebhookProcess, victim: Victim) -> None:
     hostile = [
         {"job_name": f"127.0.0.1:{victim.port}/v1/stop?", "rank": "0"},
         {"job_name": f"127.0.0.1:{victim.port}/v1/stop#", "rank": "0"},
@@ -411,15 +293,13 @@ def test_an_alert_for_one_job_never_stops_another(webhook_process: tuple[str, su
         {"job_name": "x", "pod_ip": "127.0.0.1", "local_rank": "99999999"},
     ]
     for i, labels in enumerate(hostile):
-        status, answer = post(url, _payload(_alert(labels, fingerprint=str(i))))
+        status, answer = webhook.post(payload(alert(labels, fingerprint=str(i))))
         assert status == 400, (labels, answer)
         assert answer["decisions"][0]["result"].startswith("rejected:"), answer
     assert victim.stops == []
-    with urllib.request.urlopen(url + actions.HEALTH_PATH, timeout=5) as response:
-        health = json.load(response)
+    health = webhook.health()
     assert sum(health["rejected"].values()) == len(hostile)
-    proc.terminate()
-    _, err = proc.communicate(timeout=10)
+    err = webhook.stop()
     rejections = [line for line in err.splitlines() if "rejected" in line]
     assert len(rejections) <= len(health["rejected"]), rejections  # once per cause
 
@@ -428,20 +308,18 @@ def test_a_valid_alert_still_reaches_its_own_target(victim: Victim) -> None:
     """The pod-IP template reaches exactly the control endpoint the alert's labels name."""
     receiver = actions.WebhookReceiver(WEBHOOK_TOKEN, actions.TargetMap([actions.parse_target(
         "*=http://{pod_ip}:{control_port}")]), TOKEN, control_port_base=victim.port - 1)
-    status, answer = receiver.act(actions.parse_payload(_payload(_alert(
+    status, answer = receiver.act(actions.parse_payload(payload(alert(
         {"job_name": "train-a", "rank": "3", "pod_ip": "127.0.0.1", "local_rank": "1"}))))
     assert status == 200, answer
     assert len(victim.stops) == 1
 
 
-def test_webhook_refuses_nested_json_with_400_and_big_bodies_with_a_readable_413(
-        webhook_process: tuple[str, subprocess.Popen[str]]) -> None:
-    url, proc = webhook_process
-    assert post(url, b"[" * 100_000 + b"]" * 100_000)[0] == 400
-    assert post(url, b'{"version": "4", "alerts": ' + b"[" * 50_000 + b"]" * 50_000 + b"}")[0] == 400
-    status, answer = post(url, b"x" * (2 * 1024 * 1024))  # urllib sends it all before reading the answer
+def test_webhook_refuses_nested_json_with_400_and_big_bodies_with_a_readable_413(webhook: WebhookProcess) -> None:
+    assert webhook.post(b"[" * 100_000 + b"]" * 100_000)[0] == 400
+    assert webhook.post(b'{"version": "4", "alerts": ' + b"[" * 50_000 + b"]" * 50_000 + b"}")[0] == 400
+    status, answer = webhook.post(b"x" * (2 * 1024 * 1024))  # urllib sends it all before reading the answer
     assert status == 413, answer
-    assert post(url, _payload())[0] == 200  # still serving
-    proc.terminate()
-    _, err = proc.communicate(timeout=10)
+    assert webhook.post(payload())[0] == 200  # still serving
+    assert webhook.health()["refused"] == {"bad_payload": 2, "too_large": 1}
+    err = webhook.stop()
     assert "Traceback" not in err, err
