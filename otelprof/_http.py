@@ -6,7 +6,8 @@ webhook receiver on its own): bounded, silent and counted, whatever clients do.
   selector entry and its bytes, not a thread. Complete requests go to a fixed number of workers
   (:attr:`Limits.workers`), at most :attr:`Limits.rate` a second. At most :attr:`Limits.max_connections`
   connections are open: at the limit the oldest one still sending its request is closed for a new one, and if
-  there is none, new ones wait in the kernel's listen backlog (:attr:`Limits.backlog`). Every connection is
+  there is none, new ones wait in the kernel's listen backlog (:attr:`Limits.backlog`); at most
+  :attr:`Limits.connection_rate` are accepted a second. Every connection is
   closed :attr:`Limits.deadline` seconds after it was accepted, answered or not. One request per connection.
 * **Silent.** Nothing is printed per request: no access log, no traceback. Errors are one-line JSON.
 * **Counted.** Each refused or failed request is counted by reason (``otelprof.semconv.ENDPOINT_ERROR_REASONS``)
@@ -70,6 +71,9 @@ class Limits:
     """Seconds from accepting a connection to closing it, answered or not."""
     rate: float = 50.0
     """Requests handed to workers per second (bursts of :attr:`workers`); more wait for their turn."""
+    connection_rate: float = 100.0
+    """Connections accepted per second (bursts of :attr:`max_connections`); more wait in the backlog. Bounds
+    the cost of clients that connect and close, or reopen what the limit closed, in a loop."""
     backlog: int = 128
     """The listen backlog: connections the kernel queues while the limit is reached."""
     max_body: int = 0
@@ -242,6 +246,7 @@ class BackgroundServer:
         self._wake_w: socket.socket | None = None
         self._name = "otelprof-http"
         self._serving = False
+        self._accepts = 0.0
 
     @property
     def backlog(self) -> int:
@@ -316,11 +321,14 @@ class BackgroundServer:
         receiving: OrderedDict[int, _Connection] = OrderedDict()  # still sending their request: oldest first
         ready: deque[_Connection] = deque()  # a whole request: waiting for a worker
         tokens, last = float(limits.workers), time.monotonic()
+        self._accepts = float(limits.max_connections)
         try:
             while not self._stopping.is_set():
                 timeout = self.poll_interval
                 if ready:
                     timeout = min(timeout, max(0.001, (1.0 - tokens) / limits.rate))
+                if not listening:
+                    timeout = min(timeout, max(0.001, (1.0 - self._accepts) / limits.connection_rate))
                 for key, _ in selector.select(timeout):
                     if key.fileobj is wake:
                         with contextlib.suppress(OSError):
@@ -342,6 +350,8 @@ class BackgroundServer:
                 now = time.monotonic()
                 self._expire(now, selector, receiving, ready)
                 tokens = min(float(limits.workers), tokens + (now - last) * limits.rate)
+                self._accepts = min(float(limits.max_connections),
+                                    self._accepts + (now - last) * limits.connection_rate)
                 last = now
                 while ready and tokens >= 1.0 and self._busy() < limits.workers:
                     connection = ready.popleft()
@@ -357,6 +367,7 @@ class BackgroundServer:
                         self._workers.append(worker)
                     self._jobs.put(connection)
                 full = len(receiving) + len(ready) + self._busy() >= limits.max_connections and not receiving
+                full |= self._accepts < 1.0
                 if full and listening:
                     selector.unregister(listener)
                     listening = False
@@ -375,7 +386,7 @@ class BackgroundServer:
     def _accept(self, listener: socket.socket, selector: selectors.BaseSelector,
                 receiving: OrderedDict[int, _Connection], ready: deque[_Connection]) -> None:
         limits = self.limits
-        for _ in range(limits.max_connections):
+        while self._accepts >= 1.0:
             if len(receiving) + len(ready) + self._busy() >= limits.max_connections:
                 if not receiving:
                     return
@@ -387,6 +398,7 @@ class BackgroundServer:
                 sock, address = listener.accept()
             except OSError:  # nothing more to accept, or e.g. too many open files: try again on the next turn
                 return
+            self._accepts -= 1.0
             sock.setblocking(False)
             connection = _Connection(sock, address, time.monotonic() + limits.deadline)
             receiving[sock.fileno()] = connection

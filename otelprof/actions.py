@@ -353,9 +353,10 @@ class KubernetesJobs:
             return int(exc.code)
 
 
-LIMITS = Limits(workers=8, max_connections=64, deadline=10.0, rate=100.0)
+LIMITS = Limits(workers=8, max_connections=64, deadline=10.0, rate=100.0, connection_rate=200.0)
 """The webhook's server: 8 workers (an action waits up to --timeout for a training process), 64 open
-connections (each buffers at most --max-body bytes), 10 s per connection, 100 requests a second."""
+connections (each buffers at most --max-body bytes), 10 s per connection, 100 requests and 200 new
+connections a second."""
 
 
 @dataclass
