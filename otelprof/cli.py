@@ -34,7 +34,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def env_markdown() -> str:
-    """The README's configuration table."""
+    """The configuration table of docs/configuration.md."""
     rows = ["| Variable | Default | Meaning |", "| --- | --- | --- |"]
     for var in ev.ENV_VARS:
         description = var.description.replace("|", "\\|")
@@ -43,7 +43,7 @@ def env_markdown() -> str:
 
 
 def catalog_markdown() -> str:
-    """The README's metric catalog table."""
+    """The metric catalog table of docs/catalog.md."""
     from otelprof import semconv
 
     rows = ["| OTel name | Prometheus name | Kind | Unit | Labels (besides job_name, rank, local_rank, node) "
@@ -91,8 +91,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from otelprof.generate import generate
 
     root = Path(args.root)
-    if not (root / "README.md").is_file():
-        print(f"otelprof: {root} has no README.md (run from the repository root or pass --root)", file=sys.stderr)
+    if not (root / "docs" / "configuration.md").is_file():
+        print(f"otelprof: {root} has no docs/configuration.md (run from the repository root or pass --root)",
+              file=sys.stderr)
         return EXIT_USAGE
     changed = generate(root)
     for path in changed:
@@ -295,17 +296,17 @@ def build_parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="list every environment variable with its default and current value",
                          description="List every environment variable otelprof reads, its default, current "
                                      "value and meaning. Exits 2 if a current value is invalid.")
-    env.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
+    env.add_argument("--markdown", action="store_true", help="print the Markdown table of docs/configuration.md")
     env.set_defaults(func=_cmd_env)
 
     catalog = sub.add_parser("catalog", help="list every metric otelprof exports",
                              description="List every metric: Prometheus name, kind, unit and meaning.")
-    catalog.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
+    catalog.add_argument("--markdown", action="store_true", help="print the Markdown table of docs/catalog.md")
     catalog.set_defaults(func=_cmd_catalog)
 
     generate = sub.add_parser("generate", help="regenerate the repository's generated files",
-                              description="Rewrite generated files (the README's configuration and metric "
-                                          "tables, the Prometheus rules and runbook in deploy/prometheus/, the "
+                              description="Rewrite generated files (the configuration and metric tables in docs/, "
+                                          "the Prometheus rules and runbook in deploy/prometheus/, the "
                                           "Grafana dashboards and provisioning in dashboards/) from the catalog, "
                                           "the settings module, the mixin and otelprof/dashboards/.")
     generate.add_argument("--root", default=".", help="repository root (default: current directory)")

@@ -1,8 +1,8 @@
 """Every environment variable otelprof reads, in one place.
 
 Standard ``OTEL_*`` variables keep their OpenTelemetry meaning; otelprof's own
-settings all start with ``OTELPROF_``. ``otelprof env`` and the README's
-configuration table are generated from :data:`ENV_VARS`.
+settings all start with ``OTELPROF_``. ``otelprof env`` and the
+configuration table in ``docs/configuration.md`` are generated from :data:`ENV_VARS`.
 """
 
 from __future__ import annotations

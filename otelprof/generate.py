@@ -1,9 +1,9 @@
 """Generated artifacts, kept in the repository and checked for staleness by the tests.
 
-The README's configuration and metric tables, the Prometheus mixin's files under
-``deploy/prometheus/`` (alerts, recording rules, PrometheusRule, runbook) with the default
-mixin config, and the Grafana dashboards and provisioning under ``dashboards/``.
-``otelprof generate`` rewrites them.
+The configuration and metric tables in ``docs/configuration.md`` and ``docs/catalog.md``, the
+Prometheus mixin's files under ``deploy/prometheus/`` (alerts, recording rules, PrometheusRule,
+runbook) with the default mixin config, and the Grafana dashboards and provisioning under
+``dashboards/``. ``otelprof generate`` rewrites them.
 """
 
 from __future__ import annotations
@@ -12,19 +12,27 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+DOC_BLOCKS: dict[str, tuple[str, ...]] = {
+    "docs/configuration.md": ("env",),
+    "docs/catalog.md": ("catalog",),
+}
+"""Each Markdown file with generated blocks (path from the repository root), and the blocks it holds."""
 
-def _sections() -> dict[str, Callable[[], str]]:
+
+def _renderers() -> dict[str, Callable[[], str]]:
     from otelprof.cli import catalog_markdown, env_markdown
 
     return {"env": env_markdown, "catalog": catalog_markdown}
 
 
-def render_readme(text: str) -> str:
-    """``text`` with every ``<!-- BEGIN name -->...<!-- END name -->`` block regenerated."""
-    for name, render in _sections().items():
+def render_blocks(text: str, names: tuple[str, ...]) -> str:
+    """``text`` with each named ``<!-- BEGIN name -->...<!-- END name -->`` block regenerated."""
+    renderers = _renderers()
+    for name in names:
+        render = renderers[name]
         pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.DOTALL)
         if not pattern.search(text):
-            raise ValueError(f"README has no <!-- BEGIN {name} --> block")
+            raise ValueError(f"no <!-- BEGIN {name} --> block")
         text = pattern.sub(lambda m, r=render: m.group(1) + r() + "\n" + m.group(2), text)  # type: ignore[misc]
     return text
 
@@ -32,12 +40,13 @@ def render_readme(text: str) -> str:
 def generate(root: Path) -> list[Path]:
     """Rewrite the generated files under ``root``; return the ones that changed."""
     changed = []
-    readme = root / "README.md"
-    old = readme.read_text(encoding="utf-8")
-    new = render_readme(old)
-    if new != old:
-        readme.write_text(new, encoding="utf-8")
-        changed.append(readme)
+    for relative, names in DOC_BLOCKS.items():
+        doc = root / relative
+        old = doc.read_text(encoding="utf-8")
+        new = render_blocks(old, names)
+        if new != old:
+            doc.write_text(new, encoding="utf-8")
+            changed.append(doc)
     from otelprof.mixin import MixinConfig
     from otelprof.mixin import write as write_mixin
     from otelprof.mixin.generate import PROMETHEUS_DIR
