@@ -167,13 +167,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_CONTROL_HOST, "control_host", "(0.0.0.0 in Kubernetes, else 127.0.0.1)",
            "Address the control endpoint binds to."),
     EnvVar(OTELPROF_CONTROL_TOKEN, "control_token", "",
-           "Bearer token the control endpoint requires; without one it only starts on loopback. Never recorded.",
+           "Bearer token the control endpoint requires; without one it only starts on loopback. Never recorded, "
+           "and `otelprof env` shows it as `(set, hidden)`.",
            secret=True),
     EnvVar(OTELPROF_STOP_RAISES, "stop_raises", "false",
            "After a stop request, raise `otelprof.StopTraining` at the next step boundary (after the `on_stop` "
            "callbacks) instead of only setting `session.should_stop()`."),
     EnvVar(OTELPROF_WEBHOOK_TOKEN, None, "",
-           "`otelprof webhook` only: the bearer token Alertmanager must send (or `--token-file`); required.",
+           "`otelprof webhook` only: the bearer token Alertmanager must send (or `--token-file`); required. "
+           "`otelprof env` shows it as `(set, hidden)`.",
            secret=True),
     EnvVar(OTELPROF_POD_NAME, "pod_name", "(HOSTNAME in Kubernetes)",
            "`k8s.pod.name`; set from the downward API `metadata.name`."),
