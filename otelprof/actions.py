@@ -457,8 +457,6 @@ class WebhookReceiver:
             if not _PORT.fullmatch(local_rank) or self.control_port_base + int(local_rank) > 65535:
                 raise LabelError(sc.prometheus_label(sc.LABEL_LOCAL_RANK), _PORT_POSITION, local_rank)
             labels["control_port"] = str(self.control_port_base + int(local_rank))
-        if action == "stop" and self.kubernetes is not None:
-            self._kubernetes_names(labels)  # a stop may end in the Kubernetes API: its names must be names
         urls = self.targets.resolve(labels, self.job_label, self.rank_label)
         outcomes = [(url, self._send(item, action, url, sent)) for url in urls]
         results = [f"{url}: {outcome}" for url, outcome in outcomes]
@@ -512,6 +510,11 @@ class WebhookReceiver:
         namespace, job = labels.get(sc.SCRAPE_LABEL_NAMESPACE), labels.get(self.job_label)
         if not namespace or not job:
             return "failed: cannot suspend the Job: the alert has no namespace or job_name label"
+        try:  # they go into the API's URL path
+            self._kubernetes_names(labels)
+        except LabelError as exc:
+            self.rejected.add(exc.cause, f"not suspending: {exc}")
+            return f"failed: not suspending the Job: {exc}"
         if self.dry_run:
             return f"dry run, would suspend Job {namespace}/{job}"
         try:

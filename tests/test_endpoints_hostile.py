@@ -323,3 +323,42 @@ def test_webhook_refuses_nested_json_with_400_and_big_bodies_with_a_readable_413
     assert webhook.health()["refused"] == {"bad_payload": 2, "too_large": 1}
     err = webhook.stop()
     assert "Traceback" not in err, err
+
+
+def test_a_stop_that_falls_back_to_kubernetes_never_patches_a_path_its_labels_steer() -> None:
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    patched: list[str] = []
+
+    class Api(BaseHTTPRequestHandler):
+        def do_PATCH(self) -> None:
+            patched.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    api = HTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=api.serve_forever, daemon=True).start()
+
+    def unreachable(url: str, body: dict[str, object], token: str, timeout: float) -> int:
+        raise OSError("connection refused")
+
+    try:
+        receiver = actions.WebhookReceiver(
+            WEBHOOK_TOKEN, actions.TargetMap([actions.parse_target("*=http://{pod_ip}:9470")]), sender=unreachable,
+            kubernetes=actions.KubernetesJobs(f"http://127.0.0.1:{api.server_address[1]}", "sa-token", None))
+        for namespace, job in (("ml/../../kube-system", "bert"), ("ml", "bert/../../../other"), ("ml", "a?b"),
+                               ("ML", "bert"), ("ml", "bert%2F..")):
+            status, answer = receiver.act(actions.parse_payload(payload(alert(
+                {"job_name": job, "rank": "0", "pod_ip": "10.0.0.7", "namespace": namespace}))))
+            assert status == 502 and "not suspending" in answer["decisions"][0]["result"], answer
+        assert patched == []
+        status, _ = receiver.act(actions.parse_payload(payload(alert(
+            {"job_name": "bert.v2", "rank": "0", "pod_ip": "10.0.0.7", "namespace": "ml"}))))
+        assert status == 200 and patched == ["/apis/batch/v1/namespaces/ml/jobs/bert.v2"]
+        assert sum(receiver.rejected.counts().values()) == 5
+    finally:
+        api.shutdown()
