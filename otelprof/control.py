@@ -73,12 +73,12 @@ class ControlServer:
             reason, alert = payload.get("reason", ""), payload.get("alert", "")
             if not isinstance(reason, str) or not isinstance(alert, str):
                 return 400, {"error": "reason and alert must be strings"}
-            logger.info("otelprof: stop requested over the control endpoint: %r", reason[:200])
+            logger.info("otelprof: control POST /v1/stop -> 202")
             return 202, self._on_stop(reason[:500], alert[:200])
         steps = payload.get("steps", 10)
         if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= MAX_CAPTURE_STEPS:
             return 400, {"error": f"steps must be an integer from 1 to {MAX_CAPTURE_STEPS}"}
-        logger.info("otelprof: capture of %d steps requested over the control endpoint", steps)
+        logger.info("otelprof: control POST /v1/capture -> 202")
         return 202, self._on_capture(steps)
 
     def start(self, host: str, port: int) -> bool:
