@@ -6,11 +6,15 @@ it names (labels ``job_name`` and ``rank``), and of no other. Which URL serves w
 rank comes from a static map: ``JOB=URL`` (every rank of the job, or a one-process job),
 ``JOB/RANK=URL``, or ``*=URL`` with ``{label}`` placeholders filled from the alert's labels
 (e.g. ``*=http://{job_name}-{rank}.{job_name}:9470`` for an indexed Job behind a headless Service).
+A label value fills a placeholder only if it fits its place in the URL (:meth:`Target.render`), so no
+value can make the URL name another host, port or path: an alert with one that does not is rejected
+(400), counted by cause and logged the first time.
 
 Requests need ``Authorization: Bearer <token>`` (401 otherwise); oversized bodies get 413, bodies
 that are not an Alertmanager payload of a known version 400 — and then nothing is done. Every
-decision is logged. When a control endpoint cannot be reached the answer is 502, so Alertmanager
-retries; actions that already succeeded are remembered and not repeated.
+decision is logged; refusals and rejections are counted (``GET /healthz``) and logged once per cause.
+When a control endpoint cannot be reached the answer is 502, so Alertmanager retries; actions that
+already succeeded are remembered and not repeated.
 """
 
 from __future__ import annotations
