@@ -23,8 +23,8 @@ from otelprof.semconv import ENDPOINT_CONTROL
 MAX_BODY = 64 * 1024
 MAX_CAPTURE_STEPS = 10_000
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-LIMITS = Limits(workers=2, max_connections=32, deadline=5.0, rate=20.0, connection_rate=40.0, max_body=MAX_BODY)
-"""Two workers, 32 open connections, 5 s per connection, 20 requests and 40 new connections a second: stop and
+LIMITS = Limits(workers=2, max_connections=32, deadline=5.0, rate=10.0, connection_rate=20.0, max_body=MAX_BODY)
+"""Two workers, 32 open connections, 5 s per connection, 10 requests and 20 new connections a second: stop and
 capture requests come from one webhook and a few people."""
 
 

@@ -116,9 +116,9 @@ def _render_metric(metric: Metric, labels: _LabelCache, out: list[str]) -> None:
 
 CACHE_INTERVAL = 1.0
 """Seconds a rendered exposition is reused: scrapes within it get the same text (never older data)."""
-LIMITS = Limits(workers=4, max_connections=64, deadline=10.0, rate=50.0, connection_rate=100.0)
-"""Four workers, 64 open connections, 10 s per connection (Prometheus' default scrape timeout), 50 scrapes and
-100 new connections a second."""
+LIMITS = Limits(workers=4, max_connections=64, deadline=10.0, rate=20.0, connection_rate=40.0)
+"""Four workers, 64 open connections, 10 s per connection (Prometheus' default scrape timeout), 20 scrapes and
+40 new connections a second (a Prometheus pair scrapes each target every 15-60 s)."""
 
 
 class PrometheusEndpoint:
