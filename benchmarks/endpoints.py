@@ -21,7 +21,9 @@ costs the training process.
 | ``all`` | all three at once |
 
 Reported per workload: ms per step; the ratio to the same round's ``quiet`` loop and, for an attack on the
-trainer, to the same attack on the decoy (medians and q1..q3 over rounds); and per round what the attack got:
+trainer, to the same attack on the decoy (medians and q1..q3 over rounds); the training process's CPU time
+per step (all its threads, so the servers' work too) and its ratio to ``quiet``, which other tenants of a
+shared machine disturb far less than wall time; and per round what the attack got:
 scrapes answered, control requests answered, idle connections closed by the server, renderings of the
 exposition, refusals counted in ``otelprof.endpoint.errors``, and the training process's thread count.
 """
@@ -76,6 +78,8 @@ otelprof.shutdown()
 @dataclass
 class Round:
     step_ns: float
+    cpu_ns: float = 0.0
+    """CPU time of the whole training process (every thread: the loop, the recorder, the servers) per step."""
     attack: dict[str, int] = field(default_factory=dict)
     renders: int = 0
     refused: float = 0.0
@@ -111,9 +115,10 @@ def run_round(session: otelprof.Session, decoy: tuple[Address, Address], workloa
         assert attacker.stdout is not None
         assert attacker.stdout.readline().strip() == "ready"
         time.sleep(0.3)  # the clients are at it
-    before_renders, before_refused = renders[0], refused_total(session)
+    before_renders, before_refused, cpu = renders[0], refused_total(session), time.process_time_ns()
     loop_ns = workload.run(steps, instrumented=True)
-    result = Round(loop_ns / steps, renders=renders[0] - before_renders, threads=threading.active_count())
+    result = Round(loop_ns / steps, (time.process_time_ns() - cpu) / steps, renders=renders[0] - before_renders,
+                   threads=threading.active_count())
     if attacker is not None:
         out, _ = attacker.communicate("", timeout=60)
         result.attack = json.loads(out.strip().splitlines()[-1])
@@ -133,8 +138,8 @@ def compare(workload: Workload, rounds: int, steps: int, session: otelprof.Sessi
     return results
 
 
-def ratios(samples: list[Round], reference: list[Round]) -> str:
-    values = [s.step_ns / r.step_ns for s, r in zip(samples, reference)]
+def ratios(samples: list[Round], reference: list[Round], cpu: bool = False) -> str:
+    values = [s.cpu_ns / r.cpu_ns if cpu else s.step_ns / r.step_ns for s, r in zip(samples, reference)]
     q1, q3 = quartiles(values)
     return f"{median(values):.3f} ({q1:.3f}..{q3:.3f})"
 
@@ -148,11 +153,12 @@ def report(workload: Workload, results: dict[str, list[Round]]) -> str:
             return f"{median([s.attack.get(key, 0) for s in samples]):.0f}"
 
         rows.append([variant, f"{median([s.step_ns for s in samples]) / 1e6:.3f}", ratios(samples, results[QUIET]),
-                     ratios(samples, decoy) if decoy else "", per_round("scrapes"), per_round("control requests"),
+                     ratios(samples, decoy) if decoy else "", f"{median([s.cpu_ns for s in samples]) / 1e6:.3f}",
+                     ratios(samples, results[QUIET], cpu=True), per_round("scrapes"), per_round("control requests"),
                      per_round("idle closed by server"), f"{median([s.renders for s in samples]):.0f}",
                      f"{median([s.refused for s in samples]):.0f}", f"{max(s.threads for s in samples)}"])
-    headers = ["variant", "ms/step", "vs quiet (q1..q3)", "vs decoy (q1..q3)", "scrapes", "control req",
-               "idle closed", "renders", "refused", "threads"]
+    headers = ["variant", "ms/step", "vs quiet (q1..q3)", "vs decoy (q1..q3)", "CPU ms/step", "CPU vs quiet",
+               "scrapes", "control req", "idle closed", "renders", "refused", "threads"]
     return f"{workload.name}: {workload.description}\n" + table(headers, rows)
 
 
