@@ -102,15 +102,25 @@ class QuietHandler(BaseHTTPRequestHandler):
     def send_json(self, status: int, answer: Any) -> None:
         if status >= 400 and self.count_answers:
             self.server.count(_STATUS_REASONS.get(status, REASON_BAD_REQUEST))
-        data = json.dumps(answer).encode()
+        self.send_body(status, "application/json", json.dumps(answer).encode())
+
+    def send_body(self, status: int, content_type: str, body: bytes, *headers: tuple[str, str]) -> None:
+        """The whole answer in one write; the connection closes after it."""
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Type", content_type)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
         self.send_header("Connection", "close")
         self.close_connection = True
-        self.end_headers()
+        buffer: list[bytes] | None = getattr(self, "_headers_buffer", None)
+        if buffer is None:  # HTTP/0.9: no status line, no headers
+            self.wfile.write(body)
+            return
+        buffer.append(b"\r\n")
         if self.command != "HEAD":
-            self.wfile.write(data)
+            buffer.append(body)
+        self.flush_headers()
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """What the standard library answers for malformed requests, as one line of JSON; its 5xx for an

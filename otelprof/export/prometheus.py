@@ -116,9 +116,9 @@ def _render_metric(metric: Metric, labels: _LabelCache, out: list[str]) -> None:
 
 CACHE_INTERVAL = 1.0
 """Seconds a rendered exposition is reused: scrapes within it get the same text (never older data)."""
-LIMITS = Limits(workers=4, max_connections=64, deadline=10.0, rate=20.0, connection_rate=40.0)
-"""Four workers, 64 open connections, 10 s per connection (Prometheus' default scrape timeout), 20 scrapes and
-40 new connections a second (a Prometheus pair scrapes each target every 15-60 s)."""
+LIMITS = Limits(workers=4, max_connections=64, deadline=10.0, rate=10.0, connection_rate=20.0)
+"""Four workers, 64 open connections, 10 s per connection (Prometheus' default scrape timeout), 10 scrapes and
+20 new connections a second (a Prometheus pair scrapes each target every 15-60 s)."""
 
 
 class PrometheusEndpoint:
@@ -170,14 +170,7 @@ class PrometheusEndpoint:
                 except Exception:  # never take the training process down over a scrape
                     self.send_json(500, {"error": "otelprof could not render metrics"})
                     return
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
-                if gzipped:
-                    self.send_header("Content-Encoding", "gzip")
-                self.send_header("Content-Length", str(len(body)))
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(body)
+                self.send_body(200, CONTENT_TYPE, body, *([("Content-Encoding", "gzip")] if gzipped else []))
 
         try:
             self.address = self._server.start(host, port, Handler, "otelprof-metrics")
