@@ -13,11 +13,40 @@ _lock = threading.Lock()
 
 def warn_once(key: str, message: str, *args: object) -> None:
     """Log ``message`` as a warning the first time ``key`` is seen in this process."""
+    if _first(key):
+        logger.warning(message, *args)
+
+
+def info_once(key: str, message: str, *args: object) -> None:
+    """Log ``message`` at info level (shown only where the application configured logging) the first time
+    ``key`` is seen in this process: what otelprof does about something that needs no action."""
+    if _first(key):
+        logger.info(message, *args)
+
+
+def _first(key: str) -> bool:
     with _lock:
         if key in _warned:
-            return
+            return False
         _warned.add(key)
-    logger.warning(message, *args)
+        return True
+
+
+def sanitize(text: str, limit: int = 160) -> str:
+    """``text`` fit for one log line: printable ASCII only (anything else becomes ``?``), whitespace runs as one
+    space, at most ``limit`` characters. For text that comes from outside (a server's reply, an exception about
+    one): its bytes never reach the training job's terminal as they are."""
+    cleaned = " ".join("".join(c if " " <= c <= "~" else "?" if c not in "\t\n\r" else " "
+                               for c in text[: limit * 4]).split())
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``str(exc)``, or "" when even that raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return ""
 
 
 def reset_warnings() -> None:

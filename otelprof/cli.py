@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from otelprof import environment_variables as ev
@@ -120,6 +123,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         env["OTELPROF_RUN_TORCH"] = "0"
     if args.grad_norm:
         env["OTELPROF_RUN_GRAD_NORM"] = "1"
+    if args.quiet:
+        env[ev.OTELPROF_QUIET] = "true"
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
@@ -155,19 +160,86 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     return 1
 
 
+def _mixin_config_file(path: str) -> list[str]:
+    """``name=value`` assignments from a JSON or YAML mapping of MixinConfig fields (lists: comma lists;
+    ``actions``: a mapping of alert to action). YAML needs PyYAML; JSON needs nothing."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+        if path.endswith(".json"):
+            data = json.loads(text)
+        else:
+            try:
+                import yaml
+            except ImportError:
+                raise ValueError(f"{path}: a YAML config file needs PyYAML (pip install pyyaml); "
+                                 "or give a .json file") from None
+            data = yaml.safe_load(text)
+    except ValueError as exc:  # json.JSONDecodeError too
+        raise ValueError(f"cannot read the config file {path}: {one_line(str(exc))}") from None
+    except Exception as exc:  # OSError, UnicodeDecodeError, yaml.YAMLError
+        raise ValueError(f"cannot read the config file {path}: {one_line(str(exc))}") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must be a mapping of mixin settings (name: value)")
+    assignments = []
+    for name, value in data.items():
+        if isinstance(value, dict):
+            value = ",".join(f"{k}:{v}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        elif value is None or isinstance(value, (int, float, str)):
+            value = "" if value is None else value
+        else:
+            raise ValueError(f"{path}: {name} must be a scalar, a list or a mapping")
+        assignments.append(f"{name}={value}")
+    return assignments
+
+
 def _cmd_mixin(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from otelprof.mixin import MixinConfig, write
+    from otelprof.mixin import MixinConfig
+    from otelprof.mixin.bundle import write
     from otelprof.mixin.config import with_overrides
 
     try:
-        config = with_overrides(MixinConfig(), list(args.set or []))
+        assignments = _mixin_config_file(args.config) if args.config else []
+        config = with_overrides(MixinConfig(), assignments + list(args.set or []))
     except ValueError as exc:
         print(f"otelprof mixin: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    for path in write(Path(args.out), config):
+    try:
+        changed = write(Path(args.out), config)
+    except OSError as exc:
+        print(f"otelprof mixin: cannot write {args.out}: {one_line(str(exc))}", file=sys.stderr)
+        return 1
+    for path in changed:
         print(f"wrote {path}")
+    if not changed:
+        print(f"{args.out} is up to date")
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    import importlib.util
+    import platform
+
+    from otelprof.integrations import native
+
+    print(f"otelprof {__version__} on Python {platform.python_version()} ({platform.system()} {platform.machine()})")
+    torch_found = importlib.util.find_spec("torch") is not None
+    hooks = native.status()
+    print(f"PyTorch: {'installed' if torch_found else 'not installed (the PyTorch hooks are not used)'}")
+    print(f"PyTorch hooks: {hooks.path} — {hooks.reason}")
+    if args.require_native and native.load()[0] is None:
+        print("otelprof doctor: the C extension is required (--require-native) but not installed", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -230,13 +302,30 @@ def _cmd_webhook(args: argparse.Namespace) -> int:
 
 
 def _add_alerting_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    doctor = sub.add_parser(
+        "doctor", help="say how otelprof is installed: version, and whether the PyTorch hooks run in C or Python",
+        description="Print the otelprof version and platform, and which PyTorch hooks a training process "
+                    "started from this environment uses: the C extension, or the Python hooks and why "
+                    "(extension not installed, or disabled by OTELPROF_TORCH_NATIVE).")
+    doctor.add_argument("--require-native", action="store_true",
+                        help="exit 1 when the C extension is not installed (for wheel and image checks)")
+    doctor.set_defaults(func=_cmd_doctor)
+
     mixin = sub.add_parser(
-        "mixin", help="write the Prometheus alert/recording rules, PrometheusRule and runbook with your settings",
-        description="Write otelprof-alerts.yaml, otelprof-rules.yaml, otelprof-prometheusrule.yaml and runbook.md "
-                    "into DIR from the mixin config (otelprof.mixin.config.MixinConfig), with overrides.",
-        epilog="Example: otelprof mixin --out rules/ --set 'selector=namespace=\"ml\"' "
-               "--set prometheus_rule_release=monitoring --set window=5m --set disabled_alerts=Overfitting")
-    mixin.add_argument("--out", required=True, metavar="DIR", help="directory to write the files into")
+        "mixin", help="write the whole mixin with your settings: rules, PrometheusRule, runbook, Grafana "
+                      "dashboards, provisioning and ConfigMaps",
+        description="Write into DIR, from the installed package and the mixin config "
+                    "(otelprof.mixin.config.MixinConfig) with your overrides: otelprof-alerts.yaml, "
+                    "otelprof-rules.yaml, otelprof-prometheusrule.yaml, runbook.md (the alerts' runbook_url "
+                    "points at it unless you set runbook_url), dashboards/*.json, dashboards/provisioning/ "
+                    "(dashboard provider, data sources) and kubernetes/ (the dashboards, data sources and "
+                    "provisioning as ConfigMaps). The selector reaches the dashboards' queries too.",
+        epilog="Example: otelprof mixin -o monitoring/ --set 'selector=namespace=\"ml\"' "
+               "--set prometheus_rule_release=monitoring --set runbook_url=https://wiki.example.com/otelprof/runbook "
+               "--set disabled_alerts=Overfitting; or --config mixin.yaml with the same names as keys.")
+    mixin.add_argument("-o", "--out", required=True, metavar="DIR", help="directory to write the files into")
+    mixin.add_argument("--config", metavar="FILE",
+                       help="YAML file of settings (MixinConfig field: value), applied before --set")
     mixin.add_argument("--set", action="append", metavar="NAME=VALUE",
                        help="override a MixinConfig field (repeatable); tuples are comma lists, "
                             "actions are ALERT:ACTION,...")
@@ -291,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Settings come from OTEL_* and OTELPROF_* environment variables: see 'otelprof env'.",
     )
     parser.add_argument("--version", action="version", version=f"otelprof {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an unexpected error print the traceback (otherwise one line), and log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     env = sub.add_parser("env", help="list every environment variable with its default and current value",
@@ -316,10 +407,14 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run a training command with otelprof and PyTorch instrumented automatically",
         description="Run COMMAND with otelprof started before the program's own code (a sitecustomize module "
                     "put first on PYTHONPATH) and, when PyTorch is importable, every optimizer, top-level module "
-                    "call and DataLoader hooked: steps end at optimizer.step(). Settings come from the usual "
+                    "call and DataLoader hooked: steps end at optimizer.step(); a Hugging Face or Lightning Trainer "
+                    "gets otelprof's callback, DDP models their all-reduce timed. Rank 0 says on stderr where the "
+                    "recording goes and, at the exit, how to report it. Settings come from the usual "
                     "OTEL_*/OTELPROF_* variables. Works with torchrun: otelprof run -- torchrun ... train.py.")
     run.add_argument("--no-torch", action="store_true", help="only start otelprof; do not hook PyTorch")
     run.add_argument("--grad-norm", action="store_true", help="also record the global gradient norm")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="no start and exit lines on stderr (OTELPROF_QUIET=true); warnings still show")
     run.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     run.set_defaults(func=_cmd_run)
 
@@ -367,8 +462,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"otelprof: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    result: int = args.func(args)
+    if args.debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(name)s %(levelname)s %(message)s")
+    try:
+        result: int = args.func(args)
+    except KeyboardInterrupt:
+        print(f"otelprof {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader of our output went away (otelprof check | head)
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_USAGE
+    except Exception as exc:  # a last resort: known bad input is reported where it is found
+        if args.debug:
+            traceback.print_exc()
+        print(f"otelprof {args.command}: internal error: {one_line(f'{type(exc).__name__}: {exc}')}"
+              + ("" if args.debug else f" (otelprof --debug {args.command} ... shows where)"), file=sys.stderr)
+        return EXIT_USAGE
     return result
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` fit for a one-line message: control characters (newlines, terminal escapes) escaped, cut
+    at ``limit`` characters."""
+    clean = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit + 1])
+    return clean if len(clean) <= limit else clean[:limit - 3] + "..."
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ class Config:
     record_dir: str = "otelprof-runs"
     flush_interval: float = 0.5
     shutdown_timeout: float = 3.0
+    export_warning_interval: float = 300.0
     queue_size: int = 65536
     traces_exporters: tuple[str, ...] = ()
     metrics_exporters: tuple[str, ...] = ()
@@ -49,8 +50,17 @@ class Config:
     span_first_steps: int = 10
     span_every: int = 0
     span_windows: tuple[tuple[int, int], ...] = ()
-    outlier_sigma: float = 3.0
+    profile_every: float = 600.0
+    profile_steps: int = 3
+    profile_warmup: float = 5.0
+    profile_warmup_steps: int = 10
+    profile_budget: float = 0.01
+    profile_max_spans: int = 500
+    profile_top_k: int = 10
+    outlier_sigma: float = thresholds.OUTLIER_SIGMA
     outlier_min_steps: int = 20
+    outlier_min_ratio: float = thresholds.OUTLIER_MIN_RATIO
+    outlier_min_excess: float = thresholds.OUTLIER_MIN_EXCESS
     max_label_values: int = 64
     max_series: int = 500
     handle_sigterm: bool = True
@@ -58,6 +68,7 @@ class Config:
     sample_interval: float = 0.5
     node_sampler_local_rank: int = 0
     gpu_metrics: bool = True
+    gpu_sampling: bool = True
     torch_native: bool = True
     cpu_high_threshold: float = thresholds.CPU_HIGH
     gpu_low_threshold: float = thresholds.GPU_LOW
@@ -66,6 +77,7 @@ class Config:
     control_host: str = "127.0.0.1"
     control_token: str = ""
     stop_raises: bool = False
+    quiet: bool = False
     pod_name: str = ""
     pod_namespace: str = ""
     node_name: str = ""
@@ -118,9 +130,9 @@ class Config:
                 continue
             try:
                 values[key] = _coerce_override(key, value)
-            except (TypeError, ValueError) as exc:
+            except Exception as exc:  # whatever the value does (an int too large for a float, a raising __int__)
                 fallback = values.get(key, getattr(cls, key))
-                builder.problem(key, f"init({key}={value!r}) is invalid ({exc}); using {fallback!r}")
+                builder.problem(key, f"init({key}={_show(value)}) is invalid ({_reason(exc)}); using {fallback!r}")
         return cls(**values)
 
 
@@ -131,9 +143,13 @@ def _coerce_override(key: str, value: Any) -> Any:
     if key in ("traces_exporters", "metrics_exporters") and not isinstance(value, str):
         return _parse_exporters(",".join(value), EXPORTERS_METRICS if key == "metrics_exporters" else EXPORTERS_TRACES)
     if key == "span_windows" and not isinstance(value, str):
-        return tuple((int(a), int(b)) for a, b in value)
+        return _parse_windows(",".join(f"{int(a)}:{int(b)}" for a, b in value))
     default = getattr(Config, key, None)
-    if isinstance(default, bool):
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise TypeError("expected a string")
+        value = str.__str__(value)
+    elif isinstance(default, bool):
         if not isinstance(value, bool):
             raise TypeError("expected a bool")
         return value
@@ -145,6 +161,31 @@ def _coerce_override(key: str, value: Any) -> Any:
     if check is not None:
         check(value)
     return value
+
+
+def _show(value: Any) -> str:
+    """A refused value for the warning: numbers, booleans and short strings as written, else the type."""
+    if type(value) in (bool, int, float) and len(text := repr(value)) <= 40:
+        return text
+    if type(value) is str and len(value) <= 40 and value.isprintable():
+        return repr(value)
+    return f"<{type(value).__qualname__}>"
+
+
+def _reason(exc: Exception) -> str:
+    """Why a value was refused, for the one warning: the message, cut (it may quote the value)."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    text = text or type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _check_run_id(value: str) -> None:
+    """A run id names one directory of the recording: one path component, no separators."""
+    if len(value) > 200 or value in (".", "..") or any(c in value for c in "/\\\0"):
+        raise ValueError("a run id must be one directory name of at most 200 characters")
 
 
 def _parse_bool(text: str) -> bool:
@@ -208,6 +249,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "handle_sigterm": _parse_bool,
     "flush_interval": _ranged(float, 0.05, 10.0),
     "shutdown_timeout": _ranged(float, 0.1, 60.0),
+    "export_warning_interval": _ranged(float, 1.0, 86400.0),
     "queue_size": _ranged(int, 64, 10_000_000),
     "traces_exporters": lambda t: _parse_exporters(t, EXPORTERS_TRACES),
     "metrics_exporters": lambda t: _parse_exporters(t, EXPORTERS_METRICS),
@@ -218,14 +260,25 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "span_first_steps": _ranged(int, 0, 1_000_000),
     "span_every": _ranged(int, 0, 1_000_000_000),
     "span_windows": _parse_windows,
+    "profile_every": _ranged(float, 0.0, 1e7),
+    "profile_steps": _ranged(int, 1, 1000),
+    "profile_warmup": _ranged(float, 0.0, 1e6),
+    "profile_warmup_steps": _ranged(int, 0, 1_000_000),
+    "profile_budget": _ranged(float, 0.0, 1.0),
+    "profile_max_spans": _ranged(int, 0, 100_000),
+    "profile_top_k": _ranged(int, 1, 100),
     "outlier_sigma": _ranged(float, 0.0, 100.0),
     "outlier_min_steps": _ranged(int, 2, 1_000_000),
+    "outlier_min_ratio": _ranged(float, 1.0, 100.0),
+    "outlier_min_excess": lambda t: _ranged(float, 0.0, 3_600_000.0)(t) / 1000.0,
     "max_label_values": _ranged(int, 1, 10_000),
     "max_series": _ranged(int, 16, 1_000_000),
     "system_metrics": _parse_bool,
     "stop_raises": _parse_bool,
+    "quiet": _parse_bool,
     "control_port": _ranged(int, 0, 65535),
     "gpu_metrics": _parse_bool,
+    "gpu_sampling": _parse_bool,
     "torch_native": _parse_bool,
     "sample_interval": lambda t: _ranged(float, 100, 60_000)(t) / 1000.0,
     "node_sampler_local_rank": _ranged(int, -1, 65535),
@@ -238,13 +291,31 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
 }
 
 _CHECKS: dict[str, Callable[[Any], None]] = {
+    "run_id": _check_run_id,
+    "span_first_steps": lambda v: _in_range(v, 0, 1_000_000),
+    "span_every": lambda v: _in_range(v, 0, 1_000_000_000),
+    "outlier_min_steps": lambda v: _in_range(v, 2, 1_000_000),
+    "node_sampler_local_rank": lambda v: _in_range(v, -1, 65535),
+    "rank": lambda v: _in_range(v, 0, 1_000_000),
+    "local_rank": lambda v: _in_range(v, 0, 65535),
+    "world_size": lambda v: _in_range(v, 1, 1_000_000),
     "flush_interval": lambda v: _in_range(v, 0.05, 10.0),
     "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),
+    "export_warning_interval": lambda v: _in_range(v, 1.0, 86400.0),
     "queue_size": lambda v: _in_range(v, 64, 10_000_000),
     "metric_export_interval": lambda v: _in_range(v, 1.0, 600.0),
     "prometheus_port": lambda v: _in_range(v, 0, 65535),
     "span_budget": lambda v: _in_range(v, 0.0, 1.0),
+    "profile_every": lambda v: _in_range(v, 0.0, 1e7),
+    "profile_steps": lambda v: _in_range(v, 1, 1000),
+    "profile_warmup": lambda v: _in_range(v, 0.0, 1e6),
+    "profile_warmup_steps": lambda v: _in_range(v, 0, 1_000_000),
+    "profile_budget": lambda v: _in_range(v, 0.0, 1.0),
+    "profile_max_spans": lambda v: _in_range(v, 0, 100_000),
+    "profile_top_k": lambda v: _in_range(v, 1, 100),
     "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
+    "outlier_min_ratio": lambda v: _in_range(v, 1.0, 100.0),
+    "outlier_min_excess": lambda v: _in_range(v, 0.0, 3600.0),
     "max_label_values": lambda v: _in_range(v, 1, 10_000),
     "max_series": lambda v: _in_range(v, 16, 1_000_000),
     "sample_interval": lambda v: _in_range(v, 0.1, 60.0),
@@ -285,7 +356,13 @@ class _Builder:
         values["job_name"] = (
             env.get(ev.OTELPROF_JOB_NAME) or env.get(ev.OTEL_SERVICE_NAME) or _script_name() or "training"
         )
-        values["run_id"] = env.get(ev.OTELPROF_RUN_ID) or _torchelastic_run_id(env) or ""
+        values["run_id"] = (env.get(ev.OTELPROF_RUN_ID) or _torchelastic_run_id(env)
+                            or env.get(ev.OTELPROF_RUN_LAUNCH_ID) or "")
+        try:
+            _check_run_id(values["run_id"])
+        except ValueError as exc:
+            self.problem("run_id", f"the run id {values['run_id'][:40]!r} is invalid ({exc}); using a new one")
+            values["run_id"] = ""
         if env.get(ev.OTELPROF_RECORD_DIR):
             values["record_dir"] = env[ev.OTELPROF_RECORD_DIR]
         otlp_endpoint = any(

@@ -28,6 +28,9 @@ DASHBOARD_PROVIDER = DASHBOARDS_DIR / "provisioning" / "dashboards.yaml"
 
 SCRAPE_LABEL = "otelprof.io/scrape"
 METRICS_PORT_NAME = "metrics"
+METRICS_PORT_REGEX = f"{METRICS_PORT_NAME}(-[0-9]+)?"
+"""Container ports scraped: ``metrics-<LOCAL_RANK>``, one per local rank (each serves 9464 + LOCAL_RANK),
+or a lone ``metrics``. The pod declares one per local rank; every declared one becomes a target."""
 ALERTMANAGER_SECRET = "alertmanager-otelprof"
 
 
@@ -49,22 +52,49 @@ def _secret(name: str, data: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque", "stringData": data}
 
 
-def _dashboards(root: Path) -> list[Path]:
-    return sorted((root / DASHBOARDS_DIR).glob("*.json"))
+def _dashboard_texts(root: Path) -> dict[str, str]:
+    return {path.name: path.read_text(encoding="utf-8") for path in sorted((root / DASHBOARDS_DIR).glob("*.json"))}
 
 
-def _dashboard_config_maps(root: Path, labels: dict[str, str] | None,
+def _dashboard_config_maps(dashboards: dict[str, str], labels: dict[str, str] | None,
                            annotations: dict[str, str] | None) -> list[dict[str, Any]]:
     maps = []
-    for path in _dashboards(root):
-        uid = json.loads(path.read_text(encoding="utf-8")).get("uid") or path.stem
-        maps.append(_config_map(f"grafana-dashboard-{uid}", {path.name: path.read_text(encoding="utf-8")},
-                                labels, annotations))
+    for name, text in sorted(dashboards.items()):
+        uid = json.loads(text).get("uid") or Path(name).stem
+        maps.append(_config_map(f"grafana-dashboard-{uid}", {name: text}, labels, annotations))
     return maps
 
 
+def grafana_sidecar_documents(dashboards: dict[str, str]) -> list[dict[str, Any]]:
+    """kube-prometheus-stack: one ConfigMap per dashboard, labelled for Grafana's sidecar, in folder otelprof."""
+    return _dashboard_config_maps(dashboards, {"grafana_dashboard": "1"}, {"grafana_folder": "otelprof"})
+
+
+def grafana_sidecar_datasources(tempo_datasources: str) -> list[dict[str, Any]]:
+    """kube-prometheus-stack: the Tempo data source, labelled for Grafana's datasource sidecar."""
+    return [_config_map("grafana-datasources-otelprof", {"otelprof-datasources.yaml": tempo_datasources},
+                        {"grafana_datasource": "1"})]
+
+
+def grafana_provisioning_documents(provider_files: dict[str, str], dashboards: dict[str, str]) -> list[dict[str, Any]]:
+    """A Grafana you run yourself: provisioning files (provider, data sources) and the dashboards as ConfigMaps."""
+    provisioning: list[dict[str, Any]] = _dashboard_config_maps(dashboards, None, None)
+    if provider_files:
+        provisioning.insert(0, _config_map("grafana-provisioning-otelprof", provider_files))
+    return provisioning
+
+
+def documents(docs: Iterable[dict[str, Any]], source: str) -> str:
+    """YAML documents with the generated-file header naming ``source``."""
+    return _documents(docs, source)
+
+
 def prometheus_config() -> dict[str, Any]:
-    """prometheus.yml for plain Prometheus in the cluster: pod discovery of otelprof's /metrics ports."""
+    """prometheus.yml for plain Prometheus in the cluster: pod discovery of otelprof's /metrics ports.
+
+    Pod discovery yields one target per declared container port; the relabeling keeps the ports named
+    ``metrics-<LOCAL_RANK>``, so every local rank of a multi-GPU pod is scraped.
+    """
     return {
         "global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
         "rule_files": ["/etc/prometheus/otelprof/otelprof-alerts.yaml", "/etc/prometheus/otelprof/otelprof-rules.yaml"],
@@ -75,7 +105,7 @@ def prometheus_config() -> dict[str, Any]:
             "relabel_configs": [
                 {"source_labels": ["__meta_kubernetes_pod_label_otelprof_io_scrape"], "regex": "true",
                  "action": "keep"},
-                {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": f"{METRICS_PORT_NAME}.*",
+                {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": METRICS_PORT_REGEX,
                  "action": "keep"},
                 {"source_labels": ["__meta_kubernetes_namespace"], "target_label": sc.SCRAPE_LABEL_NAMESPACE},
                 {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
@@ -99,14 +129,13 @@ def files(root: Path) -> dict[Path, str]:
     out[stack / "prometheusrule.yaml"] = (root / rule).read_text(encoding="utf-8")
     out[stack / "alertmanager-secret.yaml"] = _documents(
         [_secret(ALERTMANAGER_SECRET, {"alertmanager.yaml": alertmanager})], str(ALERTMANAGER_CONFIG))
-    dashboards = _dashboard_config_maps(root, {"grafana_dashboard": "1"}, {"grafana_folder": "otelprof"})
-    if dashboards:
-        out[stack / "grafana-dashboards.yaml"] = _documents(dashboards, str(DASHBOARDS_DIR / "*.json"))
+    dashboard_texts = _dashboard_texts(root)
+    if dashboard_texts:
+        out[stack / "grafana-dashboards.yaml"] = _documents(grafana_sidecar_documents(dashboard_texts),
+                                                            str(DASHBOARDS_DIR / "*.json"))
     if (root / DATASOURCES_TEMPO).exists():
         out[stack / "grafana-datasources.yaml"] = _documents(
-            [_config_map("grafana-datasources-otelprof",
-                         {"otelprof-datasources.yaml": (root / DATASOURCES_TEMPO).read_text(encoding="utf-8")},
-                         {"grafana_datasource": "1"})], str(DATASOURCES_TEMPO))
+            grafana_sidecar_datasources((root / DATASOURCES_TEMPO).read_text(encoding="utf-8")), str(DATASOURCES_TEMPO))
 
     plain = KUBERNETES / "overlays/plain-prometheus/generated"
     rules = {name: (root / PROMETHEUS_DIR / name).read_text(encoding="utf-8")
@@ -116,11 +145,9 @@ def files(root: Path) -> dict[Path, str]:
         f"{PROMETHEUS_DIR}/*.yaml and otelprof/deploy.py")
     out[plain / "alertmanager-config.yaml"] = _documents(
         [_secret("otelprof-alertmanager", {"alertmanager.yml": alertmanager})], str(ALERTMANAGER_CONFIG))
-    provisioning: list[dict[str, Any]] = _dashboard_config_maps(root, None, None)
     provider_files = {p.name: (root / p).read_text(encoding="utf-8") for p in (DATASOURCES, DASHBOARD_PROVIDER)
                       if (root / p).exists()}
-    if provider_files:
-        provisioning.insert(0, _config_map("grafana-provisioning-otelprof", provider_files))
+    provisioning = grafana_provisioning_documents(provider_files, dashboard_texts)
     if provisioning:
         out[plain / "grafana-provisioning.yaml"] = _documents(provisioning, f"{DASHBOARDS_DIR}/")
     return out

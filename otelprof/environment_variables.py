@@ -42,13 +42,23 @@ OTELPROF_RECORD = "OTELPROF_RECORD"
 OTELPROF_RECORD_DIR = "OTELPROF_RECORD_DIR"
 OTELPROF_FLUSH_INTERVAL = "OTELPROF_FLUSH_INTERVAL"
 OTELPROF_SHUTDOWN_TIMEOUT = "OTELPROF_SHUTDOWN_TIMEOUT"
+OTELPROF_EXPORT_WARNING_INTERVAL = "OTELPROF_EXPORT_WARNING_INTERVAL"
 OTELPROF_QUEUE_SIZE = "OTELPROF_QUEUE_SIZE"
 OTELPROF_SPAN_BUDGET = "OTELPROF_SPAN_BUDGET"
 OTELPROF_SPAN_FIRST_STEPS = "OTELPROF_SPAN_FIRST_STEPS"
 OTELPROF_SPAN_EVERY = "OTELPROF_SPAN_EVERY"
 OTELPROF_SPAN_WINDOWS = "OTELPROF_SPAN_WINDOWS"
+OTELPROF_PROFILE_EVERY = "OTELPROF_PROFILE_EVERY"
+OTELPROF_PROFILE_STEPS = "OTELPROF_PROFILE_STEPS"
+OTELPROF_PROFILE_WARMUP = "OTELPROF_PROFILE_WARMUP"
+OTELPROF_PROFILE_WARMUP_STEPS = "OTELPROF_PROFILE_WARMUP_STEPS"
+OTELPROF_PROFILE_BUDGET = "OTELPROF_PROFILE_BUDGET"
+OTELPROF_PROFILE_MAX_SPANS = "OTELPROF_PROFILE_MAX_SPANS"
+OTELPROF_PROFILE_TOP_K = "OTELPROF_PROFILE_TOP_K"
 OTELPROF_OUTLIER_SIGMA = "OTELPROF_OUTLIER_SIGMA"
 OTELPROF_OUTLIER_MIN_STEPS = "OTELPROF_OUTLIER_MIN_STEPS"
+OTELPROF_OUTLIER_MIN_RATIO = "OTELPROF_OUTLIER_MIN_RATIO"
+OTELPROF_OUTLIER_MIN_EXCESS_MS = "OTELPROF_OUTLIER_MIN_EXCESS_MS"
 OTELPROF_MAX_LABEL_VALUES = "OTELPROF_MAX_LABEL_VALUES"
 OTELPROF_MAX_SERIES = "OTELPROF_MAX_SERIES"
 OTELPROF_HANDLE_SIGTERM = "OTELPROF_HANDLE_SIGTERM"
@@ -56,6 +66,7 @@ OTELPROF_SYSTEM_METRICS = "OTELPROF_SYSTEM_METRICS"
 OTELPROF_SAMPLE_INTERVAL_MS = "OTELPROF_SAMPLE_INTERVAL_MS"
 OTELPROF_NODE_SAMPLER_LOCAL_RANK = "OTELPROF_NODE_SAMPLER_LOCAL_RANK"
 OTELPROF_GPU_METRICS = "OTELPROF_GPU_METRICS"
+OTELPROF_GPU_SAMPLING = "OTELPROF_GPU_SAMPLING"
 OTELPROF_TORCH_NATIVE = "OTELPROF_TORCH_NATIVE"
 OTELPROF_CPU_HIGH_THRESHOLD = "OTELPROF_CPU_HIGH_THRESHOLD"
 OTELPROF_GPU_LOW_THRESHOLD = "OTELPROF_GPU_LOW_THRESHOLD"
@@ -64,6 +75,8 @@ OTELPROF_CONTROL_PORT = "OTELPROF_CONTROL_PORT"
 OTELPROF_CONTROL_HOST = "OTELPROF_CONTROL_HOST"
 OTELPROF_CONTROL_TOKEN = "OTELPROF_CONTROL_TOKEN"
 OTELPROF_STOP_RAISES = "OTELPROF_STOP_RAISES"
+OTELPROF_QUIET = "OTELPROF_QUIET"
+OTELPROF_RUN_LAUNCH_ID = "OTELPROF_RUN_LAUNCH_ID"
 OTELPROF_WEBHOOK_TOKEN = "OTELPROF_WEBHOOK_TOKEN"
 OTELPROF_POD_NAME = "OTELPROF_POD_NAME"
 OTELPROF_POD_NAMESPACE = "OTELPROF_POD_NAMESPACE"
@@ -97,6 +110,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Seconds between background flushes of the recording (a SIGKILL loses at most this much); 0.05-10."),
     EnvVar(OTELPROF_SHUTDOWN_TIMEOUT, "shutdown_timeout", "3",
            "Upper bound in seconds on `shutdown()` (exporters that are still busy are abandoned); 0.1-60."),
+    EnvVar(OTELPROF_EXPORT_WARNING_INTERVAL, "export_warning_interval", "300",
+           "Seconds between the one-line summaries (batches dropped, retries, the last reason) of an exporter "
+           "that keeps failing, after its first warning; the SDK's own per-export log lines are held back; "
+           "1-86400."),
     EnvVar(OTELPROF_QUEUE_SIZE, "queue_size", "65536",
            "Most step/annotation records waiting for the background thread; beyond it records are dropped "
            "and counted. Also bounds the OTLP export queues."),
@@ -129,11 +146,35 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Every K-th step becomes a span (0 = off; the budget samples instead)."),
     EnvVar(OTELPROF_SPAN_WINDOWS, "span_windows", "",
            "Profiling windows whose every step becomes a span: `start_step:num_steps[,...]`, e.g. `100:20`."),
+    EnvVar(OTELPROF_PROFILE_EVERY, "profile_every", "600",
+           "Seconds between periodic operator-profiling windows of a PyTorch job (`torch.profiler` for "
+           "`OTELPROF_PROFILE_STEPS` steps); 0 turns periodic windows off (captures and `profile_window` still work). "
+           "The interval grows when a window costs more than `OTELPROF_PROFILE_BUDGET` of it."),
+    EnvVar(OTELPROF_PROFILE_STEPS, "profile_steps", "3", "Steps in each periodic profiling window; 1-1000."),
+    EnvVar(OTELPROF_PROFILE_WARMUP, "profile_warmup", "5",
+           "Seconds after `init()` before the first periodic window may start."),
+    EnvVar(OTELPROF_PROFILE_WARMUP_STEPS, "profile_warmup_steps", "10",
+           "Step number before which no periodic window starts (warm-up steps are not typical)."),
+    EnvVar(OTELPROF_PROFILE_BUDGET, "profile_budget", "0.01",
+           "Share of training time periodic windows may cost (0-1): a window that cost X seconds more than its "
+           "steps' usual time delays the next by at least X / budget."),
+    EnvVar(OTELPROF_PROFILE_MAX_SPANS, "profile_max_spans", "500",
+           "Operator spans per profiled step, the longest first (and as many kernel spans); the rest are counted "
+           "as dropped (`exporter=\"operator_spans\"`). 0: no operator spans."),
+    EnvVar(OTELPROF_PROFILE_TOP_K, "profile_top_k", "10",
+           "Operators and kernels per window with series of their own on the operator metrics; the rest are "
+           "summed as `other`; 1-100."),
     EnvVar(OTELPROF_OUTLIER_SIGMA, "outlier_sigma", "3",
-           "A step slower than mean + sigma x stddev of the recent steps of its phase is an outlier: "
-           "counted and traced retroactively. 0 turns outlier detection off."),
+           "A step slower than mean + sigma x stddev of the last 256 steps of its phase, and materially slower "
+           "than their median (`OTELPROF_OUTLIER_MIN_RATIO`, `OTELPROF_OUTLIER_MIN_EXCESS_MS`), is an outlier: "
+           "counted (OtelprofStepOutliers) and traced retroactively. 0 turns outlier detection off."),
     EnvVar(OTELPROF_OUTLIER_MIN_STEPS, "outlier_min_steps", "20",
            "Steps of a phase needed before outliers are judged."),
+    EnvVar(OTELPROF_OUTLIER_MIN_RATIO, "outlier_min_ratio", "1.5",
+           "An outlier step also takes at least this many times the median of the recent steps of its phase "
+           "(1-100): scheduler jitter on steady steps passes mean + 3 sigma but is no outlier."),
+    EnvVar(OTELPROF_OUTLIER_MIN_EXCESS_MS, "outlier_min_excess", "1",
+           "An outlier step also takes at least this many milliseconds more than that median."),
     EnvVar(OTELPROF_MAX_LABEL_VALUES, "max_label_values", "64",
            "Distinct phase / annotation names kept as metric labels; further names are counted as `other`."),
     EnvVar(OTELPROF_MAX_SERIES, "max_series", "500",
@@ -141,7 +182,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "16-1000000; observations of further ones are counted under `other` and in `otelprof.series.folded`. "
            "Bounds a scrape of /metrics."),
     EnvVar(OTELPROF_HANDLE_SIGTERM, "handle_sigterm", "true",
-           "Flush the recording on SIGTERM (pod deletion), then let the signal take its usual course."),
+           "Flush the recording and exporters on SIGTERM (pod deletion), then let the signal take its own "
+           "course: an application handler runs as it would (otelprof records until exit), without one the "
+           "process dies of SIGTERM; nothing is installed over SIG_IGN."),
     EnvVar(OTELPROF_SYSTEM_METRICS, "system_metrics", "true",
            "Sample host, container, process and GPU telemetry on a background thread."),
     EnvVar(OTELPROF_SAMPLE_INTERVAL_MS, "sample_interval", "500",
@@ -152,6 +195,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_GPU_METRICS, "gpu_metrics", "true",
            "Read GPUs through NVML (nvidia-ml-py) when available. Honours `CUDA_VISIBLE_DEVICES` and "
            "`NVIDIA_VISIBLE_DEVICES`."),
+    EnvVar(OTELPROF_GPU_SAMPLING, "gpu_sampling", "true",
+           "Sample the GPUs' readings (utilization, memory, power, ...). false where dcgm-exporter already "
+           "samples them (mixin `gpu_source=dcgm`): NVML is then only asked once, for the GPU's identity "
+           "(`otelprof_gpu_info`, the join to dcgm-exporter's series)."),
     EnvVar(OTELPROF_TORCH_NATIVE, "torch_native", "true",
            "The PyTorch integration's per-step hooks in C where the extension was built (false: the same hooks "
            "in Python, e.g. to compare). Read when `instrument()` is first called."),
@@ -173,6 +220,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_STOP_RAISES, "stop_raises", "false",
            "After a stop request, raise `otelprof.StopTraining` at the next step boundary (after the `on_stop` "
            "callbacks) instead of only setting `session.should_stop()`."),
+    EnvVar(OTELPROF_QUIET, "quiet", "false",
+           "`true`: `otelprof run` prints no start and exit lines (the run id, where the recording goes, the "
+           "report command); warnings are still printed. `otelprof run --quiet` sets it."),
+    EnvVar(OTELPROF_RUN_LAUNCH_ID, None, "",
+           "Set under `otelprof run` by a launcher (torchrun, `accelerate launch`, ...) for the processes it "
+           "starts: their run id when neither `OTELPROF_RUN_ID` nor torchrun's `TORCHELASTIC_RUN_ID` gives one, so "
+           "all ranks of `otelprof run -- torchrun ...` share one run."),
     EnvVar(OTELPROF_WEBHOOK_TOKEN, None, "",
            "`otelprof webhook` only: the bearer token Alertmanager must send (or `--token-file`); required. "
            "`otelprof env` shows it as `(set, hidden)`.",

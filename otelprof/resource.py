@@ -1,7 +1,8 @@
 """The OpenTelemetry Resource of one training process, and the identity labels derived from it.
 
-Detected values (job, run, rank, Kubernetes pod/namespace/node/container, host) are
-overridden by ``OTEL_RESOURCE_ATTRIBUTES``, as the OpenTelemetry spec asks.
+Detected values (job, run, rank, Kubernetes pod/namespace/node/container, host, and what the
+process runs on: Python, PyTorch, OS, CPU, cloud instance type, GPUs) are overridden by
+``OTEL_RESOURCE_ATTRIBUTES``, as the OpenTelemetry spec asks.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from otelprof import semconv as sc
 from otelprof._version import __version__
+from otelprof.collectors import environment
 from otelprof.config import Config
 
 
-def build_resource(config: Config) -> Resource:
+def build_resource(config: Config, extra: dict[str, str | int] | None = None) -> Resource:
+    """The process's resource; ``extra`` adds detected attributes (the GPUs, known once NVML is open)."""
     detected: dict[str, str | int] = {
         sc.SERVICE_NAME: config.job_name,
         sc.SERVICE_INSTANCE_ID: f"{config.run_id}-rank{config.rank}",
@@ -28,6 +31,9 @@ def build_resource(config: Config) -> Resource:
         sc.OTELPROF_WORLD_SIZE: config.world_size,
         sc.OTELPROF_VERSION: __version__,
     }
+    detected.update(environment.software_attributes())
+    detected.update(environment.machine_attributes(os.environ))
+    detected.update(extra or {})
     for key, value in (
         (sc.K8S_POD_NAME, config.pod_name),
         (sc.K8S_NAMESPACE_NAME, config.pod_namespace),

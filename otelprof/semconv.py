@@ -45,6 +45,12 @@ LABEL_ERROR_TYPE = "error.type"
 LABEL_SOURCE = "source"
 LABEL_ENDPOINT = "endpoint"
 LABEL_METRIC = "metric"
+LABEL_DEVICE_KIND = "device"
+LABEL_OPERATOR = "operator"
+LABEL_CATEGORY = "category"
+LABEL_PRECISION = "precision"
+OPERATOR_CATEGORIES: tuple[str, ...] = ("matmul", "convolution", "attention", "normalization", "elementwise",
+                                        "memory_copy", "communication", "other")
 GPU_LABELS: tuple[str, ...] = (LABEL_GPU, LABEL_HW_ID)
 SCRAPE_LABEL_POD_IP = "pod_ip"
 """Not emitted by otelprof: the PodMonitor / scrape config add the pod IP under this label, so an
@@ -98,6 +104,21 @@ OTELPROF_RANK = "otelprof.rank"
 OTELPROF_LOCAL_RANK = "otelprof.local_rank"
 OTELPROF_WORLD_SIZE = "otelprof.world_size"
 OTELPROF_VERSION = "otelprof.version"
+# What the process runs on (read once in init(), otelprof.collectors.environment).
+PROCESS_RUNTIME_NAME = "process.runtime.name"
+PROCESS_RUNTIME_VERSION = "process.runtime.version"
+OS_TYPE = "os.type"
+OS_VERSION = "os.version"
+HOST_ARCH = "host.arch"
+HOST_TYPE = "host.type"
+HOST_CPU_MODEL = "host.cpu.model.name"
+CLOUD_PROVIDER = "cloud.provider"
+OTELPROF_TORCH_VERSION = "otelprof.torch.version"
+OTELPROF_TORCH_CUDA = "otelprof.torch.cuda_version"
+OTELPROF_GPU_MODEL = "otelprof.gpu.model"
+OTELPROF_GPU_COUNT = "otelprof.gpu.count"
+OTELPROF_GPU_DRIVER = "otelprof.gpu.driver_version"
+OTELPROF_CUDA_DRIVER = "otelprof.cuda.driver_version"
 
 # ---------------------------------------------------------------- span names and attributes
 SPAN_STEP = "otelprof.step"
@@ -128,6 +149,13 @@ DROPPED_CUDA_EVENTS = "cuda_events"
 """CUDA event pairs that waited too long for the GPU (device times dropped)."""
 DROPPED_STEP_REGIONS = "step_regions"
 """Regions past the per-step cap (a step that never ends)."""
+DROPPED_INVALID = "invalid_argument"
+"""API arguments otelprof could not use (a name that is not a string, a value that is not a number, ...)."""
+DROPPED_RECORD_ERROR = "record_error"
+"""Records the recorder failed to process (the others go on)."""
+DROPPED_OPERATOR_SPANS = "operator_spans"
+"""Operators and kernels of a profiling window left out of its spans: past ``OTELPROF_PROFILE_MAX_SPANS`` per
+step, between steps, or in a step whose span was not kept."""
 DEVICE_TIMED_REGIONS: tuple[str, ...] = (REGION_FORWARD, REGION_BACKWARD, REGION_OPTIMIZER)
 """Regions that also get a device time from CUDA events when the model is on a CUDA device."""
 
@@ -135,8 +163,27 @@ SPAN_PROFILE = "otelprof.profile"
 """One span per operator-profiling window; its events are the top operators."""
 ATTR_PROFILE_START = "otelprof.profile.start_step"
 ATTR_PROFILE_STEPS = "otelprof.profile.num_steps"
+ATTR_PROFILE_TRIGGER = "otelprof.profile.trigger"
+"""Why a window ran: periodic, capture (on demand or on an alert) or api (``profile_window``)."""
+PROFILE_TRIGGERS: tuple[str, ...] = ("periodic", "capture", "api")
+# Operator and kernel spans: children of the span of the step they ran in (profiling windows only).
+ATTR_OP_KIND = "otelprof.op.kind"
+"""cpu (a host operator), kernel, memcpy or memset (device events, children of their launching operator)."""
+ATTR_OP_CATEGORY = "otelprof.op.category"
+ATTR_OP_THREAD = "thread.id"
+ATTR_OP_DEVICE = "otelprof.op.device"
+ATTR_OP_NAME = "otelprof.op.name"
+ATTR_OP_CALLS = "otelprof.op.calls"
+ATTR_OP_SELF_TIME = "otelprof.op.self_time"
+ATTR_OP_TOTAL_TIME = "otelprof.op.total_time"
+ATTR_KERNEL_DEVICE = "otelprof.kernel.device"
+ATTR_KERNEL_STREAM = "otelprof.kernel.stream"
+ATTR_KERNEL_CORRELATION = "otelprof.kernel.correlation"
+ATTR_KERNEL_GRID = "otelprof.kernel.grid"
+ATTR_KERNEL_BLOCK = "otelprof.kernel.block"
+ATTR_KERNEL_BYTES = "otelprof.kernel.bytes"
 
-SPAN_REASONS: tuple[str, ...] = ("first", "every", "window", "outlier", "budget", "annotation")
+SPAN_REASONS: tuple[str, ...] = ("first", "every", "window", "outlier", "budget", "annotation", "operator")
 
 
 @dataclass(frozen=True)
@@ -161,6 +208,22 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(OTELPROF_LOCAL_RANK, "resource", "Rank within the node (`LOCAL_RANK`)."),
     AttributeSpec(OTELPROF_WORLD_SIZE, "resource", "Number of ranks (`WORLD_SIZE`)."),
     AttributeSpec(OTELPROF_VERSION, "resource", "otelprof version."),
+    AttributeSpec(PROCESS_RUNTIME_NAME, "resource", "Python implementation (`cpython`)."),
+    AttributeSpec(PROCESS_RUNTIME_VERSION, "resource", "Python version."),
+    AttributeSpec(OS_TYPE, "resource", "Operating system (`linux`)."),
+    AttributeSpec(OS_VERSION, "resource", "Kernel release."),
+    AttributeSpec(HOST_ARCH, "resource", "CPU architecture (`amd64`, `arm64`)."),
+    AttributeSpec(HOST_TYPE, "resource", "Cloud instance type: from SageMaker's `SM_CURRENT_INSTANCE_TYPE`, the "
+                  "DMI product name on AWS, else give it via `OTEL_RESOURCE_ATTRIBUTES`."),
+    AttributeSpec(HOST_CPU_MODEL, "resource", "CPU model (`/proc/cpuinfo`)."),
+    AttributeSpec(CLOUD_PROVIDER, "resource", "aws, gcp, azure, ... from the machine's DMI vendor strings."),
+    AttributeSpec(OTELPROF_TORCH_VERSION, "resource", "PyTorch version (read without importing torch)."),
+    AttributeSpec(OTELPROF_TORCH_CUDA, "resource", "CUDA version PyTorch was built with; `none` for a CPU build."),
+    AttributeSpec(OTELPROF_GPU_MODEL, "resource", "Model of the GPUs the process sees (NVML; several joined by "
+                  "`, `)."),
+    AttributeSpec(OTELPROF_GPU_COUNT, "resource", "GPUs the process sees (NVML, after `CUDA_VISIBLE_DEVICES`)."),
+    AttributeSpec(OTELPROF_GPU_DRIVER, "resource", "NVIDIA driver version (NVML)."),
+    AttributeSpec(OTELPROF_CUDA_DRIVER, "resource", "Newest CUDA version the driver supports (NVML)."),
     AttributeSpec(ATTR_STEP_NUMBER, "span", "Step number (per phase, from 0 unless given)."),
     AttributeSpec(ATTR_STEP_PHASE, "span", "Phase of the step: train, eval, ..."),
     AttributeSpec(ATTR_STEP_OUTLIER, "span", "True when the step was slower than mean + sigma x stddev."),
@@ -168,6 +231,23 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(ATTR_ANNOTATION, "span", "True on spans made from `annotate()`."),
     AttributeSpec(ATTR_ERROR, "span", "The exception type when user code raised inside the step or annotation."),
     AttributeSpec(ATTR_SCALAR_PREFIX + "<name>", "span", "A scalar recorded with `record()` during the step."),
+    AttributeSpec(ATTR_PROFILE_START, "span", "On `otelprof.profile`: the window's first step."),
+    AttributeSpec(ATTR_PROFILE_STEPS, "span", "On `otelprof.profile`: steps in the window."),
+    AttributeSpec(ATTR_PROFILE_TRIGGER, "span", "On `otelprof.profile`: " + ", ".join(PROFILE_TRIGGERS) + "."),
+    AttributeSpec(ATTR_OP_KIND, "span", "On operator spans: cpu (host operator), kernel, memcpy or memset."),
+    AttributeSpec(ATTR_OP_CATEGORY, "span", "On operator spans: the operator category (see `OPERATOR_CATEGORIES`)."),
+    AttributeSpec(ATTR_OP_THREAD, "span", "On host operator spans: the thread the operator ran on."),
+    AttributeSpec(ATTR_OP_DEVICE, "span event", "On `otelprof.profile` events: cpu or gpu."),
+    AttributeSpec(ATTR_OP_NAME, "span event", "On `otelprof.profile` events: operator name."),
+    AttributeSpec(ATTR_OP_CALLS, "span event", "On `otelprof.profile` events: calls in the window."),
+    AttributeSpec(ATTR_OP_SELF_TIME, "span event", "On `otelprof.profile` events: self time in seconds."),
+    AttributeSpec(ATTR_OP_TOTAL_TIME, "span event", "On `otelprof.profile` events: total time in seconds."),
+    AttributeSpec(ATTR_KERNEL_DEVICE, "span", "On kernel/memcpy/memset spans: the GPU index."),
+    AttributeSpec(ATTR_KERNEL_STREAM, "span", "On kernel/memcpy/memset spans: the CUDA stream."),
+    AttributeSpec(ATTR_KERNEL_CORRELATION, "span", "On device spans: the profiler's launch correlation id."),
+    AttributeSpec(ATTR_KERNEL_GRID, "span", "On kernel spans: grid dimensions [x, y, z]."),
+    AttributeSpec(ATTR_KERNEL_BLOCK, "span", "On kernel spans: block dimensions [x, y, z]."),
+    AttributeSpec(ATTR_KERNEL_BYTES, "span", "On memcpy/memset spans: bytes moved."),
     AttributeSpec(LABEL_JOB, "metric", "Training job name (same as `service.name`)."),
     AttributeSpec(LABEL_RANK, "metric", "Global rank."),
     AttributeSpec(LABEL_LOCAL_RANK, "metric", "Rank within the node."),
@@ -177,7 +257,10 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(LABEL_SCALAR, "metric", "Which recorded scalar (loss, grad_norm)."),
     AttributeSpec(LABEL_EXPORTER, "metric", "queue, otlp_traces, otlp_metrics, recording; cuda_events: CUDA event "
                   "pairs that waited too long for the GPU (device times dropped); step_regions: regions past "
-                  "4096 in one step (a step that never ends)."),
+                  "4096 in one step (a step that never ends); operator_spans: profiled operators and kernels "
+                  "left out of spans (`OTELPROF_PROFILE_MAX_SPANS`); invalid_argument: API arguments otelprof "
+                  "could not use (a name that is not a string, a value that is not a number); record_error: "
+                  "records the recorder failed to process."),
     AttributeSpec(LABEL_REASON, "metric", "Why a span was built; on otelprof.sampler.errors the error; "
                   "on otelprof.gpu.throttle the clock-event reason."),
     AttributeSpec(LABEL_GPU, "metric", "GPU index as NVML numbers them in the container."),
@@ -190,6 +273,11 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(LABEL_SOURCE, "metric", "Telemetry source of a sampler error: psutil, cgroup, nvml."),
     AttributeSpec(LABEL_ENDPOINT, "metric", "Which in-process server: metrics (/metrics) or control."),
     AttributeSpec(LABEL_METRIC, "metric", "The OTel name of the metric whose label sets were folded."),
+    AttributeSpec(LABEL_DEVICE_KIND, "metric", "cpu (host operators) or gpu (kernels, memcpy, memset)."),
+    AttributeSpec(LABEL_OPERATOR, "metric", "Operator or kernel name (120 characters at most): the last window's "
+                  "top `OTELPROF_PROFILE_TOP_K` by self time, the rest summed as `other`."),
+    AttributeSpec(LABEL_CATEGORY, "metric", ", ".join(OPERATOR_CATEGORIES) + " (by name pattern)."),
+    AttributeSpec(LABEL_PRECISION, "metric", "fp8, bf16, fp16, tf32, int8, fp64, fp32 or other (by kernel name)."),
 )
 
 # ---------------------------------------------------------------- metrics
@@ -297,6 +385,38 @@ INTEGRATION_ERRORS = MetricSpec(
     "Framework hooks that failed and were removed (training went on without them).", ("hook",))
 PROFILE_WINDOWS = MetricSpec(
     "otelprof.profile.windows", Kind.COUNTER, "{window}", "Operator-profiling windows completed.")
+PROFILE_OVERHEAD = MetricSpec(
+    "otelprof.profile.overhead", Kind.COUNTER, "s",
+    "Time the profiling windows added to training: each window's steps (and starting/stopping the profiler) "
+    "beyond the same number of steps just before it, plus the window's processing time.")
+OPERATOR_SELF_TIME = MetricSpec(
+    "otelprof.operator.self_time", Kind.GAUGE, "s",
+    "Per profiled step in the last profiling window: self time of each of the top operators (cpu) and kernels "
+    "(gpu), the rest as `other`.", (LABEL_DEVICE_KIND, LABEL_OPERATOR))
+OPERATOR_TOTAL_TIME = MetricSpec(
+    "otelprof.operator.total_time", Kind.GAUGE, "s",
+    "Per profiled step in the last window: total time (self plus children) of the top operators and kernels.",
+    (LABEL_DEVICE_KIND, LABEL_OPERATOR))
+OPERATOR_CALLS = MetricSpec(
+    "otelprof.operator.calls", Kind.GAUGE, "{call}",
+    "Per profiled step in the last window: calls of the top operators and kernels.",
+    (LABEL_DEVICE_KIND, LABEL_OPERATOR))
+OPERATOR_LAUNCHES = MetricSpec(
+    "otelprof.operator.launches", Kind.GAUGE, "{launch}",
+    "Per profiled step in the last window: GPU kernel/memcpy launches by each top host operator.",
+    (LABEL_OPERATOR,))
+OPERATOR_CATEGORY_TIME = MetricSpec(
+    "otelprof.operator.category.time", Kind.GAUGE, "s",
+    "Per profiled step in the last window: operator self time (cpu) or kernel time (gpu) by category.",
+    (LABEL_DEVICE_KIND, LABEL_CATEGORY))
+OPERATOR_HOST_RATIO = MetricSpec(
+    "otelprof.operator.host_ratio", Kind.GAUGE, "1",
+    "Last window: host operator self time over host plus device operator time (1 on a CPU-only run; near 0 "
+    "when the GPU is busy while the host only launches).")
+KERNEL_PRECISION = MetricSpec(
+    "otelprof.kernel.precision", Kind.GAUGE, "1",
+    "Last window: share of GPU kernel time by arithmetic precision (from kernel names; GPU runs only).",
+    (LABEL_PRECISION,))
 EXPORTER_DROPPED = MetricSpec(
     "otelprof.exporter.dropped", Kind.COUNTER, "{item}",
     "Records, spans or metric exports otelprof dropped instead of blocking training "
@@ -353,6 +473,10 @@ CONTAINER_CPU_THROTTLED_TIME = MetricSpec(
 CONTAINER_MEMORY_LIMIT = MetricSpec(
     "otelprof.container.memory.limit", Kind.GAUGE, "By", "The container's memory limit (absent: no limit).")
 CONTAINER_MEMORY_USAGE = MetricSpec("container.memory.usage", Kind.GAUGE, "By", "Memory charged to the container.")
+CONTAINER_MEMORY_WORKING_SET = MetricSpec(
+    "otelprof.container.memory.working_set", Kind.GAUGE, "By",
+    "Memory charged to the container less its inactive file cache: what counts against the limit when the "
+    "kernel must reclaim (the kubelet's working set).")
 PROCESS_CPU_TIME = MetricSpec(
     "process.cpu.time", Kind.COUNTER, "s", "CPU time of this training process.", (LABEL_CPU_MODE,))
 PROCESS_CPU_UTILIZATION = MetricSpec(
@@ -363,6 +487,10 @@ PROCESS_THREAD_COUNT = MetricSpec("process.thread.count", Kind.GAUGE, "{thread}"
 PROCESS_GPU_MEMORY = MetricSpec(
     "otelprof.process.gpu.memory", Kind.GAUGE, "By", "GPU memory used by this process, per GPU (NVML).",
     GPU_LABELS)
+GPU_INFO = MetricSpec(
+    "otelprof.gpu.info", Kind.GAUGE, "", "1 for the GPU this process computes on (NVML; the visible GPU at "
+    "`LOCAL_RANK`, or the only one): joins a GPU's series from dcgm-exporter (its `UUID` label = `hw_id`) to the "
+    "rank. Set once at start, also with OTELPROF_GPU_SAMPLING=false.", GPU_LABELS)
 GPU_UTILIZATION = MetricSpec(
     "hw.gpu.utilization", Kind.GAUGE, "1", "Share of the last sample period a kernel ran on the GPU (NVML).",
     GPU_LABELS)
@@ -425,12 +553,13 @@ SYSTEM_METRICS: tuple[MetricSpec, ...] = (
     SYSTEM_CPU_UTILIZATION, NODE_CPU_UTILIZATION, CPU_AVAILABLE, SYSTEM_MEMORY_USAGE, SYSTEM_MEMORY_LIMIT,
     SYSTEM_MEMORY_UTILIZATION, SYSTEM_DISK_IO, SYSTEM_DISK_OPERATIONS, SYSTEM_NETWORK_IO, CONTAINER_CPU_LIMIT,
     CONTAINER_CPU_TIME, CONTAINER_CPU_PERIODS, CONTAINER_CPU_THROTTLED_PERIODS, CONTAINER_CPU_THROTTLED_TIME,
-    CONTAINER_MEMORY_LIMIT, CONTAINER_MEMORY_USAGE, PROCESS_CPU_TIME, PROCESS_CPU_UTILIZATION,
-    PROCESS_MEMORY_USAGE, PROCESS_THREAD_COUNT, PROCESS_GPU_MEMORY, GPU_UTILIZATION, GPU_MEMORY_COPY_UTILIZATION,
-    GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT, GPU_MEMORY_UTILIZATION, GPU_POWER, GPU_POWER_LIMIT, GPU_TEMPERATURE,
-    GPU_SM_CLOCK, GPU_PCIE_THROUGHPUT, GPU_THROTTLE, GPU_ERRORS, GPU_SM_ACTIVE, GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVE,
-    GPU_UTILIZATION_DISTRIBUTION, GPU_MEMORY_UTILIZATION_DISTRIBUTION, SAMPLER_SAMPLES, SAMPLER_HIGH_CPU,
-    SAMPLER_LOW_GPU, SAMPLER_CPU_BOTTLENECK, SAMPLER_IO_BOTTLENECK, SAMPLER_ERRORS, SAMPLER_OVERRUNS, SAMPLER_TIME,
+    CONTAINER_MEMORY_LIMIT, CONTAINER_MEMORY_USAGE, CONTAINER_MEMORY_WORKING_SET, PROCESS_CPU_TIME,
+    PROCESS_CPU_UTILIZATION, PROCESS_MEMORY_USAGE, PROCESS_THREAD_COUNT, PROCESS_GPU_MEMORY, GPU_INFO, GPU_UTILIZATION,
+    GPU_MEMORY_COPY_UTILIZATION, GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT, GPU_MEMORY_UTILIZATION, GPU_POWER, GPU_POWER_LIMIT,
+    GPU_TEMPERATURE, GPU_SM_CLOCK, GPU_PCIE_THROUGHPUT, GPU_THROTTLE, GPU_ERRORS, GPU_SM_ACTIVE, GPU_SM_OCCUPANCY,
+    GPU_TENSOR_ACTIVE, GPU_UTILIZATION_DISTRIBUTION, GPU_MEMORY_UTILIZATION_DISTRIBUTION, SAMPLER_SAMPLES,
+    SAMPLER_HIGH_CPU, SAMPLER_LOW_GPU, SAMPLER_CPU_BOTTLENECK, SAMPLER_IO_BOTTLENECK, SAMPLER_ERRORS, SAMPLER_OVERRUNS,
+    SAMPLER_TIME,
 )
 
 STEP_METRICS: tuple[MetricSpec, ...] = (
@@ -442,7 +571,9 @@ STEP_METRICS: tuple[MetricSpec, ...] = (
 """From the step/annotation API and the recorder: present whenever steps run."""
 FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
     DATALOADER_WORKERS, DATALOADER_PIN_MEMORY, CUDA_MEMORY_ALLOCATED, CUDA_MEMORY_RESERVED, CUDA_MEMORY_PEAK,
-    REGION_DEVICE_DURATION, INTEGRATION_ERRORS, PROFILE_WINDOWS,
+    REGION_DEVICE_DURATION, INTEGRATION_ERRORS, PROFILE_WINDOWS, PROFILE_OVERHEAD, OPERATOR_SELF_TIME,
+    OPERATOR_TOTAL_TIME, OPERATOR_CALLS, OPERATOR_LAUNCHES, OPERATOR_CATEGORY_TIME, OPERATOR_HOST_RATIO,
+    KERNEL_PRECISION,
 )
 """Set by the PyTorch integration when it sees a data loader / CUDA."""
 SELF_METRICS: tuple[MetricSpec, ...] = (ENDPOINT_ERRORS, SERIES_FOLDED)
@@ -461,6 +592,33 @@ SCALAR_GAUGES: dict[str, MetricSpec] = {SCALAR_LOSS: LOSS, SCALAR_LEARNING_RATE:
                                         SCALAR_GRAD_NORM: GRAD_NORM}
 SCALAR_COUNTERS: dict[str, MetricSpec] = {SCALAR_SAMPLES: SAMPLES, SCALAR_TOKENS: TOKENS}
 NONFINITE_CHECKED: tuple[str, ...] = (SCALAR_LOSS, SCALAR_GRAD_NORM)
+
+# ---------------------------------------------------------------- dcgm-exporter's series (mixin gpu_source=dcgm)
+# NVIDIA dcgm-exporter's default counters (etc/default-counters.csv), read instead of otelprof's own GPU series.
+# Labels: gpu (host index), UUID, pci_bus_id, device, modelName, Hostname, and with pod attribution
+# pod/namespace/container of the pod using the GPU (exported_pod, ... after a honorLabels: false scrape).
+DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+"""GPU utilization in percent (0-100)."""
+DCGM_MEM_COPY_UTIL = "DCGM_FI_DEV_MEM_COPY_UTIL"
+"""Memory (copy engine) utilization in percent."""
+DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"
+"""Framebuffer memory used, MiB."""
+DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"
+"""Framebuffer memory free, MiB."""
+DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
+"""Framebuffer memory reserved by the driver, MiB (newer dcgm-exporters; used + free + reserved = total)."""
+DCGM_POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"
+"""Power draw, W."""
+DCGM_GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"
+"""GPU temperature, Celsius."""
+DCGM_SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
+"""SM clock, MHz."""
+DCGM_TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
+"""Ratio of cycles the tensor pipe is active (0-1)."""
+DCGM_LABEL_UUID = "UUID"
+DCGM_LABEL_GPU = "gpu"
+DCGM_SERIES: tuple[str, ...] = (DCGM_GPU_UTIL, DCGM_MEM_COPY_UTIL, DCGM_FB_USED, DCGM_FB_FREE, DCGM_FB_RESERVED,
+                                DCGM_POWER_USAGE, DCGM_GPU_TEMP, DCGM_SM_CLOCK, DCGM_TENSOR_ACTIVE)
 
 # ---------------------------------------------------------------- OTel -> Prometheus names
 

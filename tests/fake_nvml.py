@@ -52,5 +52,9 @@ class FakeNvml:
         value = self.data["process_memory"].get(str(index))
         return None if value is None else int(value)
 
+    def versions(self) -> tuple[str, str]:
+        self._fail(-1, "versions")
+        return str(self.data.get("driver_version", "")), str(self.data.get("cuda_driver_version", ""))
+
     def shutdown(self) -> None:
         self.shut_down = True

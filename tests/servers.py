@@ -40,8 +40,10 @@ class Prometheus:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+        """Evaluate ``promql`` now, or at Unix time ``at``."""
+        params = {"query": promql, **({"time": repr(at)} if at is not None else {})}
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode(params)
         with urllib.request.urlopen(url, timeout=5) as response:
             body = json.load(response)
         assert body["status"] == "success", body

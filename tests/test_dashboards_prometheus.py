@@ -200,4 +200,12 @@ def _check_meaning(results: dict[tuple[str, int, int], list[dict[str, Any]]]) ->
     before, after = float(wait["values"][0][1]), float(wait["values"][-1][1])
     assert before < 0.25 and after > 2 * before, (before, after)
     assert value(timeline, 103) > 0.5  # the stalled steps at the end: input-bound
+    # The demo's periodic profiling window (5 s in): its top operators, categories and cost.
+    operators = {s["metric"]["operator"]: _last(s) for s in results[(report, ids.REPORT_TOP_OPERATORS, 0)]}
+    assert any(name.startswith("aten::conv") for name in operators) and all(v >= 0 for v in operators.values())
+    shares = [_last(s) for s in results[(report, ids.REPORT_OPERATOR_CATEGORIES, 0)]
+              if s["metric"]["device"] == "cpu"]
+    assert abs(sum(shares) - 1) < 1e-6 and len(shares) >= 3, shares
+    assert value(report, 1504) == 1.0  # CPU only: all operator time is host time
+    assert 0 < value(report, 1506) < 0.05  # one 3-step window in a 20 s run
     assert value(ranks, ids.RANKS_TARGETS) == 1

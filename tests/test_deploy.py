@@ -138,8 +138,12 @@ def test_training_job_is_wired_for_otelprof() -> None:
         assert name in env, name
     assert env["OTELPROF_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["OTELPROF_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # one metrics-N and one control-N port per local rank: N = 0 .. --nproc_per_node - 1
+    [nproc] = [int(a.split("=")[1]) for a in container["command"] if a.startswith("--nproc_per_node=")]
+    assert nproc == 8
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"metrics": 9464, "control": 9565}
+    assert ports == {**{f"metrics-{i}": 9464 + i for i in range(nproc)},
+                     **{f"control-{i}": 9565 + i for i in range(nproc)}}
     assert container["resources"]["limits"]["cpu"]
     from otelprof import environment_variables as ev
 

@@ -108,7 +108,7 @@ def test_corrupt_lines_are_skipped_counted_and_reported(tmp_path: Path) -> None:
     html = render(report)
     assert "2 truncated or corrupt lines were skipped" in html
     result = otelprof("report", str(run), "-o", str(tmp_path / "r.html"))
-    assert result.returncode == 0 and "2 truncated or corrupt lines" in result.stdout
+    assert result.returncode == 0 and "2 truncated, corrupt or oversized lines" in result.stdout
 
 
 def test_killed_run_without_shutdown(tmp_path: Path) -> None:
@@ -170,7 +170,7 @@ def test_check_exits_1_when_a_check_fires(tmp_path: Path) -> None:
     run = small_run(tmp_path)
     ok = otelprof("check", str(run))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "0 of 17 checks fired" in ok.stdout and "OtelprofCPUBottleneck" in ok.stdout
+    assert "0 of 19 checks fired" in ok.stdout and "OtelprofCPUBottleneck" in ok.stdout
     fired = otelprof("check", str(run), "--set", "max_initialization_time=5s")
     assert fired.returncode == 1
     line = next(x for x in fired.stdout.splitlines() if x.startswith("OtelprofSlowInitialization"))
@@ -178,3 +178,34 @@ def test_check_exits_1_when_a_check_fires(tmp_path: Path) -> None:
     as_json = otelprof("check", str(run), "--json", "--set", "max_initialization_time=5s")
     verdicts = {v["alert"]: v for v in json.loads(as_json.stdout)}
     assert verdicts["OtelprofSlowInitialization"]["fired"] and as_json.returncode == 1
+    assert verdicts["OtelprofSlowInitialization"]["status"] == "fired"
+    # The GPU checks only judge after their warm-up (500 s), longer than this run: no data, not ok.
+    assert verdicts["OtelprofGPUUnderutilized"]["status"] == "no data"
+    warm = {v["alert"]: v for v in json.loads(otelprof("check", str(run), "--json", "--set", "patience=5s").stdout)}
+    assert warm["OtelprofGPUUnderutilized"]["status"] == "ok" and warm["OtelprofGPUUnderutilized"]["datapoints"] > 0
+
+
+def test_check_says_no_data_for_checks_with_nothing_to_judge(tmp_path: Path) -> None:
+    """Without GPUs the GPU checks (and the bottleneck checks, which need a GPU below its threshold) judged
+    nothing, even past their warm-up: "no data" in the table and in the JSON, never "ok". So do checks
+    that never got past theirs, or never had enough to judge."""
+    run = small_run(tmp_path, gpus=False)
+    result = otelprof("check", str(run), "--set", "patience=5s")
+    assert result.returncode == 0, result.stdout + result.stderr
+    gpu_checks = ("CPUBottleneck", "IOBottleneck", "GPUUnderutilized", "GPUUtilizationFluctuating",
+                  "BatchSizeTooSmall", "GPUMemoryIncrease", "GPUMemoryNearCapacity", "GPULoadImbalance")
+    others = ("RankStraggler",  # one rank: no peers
+              "VanishingGradients",  # no gradient norm recorded
+              "HostMemoryIncrease", "LossNotDecreasing",  # the run ends before their warm-up (10 min, 30 min)
+              "StepOutliers")  # never 100 steps in a window
+    lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("Otelprof")}
+    for short in (*gpu_checks, *others):
+        assert lines["Otelprof" + short].split()[1:3] == ["no", "data"], lines["Otelprof" + short]
+    assert lines["OtelprofTrainingStalled"].split()[1] == "ok"  # it judged the steps
+    assert f"{len(gpu_checks) + len(others)} had no data to judge" in result.stdout
+    verdicts = {v["alert"]: v for v in json.loads(otelprof("check", str(run), "--json", "--set",
+                                                           "patience=5s").stdout)}
+    for short in gpu_checks:
+        verdict = verdicts["Otelprof" + short]
+        assert verdict["status"] == "no data" and verdict["datapoints"] == 0 and not verdict["fired"]
+    assert verdicts["OtelprofTrainingStalled"]["status"] == "ok" and verdicts["OtelprofTrainingStalled"]["datapoints"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import platform
 import subprocess
 import sys
 import time
@@ -35,9 +36,12 @@ import pytest
 import otelprof
 import otelprof.session
 from otelprof import semconv as sc
+from otelprof.analysis import environment as envmod
+from otelprof.analysis import framework as fw
+from otelprof.analysis import progress as prog
 from otelprof.analysis import system as sysmod
 from otelprof.analysis.prometheus import PrometheusError, extreme_buckets, parse_time, report_from_prometheus
-from otelprof.analysis.report import ORIGIN_PROMETHEUS
+from otelprof.analysis.report import ORIGIN_PROMETHEUS, Report
 from otelprof.analysis.stats import Bucket
 from otelprof.collectors.sampler import Sampler
 from otelprof.report.html import SECTIONS, bounds, pct, render, secs
@@ -55,6 +59,7 @@ NO_WAIT = frozenset(range(3, STEPS - 1, 4))
 GPU_UTILIZATION, GPU_MEMORY = (0.62, 0.82), (0.33, 0.97)
 """The fake GPUs 0 and 1, every sample."""
 SCRAPES = 5
+ALERT_RULES = Path(__file__).parent.parent / "deploy" / "prometheus" / "otelprof-alerts.yaml"
 """Scrapes of the node's gauges to wait for: enough for quantiles over scrapes and the sample counter's slope."""
 
 
@@ -76,6 +81,18 @@ def _forward(i: int) -> float:
     return FORWARD_STALL if i == STEPS - 1 else FAST if i % 2 == 0 else SLOW
 
 
+def _loss(i: int) -> float:
+    return 2.0 - 0.03125 * i  # exact in binary: the curve's values compare equal
+
+
+def _learning_rate(i: int) -> float:
+    return 0.5 ** (i // 10)
+
+
+EVAL_LOSS = 1.75
+"""Recorded once, outside any step, in the eval phase after step 19 (as the Hugging Face callback does)."""
+
+
 def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _fake_gpus()
     monkeypatch.setattr(otelprof.session, "Sampler", functools.partial(Sampler, nvml_factory=lambda: fake))
@@ -85,7 +102,9 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
                             metrics_exporters=("prometheus",), prometheus_port=0)
     assert isinstance(session, otelprof.Session) and session.metrics_address is not None
     host, port = session.metrics_address
-    with prometheus(tmp_path, [f"{host}:{port}"]) as prom:
+    with prometheus(tmp_path, [f"{host}:{port}"], rule_files=[ALERT_RULES]) as prom:
+        # scraped before the loop starts, so that the steps span several scrapes (the curves' resolution)
+        prom.wait_for(f'{sc.PROCESS_START_TIME.prometheus_name}{{job_name="promreport"}}')
         for i in range(STEPS):
             with otelprof.step():
                 if _loader(i):
@@ -94,6 +113,11 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
                 with otelprof.annotate(sc.REGION_FORWARD):
                     time.sleep(_forward(i))
                 otelprof.record("samples", 16)
+                otelprof.record("loss", _loss(i))
+                otelprof.record("learning_rate", _learning_rate(i))
+            if i == 19:
+                with otelprof.phase("eval"):
+                    otelprof.record("loss", EVAL_LOSS)
             if i in (10, 30):  # an operator-profiling window ended: counted as otelprof.torch.profile_window does
                 with session.registry.lock:
                     session.registry.counter(sc.PROFILE_WINDOWS).add(1)
@@ -121,7 +145,20 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
         waiting = STEPS - len(NO_WAIT)
         assert (loader.steps, loader.steps_waiting) == (STEPS, waiting)  # all steps; those with a dataloader region
         assert 0.01 <= loader.wait.p50 <= 0.025 and regions[sc.REGION_DATALOADER].count == waiting
-        assert report.rules.error is not None  # this Prometheus has no otelprof rules loaded
+        _assert_progress(report)
+        _assert_environment(report)
+        breakdown = report.framework.breakdown("train")
+        assert breakdown is not None and not breakdown.nesting_known and breakdown.steps == STEPS
+        assert breakdown.part(sc.REGION_FORWARD) == regions[sc.REGION_FORWARD].total
+        assert [x.name for x in breakdown.parts] == [sc.REGION_DATALOADER, sc.REGION_FORWARD, fw.UNCOVERED]
+        assert math.fsum(x.seconds for x in breakdown.parts) == pytest.approx(breakdown.step_time, rel=1e-12)
+        assert breakdown.step_time == pytest.approx(row.durations.mean * STEPS)
+        # alerts: the rules are loaded; an alert whose input series this job lacks judged nothing
+        assert report.rules.error is None
+        verdicts = {r.alert: r for r in report.rules.rows}
+        assert verdicts["OtelprofTooFewDataLoaderWorkers"].status == "no data"  # no DataLoader: no workers gauge
+        assert verdicts["OtelprofGPUUnderutilized"].datapoints >= SCRAPES  # the fake GPUs' series
+        assert verdicts["OtelprofGPUUnderutilized"].status in ("ok", "fired")
 
         # what only buckets and counters can say, said at their resolution
         assert report.origin == ORIGIN_PROMETHEUS
@@ -190,6 +227,10 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
         html = render(report)
         for anchor, _ in SECTIONS:
             assert f'<section id="{anchor}">' in html
+        assert "Not judged, no data: " in _section(html, "rules") and "OtelprofTooFewDataLoaderWorkers" in \
+            _section(html, "rules").split("Not judged, no data: ")[1]
+        assert "NVIDIA A100-SXM4-40GB" in _section(html, "environment")
+        assert "<svg" in _section(html, "training") and "Step time over the run" in _section(html, "steps")
         steps_html = _section(html, "steps")
         assert "<td>&gt; 25 ms, ≤ 50 ms</td>" in steps_html and "<td>&gt; 500 ms, ≤ 750 ms</td>" in steps_html
         assert "<td>1</td><td>rolling, per process</td>" in steps_html  # outliers, and why no one threshold
@@ -231,6 +272,36 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
         time.sleep(5)
         [rank0] = report_from_prometheus(prom.url, "promreport", end=time.time()).summary.ranks
         assert rank0.status == "stopped" and "scraped every 1 s" in rank0.status_basis, rank0.status_basis
+
+
+def _assert_progress(report: Report) -> None:
+    """The curves at scrape resolution: each point is the gauge's value when the steps counter read x, so the
+    loss and learning rate equal what step x - 1 (the x-th step) recorded."""
+    g = report.progress
+    assert g.main_phase == "train" and sc.SCALAR_TOKENS in g.missing and sc.SCALAR_LOSS not in g.missing
+    curves = {(c.name, c.phase): c for c in g.curves}
+    loss, lr = curves[(sc.SCALAR_LOSS, "train")], curves[(sc.SCALAR_LEARNING_RATE, "train")]
+    for curve, recorded in ((loss, _loss), (lr, _learning_rate)):
+        assert curve.rank == 0 and len(set(curve.x)) >= 2 and not curve.per_pass  # the steps span scrapes
+        assert list(curve.x) == sorted(curve.x) and curve.x[0] >= 1 and curve.x[-1] == STEPS
+        assert list(curve.y) == [recorded(int(x) - 1) for x in curve.x]
+    assert loss.last == _loss(STEPS - 1)
+    evaluation = curves[(sc.SCALAR_LOSS, "eval")]
+    assert evaluation.per_pass and evaluation.y == (EVAL_LOSS,) and 20 <= evaluation.x[0] <= STEPS  # one value
+    throughput = curves[(prog.SAMPLES_PER_SECOND, "train")]
+    assert throughput.rank is None and all(v > 0 for v in throughput.y)
+    [timeline] = g.timelines
+    assert (timeline.rank, timeline.phase, timeline.steps, timeline.outlier_count) == (0, "train", STEPS, 1)
+    assert timeline.series.t and all(0 < v <= h for v, h in zip(timeline.series.mean, timeline.series.max))
+
+
+def _assert_environment(report: Report) -> None:
+    rows = {row.field: row for row in report.environment.rows}
+    assert rows[sc.OTELPROF_GPU_MODEL].value == "NVIDIA A100-SXM4-40GB"
+    assert (rows[sc.OTELPROF_GPU_DRIVER].value, rows[sc.OTELPROF_CUDA_DRIVER].value) == ("550.54.15", "12.4")
+    assert rows[sc.OTELPROF_GPU_COUNT].value == "2" and rows[envmod.GPUS_SAMPLED].value == "2"
+    assert rows[sc.PROCESS_RUNTIME_VERSION].value == f"{sys.implementation.name} {platform.python_version()}"
+    assert rows[sc.OTELPROF_VERSION].value == otelprof.__version__ and rows[sc.OTELPROF_VERSION].everywhere
 
 
 def _section(html: str, anchor: str) -> str:

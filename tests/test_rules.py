@@ -170,7 +170,7 @@ def test_bad_overrides_are_refused() -> None:
 def test_mixin_command_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mixin", "--out", str(tmp_path), "--set", "prometheus_rule_release=prom"]) == 0
     assert "release: prom" in (tmp_path / "otelprof-prometheusrule.yaml").read_text()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(render_all(MixinConfig()))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == sorted(render_all(MixinConfig()))
     assert main(["mixin", "--out", str(tmp_path), "--set", "window=soon"]) == 2
     assert "not a duration" in capsys.readouterr().err
 
@@ -184,3 +184,20 @@ def test_recording_rule_names_for_dashboards() -> None:
 def test_yaml_writer_quotes_what_needs_quoting() -> None:
     text = yamlout.dump({"a": "on", "b": "x: y", "c": "5m", "d": ["{{ $value }}"], "e": "line1\nline2", "f": 0.5})
     assert text == 'a: "on"\nb: "x: y"\nc: 5m\nd:\n  - "{{ $value }}"\ne: |-\n  line1\n  line2\nf: 0.5\n'
+
+
+def test_every_runbook_entry_states_its_detection_limit() -> None:
+    """The smallest fault and the time to fire, computed from the config: they follow its windows and `for`."""
+    runbook = (ROOT / PROMETHEUS_DIR / "runbook.md").read_text(encoding="utf-8")
+    for alert in alerts(MixinConfig()):
+        entry = runbook.split(f"## {alert.name}\n", 1)[1].split("\n## ", 1)[0]
+        assert f"**Detection limit.** {alert.runbook.limit}" in entry and len(alert.runbook.limit) > 40, alert.name
+    limits = {a.short: a.runbook.limit for a in alerts(MixinConfig())}
+    assert "A rank more than 20 % slower than the median of its peers" in limits["RankStraggler"]
+    assert "at the latest 7 min after the slowdown" in limits["RankStraggler"]  # 5m window + 2m for
+    assert "fires 3 min 5 s after it starts" in limits["CPUBottleneck"]  # 250 s x 50 % + 1m
+    assert "at least 1.5 times the median step" in limits["StepOutliers"]
+    quick = {a.short: a.runbook.limit for a in alerts(with_overrides(
+        MixinConfig(), ["straggler_window=1m", "straggler_for=30s", "straggler_ratio=1.5"]))}
+    assert "A rank more than 50 % slower" in quick["RankStraggler"]
+    assert "at the latest 1 min 30 s after the slowdown" in quick["RankStraggler"]

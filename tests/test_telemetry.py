@@ -10,6 +10,7 @@ import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import psutil
 import pytest
@@ -41,6 +42,7 @@ def test_cgroup_v2_quota_and_throttling() -> None:
     assert reading.throttled_seconds == pytest.approx(95.0)
     assert reading.memory_limit_bytes == 16 * 1024**3
     assert reading.memory_usage_bytes == 9 * 1024**3
+    assert reading.memory_working_set_bytes == 8 * 1024**3  # less 1 GiB of inactive file cache
 
 
 def test_cgroup_v2_unlimited() -> None:
@@ -65,6 +67,7 @@ def test_cgroup_v1_quota_and_throttling() -> None:
     assert (reading.periods, reading.throttled_periods) == (3000, 450)
     assert reading.throttled_seconds == pytest.approx(61.0)
     assert reading.memory_limit_bytes == 4 * 1024**3
+    assert reading.memory_working_set_bytes == 2 * 1024**3 - 768 * 1024**2  # total_inactive_file: the hierarchy
 
 
 def test_cgroup_v1_unlimited_and_missing_files() -> None:
@@ -73,6 +76,9 @@ def test_cgroup_v1_unlimited_and_missing_files() -> None:
     assert reading.cpu_usage_seconds == pytest.approx(5.0)
     empty = CgroupReader(CGROUPS / "does-not-exist", proc_cgroup="").read()
     assert empty.cpu_limit_cores is None and empty.memory_usage_bytes is None
+    assert empty.memory_working_set_bytes is None
+    no_stat = CgroupReader(CGROUPS / "v2_unlimited", proc_cgroup="0::/\n").read()
+    assert no_stat.memory_working_set_bytes == no_stat.memory_usage_bytes  # no memory.stat: usage
 
 
 def test_cgroup_real_read_on_this_machine() -> None:
@@ -164,13 +170,53 @@ def test_library_not_found_degrades_cleanly(caplog: pytest.LogCaptureFixture) ->
         pytest.skip("this machine has a working NVML")
     except NvmlUnavailable as exc:
         assert exc.reason in ("library_not_found", "driver_not_loaded")
-    with caplog.at_level(logging.WARNING, logger="otelprof"):
+    with caplog.at_level(logging.INFO, logger="otelprof"):
         collector = GpuCollector(lambda s, r: errors.append((s, r)))
         assert collector.sample() == []
         assert collector.sample() == []
     assert collector.backend is None and collector.devices == []
     assert len(errors) == 1 and errors[0][0] == "nvml"
-    assert caplog.text.count("NVML unavailable") == 1
+    # No NVIDIA GPU here: one info line (shown where logging is configured), no warning on stderr.
+    assert [(r.levelno, r.getMessage().count("NVML unavailable")) for r in caplog.records] == [(logging.INFO, 1)]
+    assert "no NVIDIA GPU visible" in caplog.text
+
+
+def _unavailable(reason: str) -> Any:
+    def factory() -> Any:
+        raise NvmlUnavailable(reason, f"NVML said {reason}")
+
+    return factory
+
+
+@pytest.mark.parametrize(("reason", "device_nodes", "warn", "level"), [
+    ("driver_not_loaded", False, True, logging.INFO),  # no GPU: nothing to warn about
+    ("not_installed", False, True, logging.INFO),  # nvidia-ml-py missing on a machine without a GPU
+    ("not_installed", True, True, logging.WARNING),  # ... and on one with a GPU: say so
+    ("no_permission", True, True, logging.WARNING),  # a GPU NVML cannot read
+    ("no_permission", True, False, logging.INFO),  # ... said by the node's sampling rank, not every rank
+])
+def test_nvml_that_cannot_start_warns_only_where_a_gpu_goes_unmeasured(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, reason: str, device_nodes: bool, warn: bool,
+    level: int,
+) -> None:
+    reset_warnings()
+    monkeypatch.setattr("otelprof.collectors.gpu.nvidia_device_present", lambda: device_nodes)
+    errors: list[tuple[str, str]] = []
+    with caplog.at_level(logging.INFO, logger="otelprof"):
+        collector = GpuCollector(lambda s, r: errors.append((s, r)), _unavailable(reason), warn=warn)
+        GpuCollector(lambda s, r: errors.append((s, r)), _unavailable(reason), warn=warn)  # once per process
+    assert collector.sample() == []
+    assert errors == [("nvml", reason)] * 2  # counted either way
+    assert [(r.levelno, f"NVML said {reason}" in r.getMessage()) for r in caplog.records] == [(level, True)]
+
+
+def test_only_the_node_sampling_rank_warns_about_nvml(tmp_path: Path) -> None:
+    def collector(**overrides: Any) -> Any:
+        config = Config.from_env({}, **overrides)
+        return Sampler(config, MetricRegistry(IDENTITY), None, nvml_factory=_unavailable("no_permission")).gpus
+
+    assert collector(local_rank=0)._warn and not collector(local_rank=1)._warn
+    assert collector(local_rank=1, node_sampler_local_rank=-1)._warn
 
 
 # ---------------------------------------------------------------- sampler
@@ -243,6 +289,28 @@ def test_every_gpu_series_in_the_catalog_is_produced_through_the_seam(tmp_path: 
     assert _values(registry, sc.GPU_TENSOR_ACTIVE)[("0", fake.data["devices"][0]["uuid"])] == 0.3
 
 
+def test_gpu_info_names_the_ranks_gpu_and_sampling_off_reads_nothing_else(tmp_path: Path) -> None:
+    """otelprof_gpu_info: the visible GPU at LOCAL_RANK (or the only one); with sampling off NVML is asked only
+    who the GPUs are, then shut down, and no GPU reading series appears."""
+    uuid0, uuid1 = (d["uuid"] for d in FakeNvml().data["devices"])
+    _, registry, _ = _sampler(tmp_path, FakeNvml(), local_rank=1, node_sampler_local_rank=0)
+    assert _values(registry, sc.GPU_INFO) == {("1", uuid1): 1}
+    _, registry, _ = _sampler(tmp_path, FakeNvml(), local_rank=3)  # more ranks than GPUs: cannot tell
+    assert _values(registry, sc.GPU_INFO) == {}
+    fake = FakeNvml()
+    with mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": "1"}):
+        sampler, registry, _ = _sampler(tmp_path, fake, local_rank=5, gpu_sampling=False)
+    assert _values(registry, sc.GPU_INFO) == {("1", uuid1): 1}
+    assert fake.shut_down and sampler.gpus is None
+    sampler.sample()
+    sampler.sample()
+    names = {m.name for m in registry.collect()}
+    gpu_readings = {m.name for m in sc.SYSTEM_METRICS if sc.LABEL_GPU in m.labels} - {sc.GPU_INFO.name}
+    assert not gpu_readings & names and sc.GPU_INFO.name in names
+    assert not fake.calls  # no reading at all
+    assert uuid0 != uuid1
+
+
 def test_coincidence_thresholds_are_strict(tmp_path: Path) -> None:
     from otelprof.collectors.gpu import GpuReading
     from otelprof.collectors.nvml import DeviceInfo
@@ -273,6 +341,34 @@ def test_only_the_node_sampler_reports_node_series(tmp_path: Path) -> None:
     assert sc.SYSTEM_CPU_UTILIZATION.name not in names and sc.GPU_UTILIZATION.name not in names
     assert sc.SAMPLER_SAMPLES.name not in names
     assert {sc.PROCESS_MEMORY_USAGE.name, sc.PROCESS_CPU_TIME.name, sc.PROCESS_GPU_MEMORY.name} <= names
+
+
+def test_container_memory_reaches_the_series_the_recording_and_the_reader(tmp_path: Path) -> None:
+    """The working set and the limit (what OtelprofHostMemoryNearLimit reads, live and offline)."""
+    from otelprof.recording.reader import read_recording
+
+    config = Config.from_env({})
+    registry = MetricRegistry(IDENTITY)
+    (tmp_path / "rank-0").mkdir()
+    writer = RecordingWriter(tmp_path / "rank-0", {"schema_version": "1.1", "rank": 0}, lambda n: None,
+                             lambda n: None)
+    sampler = Sampler(config, registry, writer, nvml_factory=None,
+                      cgroup=CgroupReader(CGROUPS / "v2_quota", proc_cgroup="0::/\n"))
+    for _ in range(3):
+        sampler.sample()
+        time.sleep(0.02)
+    assert _values(registry, sc.CONTAINER_MEMORY_WORKING_SET) == {(): 8 * 1024**3}
+    assert _values(registry, sc.CONTAINER_MEMORY_LIMIT) == {(): 16 * 1024**3}
+    writer.flush()
+    lines = [json.loads(line) for line in (tmp_path / "rank-0" / schema.SAMPLES).read_text().splitlines()]
+    assert lines and all(line["cws"] == 8 * 1024**3 and line["cml"] == 16 * 1024**3 for line in lines)
+    columns = read_recording(tmp_path / "rank-0", samples=True).ranks[0].sample_columns()
+    assert list(columns.container_memory) == [8 * 1024**3] * len(lines)
+    assert list(columns.container_limit) == [16 * 1024**3] * len(lines)
+    unlimited = Sampler(config, MetricRegistry(IDENTITY), None, nvml_factory=None,
+                        cgroup=CgroupReader(CGROUPS / "v2_unlimited", proc_cgroup="0::/\n"))
+    unlimited.sample()
+    assert _values(unlimited.registry, sc.CONTAINER_MEMORY_LIMIT) == {}  # no limit: absent, not 0
 
 
 def test_overrunning_ticks_are_skipped_and_counted(tmp_path: Path) -> None:

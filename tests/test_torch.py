@@ -541,3 +541,101 @@ def test_otelprof_run_instruments_an_unmodified_script(tmp_path: Path) -> None:
 def test_run_without_a_command_is_a_usage_error() -> None:
     result = subprocess.run([sys.executable, "-m", "otelprof", "run"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "otelprof run -- python train.py" in result.stderr
+
+
+def test_a_teacher_models_forward_stays_in_the_students_train_step(tmp_path: Path) -> None:
+    """Global hooks (``otelprof run``): a teacher in eval mode under no_grad, before or after the student's forward,
+    is part of the student's training iteration; the evaluation pass of the student after them is evaluation."""
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    student, optimizer, loader = _parts()
+    teacher = torch.nn.Sequential(torch.nn.Linear(8, 2)).eval()
+    otorch.auto_instrument()
+    for i, (x, y) in enumerate(loader):
+        if i % 2 == 0:
+            with torch.no_grad():
+                soft = teacher(x).softmax(1)
+        logits = student(x)
+        if i % 2 == 1:
+            with torch.no_grad():
+                soft = teacher(x).softmax(1)
+        loss = torch.nn.functional.cross_entropy(logits, y) + torch.nn.functional.cross_entropy(logits, soft)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    student.eval()
+    with torch.no_grad():
+        for x, _ in loader:
+            student(x)
+    rank = _recording(session)
+    assert [(s.phase, s.number) for s in rank.steps] == [(phase, i) for phase in ("train", "eval") for i in range(8)]
+    assert all([a.name for a in s.annotations] == [sc.REGION_DATALOADER, sc.REGION_FORWARD, sc.REGION_FORWARD,
+                                                   sc.REGION_BACKWARD, sc.REGION_OPTIMIZER] for s in rank.steps[:8])
+
+
+def test_the_loss_of_an_evaluation_forward_output(tmp_path: Path) -> None:
+    """The scalar loss of an evaluation forward's output: the tensor, a tuple's, a mapping's or an attribute; the
+    eval step's loss is their mean; a loss the user records stays."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Output:
+        logits: torch.Tensor
+        loss: torch.Tensor | None = None
+
+    assert otorch._output_loss(torch.tensor(2.5)) == 2.5
+    assert otorch._output_loss((torch.ones(2, 3), torch.tensor(1.5))) == 1.5
+    assert otorch._output_loss({"logits": torch.ones(2), "loss": torch.tensor(0.5)}) == 0.5
+    assert otorch._output_loss(Output(torch.ones(2), torch.tensor(0.25))) == 0.25
+    for none in (torch.ones(2), torch.tensor(3), (torch.ones(2), None), Output(torch.ones(2)), {"x": 1}, None, 3.0):
+        assert otorch._output_loss(none) is None
+
+    class Scoring(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.linear(x)
+            return logits, torch.nn.functional.cross_entropy(logits, y)
+
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    model = Scoring().eval()
+    _, _, loader = _parts()
+    otorch.instrument(model=model, dataloader=loader)
+    losses = []
+    with torch.no_grad():
+        for i, (x, y) in enumerate(loader):
+            first, second = float(model(x[:8], y[:8])[1]), float(model(x[8:], y[8:])[1])
+            losses.append((first + second) / 2)
+            if i == 3:
+                otelprof.record("loss", 42.0)
+    rank = _recording(session)
+    assert [(s.phase, s.number) for s in rank.steps] == [("eval", i) for i in range(8)]
+    assert [s.scalars["loss"] for s in rank.steps] == pytest.approx([*losses[:3], 42.0, *losses[4:]], rel=1e-6)
+
+
+def test_grad_scaler_is_patched_while_instrumented() -> None:
+    from torch.amp.grad_scaler import GradScaler
+
+    scale, step = GradScaler.scale, GradScaler.step
+    otorch.instrument()
+    assert GradScaler.scale is not scale and GradScaler.step is not step
+    otorch.uninstrument()
+    assert GradScaler.scale is scale and GradScaler.step is step and otorch._scaled == [None]
+
+
+def test_a_steps_loss_parts_are_added_up_off_the_hot_path(tmp_path: Path) -> None:
+    """A loss of parts (tensors, as a CUDA loop's backward() losses are kept) is their sum in the recording; the
+    parts of an evaluation step's loss their mean; parts that are not numbers are ignored with one warning."""
+    from otelprof import hotpath
+
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    with otelprof.step():
+        otelprof.record("loss", [torch.tensor(0.25), 0.5, torch.tensor([1.0])])
+    with otelprof.step(phase="eval"):
+        otelprof.record("loss", hotpath.Mean([torch.tensor(1.0), 2.0]))
+    with otelprof.step():
+        otelprof.record("loss", ["x"])
+        otelprof.record("samples", 4)
+    rank = _recording(session)
+    assert [s.scalars.get("loss") for s in rank.steps] == [1.75, 1.5, None]

@@ -15,11 +15,12 @@ data-loader worker checks need framework gauges, so those are not evaluated here
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import operator
 import statistics
 from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate, compress, repeat
@@ -42,6 +43,12 @@ class Sample:
     cpu: tuple[float, ...]
     iowait: tuple[float, ...] = ()
     gpus: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    rss: float | None = None
+    """The process's resident memory (bytes)."""
+    memory: float | None = None
+    """The host's used memory ratio."""
+    container: tuple[float, float | None] | None = None
+    """The container's working set and memory limit (None: no limit), bytes."""
 
     def busy_max(self, io: bool) -> float | None:
         values = self.iowait if io else self.cpu
@@ -79,6 +86,8 @@ class RankData:
     """The samples as columns (made from ``samples`` when not given)."""
     step_table: StepTable | None = None
     """The steps as columns (made from ``steps`` when not given)."""
+    first_step: float | None = None
+    """When the first step began (Unix seconds; from ``steps`` when not given)."""
 
     @property
     def subject(self) -> str:
@@ -162,12 +171,22 @@ class SampleTable:
     util: dict[str, _Series]
     memory: dict[str, _Series]
     """GPU memory used / total."""
+    rss: _Series = _EMPTY
+    """The process's resident memory, from every sample of the rank (node samples or not)."""
+    host_memory: _Series = _EMPTY
+    """The host's used memory ratio."""
+    container_memory: _Series = _EMPTY
+    """The container's working set (bytes)."""
+    container_limit: _Series = _EMPTY
+    """The container's memory limit (bytes), where it has one."""
 
     @staticmethod
     def build(times: Sequence[float], busy_max: Sequence[float], busy_mean: Sequence[float],
               iowait_max: Sequence[float], util: dict[str, Sequence[float]], memory: dict[str, Sequence[float]],
-              config: MixinConfig) -> SampleTable:
-        """From per-sample columns, NaN where a sample lacks a value."""
+              config: MixinConfig, rss: tuple[Sequence[float], Sequence[float]] = ((), ()),
+              host_memory: Sequence[float] = (), container_memory: Sequence[float] = (),
+              container_limit: Sequence[float] = ()) -> SampleTable:
+        """From per-sample columns, NaN where a sample lacks a value; ``rss`` as (times, values) of every sample."""
         lowest = _LowestGPU(list(util.values()))
 
         def hits(peaks: Sequence[float], high: float) -> array[int]:
@@ -178,9 +197,15 @@ class SampleTable:
             known = list(map(operator.eq, values, values))  # not NaN
             return _Series(compress(times, known), compress(values, known))
 
+        def known(t: Sequence[float], values: Sequence[float]) -> _Series:
+            keep = list(map(operator.eq, values, values))
+            return _Series(compress(t, keep), compress(values, keep)) if any(keep) else _EMPTY
+
         return SampleTable(array("d", times), hits(busy_max, config.cpu_threshold),
                            hits(iowait_max, config.io_threshold), series(busy_mean),
-                           {g: series(v) for g, v in util.items()}, {g: series(v) for g, v in memory.items()})
+                           {g: series(v) for g, v in util.items()}, {g: series(v) for g, v in memory.items()},
+                           known(*rss), known(times, host_memory), known(times, container_memory),
+                           known(times, container_limit))
 
     @staticmethod
     def from_samples(samples: Sequence[Sample], config: MixinConfig) -> SampleTable:
@@ -194,7 +219,11 @@ class SampleTable:
         return SampleTable.build([s.t for s in samples], column(s.busy_max(False) for s in samples),
                                  column(s.busy_mean() for s in samples), column(s.busy_max(True) for s in samples),
                                  {g: v for g, v in util.items() if any(map(operator.eq, v, v))},
-                                 {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config)
+                                 {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config,
+                                 ([s.t for s in samples], column(s.rss for s in samples)),
+                                 column(s.memory for s in samples),
+                                 column(s.container[0] if s.container else None for s in samples),
+                                 column(s.container[1] if s.container else None for s in samples))
 
     def span(self, start: float, end: float) -> tuple[int, int]:
         return bisect.bisect_right(self.times, start), bisect.bisect_right(self.times, end)
@@ -303,6 +332,10 @@ class _Checks:
         self.patience = seconds(config.patience)
         self.samples = {id(r): r.sample_table or SampleTable.from_samples(r.samples, config) for r in ranks}
         self.steps = {id(r): r.step_table or StepTable.from_records(r.steps) for r in ranks}
+        self.first_steps = {id(r): r.first_step if r.first_step is not None else
+                            min((s.start for s in r.steps), default=None) for r in ranks}
+        self.judged: set[str] = set()
+        """Checks that compared something with their threshold at least once (past warm-up, with data)."""
 
     def warm(self, rank: RankData, t: float) -> bool:
         return t - rank.process_start > self.patience
@@ -322,6 +355,7 @@ class _Checks:
     # ---------------------------------------------------------------- system
     def bottleneck(self, io: bool) -> Condition:
         threshold = self.c.io_bottleneck_threshold if io else self.c.cpu_bottleneck_threshold
+        name = "IOBottleneck" if io else "CPUBottleneck"
 
         def condition(t: float) -> list[Firing]:
             out = []
@@ -329,6 +363,7 @@ class _Checks:
                 table = self.samples[id(r)]
                 i, j = table.span(t - self.w, t)
                 if j > i and self.warm(r, t) and self.alive(r, t):
+                    self.judged.add(name)
                     hits = table.io_hits if io else table.cpu_hits
                     fraction = (hits[j] - hits[i]) / (j - i)
                     if fraction > threshold:
@@ -338,6 +373,8 @@ class _Checks:
 
     def gpu_quantiles(self, kind: str) -> Condition:
         c = self.c
+        name = {"under": "GPUUnderutilized", "fluctuating": "GPUUtilizationFluctuating",
+                "batch": "BatchSizeTooSmall"}[kind]
 
         def condition(t: float) -> list[Firing]:
             out = []
@@ -351,6 +388,7 @@ class _Checks:
                 for gpu, (values, i, j) in sorted(util.items()):
                     if not values.any_positive(i, j):
                         continue  # never busy: an unused device
+                    self.judged.add(name)
                     p95, p5 = values.quantile(0.95, i, j), values.quantile(0.05, i, j)
                     subject = f"{r.subject} gpu {gpu}"
                     if kind == "under" and p95 < c.low_gpu_threshold_p95:
@@ -375,6 +413,7 @@ class _Checks:
             now, before = self.gpu_windows(memory, t - m, t), self.gpu_windows(memory, t - 2 * m, t - m)
             for gpu in sorted(now):
                 if gpu in before:
+                    self.judged.add("GPUMemoryIncrease")
                     increase = now[gpu][0].mean(*now[gpu][1:]) - before[gpu][0].mean(*before[gpu][1:])
                     if increase > self.c.gpu_memory_increase:
                         out.append(Firing(f"{r.subject} gpu {gpu}", increase))
@@ -387,8 +426,49 @@ class _Checks:
             if self.alive(r, t):
                 for gpu, (values, i, j) in sorted(self.gpu_windows(self.samples[id(r)].memory, t - width, t).items()):
                     mean = values.mean(i, j)
+                    self.judged.add("GPUMemoryNearCapacity")
                     if mean > self.c.gpu_memory_capacity_threshold:
                         out.append(Firing(f"{r.subject} gpu {gpu}", mean))
+        return out
+
+    def host_memory_increase(self, t: float) -> list[Firing]:
+        c = self.c
+        width = seconds(c.host_memory_increase_window)
+        out = []
+        for r in self.ranks:
+            first = self.first_steps[id(r)]
+            if not self.alive(r, t) or first is None or t - first <= self.patience + 2 * width:
+                continue
+            rss = self.samples[id(r)].rss
+            (i, j), (k, m) = rss.span(t - width, t), rss.span(t - 2 * width, t - width)
+            if j > i and m > k:
+                self.judged.add("HostMemoryIncrease")
+                now, before = rss.mean(i, j), rss.mean(k, m)
+                growth = now - before
+                if growth > c.host_memory_increase * before and growth > c.host_memory_increase_min_bytes:
+                    out.append(Firing(r.subject, growth))
+        return out
+
+    def host_memory_near_limit(self, t: float) -> list[Firing]:
+        width = seconds(self.c.host_memory_limit_window)
+        out = []
+        for r in self.ranks:
+            if not self.alive(r, t):
+                continue
+            table = self.samples[id(r)]
+            (i, j), (k, m) = table.container_memory.span(t - width, t), table.container_limit.span(t - width, t)
+            if m > k:  # a memory limit: the container's working set against it
+                if j <= i:
+                    continue
+                used = table.container_memory.mean(i, j) / max(table.container_limit.values[k:m])
+            else:  # no limit: the host's memory
+                i, j = table.host_memory.span(t - width, t)
+                if j <= i:
+                    continue
+                used = table.host_memory.mean(i, j)
+            self.judged.add("HostMemoryNearLimit")
+            if used > self.c.host_memory_limit_threshold:
+                out.append(Firing(r.subject, used))
         return out
 
     def load_imbalance(self, t: float) -> list[Firing]:
@@ -399,6 +479,8 @@ class _Checks:
                 continue
             means = [values.mean(i, j) for r in live
                      for values, i, j in self.gpu_windows(self.samples[id(r)].util, t - self.w, t).values()]
+            if len(means) > 1:
+                self.judged.add("GPULoadImbalance")
             if len(means) > 1 and max(means) - min(means) > self.c.load_balancing_threshold:
                 out.append(Firing(f"job {job}", max(means) - min(means)))
         return out
@@ -424,10 +506,11 @@ class _Checks:
             for phase in sorted({p for p, _ in compute}):
                 values = {rank: v for (p, rank), v in compute.items() if p == phase}
                 if len(values) > 1:
-                    median = statistics.median(values.values())
+                    self.judged.add("RankStraggler")
                     for rank, value in sorted(values.items()):
-                        if median > 0 and value / median > self.c.straggler_ratio:
-                            out.append(Firing(f"rank {rank} {phase}", value / median))
+                        peers = peers_median(list(values.values()), value)
+                        if peers is not None and value / peers > self.c.straggler_ratio:
+                            out.append(Firing(f"rank {rank} {phase}", value / peers))
         return out
 
     def outliers(self, t: float) -> list[Firing]:
@@ -436,6 +519,8 @@ class _Checks:
         for r in self.ranks:
             for phase, steps, i, j in self.phase_windows(r, t - width, t):
                 count = steps.outliers[j] - steps.outliers[i]
+                if j - i > self.c.step_outlier_min_steps:
+                    self.judged.add("StepOutliers")
                 if (count > self.c.step_outlier_n_outliers and j - i > self.c.step_outlier_min_steps
                         and count > self.c.step_outlier_min_share * (j - i)):
                     out.append(Firing(f"{r.subject} {phase}", count))
@@ -447,6 +532,8 @@ class _Checks:
         for r in self.ranks:
             ends = self.steps[id(r)].ends
             first = ends[0] if ends else math.inf
+            if self.alive(r, t):
+                self.judged.add("SlowInitialization")
             if self.alive(r, t) and t - r.process_start > limit and first > t:
                 out.append(Firing(r.subject, t - r.process_start))
         return out
@@ -457,6 +544,8 @@ class _Checks:
         for r in self.ranks:
             for phase, steps, _, _ in self.phase_windows(r, t - width, t):
                 i, j = steps.inputs.span(t - width, t)
+                if j > i:
+                    self.judged.add("InputBound")
                 if j > i and steps.inputs.mean(i, j) > self.c.input_bound_threshold:
                     out.append(Firing(f"{r.subject} {phase}", steps.inputs.mean(i, j)))
         return out
@@ -474,15 +563,21 @@ class _Checks:
                 continue
             losses = self._losses(r, self.c.train_phase)
             (i, j), (k, m) = losses.span(t - lw, t), losses.span(t - 2 * lw, t - lw)
+            steps = self.steps[id(r)].phases.get(self.c.train_phase)
+            if steps is not None and any(bisect.bisect_right(bad, t) > bisect.bisect_right(bad, t - 2 * lw)
+                                         for bad in (steps.bad_losses, steps.bad_norms)):
+                continue  # a NaN in the windows: NonFiniteValues speaks, the held loss would look flat
             if j > i and m > k:
+                self.judged.add("LossNotDecreasing")
                 mean_now, mean_before = losses.mean(i, j), losses.mean(k, m)
                 if mean_now > mean_before - self.c.loss_diff_percent / 100 * abs(mean_before):
-                    out.append(Firing(r.subject, mean_now))
+                    out.append(Firing(f"{r.subject} {self.c.train_phase}", mean_now))  # the live alert's labels
         return out
 
     def nonfinite(self, t: float) -> list[Firing]:
         width = seconds(self.c.nonfinite_window)
         out: list[Firing] = []
+        self.judged.add("NonFiniteValues")  # every recorded loss and gradient norm is judged (its datapoints)
         for r in self.ranks:
             counts: dict[str, int] = {}
             for phase, steps in self.steps[id(r)].phases.items():
@@ -502,9 +597,10 @@ class _Checks:
                 continue
             i, j = steps.norms.span(t - width, t)
             if j > i:
+                self.judged.add("VanishingGradients")
                 largest = max(steps.norms.values[i:j])
                 if largest < self.c.vanishing_gradient_threshold:
-                    out.append(Firing(r.subject, largest))
+                    out.append(Firing(f"{r.subject} {self.c.train_phase}", largest))
         return out
 
     def stalled(self, t: float) -> list[Firing]:
@@ -513,6 +609,8 @@ class _Checks:
         for r in self.ranks:
             ends = self.steps[id(r)].ends
             i = bisect.bisect_right(ends, t)
+            if i and self.alive(r, t):
+                self.judged.add("TrainingStalled")
             if i and self.alive(r, t) and t - ends[i - 1] > limit:
                 out.append(Firing(r.subject, t - ends[i - 1]))
         return out
@@ -534,41 +632,89 @@ class _Checks:
             train = self._held_mean(r, t, width, self.c.train_phase)
             evaluation = self._held_mean(r, t, width, self.c.eval_phase)
             if train and evaluation is not None and train > 0:
+                self.judged.add("Overfitting")
                 ratio = (evaluation - train) / train
                 if ratio > self.c.overfit_ratio_threshold:
                     out.append(Firing(r.subject, ratio))
         return out
 
     def conditions(self) -> dict[str, tuple[Condition, int]]:
-        """Condition and datapoint count per alert short name."""
-        samples = sum(len(t.times) for t in self.samples.values())
-        steps = sum(len(t) for t in self.steps.values())
+        """Condition and datapoint count per alert short name. Datapoints are what the check reads (GPU samples,
+        losses, ...); a check that never judged them (no data, or never past its warm-up) gets 0 in
+        :func:`evaluate_ranks`, reported as "no data", never "ok"."""
+        tables = list(self.samples.values())
+        step_tables = list(self.steps.values())
+
+        def union(series: Iterable[_Series]) -> int:
+            """Samples with a reading of some GPU (a node's GPUs are read in the same samples)."""
+            return max(map(len, series), default=0)
+
+        gpu_samples = sum(union(t.util.values()) for t in tables)
+        gpu_memory = sum(union(t.memory.values()) for t in tables)
+        gpus_per_job: dict[str, int] = {}
+        for r in self.ranks:
+            gpus_per_job[r.job] = gpus_per_job.get(r.job, 0) + len(self.samples[id(r)].util)
+        balanced = sum(union(self.samples[id(r)].util.values()) for r in self.ranks if gpus_per_job[r.job] > 1)
+        steps = sum(len(t) for t in step_tables)
+        ranks_per_phase: dict[tuple[str, str], int] = {}
+        for r in self.ranks:
+            for phase in self.steps[id(r)].phases:
+                ranks_per_phase[(r.job, phase)] = ranks_per_phase.get((r.job, phase), 0) + 1
+        compared = sum(len(steps_.ends) for r in self.ranks for phase, steps_ in self.steps[id(r)].phases.items()
+                       if ranks_per_phase[(r.job, phase)] > 1)
+
+        def phase_count(phase: str | None, column: Callable[[PhaseSteps], Sized]) -> int:
+            return sum(len(column(p)) for t in step_tables for name, p in t.phases.items()
+                       if phase is None or name == phase)
+
+        train, evaluation = self.c.train_phase, self.c.eval_phase
+        scalars = (phase_count(None, lambda p: p.losses) + phase_count(None, lambda p: p.bad_losses)
+                   + phase_count(None, lambda p: p.norms) + phase_count(None, lambda p: p.bad_norms))
+        train_losses = phase_count(train, lambda p: p.losses)
+        limits = sum(len(t.container_memory) if len(t.container_limit) else len(t.host_memory) for t in tables)
         return {
-            "CPUBottleneck": (self.bottleneck(io=False), samples),
-            "IOBottleneck": (self.bottleneck(io=True), samples),
-            "GPUUnderutilized": (self.gpu_quantiles("under"), samples),
-            "GPUUtilizationFluctuating": (self.gpu_quantiles("fluctuating"), samples),
-            "BatchSizeTooSmall": (self.gpu_quantiles("batch"), samples),
-            "GPUMemoryIncrease": (self.memory_increase, samples),
-            "GPUMemoryNearCapacity": (self.memory_capacity, samples),
-            "GPULoadImbalance": (self.load_imbalance, samples),
-            "RankStraggler": (self.straggler, steps),
+            "CPUBottleneck": (self.bottleneck(io=False), gpu_samples),
+            "IOBottleneck": (self.bottleneck(io=True), gpu_samples),
+            "GPUUnderutilized": (self.gpu_quantiles("under"), gpu_samples),
+            "GPUUtilizationFluctuating": (self.gpu_quantiles("fluctuating"), gpu_samples),
+            "BatchSizeTooSmall": (self.gpu_quantiles("batch"), gpu_samples),
+            "GPUMemoryIncrease": (self.memory_increase, gpu_memory),
+            "GPUMemoryNearCapacity": (self.memory_capacity, gpu_memory),
+            "HostMemoryIncrease": (self.host_memory_increase, sum(len(t.rss) for t in tables)),
+            "HostMemoryNearLimit": (self.host_memory_near_limit, limits),
+            "GPULoadImbalance": (self.load_imbalance, balanced),
+            "RankStraggler": (self.straggler, compared),
             "StepOutliers": (self.outliers, steps),
             "SlowInitialization": (self.slow_initialization, steps),
-            "InputBound": (self.input_bound, steps),
-            "LossNotDecreasing": (self.loss_not_decreasing, steps),
-            "NonFiniteValues": (self.nonfinite, steps),
-            "VanishingGradients": (self.vanishing, steps),
+            "InputBound": (self.input_bound, phase_count(None, lambda p: p.inputs)),
+            "LossNotDecreasing": (self.loss_not_decreasing, train_losses),
+            "NonFiniteValues": (self.nonfinite, scalars),
+            "VanishingGradients": (self.vanishing, phase_count(train, lambda p: p.norms)),
             "TrainingStalled": (self.stalled, steps),
-            "Overfitting": (self.overfit, steps),
+            "Overfitting": (self.overfit, phase_count(evaluation, lambda p: p.losses) if train_losses else 0),
         }
 
 
-OFFLINE_CHECKS = ("CPUBottleneck", "IOBottleneck", "GPUUnderutilized", "GPUUtilizationFluctuating",
-                  "BatchSizeTooSmall", "GPUMemoryIncrease", "GPUMemoryNearCapacity", "GPULoadImbalance",
-                  "RankStraggler", "StepOutliers", "SlowInitialization", "InputBound", "LossNotDecreasing",
-                  "NonFiniteValues", "VanishingGradients", "TrainingStalled", "Overfitting")
+OFFLINE_CHECKS = ("CPUBottleneck", "IOBottleneck", "GPUUnderutilized", "GPUUtilizationFluctuating", "BatchSizeTooSmall",
+                  "GPUMemoryIncrease", "GPUMemoryNearCapacity", "HostMemoryIncrease", "HostMemoryNearLimit",
+                  "GPULoadImbalance", "RankStraggler", "StepOutliers", "SlowInitialization", "InputBound",
+                  "LossNotDecreasing", "NonFiniteValues", "VanishingGradients", "TrainingStalled", "Overfitting")
 """Alerts (names without the prefix) that have an offline twin."""
+
+
+def peers_median(values: Sequence[float], value: float) -> float | None:
+    """The median of ``values`` other than ``value`` (one of them), as the RankStraggler rule computes it.
+
+    With 2 or 3 values: the mean of the others. With 4 or more: the largest value not above the median of
+    all, which is the median of the others for every value that can exceed it when the count is even, and
+    the median of all (at most one value above the exact one) when it is odd. None when not positive."""
+    n = len(values)
+    if n < 4:
+        typical = (math.fsum(values) - value) / (n - 1)
+    else:
+        middle = statistics.median(values)
+        typical = max(v for v in values if v <= middle)
+    return typical if typical > 0 else None
 
 
 def _by_job(ranks: Iterable[RankData]) -> dict[str, list[RankData]]:
@@ -596,7 +742,10 @@ def evaluate_ranks(ranks: list[RankData], config: MixinConfig | None = None, int
         alert = by_short.get(short)
         if alert is None:  # disabled in the config
             continue
-        results.append(_run(alert, condition, datapoints, times))
+        result = _run(alert, condition, datapoints, times)
+        if short not in checks.judged:  # never past its warm-up, or never with data in its windows
+            result = dataclasses.replace(result, datapoints=0)
+        results.append(result)
     return results
 
 
@@ -665,10 +814,33 @@ def _sample_table(rank: RankRecording, config: MixinConfig) -> SampleTable:
     return SampleTable.build([t / 1e9 for t in compress(columns.t_ns, node)], kept(columns.cpu_max),
                              kept(columns.cpu_mean), kept(columns.iow_max),
                              {g: v for g, v in util.items() if any(map(operator.eq, v, v))},
-                             {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config)
+                             {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config,
+                             ([t / 1e9 for t in columns.t_ns], columns.rss), kept(columns.mem),
+                             kept(columns.container_memory), kept(columns.container_limit))
 
 
-def _step_table(rank: RankRecording, sigma: float, min_steps: int) -> StepTable:
+@dataclass(frozen=True)
+class OutlierSettings:
+    """How the recorder flagged outlier steps (``OTELPROF_OUTLIER_*``)."""
+
+    sigma: float
+    min_steps: int
+    min_ratio: float
+    min_excess: float
+
+    @staticmethod
+    def of(recorded: Mapping[str, object], config: MixinConfig) -> OutlierSettings:
+        """The settings a recording carries in its manifest, else the mixin config's (older recordings)."""
+        def get(key: str, default: float) -> float:
+            value = recorded.get(key)
+            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
+
+        return OutlierSettings(get("outlier_sigma", config.step_outlier_sigma), int(get("outlier_min_steps", 20)),
+                               get("outlier_min_ratio", config.step_outlier_min_ratio),
+                               get("outlier_min_excess", config.step_outlier_min_excess))
+
+
+def _step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
     """Steps from the reader's columns: a million Step objects with their annotations would cost ~25 s here."""
     columns = rank.step_columns
     start = [t / 1e9 for t in columns.start_ns]
@@ -676,7 +848,8 @@ def _step_table(rank: RankRecording, sigma: float, min_steps: int) -> StepTable:
     outliers = {}
     for code in set(columns.phase):
         mask = map(code.__eq__, columns.phase)
-        outliers[code] = flag_outliers([d / 1e9 for d in compress(columns.duration_ns, mask)], sigma, min_steps)
+        outliers[code] = flag_outliers([d / 1e9 for d in compress(columns.duration_ns, mask)], outlier.sigma,
+                                       outlier.min_steps, min_ratio=outlier.min_ratio, min_excess=outlier.min_excess)
     return StepTable.build(columns.phase_names, columns.phase, start, end,
                            [w / 1e9 for w in columns.annotation_sums(sc.REGION_DATALOADER)],
                            [c / 1e9 for c in columns.annotation_sums(sc.REGION_COLLECTIVE)],
@@ -689,15 +862,18 @@ def rank_data(rank: RankRecording, config: MixinConfig | None = None) -> RankDat
     resource = manifest.get("resource") or {}
     recorded = manifest.get("config") or {}
     life = rank.lifecycle
-    steps = _step_table(rank, float(recorded.get("outlier_sigma", 3)), int(recorded.get("outlier_min_steps", 20)))
-    samples = _sample_table(rank, config or MixinConfig())
+    config = config or MixinConfig()
+    steps = _step_table(rank, OutlierSettings.of(recorded, config))
+    samples = _sample_table(rank, config)
     first_start = rank.step_columns.start_ns[0] / 1e9 if len(steps) else None
     last_sample = samples.times[-1] if samples.times else None
     times = [x for x in (life.get("shutdown"), life.get("last_step_end"), last_sample) if x is not None]
     start = float(life.get("process_start") or (first_start if first_start is not None else last_sample or 0.0))
     return RankData(str(resource.get(sc.SERVICE_NAME, "")), rank.rank,
                     str(resource.get(sc.K8S_NODE_NAME) or resource.get(sc.HOST_NAME, "")), start,
-                    max(times) if times else start, sample_table=samples, step_table=steps)
+                    max(times) if times else start, sample_table=samples, step_table=steps,
+                    first_step=float(began) if isinstance(began := life.get("first_step_start"), int | float)
+                    else first_start)
 
 
 def evaluate(recording: Recording, config: MixinConfig | None = None, interval: float = 10.0) -> list[CheckResult]:

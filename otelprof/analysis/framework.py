@@ -3,6 +3,8 @@
 * phases: time inside steps of each phase and the time between steps (data the loop spends
   outside ``step()``), as shares of the training loop, all ranks together;
 * forward vs backward: time in the ``forward`` and ``backward`` regions;
+* per phase, the breakdown of step time into its top-level regions (data loader, forward, backward,
+  optimizer, any other region directly inside the step) and the time no region covers;
 * regions (annotations) inside steps and outside them (initialization, checkpoints);
 * top CPU and GPU operators of the operator-profiling windows (``torch.profiler``), summed over
   windows and ranks, with the GPU activity mix (kernel / memcpy / memset / sync) and the kernel
@@ -12,8 +14,10 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
-from operator import add
+from itertools import compress
+from operator import add, not_, sub
 from typing import Any
 
 from otelprof import semconv as sc
@@ -22,6 +26,62 @@ from otelprof.analysis.stats import Bucket, share
 
 TOP = 20
 BETWEEN_STEPS = "between steps"
+BREAKDOWN_REGIONS = (sc.REGION_DATALOADER, sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER)
+"""The regions the integrations make directly inside a step, first in the breakdown."""
+UNCOVERED = "uncovered"
+"""Step time in no top-level region: the loop's own code between its regions (loss bookkeeping, logging,
+``zero_grad``, a host sync), or work not annotated."""
+OTHER_REGIONS = "other regions"
+MAX_OTHER_REGIONS = 4
+"""Other top-level regions named in a breakdown; the rest are added up as OTHER_REGIONS."""
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    seconds: float
+    share: float
+    """Of the phase's step time."""
+    per_step: float
+    """Seconds per step of the phase."""
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where the time inside one phase's steps went (all ranks)."""
+
+    phase: str
+    steps: int
+    step_time: float
+    """Seconds inside the phase's steps."""
+    parts: tuple[Part, ...]
+    """BREAKDOWN_REGIONS that occur, the other top-level regions by time (past MAX_OTHER_REGIONS added up as
+    OTHER_REGIONS), then UNCOVERED. Top-level regions only (depth 0), so nested regions are not counted
+    twice: the parts' seconds add up to ``step_time + overlap``."""
+    overlap: float
+    """Seconds by which a step's top-level regions added up to more than the step (regions that overlap,
+    as regions timed on another thread can); 0 when they follow one another."""
+    nesting_known: bool = True
+    """False from Prometheus: region depths are unknown there, so only BREAKDOWN_REGIONS are counted
+    (as top-level, as the integrations make them) and UNCOVERED is the step time they leave."""
+
+    def part(self, name: str) -> float:
+        """Seconds of one part (0 when absent)."""
+        return next((x.seconds for x in self.parts if x.name == name), 0.0)
+
+
+def breakdown(phase: str, steps: int, step_time: float, regions: dict[str, float], uncovered: float,
+              overlap: float, nesting_known: bool = True) -> Breakdown:
+    """A :class:`Breakdown` from top-level region totals (seconds), its parts in their order."""
+    named = [(name, regions[name]) for name in BREAKDOWN_REGIONS if name in regions]
+    others = sorted(((n, t) for n, t in regions.items() if n not in BREAKDOWN_REGIONS), key=lambda kv: (-kv[1], kv[0]))
+    named += others[:MAX_OTHER_REGIONS]
+    if len(others) > MAX_OTHER_REGIONS:
+        named.append((OTHER_REGIONS, math.fsum(t for _, t in others[MAX_OTHER_REGIONS:])))
+    named.append((UNCOVERED, uncovered))
+    return Breakdown(phase, steps, step_time, tuple(Part(name, seconds, share(seconds, step_time),
+                                                         seconds / steps if steps else math.nan)
+                                                    for name, seconds in named), overlap, nesting_known)
 
 
 @dataclass(frozen=True)
@@ -83,6 +143,11 @@ class FrameworkSummary:
     window_counts: tuple[tuple[int, int], ...] = ()
     """When only metrics are known (Prometheus): (rank, operator-profiling windows completed) from the
     ``otelprof.profile.windows`` counter; the windows themselves and their operators are not known."""
+    breakdowns: tuple[Breakdown, ...] = ()
+    """Per phase (most step time first)."""
+
+    def breakdown(self, phase: str) -> Breakdown | None:
+        return next((b for b in self.breakdowns if b.phase == phase), None)
 
 
 def _regions(totals: dict[str, list[float]], step_time: float, top: int) -> tuple[Region, ...]:
@@ -140,7 +205,58 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
         _regions(inside, step_time, 10 * top), _regions(outside, step_time, 10 * top), cpu_ops, gpu_ops,
         cpu_total, gpu_total, tuple(sorted(activity.items(), key=lambda kv: -kv[1])),
         tuple(sorted(precision.items(), key=lambda kv: -kv[1])),
-        tuple(sorted(windows, key=lambda w: (w.start, w.rank))))
+        tuple(sorted(windows, key=lambda w: (w.start, w.rank))), (), _breakdowns(view))
+
+
+def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
+    """Per phase, all ranks: step time split into its top-level regions and what none covers."""
+    steps: dict[str, int] = {}
+    step_ns: dict[str, int] = {}
+    regions: dict[str, dict[str, int]] = {}
+    uncovered: dict[str, int] = {}
+    overlap: dict[str, int] = {}
+    for index, rank in enumerate(view.ranks):
+        c = rank.step_columns
+        n = len(c)
+        if not n:
+            continue
+        view.say(f"step time breakdown of rank {rank.rank}")
+        masks = {name: c.phase_mask(name) for name in c.phase_names} if len(c.phase_names) > 1 else None
+        covered = [0] * n
+        top_counts = (Counter(compress(c.ann_name, map(not_, c.ann_depth))) if any(c.ann_depth)
+                      else Counter(c.ann_name))  # instances directly inside their step, per name code
+        for name, (count, *_) in c.region_totals().items():
+            top = top_counts.get(c.ann_names.index(name), 0)
+            if not top:  # always nested: inside its parent's time
+                continue
+            if top == count:  # all top-level: the per-step sums the reader keeps
+                sums = view.region_sums(index, name)
+                covered = list(map(add, covered, sums))
+                totals = ({phase: sum(compress(sums, mask)) for phase, mask in masks.items()} if masks is not None
+                          else {c.phase_names[0]: sum(sums)})
+            else:
+                totals = {}
+                at, durations, depths = view.region(index, name)
+                for step, duration, depth in zip(at, durations, depths):
+                    if depth == 0:
+                        covered[step] += duration
+                        phase = c.phase_names[c.phase[step]]
+                        totals[phase] = totals.get(phase, 0) + duration
+            for phase, total in totals.items():
+                if total:
+                    found = regions.setdefault(phase, {})
+                    found[name] = found.get(name, 0) + total
+        left = list(map(sub, c.duration_ns, covered))
+        for phase in c.phase_names:
+            mine = left if masks is None else list(compress(left, masks[phase]))
+            steps[phase] = steps.get(phase, 0) + len(mine)
+            step_ns[phase] = step_ns.get(phase, 0) + (sum(c.duration_ns) if masks is None
+                                                      else sum(compress(c.duration_ns, masks[phase])))
+            uncovered[phase] = uncovered.get(phase, 0) + sum(x for x in mine if x > 0)
+            overlap[phase] = overlap.get(phase, 0) - sum(x for x in mine if x < 0)
+    out = [breakdown(phase, steps[phase], step_ns[phase] / 1e9, {k: v / 1e9 for k, v in regions.get(phase, {}).items()},
+                     uncovered[phase] / 1e9, overlap[phase] / 1e9) for phase in steps if steps[phase]]
+    return tuple(sorted(out, key=lambda b: (-b.step_time, b.phase)))
 
 
 def _add(acc: dict[str, list[float]], name: str, count: int, total: float, peak: float, depth: int) -> None:

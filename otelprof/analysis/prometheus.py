@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otelprof import semconv as sc
+from otelprof.analysis import prometheus_progress
 from otelprof.analysis.batch import batch_size
 from otelprof.analysis.bottlenecks import Bottleneck, NodeBottleneck
 from otelprof.analysis.dataloader import DataLoaderAnalysis, LoaderConfig, LoaderPhase
@@ -290,9 +291,13 @@ def report_from_prometheus(url: str, job: str, start: float | None = None, end: 
                          () if per_phase else ("no steps in the range",))
     say("system usage")
     system = dataclasses.replace(_system(qs, nodes, job_start), process_rows=_process_rows(qs, rank_names))
+    say("environment")
+    environment = prometheus_progress.environment(qs, system)
     say("steps and regions")
     steps = _steps(qs, rank_nodes)
     framework = _framework(qs, summary)
+    say("training curves")
+    curves = prometheus_progress.progress(qs, summary.steps_per_phase, steps, job_start)
     say("GPUs")
     gpus = _gpus(qs, config, job_start)
     say("alerts")
@@ -311,7 +316,8 @@ def report_from_prometheus(url: str, job: str, start: float | None = None, end: 
              "themselves are in the traces "
              "(Tempo) and the recording (otelprof report RUN_DIR).",)
     return Report(FORMAT_VERSION, f"{client.url} job={job}", time.time(), summary, system, framework, rules, steps,
-                  gpus, batch_size(system, gpus, steps, config), cpu, io, load, loader, notes, ORIGIN_PROMETHEUS)
+                  gpus, batch_size(system, gpus, steps, config), cpu, io, load, loader, notes, ORIGIN_PROMETHEUS,
+                  environment, curves)
 
 
 def _resource(qs: _Queries) -> tuple[list[str], list[str], int | None]:
@@ -566,9 +572,11 @@ def _framework(qs: _Queries, summary: JobSummary) -> FrameworkSummary:
     backward = inside.get(sc.REGION_BACKWARD, [0.0, 0.0])[1]
     window_counts = tuple(sorted((int(rank), round(n)) for (rank,), n in windows.items()
                           if rank.isdigit() and round(n) > 0))
+    in_step_sums = {key: total for key, total in sums.items() if key[1] != sc.NO_PHASE}
     return FrameworkSummary(tuple(phases), share(between, loop), forward, backward, share(forward, forward + backward),
                             regions(inside, True), regions(outside, False), (), (), 0.0, 0.0, (), (), (),
-                            window_counts)
+                            window_counts, prometheus_progress.breakdowns({p[0]: t for p, t in phase_time.items()},
+                                                                          in_step_sums, summary.steps_per_phase))
 
 
 def _gpus(qs: _Queries, config: MixinConfig, origin: float) -> GpuAnalysis:
@@ -629,13 +637,16 @@ def _rules(qs: _Queries, config: MixinConfig) -> RulesSummary:
         per_alert[name] = max(per_alert.get(name, 0.0), count)
     rows = []
     span = qs.end - qs.start
+    judged = prometheus_progress.datapoints(qs, {name: alert.expr for name, alert in mine.items()
+                                                 if name in loaded or name in per_alert})
     for name, alert in mine.items():
         if name not in loaded and name not in per_alert:
             continue
         count = int(per_alert.get(name, 0))
         evaluations = int(span // loaded[name]) if name in loaded else 0
         rows.append(RuleRow(name, alert.runbook.original, alert.severity, alert.runbook.meaning, alert.runbook.todo,
-                            count > 0, count, evaluations, 0, None, None, (), alert.runbook.thresholds))
+                            count > 0, count, evaluations, judged.get(name, 0), None, None, (),
+                            alert.runbook.thresholds))
     rows.sort(key=lambda r: (-r.firing_evaluations, r.alert))
     interval = min(loaded.values()) if loaded else NAN
     not_loaded = tuple(n for n in mine if n not in loaded and n not in per_alert)

@@ -18,9 +18,12 @@ from typing import Any
 from otelprof.analysis.batch import BatchSize, batch_size
 from otelprof.analysis.bottlenecks import Bottleneck, bottleneck
 from otelprof.analysis.dataloader import DataLoaderAnalysis, dataloader_analysis
+from otelprof.analysis.environment import Environment, recording_environment
 from otelprof.analysis.framework import FrameworkSummary, framework_summary
 from otelprof.analysis.gpu import GpuAnalysis, gpu_analysis
 from otelprof.analysis.loadbalance import LoadBalance, load_balance
+from otelprof.analysis.progress import Progress, no_progress
+from otelprof.analysis.progress import progress as training_progress
 from otelprof.analysis.rules import RulesSummary, rules_summary_later, skipped_rules
 from otelprof.analysis.run import RunView
 from otelprof.analysis.steps import StepAnalysis, step_analysis
@@ -56,6 +59,10 @@ class Report:
     origin: str = ORIGIN_RECORDING
     """Where the figures come from: ORIGIN_RECORDING (every step, region and operator window) or
     ORIGIN_PROMETHEUS (metrics only: histograms at bucket resolution, counters, gauges)."""
+    environment: Environment = dataclasses.field(default_factory=lambda: Environment((), ()))
+    """Instance type, GPUs, driver, CUDA, PyTorch, Python, OS: per rank and node."""
+    progress: Progress = dataclasses.field(default_factory=no_progress)
+    """Loss, learning rate and throughput over the steps; step time over the run."""
 
 
 def load(path: str | Path, progress: Callable[[str], None] | None = None) -> Recording:
@@ -82,6 +89,8 @@ def build_report(recording: Recording, config: MixinConfig | None = None, check_
         view.say(f"offline checks ({duration or 0:.0f} s of run)")
         rules_later = rules_summary_later(recording, duration, config, check_interval)
     system = system_usage(view)
+    environment = recording_environment(view)
+    curves = training_progress(view)
     view.say("framework summary")
     framework = framework_summary(view)
     steps = step_analysis(view)
@@ -103,7 +112,8 @@ def build_report(recording: Recording, config: MixinConfig | None = None, check_
         notes.append(f"{summary.skipped_lines} truncated or corrupt lines of the recording were skipped "
                      "(a process killed while writing leaves one).")
     return Report(FORMAT_VERSION, str(recording.path), time.time(), summary, system, framework, rules, steps, gpus,
-                  batch_size(system, gpus, steps, config), cpu, io, load_, loader, tuple(notes))
+                  batch_size(system, gpus, steps, config), cpu, io, load_, loader, tuple(notes), ORIGIN_RECORDING,
+                  environment, curves)
 
 
 def report_dict(report: Report) -> dict[str, Any]:

@@ -70,6 +70,16 @@ class RulesSummary:
     def fired(self) -> tuple[RuleRow, ...]:
         return tuple(r for r in self.rows if r.triggered)
 
+    @property
+    def judged(self) -> tuple[RuleRow, ...]:
+        """The checks that had something to judge (fired or ok), in row order."""
+        return tuple(r for r in self.rows if r.status != "no data")
+
+    @property
+    def no_data(self) -> tuple[RuleRow, ...]:
+        """The checks that had nothing to judge (no GPU for the GPU checks, no steps for the step checks)."""
+        return tuple(r for r in self.rows if r.status == "no data")
+
 
 def evaluation_interval(duration: float | None) -> float:
     if not duration or duration <= 0 or math.isnan(duration):
@@ -88,7 +98,7 @@ def rules_summary(recording: Recording, duration: float | None, config: MixinCon
         results = checks.evaluate(recording, config, interval)
         by_name = {a.name: a for a in alerts(config)}
     except Exception as exc:  # the checks are another module's: a failure there must not cost the report
-        logging.getLogger("otelprof.report").warning("the offline checks failed", exc_info=True)
+        logging.getLogger("otelprof.report").debug("the offline checks failed", exc_info=True)  # otelprof --debug
         return RulesSummary(interval, (), (), f"{type(exc).__name__}: {exc}")
     rows = []
     for r in results:

@@ -12,6 +12,7 @@ from itertools import compress, repeat
 from typing import Any
 
 from otelprof import semconv as sc
+from otelprof import thresholds
 from otelprof.recording.reader import RankRecording, Recording, SampleColumns
 
 
@@ -53,6 +54,13 @@ class RunView:
     @property
     def outlier_sigma(self) -> float:
         return float(self.config.get("outlier_sigma", 3.0) or 3.0)
+
+    @property
+    def outlier_floor(self) -> tuple[float, float]:
+        """(ratio, seconds): how much slower than its phase's median step an outlier must also be."""
+        config = self.config
+        return (float(config.get("outlier_min_ratio", thresholds.OUTLIER_MIN_RATIO)),
+                float(config.get("outlier_min_excess", thresholds.OUTLIER_MIN_EXCESS)))
 
     def samples(self, index: int) -> SampleColumns:
         return self.ranks[index].sample_columns()

@@ -1,6 +1,7 @@
 """Step duration analysis: per rank and phase, the distribution of step times, the outlier steps
 (slower than mean + sigma x standard deviation of all steps of that rank and phase, one-sided, as
-in the original), a histogram of the others, and the throughput from recorded samples/tokens."""
+in the original, and materially slower than their median, as the recorder and the alert judge), a
+histogram of the others, and the throughput from recorded samples/tokens."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import mul, sub
 
+from otelprof import thresholds
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Bucket, Distribution, Histogram, finite, quantile
 
@@ -53,22 +55,31 @@ class StepAnalysis:
         return next((r for r in self.rows if r.rank == rank and r.phase == phase), None)
 
 
-def outlier_threshold(durations: Sequence[float], sigma: float) -> float:
-    """mean + sigma x population std; infinity for fewer than two steps."""
+_FLOOR = (thresholds.OUTLIER_MIN_RATIO, thresholds.OUTLIER_MIN_EXCESS)
+
+
+def outlier_threshold(durations: Sequence[float], sigma: float, floor: tuple[float, float] = _FLOOR) -> float:
+    """The least duration of an outlier: above mean + sigma x population std and materially slower than the
+    median (``floor``: at least ratio x the median and seconds more than it), the recorder's definition over the
+    whole phase; infinity for fewer than two steps."""
     n = len(durations)
     if n < 2:
         return math.inf
     mean = math.fsum(durations) / n
     std = math.sqrt(max(math.fsum(map(mul, deviations := list(map(sub, durations, repeat(mean))), deviations))
                         / n, 0.0))
-    return mean + sigma * std
+    ordered = sorted(durations)
+    median = (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+    ratio, excess = floor
+    return max(mean + sigma * std, median * ratio, median + excess)
 
 
 def outlier_flags(view: RunView, index: int) -> list[bool]:
     """Per step of rank ``index`` (file order): is it an outlier of its phase."""
     c = view.ranks[index].step_columns
-    thresholds = {name: outlier_threshold(d, view.outlier_sigma) for name, d in view.durations(index).items()}
-    limits = [thresholds.get(name, math.inf) * 1e9 for name in c.phase_names]
+    limits_by_phase = {name: outlier_threshold(d, view.outlier_sigma, view.outlier_floor)
+                       for name, d in view.durations(index).items()}
+    limits = [limits_by_phase.get(name, math.inf) * 1e9 for name in c.phase_names]
     return [d > limits[p] for p, d in zip(c.phase, c.duration_ns)]
 
 
@@ -83,7 +94,7 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
         tokens_at, tokens = c.scalar("tokens")
         for phase, durations in view.durations(index).items():
             code = c.phase_names.index(phase)
-            limit = outlier_threshold(durations, sigma)
+            limit = outlier_threshold(durations, sigma, view.outlier_floor)
             numbers = list(compress(c.number, c.phase_mask(phase)))
             numbers = [n for n, d in zip(numbers, durations) if d > limit]
             kept = [d for d in durations if d <= limit]

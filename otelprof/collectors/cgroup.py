@@ -24,6 +24,8 @@ class CgroupReading:
     throttled_seconds: float | None
     memory_limit_bytes: int | None  # None: no memory limit
     memory_usage_bytes: int | None
+    memory_working_set_bytes: int | None = None
+    """Usage less inactive page cache (what the kernel cannot reclaim easily; kubelet's "working set")."""
 
 
 def _read(path: Path) -> str | None:
@@ -71,6 +73,13 @@ def _resolve(base: Path, own: str) -> Path:
     return candidate if own not in ("", "/") and candidate.is_dir() else base
 
 
+def _working_set(usage: int | None, inactive_file: int | None) -> int | None:
+    """Usage less inactive file cache, as the kubelet computes it; usage when memory.stat is unreadable."""
+    if usage is None:
+        return None
+    return max(usage - inactive_file, 0) if inactive_file is not None else usage
+
+
 class CgroupReader:
     """Reads the current process's cgroup (v2 preferred; v1 when the unified hierarchy has no controllers)."""
 
@@ -109,6 +118,7 @@ class CgroupReader:
                 limit = q / period
         stat = _stat(self._cpu / "cpu.stat")
         memory_max = _read(self._memory / "memory.max")
+        usage = _int(_read(self._memory / "memory.current"))
         return CgroupReading(
             version=2,
             cpu_limit_cores=limit,
@@ -117,7 +127,8 @@ class CgroupReader:
             throttled_periods=stat.get("nr_throttled"),
             throttled_seconds=stat["throttled_usec"] / 1e6 if "throttled_usec" in stat else None,
             memory_limit_bytes=None if memory_max in (None, "max") else _int(memory_max),
-            memory_usage_bytes=_int(_read(self._memory / "memory.current")),
+            memory_usage_bytes=usage,
+            memory_working_set_bytes=_working_set(usage, _stat(self._memory / "memory.stat").get("inactive_file")),
         )
 
     def _read_v1(self) -> CgroupReading:
@@ -129,6 +140,7 @@ class CgroupReader:
         stat = _stat(self._cpu / "cpu.stat")
         usage_ns = _int(_read(self._cpuacct / "cpuacct.usage"))
         memory_limit = _int(_read(self._memory / "memory.limit_in_bytes"))
+        usage = _int(_read(self._memory / "memory.usage_in_bytes"))
         return CgroupReading(
             version=1,
             cpu_limit_cores=limit,
@@ -137,5 +149,7 @@ class CgroupReader:
             throttled_periods=stat.get("nr_throttled"),
             throttled_seconds=stat["throttled_time"] / 1e9 if "throttled_time" in stat else None,
             memory_limit_bytes=None if memory_limit is None or memory_limit >= V1_UNLIMITED else memory_limit,
-            memory_usage_bytes=_int(_read(self._memory / "memory.usage_in_bytes")),
+            memory_usage_bytes=usage,
+            memory_working_set_bytes=_working_set(
+                usage, _stat(self._memory / "memory.stat").get("total_inactive_file")),
         )

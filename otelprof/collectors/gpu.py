@@ -2,7 +2,10 @@
 
 A field that fails is absent from that sample; ``not_supported`` fields are not
 asked again; a lost GPU is dropped. Each failure is reported through
-``on_error(source, reason)`` and warned about once. Nothing here raises.
+``on_error(source, reason)`` and warned about once. NVML that cannot start because
+there is no NVIDIA GPU (no driver, no library, no device node) is no failure: one
+info line, no warning; other start failures are warned about by the process that
+samples the node (``warn``), so not once per rank. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from otelprof._log import warn_once
+from otelprof._log import info_once, warn_once
 from otelprof.collectors.nvml import (
     FIELDS,
     DeviceInfo,
@@ -23,6 +26,15 @@ from otelprof.collectors.nvml import (
 )
 
 ErrorSink = Callable[[str, str], None]
+
+NO_DEVICE_REASONS = frozenset({"library_not_found", "driver_not_loaded"})
+"""Why NVML cannot start on a machine without an NVIDIA GPU (or whose container does not see one)."""
+DEVICE_NODES = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
+
+
+def nvidia_device_present() -> bool:
+    """An NVIDIA driver's device node is visible: a GPU is there even when nvidia-ml-py is not installed."""
+    return any(os.path.exists(path) for path in DEVICE_NODES)
 
 
 @dataclass
@@ -65,8 +77,10 @@ class GpuCollector:
         env: Mapping[str, str] | None = None,
         pid: int | None = None,
         gpm: bool = True,
+        warn: bool = True,
     ) -> None:
         self._on_error = on_error
+        self._warn = warn
         self._pid = os.getpid() if pid is None else pid
         self._gpm = gpm
         self.backend: NvmlBackend | None = None
@@ -76,10 +90,10 @@ class GpuCollector:
         try:
             self.backend = backend_factory()
         except NvmlUnavailable as exc:
-            self._error("nvml", exc.reason, f"otelprof: NVML unavailable ({exc}); no GPU metrics", key="nvml:init")
+            self._unavailable(exc.reason, f"otelprof: NVML unavailable ({exc}); no GPU metrics")
             return
         except Exception as exc:  # a broken driver binding must not stop the sampler
-            self._error("nvml", "error", f"otelprof: NVML failed to start ({exc!r}); no GPU metrics", key="nvml:init")
+            self._unavailable("error", f"otelprof: NVML failed to start ({exc!r}); no GPU metrics")
             return
         selectors = visible_selectors(os.environ if env is None else env)
         try:
@@ -91,6 +105,14 @@ class GpuCollector:
         if selectors is not None:
             devices = [d for d in devices if any(_matches(d, s) for s in selectors)]
         self.devices = devices
+
+    def _unavailable(self, reason: str, message: str) -> None:
+        self._on_error("nvml", reason)
+        no_device = reason in NO_DEVICE_REASONS or (reason == "not_installed" and not nvidia_device_present())
+        if no_device or not self._warn:
+            info_once("nvml:init", "%s%s", message, " (no NVIDIA GPU visible)" if no_device else "")
+        else:
+            warn_once("nvml:init", "%s", message)
 
     def _error(self, source: str, reason: str, message: str, key: str) -> None:
         self._on_error(source, reason)

@@ -65,6 +65,10 @@ class NvmlBackend(Protocol):
         """GPU memory used by ``pid`` on the device, or None when the process is not listed."""
         ...
 
+    def versions(self) -> tuple[str, str]:
+        """(driver version, newest CUDA version the driver supports as "12.4"); raises :class:`NvmlCallError`."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -178,9 +182,19 @@ class PynvmlBackend:
                 return int(process.usedGpuMemory)
         return None
 
+    def versions(self) -> tuple[str, str]:
+        driver = _text(self._call(self._nvml.nvmlSystemGetDriverVersion))
+        cuda = int(self._call(self._nvml.nvmlSystemGetCudaDriverVersion))
+        return driver, cuda_version(cuda)
+
     def shutdown(self) -> None:
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
+
+
+def cuda_version(code: int) -> str:
+    """NVML's CUDA version code (12040) as "12.4"; "" for 0 (unknown)."""
+    return f"{code // 1000}.{code % 1000 // 10}" if code > 0 else ""
 
 
 def _text(value: Any) -> str:

@@ -20,7 +20,7 @@ from otelprof import semconv as sc
 from otelprof._log import logger
 from otelprof.collectors.cgroup import CgroupReader, CgroupReading
 from otelprof.collectors.gpu import GpuCollector, GpuReading
-from otelprof.collectors.nvml import THROTTLE_REASONS, NvmlBackend, PynvmlBackend
+from otelprof.collectors.nvml import THROTTLE_REASONS, DeviceInfo, NvmlBackend, PynvmlBackend
 from otelprof.collectors.system import HostReading, ProcessReading, SystemCollector, affinity_cpus
 from otelprof.config import Config
 from otelprof.metrics import MetricRegistry
@@ -63,11 +63,25 @@ class Sampler:
         self.time_spent = r.counter(sc.SAMPLER_TIME)
         self.system = SystemCollector(self._error)
         self.cgroup = cgroup if cgroup is not None else CgroupReader()
-        self.gpus = (GpuCollector(self._error, nvml_factory)
+        self.gpus = (GpuCollector(self._error, nvml_factory, warn=config.samples_node)
                      if config.gpu_metrics and nvml_factory is not None else None)
+        if self.gpus is not None:
+            self._set_gpu_info(self.gpus.devices, config.local_rank)
+            if not config.gpu_sampling:  # dcgm-exporter samples the GPUs: NVML was only asked who they are
+                self.gpus.shutdown()
+                self.gpus = None
         self._thread: threading.Thread | None = None
         self._logged_internal = False
         self.samples_taken = 0
+
+    def _set_gpu_info(self, devices: list[DeviceInfo], local_rank: int) -> None:
+        """``otelprof_gpu_info`` for the GPU this process computes on: the one visible GPU, else the visible
+        GPU at ``LOCAL_RANK`` (what ``cuda:LOCAL_RANK`` names); none when that cannot be told."""
+        device = devices[0] if len(devices) == 1 else (devices[local_rank] if 0 <= local_rank < len(devices)
+                                                        else None)
+        if device is not None:
+            with self.registry.lock:
+                self.registry.gauge(sc.GPU_INFO).set(1, (str(device.index), device.uuid))
 
     def _error(self, source: str, reason: str) -> None:
         with self.registry.lock:
@@ -182,6 +196,7 @@ class Sampler:
             _set_or_remove(r.gauge(sc.CONTAINER_CPU_LIMIT), cgroup.cpu_limit_cores)
             _set_or_remove(r.gauge(sc.CONTAINER_MEMORY_LIMIT), cgroup.memory_limit_bytes)
             _set_or_remove(r.gauge(sc.CONTAINER_MEMORY_USAGE), cgroup.memory_usage_bytes)
+            _set_or_remove(r.gauge(sc.CONTAINER_MEMORY_WORKING_SET), cgroup.memory_working_set_bytes)
             for spec, value in ((sc.CONTAINER_CPU_TIME, cgroup.cpu_usage_seconds),
                                 (sc.CONTAINER_CPU_PERIODS, cgroup.periods),
                                 (sc.CONTAINER_CPU_THROTTLED_PERIODS, cgroup.throttled_periods),
@@ -283,6 +298,10 @@ def _raw_sample(now: float, host: HostReading | None, process: ProcessReading, g
             line["net"] = [host.network["bytes_recv"], host.network["bytes_sent"]]
         if cgroup is not None and cgroup.throttled_periods is not None:
             line["thr"] = cgroup.throttled_periods
+        if cgroup is not None and cgroup.memory_working_set_bytes is not None:
+            line["cws"] = cgroup.memory_working_set_bytes
+            if cgroup.memory_limit_bytes is not None:
+                line["cml"] = cgroup.memory_limit_bytes
         gpu_lines = {}
         for reading in gpus:
             entry: dict[str, float] = {GPU_SAMPLE_KEYS[k]: round(v, 4) for k, v in reading.values.items()

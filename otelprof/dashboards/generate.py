@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from otelprof.dashboards import provisioning
+from otelprof.dashboards import provisioning, selector
 from otelprof.dashboards.model import Dashboard, Json
 from otelprof.dashboards.ranks import ranks
 from otelprof.dashboards.report import training_report
 from otelprof.dashboards.system import gpu_system
 from otelprof.dashboards.timeline import timeline
-from otelprof.mixin import yamlout
+from otelprof.mixin import gpu_source, yamlout
+from otelprof.mixin.config import GPU_SOURCE_DCGM, MixinConfig
 
 DASHBOARDS_DIR = Path("dashboards")
 PROVIDER_FILE = "provisioning/dashboards.yaml"
@@ -33,12 +34,23 @@ def render_json(board: Json) -> str:
     return json.dumps(board, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def render_all() -> dict[str, str]:
-    """Path under ``dashboards/`` -> content, for every generated file."""
-    files = {file_name(board): render_json(board.to_json()) for board in dashboards()}
+def render_all(config: MixinConfig | None = None) -> dict[str, str]:
+    """Path under ``dashboards/`` -> content, for every generated file.
+
+    With ``gpu_source=dcgm`` the panels read dcgm-exporter's GPU series (the ``otelprof-dcgm`` records)
+    instead of otelprof's own. ``config``'s ``selector`` goes into every raw series the dashboards read, its
+    ``prometheus_url`` and ``tempo_url`` into the data sources (the committed files use the defaults).
+    """
+    config = config or MixinConfig()
+    renames = gpu_source.RECORD_BY_SERIES if config.gpu_source == GPU_SOURCE_DCGM else {}
+    files = {file_name(board): render_json(selector.apply(selector.rename_series(board.to_json(), renames),
+                                                          config.selector))
+             for board in dashboards()}
     files[PROVIDER_FILE] = yamlout.dump(provisioning.dashboard_provider(), HEADER)
-    files[DATASOURCES_FILE] = yamlout.dump(provisioning.datasources(), HEADER)
-    files[TEMPO_DATASOURCE_FILE] = yamlout.dump(provisioning.datasources(prometheus=False), HEADER + "\n"
+    files[DATASOURCES_FILE] = yamlout.dump(provisioning.datasources(prometheus_url=config.prometheus_url,
+                                                                   tempo_url=config.tempo_url), HEADER)
+    files[TEMPO_DATASOURCE_FILE] = yamlout.dump(provisioning.datasources(
+        prometheus=False, prometheus_url=config.prometheus_url, tempo_url=config.tempo_url), HEADER + "\n"
                                                 + provisioning.TEMPO_ONLY_NOTE)
     return files
 

@@ -45,8 +45,9 @@ TEMPO_ONLY_NOTE = ("The Tempo data source alone, for a Grafana that already prov
                    "defaults break provisioning.")
 
 
-def datasources(*, prometheus: bool = True) -> dict[str, Any]:
-    """Prometheus and Tempo with fixed UIDs (``prometheus=False``: Tempo only)."""
+def datasources(*, prometheus: bool = True, prometheus_url: str = PROMETHEUS_URL,
+                tempo_url: str = TEMPO_URL) -> dict[str, Any]:
+    """Prometheus and Tempo with fixed UIDs (``prometheus=False``: Tempo only) at the given URLs."""
     step = series_name(sc.STEP_DURATION, "bucket")
     step_sum = series_name(sc.STEP_DURATION, "sum")
     step_count = series_name(sc.STEP_DURATION, "count")
@@ -57,7 +58,7 @@ def datasources(*, prometheus: bool = True) -> dict[str, Any]:
         "type": "prometheus",
         "uid": PROMETHEUS_UID,
         "access": "proxy",
-        "url": PROMETHEUS_URL,
+        "url": prometheus_url,
         "isDefault": True,
         "editable": False,
         "jsonData": {
@@ -79,7 +80,7 @@ def datasources(*, prometheus: bool = True) -> dict[str, Any]:
         "type": "tempo",
         "uid": TEMPO_UID,
         "access": "proxy",
-        "url": TEMPO_URL,
+        "url": tempo_url,
         "editable": False,
         "jsonData": {
             "search": {"hide": False},

@@ -394,6 +394,60 @@ def _training_health() -> Row:
     ])
 
 
+OPERATOR = sc.prometheus_label(sc.LABEL_OPERATOR)
+DEVICE_KIND = sc.prometheus_label(sc.LABEL_DEVICE_KIND)
+CATEGORY = sc.prometheus_label(sc.LABEL_CATEGORY)
+PRECISION = sc.prometheus_label(sc.LABEL_PRECISION)
+WINDOW_NOTE = ("from the last operator-profiling window in the range (periodic every OTELPROF_PROFILE_EVERY, "
+               "a capture, or profile_window), per profiled step, averaged over the selected ranks")
+
+
+def _last_window(spec: sc.MetricSpec, labels: tuple[str, ...], matchers: str = "") -> str:
+    return f"avg by ({pq.by(*labels)}) (last_over_time({PROC.sel(spec, '', matchers)}[{pq.RANGE}]))"
+
+
+def _operators() -> Row:
+    cpu, gpu = f'{DEVICE_KIND}="cpu"', f'{DEVICE_KIND}="gpu"'
+    ops_self = _last_window(sc.OPERATOR_SELF_TIME, (OPERATOR,), cpu)
+    top_ops = f"topk(15, {ops_self})"
+    kernels_self = _last_window(sc.OPERATOR_SELF_TIME, (OPERATOR,), gpu)
+    top_kernels = f"topk(15, {kernels_self})"
+    categories = _last_window(sc.OPERATOR_CATEGORY_TIME, (DEVICE_KIND, CATEGORY))
+    return Row(1500, "Operators and kernels", [
+        table(ids.REPORT_TOP_OPERATORS, "Top operators", "The 15 host operators with the most self time "
+              f"{WINDOW_NOTE}; the rest of the window's operators are summed as other.",
+              [("Self", Prom(top_ops), "s"),
+               ("Total", Prom(f"{_last_window(sc.OPERATOR_TOTAL_TIME, (OPERATOR,), cpu)} and on ({OPERATOR}) "
+                              f"{top_ops}"), "s"),
+               ("Calls", Prom(f"{_last_window(sc.OPERATOR_CALLS, (OPERATOR,), cpu)} and on ({OPERATOR}) "
+                              f"{top_ops}"), "short")],
+              [(OPERATOR, "Operator")], sort_by="Self", w=12),
+        table(ids.REPORT_TOP_KERNELS, "Top kernels", "The 15 GPU kernels, memcpys and memsets with the most device "
+              f"time {WINDOW_NOTE}; the rest as other.",
+              [("Time", Prom(top_kernels, needs=GPU_NEEDS), "s"),
+               ("Launches", Prom(f"{_last_window(sc.OPERATOR_CALLS, (OPERATOR,), gpu)} and on ({OPERATOR}) "
+                                 f"{top_kernels}", needs=GPU_NEEDS), "short")],
+              [(OPERATOR, "Kernel")], sort_by="Time", w=12),
+        bargauge(ids.REPORT_OPERATOR_CATEGORIES, "Operator time by category", "Share of host operator self time "
+                 "(cpu) and of kernel time (gpu) by category (matmul, convolution, attention, normalization, "
+                 f"elementwise, memory copy, communication, other: by name pattern), {WINDOW_NOTE}.",
+                 [Prom(f"{categories} / ignoring ({CATEGORY}) group_left() sum by ({DEVICE_KIND}) ({categories})",
+                       "{{device}} · {{category}}", instant=True)], "percentunit", max=1, w=8),
+        stat(1504, "Host share of operator time", "Host operator self time over host plus device operator time, "
+             f"{WINDOW_NOTE}: 1 on a CPU-only run; near 1 on a GPU means the GPU waits for the host.",
+             [Prom(f"avg (last_over_time({PROC.sel(sc.OPERATOR_HOST_RATIO)}[{pq.RANGE}]))", instant=True)],
+             "percentunit", w=4),
+        bargauge(1505, "Kernel precision mix", f"Share of GPU kernel time by arithmetic precision {WINDOW_NOTE}.",
+                 [Prom(_last_window(sc.KERNEL_PRECISION, (PRECISION,)), "{{precision}}", instant=True,
+                       needs=GPU_NEEDS)], "percentunit", max=1, w=6),
+        stat(1506, "Profiling windows' cost", "Time the profiling windows added to training (their steps beyond "
+             "the usual pace, plus their processing) over the training loop in the range; the schedule keeps it "
+             "within OTELPROF_PROFILE_BUDGET (1 %).",
+             [Prom(f"sum({pq.total(PROC, sc.PROFILE_OVERHEAD, (JOB, RANK))}) / "
+                   f"sum({pq.loop_in_range(PROC, (JOB, RANK))})", instant=True)], "percentunit", w=6),
+    ])
+
+
 def training_report() -> Dashboard:
     rows = [
         _job_summary(), _system_usage(), _framework(), _rules(), _steps(), _gpu_utilization(), _batch_size(),
@@ -404,10 +458,11 @@ def training_report() -> Dashboard:
         _bottleneck(1000, "I/O bottleneck", f"some CPU was above {M.io_threshold:.0%} in iowait",
                     sc.SAMPLER_IO_BOTTLENECK, "io_bottleneck_ratio", M.io_bottleneck_threshold,
                     "share of each sample interval waiting for I/O", "I/O wait per core", pq.iowait(NODEQ)),
-        _load_balancing(), _gpu_memory(), _data_loader(), _training_health(),
+        _load_balancing(), _gpu_memory(), _data_loader(), _training_health(), _operators(),
     ]
     return dashboard(ids.TRAINING_REPORT, "otelprof / Training report",
                      "The profiling report of a training job, live from Prometheus: job summary, system usage, "
                      "framework summary, rules, step time, GPU utilization, batch size, CPU and I/O bottlenecks, "
-                     "load balancing, GPU memory, data loader and training health.", rows, time_from="now-3h")
+                     "load balancing, GPU memory, data loader, training health, operators and kernels.", rows,
+                     time_from="now-3h")
 

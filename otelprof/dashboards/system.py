@@ -68,12 +68,16 @@ def _memory_io() -> Row:
                    [Prom(f"max by ({JOB}, {NODE}) ({NODEQ.sel(sc.SYSTEM_MEMORY_USAGE)})", "{{node}} used"),
                     Prom(f"max by ({JOB}, {NODE}) ({NODEQ.sel(sc.SYSTEM_MEMORY_LIMIT)})", "{{node}} total")],
                    "bytes", min=0, w=8),
-        timeseries(202, "Container memory", "Memory charged to the container and its limit (an OOM kill comes at "
-                   "the limit).",
+        timeseries(ids.SYSTEM_CONTAINER_MEMORY, "Container memory", "Memory charged to the container, its working "
+                   "set (less inactive file cache) and its limit (an OOM kill comes at the limit; the near-limit "
+                   f"alert fires above {M.host_memory_limit_threshold:.0%} of it).",
                    [Prom(f"max by ({JOB}, {NODE}) ({NODEQ.sel(sc.CONTAINER_MEMORY_USAGE)})", "{{node}} used"),
+                    Prom(f"max by ({JOB}, {NODE}) ({NODEQ.sel(sc.CONTAINER_MEMORY_WORKING_SET)})",
+                         "{{node}} working set"),
                     Prom(f"max by ({JOB}, {NODE}) ({NODEQ.sel(sc.CONTAINER_MEMORY_LIMIT)})", "{{node}} limit",
                          needs=LIMIT)], "bytes", min=0, w=8),
-        timeseries(203, "Process memory", "Resident memory of each training process.",
+        timeseries(ids.SYSTEM_PROCESS_MEMORY, "Process memory", "Resident memory of each training process (the "
+                   f"memory-increase alert compares {M.host_memory_increase_window} means).",
                    [Prom(PROC.sel(sc.PROCESS_MEMORY_USAGE), "rank {{rank}}")], "bytes", min=0, w=8),
         timeseries(204, "Disk throughput", "Bytes read and written per second on all disks.",
                    [Prom(f"sum by ({JOB}, {NODE}, {DIRECTION_DISK}) ({pq.rate(NODEQ, sc.SYSTEM_DISK_IO)})",

@@ -58,8 +58,17 @@ typedef struct {
 } Region;
 
 /* A closed step waiting for the recorder: its regions are the next `regions` ones of the region ring. */
+/* A step's loss: the sum of the losses its backward() calls were given, as the Python hooks add them up (a
+ * hotpath.Sum the recorder adds up): on CPU numbers added here, elsewhere tensors kept for the recorder. */
 typedef struct {
-    PyObject *phase, *loss, *lr; /* owned; loss and lr may be NULL */
+    double sum;       /* of `count` numbers (CPU losses, item()) */
+    long long count;
+    PyObject *tensors; /* owned, may be NULL: a hotpath.Sum of detached losses on other devices */
+} Loss;
+
+typedef struct {
+    PyObject *phase, *lr; /* owned; lr may be NULL */
+    Loss loss;
     long long number, start, end, samples;
     int regions;
 } Closed;
@@ -81,7 +90,8 @@ typedef struct {
     int regions, limit; /* limit: hotpath.MAX_STEP_ANNOTATIONS as the step opened, at most MAX_REGIONS */
     Region region[MAX_REGIONS];
     long long samples;
-    PyObject *loss_value, *lr_value;
+    Loss loss_value;
+    PyObject *lr_value;
     int optimizer_nesting, optimizer_depth;
     long long optimizer_start;
     /* the last handed-over step, for regions that were open when it was handed over */
@@ -94,7 +104,7 @@ typedef struct {
     PyObject *scalar_names[3];
     /* Python callables */
     PyObject *materialise, *on_error, *end_region, *add_into, *run_step_boundary, *batch_size, *learning_rate,
-        *cuda_memory, *cuda_globals, *tensor_type;
+        *cuda_memory, *cuda_globals, *tensor_type, *sum_type, *scaled, *grad_enabled;
     /* the recorder whose queue, its append and its capacity are cached */
     PyObject *recorder, *queue, *queue_append;
     Py_ssize_t capacity;
@@ -116,11 +126,17 @@ static void set_native_slot(Steps *self, PyObject *value) {
 }
 
 /* The open step is no longer here (closed, dropped or handed over): regions still open end in Python. */
+static void loss_clear(Loss *loss) {
+    loss->sum = 0.0;
+    loss->count = 0;
+    Py_CLEAR(loss->tensors);
+}
+
 static void steps_leave(Steps *self) {
     self->open = 0;
     self->generation++;
     set_native_slot(self, Py_None);
-    Py_CLEAR(self->loss_value);
+    loss_clear(&self->loss_value);
     Py_CLEAR(self->lr_value);
 }
 
@@ -216,7 +232,7 @@ static int steps_ready(Steps *self, int kind) {
     self->limit = limit < MAX_REGIONS ? (int)limit : MAX_REGIONS;
     self->samples = 0;
     self->optimizer_nesting = 0;
-    Py_CLEAR(self->loss_value);
+    loss_clear(&self->loss_value);
     Py_CLEAR(self->lr_value);
     self->open = 1;
     set_native_slot(self, self->materialise);
@@ -267,11 +283,38 @@ static PyObject *build_annotations(Steps *self, const Region *regions, int first
     return annotations;
 }
 
+/* The loss as a scalar value: a hotpath.Sum of its parts while the step is open (`final` 0: the Python hooks
+ * add to it), a number for a closed step of numbers; NULL with no error when there is none. */
+static PyObject *build_loss(Steps *self, const Loss *loss, int final) {
+    if (loss->count == 0 && loss->tensors == NULL) return NULL;
+    if (final && loss->tensors == NULL) return PyFloat_FromDouble(loss->sum);
+    PyObject *parts = PyObject_CallNoArgs(self->sum_type);
+    if (parts == NULL) return NULL;
+    if (loss->count > 0) {
+        PyObject *sum = PyFloat_FromDouble(loss->sum);
+        int failed = sum == NULL || PyList_Append(parts, sum) < 0;
+        Py_XDECREF(sum);
+        if (failed) goto error;
+    }
+    for (Py_ssize_t i = 0; loss->tensors != NULL && i < PyList_GET_SIZE(loss->tensors); i++)
+        if (PyList_Append(parts, PyList_GET_ITEM(loss->tensors, i)) < 0) goto error;
+    return parts;
+error:
+    Py_DECREF(parts);
+    return NULL;
+}
+
 /* A step's scalars as the Python hooks would have put them: None, or {samples, loss, learning_rate}. */
-static PyObject *build_scalars(Steps *self, long long samples_value, PyObject *loss, PyObject *lr) {
+static PyObject *build_scalars(Steps *self, long long samples_value, const Loss *loss_value, PyObject *lr,
+                               int final) {
+    PyObject *loss = build_loss(self, loss_value, final);
+    if (loss == NULL && PyErr_Occurred()) return NULL;
     if (!samples_value && loss == NULL && lr == NULL) Py_RETURN_NONE;
     PyObject *scalars = PyDict_New();
-    if (scalars == NULL) return NULL;
+    if (scalars == NULL) {
+        Py_XDECREF(loss);
+        return NULL;
+    }
     if (samples_value) {
         PyObject *samples = PyLong_FromLongLong(samples_value);
         if (samples == NULL) goto error;
@@ -281,8 +324,10 @@ static PyObject *build_scalars(Steps *self, long long samples_value, PyObject *l
     }
     if (loss != NULL && PyDict_SetItem(scalars, self->scalar_names[LOSS], loss) < 0) goto error;
     if (lr != NULL && PyDict_SetItem(scalars, self->scalar_names[LEARNING_RATE], lr) < 0) goto error;
+    Py_XDECREF(loss);
     return scalars;
 error:
+    Py_XDECREF(loss);
     Py_DECREF(scalars);
     return NULL;
 }
@@ -327,7 +372,7 @@ static int count_dropped(PyObject *recorder) {
 
 static void closed_clear(Closed *c) {
     Py_CLEAR(c->phase);
-    Py_CLEAR(c->loss);
+    loss_clear(&c->loss);
     Py_CLEAR(c->lr);
 }
 
@@ -387,9 +432,11 @@ static int submit(Steps *self, long long end) {
     if (length >= self->capacity || !rings_room(self, self->regions, self->capacity)) return count_dropped(recorder);
     Closed *c = &self->closed[(self->closed_head + self->closed_count) % self->closed_size];
     c->phase = Py_NewRef(self->phase);
-    c->loss = self->loss_value;
+    c->loss = self->loss_value; /* moved: the step's tensors now belong to the closed step */
+    self->loss_value.tensors = NULL;
+    loss_clear(&self->loss_value);
     c->lr = self->lr_value;
-    self->loss_value = self->lr_value = NULL;
+    self->lr_value = NULL;
     c->number = self->number;
     c->start = self->start;
     c->end = end;
@@ -481,7 +528,7 @@ static PyObject *steps_take(PyObject *op, PyObject *unused) {
     if (!self->open || PyThread_get_thread_ident() != self->thread) Py_RETURN_NONE;
     PyObject *annotations = build_annotations(self, self->region, 0, self->regions, MAX_REGIONS);
     if (annotations == NULL) return NULL;
-    PyObject *scalars = build_scalars(self, self->samples, self->loss_value, self->lr_value);
+    PyObject *scalars = build_scalars(self, self->samples, &self->loss_value, self->lr_value, 0);
     if (scalars == NULL) {
         Py_DECREF(annotations);
         return NULL;
@@ -508,7 +555,7 @@ static PyObject *steps_pop(PyObject *op, PyObject *unused) {
     if (self->closed_count == 0) Py_RETURN_NONE;
     Closed *c = &self->closed[self->closed_head];
     PyObject *annotations = build_annotations(self, self->ring, self->ring_head, c->regions, self->ring_size);
-    PyObject *scalars = annotations != NULL ? build_scalars(self, c->samples, c->loss, c->lr) : NULL;
+    PyObject *scalars = annotations != NULL ? build_scalars(self, c->samples, &c->loss, c->lr, 1) : NULL;
     PyObject *record = NULL;
     if (scalars != NULL)
         record = step_record(self, c->phase, c->number, c->start, c->end, annotations, scalars);
@@ -548,7 +595,7 @@ static int steps_traverse(PyObject *op, visitproc visit, void *arg) {
     Py_VISIT(self->materialise);
     Py_VISIT(self->on_error);
     Py_VISIT(self->adopted);
-    Py_VISIT(self->loss_value);
+    Py_VISIT(self->loss_value.tensors);
     Py_VISIT(self->lr_value);
     Py_VISIT(self->marker);
     return 0;
@@ -559,7 +606,7 @@ static int steps_clear(PyObject *op) {
     Py_CLEAR(self->materialise);
     Py_CLEAR(self->on_error);
     Py_CLEAR(self->adopted);
-    Py_CLEAR(self->loss_value);
+    loss_clear(&self->loss_value);
     Py_CLEAR(self->lr_value);
     Py_CLEAR(self->marker);
     return 0;
@@ -573,6 +620,7 @@ static void steps_dealloc(PyObject *op) {
                          &self->step_begin, &self->step_boundary, &self->native_slot, &self->step_tag,
                          &self->end_region, &self->add_into, &self->run_step_boundary, &self->batch_size,
                          &self->learning_rate, &self->cuda_memory, &self->cuda_globals, &self->tensor_type,
+                         &self->sum_type, &self->scaled, &self->grad_enabled,
                          &self->recorder, &self->queue, &self->queue_append};
     for (size_t i = 0; i < sizeof(refs) / sizeof(refs[0]); i++) Py_CLEAR(*refs[i]);
     for (int i = 0; i < MAX_NAMES; i++) Py_CLEAR(self->names[i]);
@@ -594,7 +642,9 @@ static PyObject *get_item(PyObject *mapping, const char *key) {
 
 /* Steps(hot_globals, names, scalar_names, materialise, on_error, helpers): hot_globals is vars(hotpath);
  * names the four region names (fetch, forward, backward, optimizer order); scalar_names (samples, loss,
- * learning_rate); helpers a dict of batch_size, learning_rate, cuda_memory, cuda_globals, tensor_type. */
+ * learning_rate); helpers a dict of batch_size, learning_rate, cuda_memory, cuda_globals, tensor_type, sum_type
+ * (hotpath.Sum), scaled (the list of one item where GradScaler.scale notes the loss it scaled) and grad_enabled
+ * (torch.is_grad_enabled). */
 static PyObject *steps_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *hot, *names, *scalar_names, *materialise, *on_error, *helpers;
     if (!PyArg_ParseTuple(args, "O!O!O!OOO!", &PyDict_Type, &hot, &PyTuple_Type, &names, &PyTuple_Type,
@@ -622,7 +672,9 @@ static PyObject *steps_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         || !(self->learning_rate = get_item(helpers, "learning_rate"))
         || !(self->cuda_memory = get_item(helpers, "cuda_memory"))
         || !(self->cuda_globals = get_item(helpers, "cuda_globals"))
-        || !(self->tensor_type = get_item(helpers, "tensor_type")))
+        || !(self->tensor_type = get_item(helpers, "tensor_type"))
+        || !(self->sum_type = get_item(helpers, "sum_type")) || !(self->scaled = get_item(helpers, "scaled"))
+        || !(self->grad_enabled = get_item(helpers, "grad_enabled")))
         goto error;
     PyObject *marker_tag = get_item(hot, "NATIVE_STEP");
     if (marker_tag == NULL) goto error;
@@ -638,7 +690,9 @@ static PyObject *steps_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     }
     if (!PyList_Check(self->phase_list) || PyList_GET_SIZE(self->phase_list) != 1 || !PyList_Check(self->native_slot)
         || PyList_GET_SIZE(self->native_slot) != 1 || !PyList_Check(self->step_begin)
-        || !PyList_Check(self->step_boundary) || !PyDict_Check(self->step_numbers) || !PyDict_Check(self->cuda_globals)) {
+        || !PyList_Check(self->step_boundary) || !PyDict_Check(self->step_numbers) || !PyDict_Check(self->cuda_globals)
+        || !PyList_Check(self->scaled) || PyList_GET_SIZE(self->scaled) != 1 || !PyType_Check(self->sum_type)
+        || !PyType_IsSubtype((PyTypeObject *)self->sum_type, &PyList_Type)) {
         PyErr_SetString(PyExc_TypeError, "hotpath's state has an unexpected shape");
         goto error;
     }
@@ -817,7 +871,8 @@ static inline PyObject *defer(Hook *self, PyObject *const *args, size_t nargsf, 
 
 /* ------------------------------------------------------------------ Timer: Forward and Backward */
 
-/* The loss: the tensor backward() is called on, when it has one element (item() on CPU, detach() else). */
+/* The loss: the tensor backward() is called on, when it has one element, or the loss GradScaler.scale() was given
+ * when that tensor is what it returned; added to the step's (item() on CPU, detach() else: see Loss). */
 static int record_loss(Steps *steps, PyObject *tensor) {
     PyObject *numel = PyObject_CallMethodNoArgs(tensor, s_numel);
     if (numel == NULL) return -1;
@@ -825,16 +880,41 @@ static int record_loss(Steps *steps, PyObject *tensor) {
     Py_DECREF(numel);
     if (count == -1 && PyErr_Occurred()) return -1;
     if (count != 1) return 0;
+    Py_INCREF(tensor);
+    PyObject *scaled = PyList_GET_ITEM(steps->scaled, 0); /* None, or (weakref to the scaled tensor, the loss) */
+    if (scaled != Py_None && PyTuple_Check(scaled) && PyTuple_GET_SIZE(scaled) == 2
+        && PyWeakref_Check(PyTuple_GET_ITEM(scaled, 0)) && PyWeakref_GetObject(PyTuple_GET_ITEM(scaled, 0)) == tensor) {
+        Py_SETREF(tensor, Py_NewRef(PyTuple_GET_ITEM(scaled, 1)));
+        PyList_SetItem(steps->scaled, 0, Py_NewRef(Py_None));
+    }
     PyObject *is_cpu = PyObject_GetAttr(tensor, s_is_cpu);
-    if (is_cpu == NULL) return -1;
+    if (is_cpu == NULL) goto error;
     Py_DECREF(is_cpu);
     PyObject *loss = PyObject_CallMethodNoArgs(tensor, is_cpu == Py_True ? s_item : s_detach);
+    Py_DECREF(tensor);
     if (loss == NULL) return -1;
-    Py_XSETREF(steps->loss_value, loss);
-    return 0;
+    Loss *into = &steps->loss_value;
+    if (is_cpu == Py_True) {
+        double value = PyFloat_AsDouble(loss);
+        Py_DECREF(loss);
+        if (value == -1.0 && PyErr_Occurred()) return -1;
+        into->sum += value;
+        into->count++;
+        return 0;
+    }
+    if (into->tensors == NULL && (into->tensors = PyObject_CallNoArgs(steps->sum_type)) == NULL) {
+        Py_DECREF(loss);
+        return -1;
+    }
+    int failed = PyList_Append(into->tensors, loss);
+    Py_DECREF(loss);
+    return failed;
+error:
+    Py_DECREF(tensor);
+    return -1;
 }
 
-/* 1: a module in training mode (an evaluation forward goes to Python, which retags its step); 0: not. */
+/* 1: a module in training mode (an evaluation forward goes to Python, which makes its step an eval step); 0: not. */
 static int in_training(PyObject *module) {
     PyObject *training = PyObject_GetAttr(module, s_training);
     if (training == NULL) {
@@ -845,11 +925,23 @@ static int in_training(PyObject *module) {
     return training == Py_True;
 }
 
+/* 1: gradients are on (torch.is_grad_enabled()): a forward without them is an evaluation (Python's, too). */
+static int grad_enabled(Steps *steps) {
+    PyObject *enabled = PyObject_CallNoArgs(steps->grad_enabled);
+    if (enabled == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(enabled);
+    return enabled == Py_True;
+}
+
 static PyObject *timer_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Hook *self = (Hook *)op;
     Steps *steps = hook_steps(self, nargsf);
     int region = self->variant;
-    if (steps == NULL || (region == FORWARD && !in_training(args[0])) || !steps_enter(steps, region))
+    if (steps == NULL || (region == FORWARD && (!in_training(args[0]) || !grad_enabled(steps)))
+        || !steps_enter(steps, region))
         return defer(self, args, nargsf, kwnames);
     steps->saw_work = 1;
     if (region == BACKWARD) {

@@ -69,10 +69,12 @@ def torch_instrumentation() -> Any:
 
 def warn_if_torch_hooked(framework: str, inst: Any, optimizers: bool) -> None:
     """One warning when ``otelprof.torch`` also hooks the model (or, ``optimizers``, an optimizer) or runs
-    everywhere (``otelprof run``): regions would be timed twice."""
+    everywhere (``otelprof run``) without having handed steps over to a trainer's callback: regions would be
+    timed twice."""
     if inst is None:
         return
-    if len(inst.models) or (optimizers and len(inst.optimizers)) or "everything" in getattr(inst, "_removers", ()):
+    everywhere = "everything" in getattr(inst, "_removers", ()) and not getattr(inst, "handed_over", "")
+    if len(inst.models) or (optimizers and len(inst.optimizers)) or everywhere:
         warn_once(f"callback:{framework}:torch", "otelprof: otelprof.torch hooks (instrument() or `otelprof run`) "
                   "and the %s callback both time this run, so regions appear twice: use the callback alone",
                   framework)

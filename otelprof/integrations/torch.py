@@ -15,11 +15,13 @@ When the model's parameters are on a CUDA device, forward, backward and optimize
 them, never waited for; ``otelprof.region.device.duration`` and late ``"k":"d"`` lines in the recording.
 On CPU there is no timer at all (one attribute check per hook).
 
-Steps: when the user marks none, a step runs from the first event of an iteration (batch fetch,
+Steps: when the user marks none, a train step runs from the first event of an iteration (batch fetch,
 forward) to the end of ``optimizer.step()`` — with gradient accumulation, one step per optimizer
-update. An iteration without backward (evaluation) ends at the next fetch. Scalars: the loss (the
-tensor ``backward()`` is called on, when it is a scalar), the learning rate, optionally the global
-gradient norm, samples per step (the first dimension of the batch), CUDA memory when CUDA is used.
+update — and each evaluation batch (forwards in eval mode or without gradients) is an eval step
+(:class:`_AutoSteps`; docs/pytorch.md has the rules per loop shape). Scalars: the loss (a train step's: the
+sum of the scalar tensors given to ``backward()``, a ``GradScaler``'s scale undone; an eval step's: the mean
+of the scalar losses its forwards returned), the learning rate, optionally the global gradient norm,
+samples per step (the first dimension of the batch), CUDA memory when CUDA is used.
 
 A hook that raises is removed and counted (``otelprof_integration_errors_total``); training goes on.
 
@@ -31,11 +33,13 @@ the same recording; :meth:`TorchInstrumentation.sync_native` says when the C pat
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copyreg
 import functools
-import importlib
+import sys
 import threading
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -46,11 +50,10 @@ import torch
 
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
-from otelprof._log import warn_once
-from otelprof.integrations import cuda_timing
+from otelprof._log import info_once, warn_once
+from otelprof.integrations import cuda_timing, torch_profiler
 from otelprof.integrations._iterators import IteratorProxy
 from otelprof.integrations.cuda_timing import DeviceTimer
-from otelprof.integrations.torch_profiler import ProfileWindows
 
 __all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_window", "uninstrument"]
 
@@ -64,10 +67,9 @@ _original_dataloader_iter: Callable[..., Any] | None = None
 
 def _load_native() -> Any:
     """The hot path in C (``_torch_native.c``, built by setup.py where a compiler is available), or None."""
-    try:
-        return importlib.import_module("otelprof.integrations._torch_native")
-    except ImportError:
-        return None
+    from otelprof.integrations import native
+
+    return native.load()[0]
 
 
 _native = _load_native()
@@ -141,6 +143,53 @@ def _learning_rate(lr: Any) -> Any:
     return lr.detach() if isinstance(lr, _Tensor) else float(lr)
 
 
+_scaled: list[tuple[weakref.ref[Any], Any] | None] = [None]
+"""The last loss a ``GradScaler`` scaled: (a weak reference to the scaled tensor, the loss as given, detached).
+``backward()`` on that scaled tensor records the loss as given: the loop's loss, not times the scale."""
+
+
+def _output_loss(output: Any) -> Any:
+    """The scalar loss an evaluation forward returned, or None: the output itself when it is a 0-dim floating
+    tensor, the first such item of a tuple or list (nanoGPT's ``(logits, loss)``), or the ``loss`` of a mapping
+    or object (a Hugging Face ``ModelOutput``). A number on CPU, a detached tensor elsewhere (converted off the
+    hot path)."""
+    loss: Any
+    if isinstance(output, _Tensor):
+        loss = output
+    elif isinstance(output, (tuple, list)):
+        loss = next((item for item in output[:4] if isinstance(item, _Tensor) and item.dim() == 0), None)
+    elif isinstance(output, dict):
+        loss = output.get("loss")
+    else:
+        loss = getattr(output, "loss", None)
+    if not isinstance(loss, _Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+        return None
+    return loss.item() if loss.is_cpu else loss.detach()
+
+
+def _has_parameters(module: Any) -> bool:
+    """A module with parameters (a model, not a loss function)."""
+    try:
+        return next(module.parameters(), None) is not None
+    except Exception:
+        return False
+
+
+def _add_eval_loss(step: hot.StepContext, loss: Any) -> None:
+    """An evaluation forward's loss into its step: averaged with the step's others (unless the step's loss is
+    anything else: what the user recorded, or the sum of backward losses)."""
+    scalars = step.scalars
+    if scalars is None:
+        step.scalars = {_LOSS: _Mean((loss,))}
+    elif type(mean := scalars.get(_LOSS, _NO_LOSS)) is _Mean:
+        mean.append(loss)
+    elif mean is _NO_LOSS:
+        scalars[_LOSS] = _Mean((loss,))
+
+
+_NO_LOSS = object()
+
+
 def _cuda_memory_if_initialized() -> None:
     if _cuda.is_initialized():  # type: ignore[no-untyped-call]
         _record_cuda_memory()
@@ -153,6 +202,8 @@ def _open_step() -> hot.StepContext | None:
 
 FETCH, FORWARD, BACKWARD, OPTIMIZER = "fetch", "forward", "backward", "optimizer"
 """The events that start or continue an automatic step."""
+EVAL_PHASE = "eval"
+"""The phase of automatic steps that evaluate (their forwards in eval mode or without gradients)."""
 _NATIVE_KINDS = (FETCH, FORWARD, BACKWARD, OPTIMIZER)
 """The C code's event kinds, by number."""
 
@@ -160,7 +211,9 @@ _NATIVE_KINDS = (FETCH, FORWARD, BACKWARD, OPTIMIZER)
 _DATALOADER, _FORWARD = sc.REGION_DATALOADER, sc.REGION_FORWARD
 _BACKWARD, _OPTIMIZER = sc.REGION_BACKWARD, sc.REGION_OPTIMIZER
 _SAMPLES, _LOSS, _LEARNING_RATE = sc.SCALAR_SAMPLES, sc.SCALAR_LOSS, sc.SCALAR_LEARNING_RATE
+_Sum, _Mean = hot.Sum, hot.Mean
 _Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
 _cuda = torch.cuda
 _cuda_globals = vars(torch.cuda)
 _OpenRegion = tuple[int, "hot.StepContext | None", int]
@@ -168,11 +221,23 @@ _OpenRegion = tuple[int, "hot.StepContext | None", int]
 
 
 class _AutoSteps:
-    """Opens steps the user did not mark at the first event of an iteration and closes them at the end
-    of ``optimizer.step()``; with an optimizer hooked, several fetch/forward/backward rounds before its
-    ``step()`` are one step (gradient accumulation). An event of the kind that opened the step starts the
-    next one when no optimizer is hooked, or in evaluation (no backward: a fetch, or a forward of a
-    module in eval mode) — so an automatic step always ends."""
+    """Opens steps the user did not mark at the first event of an iteration and closes them at the end of
+    ``optimizer.step()``: with an optimizer hooked, the fetch/forward/backward rounds before its ``step()`` are
+    one step (gradient accumulation), a **train** step. An **evaluation** forward (module in eval mode, or
+    gradients off: ``model.eval()`` / ``torch.no_grad()``) that finds no training work in its step makes it an
+    **eval** step (phase ``eval``): the next evaluation forward of the same module (or the next fetch) starts
+    the next eval step, and that module's next training forward ends the evaluation and opens a train step.
+    Other modules' forwards join the step they find (a loss module, a teacher model run before or after the
+    student); an eval step that gets a backward or an optimizer step was training after all and goes back to
+    its phase. Optimizers whose ``step()`` calls follow each other with nothing in between (one per parameter
+    group, an encoder's and a decoder's) are one step: once seen, the first one's ``step()`` leaves the step to
+    the next (the first time the second one's region stands outside steps). Without an optimizer, an event of
+    the kind that opened the step (a forward of the module that opened it) starts the next one, so an automatic
+    step always ends.
+
+    The hooks test the usual case inline (a step open that the event continues) and call :meth:`begin` /
+    :meth:`forward` only when they can do something: no step open, or ours open and the event may end it
+    (``slow``)."""
 
     def __init__(self) -> None:
         self.current: hot.StepContext | None = None
@@ -180,31 +245,108 @@ class _AutoSteps:
         """The kind of event that opened the current step."""
         self.saw_backward = False
         self.saw_work = False
+        """A forward, backward or optimizer step (an epoch's last fetch alone opens a step that is dropped)."""
+        self.trained = False
+        """Training work in the step: a training forward, a backward or an optimizer step."""
+        self.eval_module: Any = None
+        """The module whose evaluation forward made the current step an eval step; None: not one."""
+        self.eval_seen: list[Any] | None = None
+        """Other modules with parameters whose evaluation forwards the current eval step holds."""
+        self.retagged: str | None = None
+        """The phase the current step had before it became an eval step (``retag``)."""
         self.by_optimizer = False
-        """An optimizer is hooked: its ``step()`` ends steps."""
+        """An optimizer is hooked (under ``otelprof run``: one exists): its ``step()`` ends steps."""
+        self.leader_module: Any = None
+        """The module whose forward opened the current step: without an optimizer, its next forward ends it."""
+        self.pending: Any = None
+        """The optimizer whose ``step()`` left the current step open for the next optimizer's; any other event
+        ends the step first."""
+        self.stepped: Any = None
+        """The optimizer whose ``step()`` ended the last step, until a step opens."""
+        self.slow = False
+        """The hooks must call :meth:`begin` / :meth:`forward` for any event: an eval step or a pending one."""
+        self.opens = True
+        """Open steps at all: False once a trainer callback is in charge (:meth:`TorchInstrumentation.hand_over`)."""
 
     def _ours(self) -> bool:
         return self.current is not None and hot._tls.step is self.current
 
-    def begin(self, kind: str, step: hot.StepContext | None, evaluating: bool = False) -> hot.StepContext | None:
-        """An iteration event, with ``step`` the step open on the thread: end our step when ``kind`` starts
-        the next iteration, open one when none is. With an optimizer hooked, only a fetch or an evaluation
-        forward (a step without backward) does. Returns the step open afterwards.
-
-        The hooks call it only when it can do something — no step is open, or ours is and an event of this
-        ``kind`` opened it — with that test inlined, so that the usual event costs no call."""
-        if step is not None and step is self.current and kind == self.leader and (
-                not self.by_optimizer or (not self.saw_backward and (kind == FETCH or evaluating))):
-            self.close()
-            step = hot._tls.step
-        if step is not None or hot._active is None:
+    def begin(self, kind: str, step: hot.StepContext | None) -> hot.StepContext | None:
+        """A fetch, backward or optimizer event, with ``step`` the step open on the thread (None, or ours): end
+        ours when ``kind`` starts the next iteration, open one when none is; training work turns an eval step
+        back into a train step. Returns the step open afterwards."""
+        if step is not None and step is self.current:
+            if self.pending is not None:
+                if kind == OPTIMIZER:  # the next optimizer of the iteration
+                    self.pending = None
+                    self.slow = False
+                else:
+                    self.close()
+                    step = hot._tls.step
+            elif kind == FETCH:
+                if (kind == self.leader and (not self.by_optimizer or not self.saw_backward)) \
+                        or self.eval_module is not None:
+                    self.close()
+                    step = hot._tls.step
+            elif self.eval_module is not None:  # backward or optimizer step in an eval step: training after all
+                self.untag()
+            elif kind == self.leader and not self.by_optimizer:
+                self.close()
+                step = hot._tls.step
+        if step is not None or hot._active is None or not self.opens:
             return step
+        return self.open(kind)
+
+    def forward(self, step: hot.StepContext | None, module: Any, evaluating: bool) -> hot.StepContext | None:
+        """A forward of ``module`` (``evaluating``: in eval mode or with gradients off), with ``step`` the step
+        open on the thread (None, or ours). Returns the step open afterwards."""
+        if step is not None and step is self.current:
+            if self.pending is not None:
+                self.close()
+                step = hot._tls.step
+            elif self.eval_module is not None:  # an eval step
+                if module is self.eval_module:
+                    if self.leader == FORWARD or not evaluating:
+                        self.close()  # that model's next evaluation batch, or its training again
+                        step = hot._tls.step
+                elif evaluating and self.leader == FORWARD and _has_parameters(module):
+                    seen = self.eval_seen
+                    if seen is None:
+                        self.eval_seen = [module]
+                    elif any(m is module for m in seen):
+                        self.close()  # another model ran again: the next batch (a model reloaded for the test set)
+                        step = hot._tls.step
+                    else:
+                        seen.append(module)  # a second model of the same batch (a decoder after its encoder)
+            elif self.leader == FORWARD and not self.by_optimizer and module is self.leader_module:
+                self.close()
+                step = hot._tls.step
+        if step is None:
+            if hot._active is None or not self.opens:
+                return None
+            step = self.open(FORWARD)
+            self.leader_module = module
+        if step is self.current:
+            if not evaluating:
+                self.trained = True
+            elif self.eval_module is None and not self.trained:  # the step's first work is evaluation
+                self.eval_module, self.eval_seen, self.slow = module, None, True
+                if hot._phase[0] == hot.DEFAULT_PHASE:
+                    self.retag(EVAL_PHASE)
+        return step
+
+    def open(self, kind: str) -> hot.StepContext:
+        """Open a step (the data-loader hook does the same inline)."""
         step = hot._begin_step(None)
-        self.current, self.leader, self.saw_backward, self.saw_work = step, kind, False, False
+        self.current, self.leader, self.saw_backward, self.saw_work, self.trained = step, kind, False, False, False
+        self.eval_module = self.pending = self.retagged = self.stepped = None
+        self.slow = False
         return step
 
     def close(self) -> None:
         step = self.current
+        self.eval_module = self.leader_module = self.pending = None
+        self.slow = False
         if step is not None:
             self.current = None
             if hot._tls.step is step:
@@ -217,21 +359,34 @@ class _AutoSteps:
             return
         if not self.saw_work and _open_step() is step:
             self.current = None
+            self.eval_module = self.pending = None
+            self.slow = False
             step.closed = True
             hot._tls.step = step._previous
             if hot._step_numbers.get(step.phase) == step.number + 1:
                 hot._step_numbers[step.phase] = step.number
 
     def retag(self, phase: str) -> None:
-        """Move the open auto step to ``phase`` (evaluation detected from ``model.training``)."""
+        """Move the open auto step to ``phase`` (evaluation detected), numbered in that phase."""
         step = self.current
         if step is None or not self._ours() or step.phase == phase:
             return
+        if self.retagged is None:
+            self.retagged = step.phase
         if hot._step_numbers.get(step.phase) == step.number + 1:
             hot._step_numbers[step.phase] = step.number
         step.phase = phase
         step.number = hot._step_numbers.get(phase, 0)
         hot._step_numbers[phase] = step.number + 1
+
+    def untag(self) -> None:
+        """The eval step got training work (a backward, an optimizer step): it is a train step after all."""
+        self.eval_module = None
+        self.slow = self.pending is not None
+        phase, self.retagged = self.retagged, None
+        if phase is not None:
+            self.retag(phase)
+            self.retagged = None
 
 
 class _Nesting(threading.local):
@@ -277,10 +432,13 @@ class _TimedIterator(IteratorProxy):
         try:
             auto = owner.auto
             step = hot._tls.step
-            if step is None:  # the usual case: the last step ended at optimizer.step(); auto.begin inline
+            if step is None:  # the usual case: the last step ended at optimizer.step(); auto.open inline
                 step = hot._begin_step(None)
-                auto.current, auto.leader, auto.saw_backward, auto.saw_work = step, FETCH, False, False
-            elif step is auto.current and auto.leader == FETCH:
+                auto.current, auto.leader, auto.saw_backward, auto.saw_work, auto.trained = step, FETCH, False, \
+                    False, False
+                auto.eval_module = auto.pending = auto.retagged = auto.stepped = None
+                auto.slow = False
+            elif step is auto.current and (auto.leader == FETCH or auto.slow):
                 step = auto.begin(FETCH, step)
             if step is not None:
                 depth = step.depth
@@ -351,7 +509,11 @@ class TorchInstrumentation:
         self._global_depth = _Nesting()
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.windows = ProfileWindows()
+        self._not_last: weakref.WeakSet[Any] = weakref.WeakSet()
+        """Optimizers whose ``step()`` another optimizer's follows in each iteration (see ``_AutoSteps``)."""
+        self._followed = False
+        """``_not_last`` has had members (a flag: a WeakSet's ``len()`` is Python code, too slow for each step)."""
+        self.windows = torch_profiler.windows
         self.device_timer: DeviceTimer | _Undecided | None = _UNDECIDED
         """CUDA event timing: decided at the first forward of a module with parameters; None on CPU."""
         self.native: Any = None
@@ -361,11 +523,16 @@ class TorchInstrumentation:
                 vars(hot), (_DATALOADER, _FORWARD, _BACKWARD, _OPTIMIZER), (_SAMPLES, _LOSS, _LEARNING_RATE),
                 self._materialise, self._native_failed,
                 {"batch_size": _batch_size, "learning_rate": _learning_rate, "cuda_memory": _cuda_memory_if_initialized,
-                 "cuda_globals": _cuda_globals, "tensor_type": _Tensor})
+                 "cuda_globals": _cuda_globals, "tensor_type": _Tensor, "sum_type": _Sum, "scaled": _scaled,
+                 "grad_enabled": _grad_enabled})
         self._wrapped_models = 0
         self._hooked_models = 0
         self._comm_hooked = False
         self._hook_failed = False
+        self.handed_over = ""
+        """The trainer whose callback ``otelprof run`` attached and put in charge of steps (:meth:`hand_over`)."""
+        self._global_removers: list[Callable[[], None]] = []
+        """Undo the global hooks of :meth:`add_everything` (also listed under their hook names)."""
 
     # ------------------------------------------------------------------ failure handling
     def guarded(self, hook: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -397,15 +564,16 @@ class TorchInstrumentation:
     def sync_native(self) -> None:
         """Turn the C hot path on where it does exactly what the Python hooks would: the plain automatic step
         of a model whose forward this instance wraps, ended by a hooked optimizer, on CPU, without gradient
-        norm, DDP communication hook, global hooks (``otelprof run``) or a failed hook. Anything else the C
-        hooks hand to the Python ones."""
+        norm, DDP communication hook, global hooks (``otelprof run``), second optimizer or a failed hook. Anything
+        else the C hooks hand to the Python ones."""
         native = self.native
         if native is None:
             return
         native.loss = self.loss
         native.count_samples = self.count_samples
         native.enabled = (not self.closed and not self.grad_norm and self.device_timer is None
-                          and self.auto.by_optimizer and self._wrapped_models > 0 and not self._hooked_models
+                          and self.auto.by_optimizer and len(self.optimizers) < 2
+                          and self._wrapped_models > 0 and not self._hooked_models
                           and not self._comm_hooked and not self._hook_failed and not self.backward_off
                           and "everything" not in self._removers)
 
@@ -424,7 +592,10 @@ class TorchInstrumentation:
         hot._tls.step = step
         auto = self.auto
         auto.current, auto.leader = step, _NATIVE_KINDS[leader]
-        auto.saw_backward, auto.saw_work = bool(saw_backward), bool(saw_work)
+        # the C hooks hold training steps only: their work (a training forward, backward, optimizer) is training
+        auto.saw_backward, auto.saw_work, auto.trained = bool(saw_backward), bool(saw_work), bool(saw_work)
+        auto.eval_module = auto.retagged = auto.pending = None
+        auto.slow = False
         if optimizer is not None:  # inside optimizer.step(): the post-hook ends the region
             optimizer_start, optimizer_depth, self._optimizer_depth = optimizer
             self._optimizer_region = (optimizer_start, step, optimizer_depth)
@@ -454,7 +625,7 @@ class TorchInstrumentation:
         """Before the data loader's ``next()``: may open a step, begins the ``dataloader`` region."""
         auto = self.auto
         step = hot._tls.step
-        if step is None or (step is auto.current and auto.leader == FETCH):
+        if step is None or (step is auto.current and (auto.leader == FETCH or auto.slow)):
             step = auto.begin(FETCH, step)
         return hot._begin_region(step)
 
@@ -513,12 +684,9 @@ class TorchInstrumentation:
         try:
             auto = self.auto
             step = hot._tls.step
-            training = module.training
-            if step is None or (step is auto.current and auto.leader == FORWARD):
-                step = auto.begin(FORWARD, step, not training)
+            if step is None or step is auto.current:
+                step = auto.forward(step, module, not module.training or not _grad_enabled())
             auto.saw_work = True
-            if not training and auto.current is not None and hot._phase[0] == hot.DEFAULT_PHASE:
-                auto.retag("eval")
             timer = self.device_timer
             if timer is not None:
                 if isinstance(timer, _Undecided):
@@ -538,12 +706,17 @@ class TorchInstrumentation:
             self.failed("forward", exc)
 
     def _forward_post_hook(self, module: Any, args: Any, output: Any) -> None:
-        """After the model's forward: ends the ``forward`` region."""
+        """After the model's forward: ends the ``forward`` region; an evaluation forward's loss, when its output
+        holds one, goes into an evaluation step (see :func:`_output_loss`)."""
         try:
             regions = self._forward_regions
             if regions:
                 start, step, depth = regions.pop()
                 hot._end_region(_FORWARD, start, step, depth)
+                if (self.loss and step is not None and step.phase != hot.DEFAULT_PHASE and module is not None
+                        and (not module.training or not _grad_enabled())
+                        and (loss := _output_loss(output)) is not None):
+                    _add_eval_loss(step, loss)
             timer = self.device_timer
             if timer is not None:
                 timer.end(_FORWARD)
@@ -556,9 +729,9 @@ class TorchInstrumentation:
         """What the forward pre-hook does (a failure removes the forward hooks)."""
         self._forward_pre_hook(module, ())
 
-    def forward_end(self) -> None:
+    def forward_end(self, module: Any = None, output: Any = None) -> None:
         """What the forward hook does (a failure removes the forward hooks)."""
-        self._forward_post_hook(None, (), None)
+        self._forward_post_hook(module, (), output)
 
     # ------------------------------------------------------------------ device time (CUDA events)
     def _decide_device_timer(self, module: Any) -> DeviceTimer | None:
@@ -656,15 +829,16 @@ class TorchInstrumentation:
             # no device timer — and the hooks themselves otherwise: on the training thread each call counts.
             region: tuple[hot.StepContext, int, int] | None = None
             hooked = False
+            output = None
             try:
                 step = hot._tls.step
                 auto = owner.auto
-                if (step is None or owner.device_timer is not None or not this.training
-                        or (step is auto.current and auto.leader == FORWARD)):
+                if (step is None or owner.device_timer is not None or not this.training or not _grad_enabled()
+                        or (step is auto.current and (auto.leader == FORWARD or auto.slow))):
                     hooked = True
                     pre(this, args)
                 else:
-                    auto.saw_work = True
+                    auto.saw_work = auto.trained = True
                     depth = step.depth
                     step.depth = depth + 1
                     region = (step, depth, perf_counter_ns())
@@ -673,7 +847,8 @@ class TorchInstrumentation:
             except Exception as exc:
                 owner.failed("forward", exc)
             try:  # without keyword arguments (the usual model(x)) a plain call: unpacking them costs more
-                return original(this, *args, **kwargs) if kwargs else original(this, *args)
+                output = original(this, *args, **kwargs) if kwargs else original(this, *args)
+                return output
             finally:
                 if region is not None:
                     try:
@@ -690,7 +865,7 @@ class TorchInstrumentation:
                     except Exception as exc:
                         owner.failed("forward", exc)
                 elif hooked:
-                    post(this, args, None)
+                    post(this, args, output)
 
         timed = forward if self.native is None else _native.Forward(self.native, original, forward)
         subclass = _instrumented_subclass(cls, {"forward": timed})
@@ -707,32 +882,14 @@ class TorchInstrumentation:
         return True
 
     def _add_comm_hook(self, model: Any) -> None:
-        ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
+        """Time a DDP model's gradient all-reduce (:func:`_hook_ddp`); the C hot path then leaves steps to Python,
+        where the collective regions go."""
+        ddp = _ddp_class()
         if ddp is None or not isinstance(model, ddp):
             return
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        owner = self
-
-        def timed_allreduce(state: Any, bucket: Any) -> Any:
-            step = owner.auto.current if owner.auto.current is not None else _open_step()
-            start = perf_counter_ns()
-            future = default_hooks.allreduce_hook(state, bucket)
-
-            def done(fut: Any) -> Any:
-                if step is not None and not step.closed:
-                    step.annotations.append((sc.REGION_COLLECTIVE, start, perf_counter_ns(), 1, None))
-                return fut.value()
-
-            return future.then(done)
-
-        timed_allreduce.__annotations__.clear()  # DDP checks annotations against its own (unresolved) types
-        self._comm_hooked = True  # the C hot path leaves the step to Python, where the collective regions go
-        try:
-            model.register_comm_hook(state=None, hook=timed_allreduce)
-        except Exception as exc:  # a hook is already registered, or DDP already ran
-            warn_once("torch:comm-hook", "otelprof: cannot time DDP all-reduce (%s); collective time is not "
-                      "measured", exc)
+        self._comm_hooked = True
+        _hook_ddp(model)
+        self.sync_native()
 
     # ------------------------------------------------------------------ backward
     # Tensor.backward is patched once per process (_patched_backward): the wrapper does this instance's work,
@@ -746,10 +903,20 @@ class TorchInstrumentation:
             if self._optimizer_depth > 1:
                 return  # a subclass's step() calling super().step(): both are wrapped, time the outer one
             auto = self.auto
+            auto.by_optimizer = True  # (already, unless otelprof run's hooks met an optimizer made before them)
             step = hot._tls.step
-            if step is None or (step is auto.current and auto.leader == OPTIMIZER):
+            if step is None:
+                stepped = auto.stepped
+                if stepped is not None and stepped is not optimizer:
+                    # right after another optimizer's step() ended the step: both update the same iteration, and
+                    # from now on that one leaves the step to this one (this time, this region stands alone)
+                    self._not_last.add(stepped)
+                    self._followed = True
+                else:
+                    step = auto.begin(OPTIMIZER, step)
+            elif step is auto.current and (auto.leader == OPTIMIZER or auto.slow):
                 step = auto.begin(OPTIMIZER, step)
-            auto.saw_work = True
+            auto.saw_work = auto.trained = True
             if self.grad_norm:
                 grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
                 if grads:
@@ -817,14 +984,46 @@ class TorchInstrumentation:
                 _cuda_memory_if_initialized()
             auto = self.auto
             current = auto.current
-            if current is not None:  # _AutoSteps.close() inline
-                auto.current = None
-                if step is current:
-                    current.__exit__(None, None, None)
+            if current is not None:
+                if self._followed and step is current and optimizer in self._not_last:
+                    auto.pending = optimizer  # another optimizer's step() follows in this iteration
+                    auto.slow = True
+                else:  # _AutoSteps.close() inline (the pre-hook left no eval step, nothing pending)
+                    auto.current = auto.eval_module = None
+                    auto.stepped = optimizer
+                    if step is current:
+                        current.__exit__(None, None, None)
         except hot.StopTraining:
             raise
         except Exception as exc:
             self.failed("optimizer", exc)
+
+    def end_open_step(self) -> None:
+        """End the automatic step open on this thread, if it holds work (a forward, backward or optimizer step)."""
+        native = self.native
+        if native is not None and native.open:
+            self._materialise()
+        auto = self.auto
+        current = auto.current
+        if current is not None and hot._tls.step is current:
+            if auto.saw_work:
+                auto.close()
+            else:
+                auto.cancel()
+
+    def scaler_stepped(self, optimizer: Any) -> None:
+        """After ``GradScaler.step(optimizer)``: a step still open with a backward in it ends here — the scaler
+        skipped ``optimizer.step()`` (inf/NaN gradients), whose hook would have ended it — unless that step went
+        on to the next optimizer's."""
+        native = self.native
+        if native is not None and native.open:
+            self._materialise()
+        auto = self.auto
+        if auto.pending is not None and auto.pending is _unwrap_optimizer(optimizer):
+            return
+        current = auto.current
+        if current is not None and auto.saw_backward and hot._tls.step is current:
+            auto.close()
 
     def optimizer_begin(self, optimizer: Any) -> None:
         """What the optimizer step pre-hook does (a failure removes the optimizer hooks)."""
@@ -880,7 +1079,10 @@ class TorchInstrumentation:
             if level == 0:
                 forward_post(module, args, output)
 
-        self.auto.by_optimizer = True
+        # Steps end at optimizer.step() once an optimizer exists (made from now on, or seen stepping): a loop that
+        # updates its parameters itself has none, and its steps end at its model's next forward.
+        _patch_optimizer_class(self.auto)
+        self._on_remove("optimizer", _unpatch_optimizer_class)
         handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post),
                    optim_module.register_optimizer_step_pre_hook(self._optimizer_pre_hook),
                    optim_module.register_optimizer_step_post_hook(self._optimizer_post_hook)]
@@ -890,6 +1092,32 @@ class TorchInstrumentation:
             self._on_remove("optimizer", handle.remove)
         _patch_dataloader_class()
         self._on_remove("dataloader", _unpatch_dataloader_class)
+        self._global_removers = [handle.remove for handle in handles] + [_unpatch_dataloader_class]
+        _patch_ddp_class()  # each DDP model built from now on: collective regions
+        self._on_remove("collective", _unpatch_ddp_class)
+        # torch warns at each call of a torch.compile'd module while global hooks exist that they fire for it too:
+        # that is expected here (only top-level calls count), and the training job's stderr stays quiet.
+        warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
+        self._on_remove("forward", _forget_compile_hooks_warning)
+
+    def hand_over(self, framework: str) -> None:
+        """A trainer's callback is in charge of steps from now on (``otelprof run`` attached it, see
+        :mod:`otelprof.integrations.autoattach`): the global hooks of :meth:`add_everything` stop timing module
+        calls, optimizer steps and data-loader fetches, and no step opens automatically or records loss or
+        samples — the callback does all that as it does without ``otelprof run``. ``Tensor.backward`` stays
+        timed (the callbacks rely on it) and DDP models still get their collective regions."""
+        with _lock:
+            if self.handed_over or self.closed:
+                return
+            self.handed_over = framework
+            removers, self._global_removers = self._global_removers, []
+            for remove in removers:
+                with contextlib.suppress(Exception):
+                    remove()
+            self.auto.close()
+            self.auto.opens = False
+            self.loss = self.count_samples = False
+            self.sync_native()
 
     # ------------------------------------------------------------------ lifecycle
     def profile_window(self, start_step: int, num_steps: int, *, chrome_trace: bool = False,
@@ -923,7 +1151,7 @@ class TorchInstrumentation:
                 session.capture_handler = None
 
     def _capture(self, steps: int) -> dict[str, Any]:
-        return self.windows.arm(hot.next_step_number(), steps)
+        return self.windows.arm(hot.next_step_number(), steps, trigger="capture")
 
 
 _object_class = object.__dict__["__class__"]
@@ -982,17 +1210,25 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             auto = inst.auto
             step = hot._tls.step
-            if step is None or (step is auto.current and auto.leader == BACKWARD):
+            if step is None or (step is auto.current and (auto.leader == BACKWARD or auto.slow)):
                 step = auto.begin(BACKWARD, step)
-            auto.saw_work = auto.saw_backward = True
+            auto.saw_work = auto.saw_backward = auto.trained = True
             if inst.loss and self.numel() == 1:
+                tensor = self
+                if (scaled := _scaled[0]) is not None and scaled[0]() is self:  # GradScaler.scale(loss): loss
+                    tensor = scaled[1]
+                    _scaled[0] = None
                 # CPU: a number now is cheaper than holding the tensor; CUDA: converted off the hot path.
-                loss = self.item() if self.is_cpu else self.detach()
-                if step is not None and hot._active is not None:  # hot._record_into inline
-                    if step.scalars is None:
-                        step.scalars = {_LOSS: loss}
+                loss = tensor.item() if tensor.is_cpu else tensor.detach()
+                if step is not None and hot._active is not None:
+                    # the step's loss: the sum of what its backward() calls were given (gradient accumulation)
+                    scalars = step.scalars
+                    if scalars is None:
+                        step.scalars = {_LOSS: [loss]}  # a hot.Sum
+                    elif type(total := scalars.get(_LOSS)) is _Sum:
+                        total.append(loss)
                     else:
-                        step.scalars[_LOSS] = loss
+                        scalars[_LOSS] = [loss]
                 else:
                     hot.record(_LOSS, loss)
             timer = inst.device_timer
@@ -1034,7 +1270,8 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _patch_backward(steps: Any) -> None:
     """Patch ``Tensor.backward`` once per process: the C wrapper when the extension is there (it hands what it
-    does not handle to the Python one), else the Python one. ``steps``: the newest instrumentation's."""
+    does not handle to the Python one), else the Python one. ``steps``: the newest instrumentation's. And
+    ``GradScaler`` (:func:`_patch_grad_scaler`)."""
     global _original_backward, _native_backward
     if _original_backward is None:
         _original_backward = torch.Tensor.backward
@@ -1042,6 +1279,7 @@ def _patch_backward(steps: Any) -> None:
         if steps is not None:
             patched = _native_backward = _native.Backward(None, _original_backward, patched)
         torch.Tensor.backward = patched  # type: ignore[method-assign]
+        _patch_grad_scaler()
     if _native_backward is not None:
         _native_backward.steps = steps
 
@@ -1052,6 +1290,96 @@ def _unpatch_backward() -> None:
         torch.Tensor.backward = _original_backward  # type: ignore[method-assign]
         _original_backward = None
         _native_backward = None
+    _unpatch_grad_scaler()
+    _scaled[0] = None
+
+
+_original_scaler: tuple[type, Callable[..., Any], Callable[..., Any]] | None = None
+"""``GradScaler`` and its own ``scale`` and ``step`` while patched."""
+
+
+def _patch_grad_scaler() -> None:
+    """``torch.amp.GradScaler`` (the base of ``torch.cuda.amp.GradScaler``): ``scale()`` notes the loss it was given,
+    so that ``backward()`` on the scaled tensor records that loss (see ``_scaled``), and ``step()`` ends the step
+    even when it skipped ``optimizer.step()`` (inf/NaN gradients): the iteration ends there all the same."""
+    global _original_scaler
+    try:
+        from torch.amp.grad_scaler import GradScaler
+    except ImportError:  # an older torch: the loss is recorded scaled, a skipped update does not end the step
+        return
+    if _original_scaler is not None:
+        return
+    original_scale, original_step = GradScaler.scale, GradScaler.step
+
+    @functools.wraps(original_scale)
+    def scale(self: Any, outputs: Any) -> Any:
+        scaled = original_scale(self, outputs)
+        if scaled is not outputs and isinstance(outputs, _Tensor) and isinstance(scaled, _Tensor) and _active:
+            try:
+                if outputs.numel() == 1:
+                    _scaled[0] = (weakref.ref(scaled), outputs.detach())
+            except Exception:  # a tensor subclass without weak references: the loss stays scaled
+                pass
+        return scaled
+
+    @functools.wraps(original_step)
+    def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original_step(self, optimizer, *args, **kwargs)
+        inst = _active[-1] if _active and hot._active is not None else None
+        if inst is not None:
+            inst.guarded("optimizer", inst.scaler_stepped, optimizer)
+        return result
+
+    GradScaler.scale = scale  # type: ignore[method-assign]
+    GradScaler.step = step  # type: ignore[method-assign]
+    _original_scaler = (GradScaler, original_scale, original_step)
+
+
+def _unpatch_grad_scaler() -> None:
+    global _original_scaler
+    if _original_scaler is not None:
+        cls, original_scale, original_step = _original_scaler
+        cls.scale = original_scale  # type: ignore[attr-defined]
+        cls.step = original_step  # type: ignore[attr-defined]
+        _original_scaler = None
+
+
+_COMPILE_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+
+
+def _forget_compile_hooks_warning() -> None:
+    for entry in [f for f in warnings.filters if f[0] == "ignore" and getattr(f[1], "pattern", None)
+                  == _COMPILE_HOOKS_WARNING]:
+        warnings.filters.remove(entry)  # type: ignore[attr-defined]
+
+
+_original_optimizer_init: Callable[..., Any] | None = None
+
+
+def _patch_optimizer_class(auto: _AutoSteps) -> None:
+    """``Optimizer.__init__`` tells ``auto`` that an optimizer exists (``otelprof run``)."""
+    global _original_optimizer_init
+    from torch.optim import Optimizer
+
+    if _original_optimizer_init is not None:
+        return
+    original = _original_optimizer_init = Optimizer.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        auto.by_optimizer = True
+
+    Optimizer.__init__ = __init__  # type: ignore[method-assign]
+
+
+def _unpatch_optimizer_class() -> None:
+    global _original_optimizer_init
+    from torch.optim import Optimizer
+
+    if _original_optimizer_init is not None:
+        Optimizer.__init__ = _original_optimizer_init  # type: ignore[method-assign]
+        _original_optimizer_init = None
 
 
 def _patch_dataloader_class() -> None:
@@ -1066,7 +1394,9 @@ def _patch_dataloader_class() -> None:
     def __iter__(self: Any) -> Any:
         iterator = original(self)
         owner = _active[-1] if _active else None
-        return iterator if owner is None else _TimedIterator(iterator, owner)
+        if owner is None or getattr(self, "_otelprof_instrumented", False):
+            return iterator  # an instrumented loader (or one whose wrapper is) times its own fetches
+        return _TimedIterator(iterator, owner)
 
     DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
 
@@ -1078,6 +1408,155 @@ def _unpatch_dataloader_class() -> None:
     if _original_dataloader_iter is not None:
         DataLoader.__iter__ = _original_dataloader_iter  # type: ignore[method-assign]
         _original_dataloader_iter = None
+
+
+# ---------------------------------------------------------------------- DDP communication hook
+# DDP takes one communication hook per model, for good. otelprof's times each bucket's reduction as a ``collective``
+# region and runs the reduction itself inside: DDP's all-reduce, or the user's hook when they register one after
+# otelprof's — ``register_comm_hook`` is patched to hand it over, so theirs wins and is timed. A model that has a
+# hook of its own before otelprof sees it keeps it alone (no collective regions).
+_ddp_hooks: weakref.WeakKeyDictionary[Any, _CommHook] = weakref.WeakKeyDictionary()
+"""The DDP models that carry otelprof's communication hook."""
+_original_ddp_init: Callable[..., Any] | None = None
+_original_register_comm_hook: Callable[..., Any] | None = None
+_original_register_builtin_comm_hook: Callable[..., Any] | None = None
+
+
+def _ddp_class() -> Any:
+    return getattr(torch.nn.parallel, "DistributedDataParallel", None)
+
+
+class _CommHook:
+    """The reduction otelprof's communication hook of one DDP model runs: DDP's default all-reduce over the
+    model's process group, until the user registers a hook of their own."""
+
+    __slots__ = ("hook", "state", "users")
+
+    def __init__(self, process_group: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.hook: Callable[[Any, Any], Any] = default_hooks.allreduce_hook
+        self.state: Any = process_group
+        self.users = False
+        """The user's hook is inside: a second registration fails as DDP's would."""
+
+
+def _timed_comm_hook(inner: _CommHook) -> Callable[[Any, Any], Any]:
+    def otelprof_collective(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations: none here
+        hook, hook_state = inner.hook, inner.state
+        step: hot.StepContext | None = None
+        try:
+            inst = _active[-1] if _active and hot._active is not None else None
+            if inst is not None:  # the step may be open on another thread (autograd's device threads)
+                step = inst.auto.current if inst.auto.current is not None else _open_step()
+            start = perf_counter_ns()
+        except Exception:
+            step = None
+        future = hook(hook_state, bucket)
+        if step is None:
+            return future
+        opened: hot.StepContext = step
+
+        def done(fut):  # type: ignore[no-untyped-def]
+            if not opened.closed and len(opened.annotations) < hot.MAX_STEP_ANNOTATIONS:
+                opened.annotations.append((sc.REGION_COLLECTIVE, start, perf_counter_ns(), 1, None))
+            return fut.value()
+
+        return future.then(done)
+
+    return otelprof_collective
+
+
+def _hook_ddp(model: Any) -> None:
+    """Give a DDP model otelprof's communication hook, unless it has one (a hook of its own, or DDP's mixed
+    precision or optimizer-in-backward hook): DDP allows one, so otelprof leaves it alone, and says so once."""
+    if model in _ddp_hooks:
+        return
+    if getattr(model, "_comm_hooks", None) or getattr(model, "_use_python_reducer", False):
+        info_once("torch:comm-hook-own", "otelprof: a DDP model already has a communication hook; otelprof leaves "
+                  "it alone, so its gradient reduction is not timed (no collective regions). Register your hook "
+                  "after otelprof.torch.instrument() (or under `otelprof run`) to have it timed.")
+        return
+    _patch_register_comm_hook()
+    inner = _CommHook(getattr(model, "process_group", None))
+    register = _original_register_comm_hook
+    assert register is not None
+    try:
+        register(model, None, _timed_comm_hook(inner))
+    except Exception as exc:  # a built-in (C++) hook is registered already, or an unforeseen DDP
+        info_once("torch:comm-hook", "otelprof: cannot time this DDP model's gradient reduction (%s); no collective "
+                  "regions", exc)
+        return
+    _ddp_hooks[model] = inner
+
+
+def _patch_register_comm_hook() -> None:
+    """``register_comm_hook`` on a model with otelprof's hook puts the user's hook inside it (theirs runs, timed);
+    DDP's own checks of the hook run as before. Kept for the process's life: the models keep otelprof's hook."""
+    global _original_register_comm_hook, _original_register_builtin_comm_hook
+    ddp = _ddp_class()
+    if ddp is None or _original_register_comm_hook is not None:
+        return
+    original = _original_register_comm_hook = ddp.register_comm_hook
+    original_builtin = _original_register_builtin_comm_hook = ddp._register_builtin_comm_hook
+
+    @functools.wraps(original)
+    def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
+        inner = _ddp_hooks.get(self)
+        if inner is None or inner.users:
+            original(self, state, hook)
+            return
+        self._check_comm_hook(hook)  # DDP's own checks: the same errors as without otelprof
+        inner.hook, inner.state, inner.users = hook, state, True
+        with contextlib.suppress(Exception):
+            self.logger._set_comm_hook_name(hook.__qualname__)
+        info_once("torch:comm-hook-user", "otelprof: your DDP communication hook %s runs inside otelprof's, which "
+                  "times it as the collective region", getattr(hook, "__qualname__", hook))
+
+    @functools.wraps(original_builtin)
+    def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        inner = _ddp_hooks.get(self)
+        python = {"ALLREDUCE": default_hooks.allreduce_hook,
+                  "FP16_COMPRESS": default_hooks.fp16_compress_hook}.get(getattr(comm_hook_type, "name", ""))
+        if inner is None or inner.users or python is None:
+            original_builtin(self, comm_hook_type)
+            return
+        register_comm_hook(self, self.process_group, python)  # the same reduction, written in Python
+
+    ddp.register_comm_hook = register_comm_hook
+    ddp._register_builtin_comm_hook = _register_builtin_comm_hook
+
+
+def _patch_ddp_class() -> None:
+    """``otelprof run``: each DDP model built from now on gets otelprof's communication hook."""
+    global _original_ddp_init
+    ddp = _ddp_class()
+    if ddp is None or _original_ddp_init is not None:
+        return
+    original = _original_ddp_init = ddp.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        owner = _active[-1] if _active else None
+        if owner is not None and not owner.closed:
+            try:
+                owner._add_comm_hook(self)
+            except Exception as exc:  # never the job's failure
+                warn_once("torch:comm-hook-auto", "otelprof: cannot time DDP's gradient reduction (%r); no "
+                          "collective regions", exc)
+
+    ddp.__init__ = __init__
+
+
+def _unpatch_ddp_class() -> None:
+    global _original_ddp_init
+    ddp = _ddp_class()
+    if ddp is not None and _original_ddp_init is not None:
+        ddp.__init__ = _original_ddp_init
+        _original_ddp_init = None
 
 
 def instrument(
@@ -1099,6 +1578,7 @@ def instrument(
             inst = TorchInstrumentation(grad_norm, loss, count_samples)
             _active.append(inst)
             _patch_backward(inst.native)
+            _end_steps_at_exit()
             session = _session()
             if session is not None and hasattr(session, "capture_handler"):
                 session.capture_handler = inst._capture
@@ -1115,7 +1595,41 @@ def instrument(
                     warn_once(f"torch:add-{part}", "otelprof: cannot instrument the %s %s (%s: %s); ignored",
                               part, type(obj).__name__, type(exc).__name__, exc)
         inst.sync_native()
+        _patch_accelerate()
         return inst
+
+
+def _patch_accelerate() -> None:
+    """accelerate loaded: the loss passed to ``Accelerator.backward`` is the one recorded (see
+    :mod:`otelprof.integrations.accelerate`)."""
+    module = sys.modules.get("accelerate.accelerator")
+    if module is not None:
+        try:
+            from otelprof.integrations.accelerate import patch_backward
+
+            patch_backward(module.Accelerator)
+        except Exception as exc:
+            warn_once("torch:accelerate", "otelprof: cannot patch accelerate (%r); the recorded loss of its "
+                      "backward() is the divided one", exc)
+
+
+_exit_hook: list[bool] = []
+
+
+def _end_steps_at_exit() -> None:
+    """Once per process: at exit, before the session's shutdown (registered earlier, so run later), the automatic
+    step still open is recorded — one no event of a next iteration ended: the last evaluation batch of a loop
+    without a DataLoader, the last step of a loop without an optimizer."""
+    if not _exit_hook:
+        _exit_hook.append(True)
+        atexit.register(_end_open_steps)
+
+
+def _end_open_steps() -> None:
+    with _lock:
+        for inst in list(_active):
+            with contextlib.suppress(hot.StopTraining):  # a stop request at the very end: nothing left to stop
+                inst.guarded("optimizer", inst.end_open_step)
 
 
 def auto_instrument(grad_norm: bool = False) -> TorchInstrumentation:

@@ -10,10 +10,18 @@ background thread so the training thread only pays for starting and stopping the
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import re
+import shutil
+import sys
+import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from otelprof import hotpath as hot
@@ -58,8 +66,28 @@ class _Window:
     num_steps: int
     chrome_trace: bool
     top: int
+    trigger: str = "api"
+    phase: str | None = None
+    """Only steps of this phase open and count the window (None: the current phase at each step)."""
+    on_finished: Callable[[float], None] | None = None
+    """Called from the processing thread once the window is summarized, with its measured overhead in s."""
     profiler: Any = None
     started_ns: int = 0
+    shift_ns: int = 0
+    """Recorder clock (perf counter + its offset) minus the profiler's (wall clock) at the start."""
+    begins: deque[int] = field(default_factory=lambda: deque(maxlen=BASELINE_STEPS + 1))
+    """perf_counter_ns at the start of the steps before the window (its baseline) and of its first step."""
+    after_ns: int = 0
+    """perf_counter_ns when the step after the window began (0: not yet)."""
+    measured: threading.Event = field(default_factory=threading.Event)
+    step_overhead_s: float = 0.0
+
+
+BASELINE_STEPS = 3
+"""Steps just before a window whose mean period is the window's baseline (a periodic window is armed that
+many steps ahead)."""
+AFTER_STEP_WAIT = 10.0
+"""Seconds the processing thread waits for the step after the window (to measure the window's overhead)."""
 
 
 class ProfileWindows:
@@ -69,25 +97,54 @@ class ProfileWindows:
     def __init__(self) -> None:
         self._pending: list[_Window] = []
         self._running: _Window | None = None
+        self._after: _Window | None = None
         self._lock = threading.Lock()
 
-    def arm(self, start_step: int, num_steps: int, *, chrome_trace: bool = False, top: int = 15) -> dict[str, Any]:
+    @property
+    def busy(self) -> bool:
+        """A window is armed, running or not yet measured."""
+        return bool(self._pending) or self._running is not None or self._after is not None
+
+    def reset(self) -> None:
+        """Forget armed windows (a new session: the hot path's callbacks were cleared)."""
+        with self._lock:
+            self._pending.clear()
+            self._running = self._after = None
+
+    def arm(self, start_step: int, num_steps: int, *, chrome_trace: bool = False, top: int = 15,
+            trigger: str = "api", phase: str | None = None,
+            on_finished: Callable[[float], None] | None = None) -> dict[str, Any]:
         if num_steps < 1 or start_step < 0:
             raise ValueError("profile windows need start_step >= 0 and num_steps >= 1")
         with self._lock:
-            self._pending.append(_Window(start_step, num_steps, chrome_trace, top))
+            self._pending.append(_Window(start_step, num_steps, chrome_trace, top, trigger, phase, on_finished))
             self._pending.sort(key=lambda w: w.start_step)
             if self._on_begin not in hot._step_begin:
                 hot._step_begin.append(self._on_begin)
         return {"armed": True, "kind": "torch.profiler", "start_step": start_step, "num_steps": num_steps}
 
     def _on_begin(self, step: hot.StepContext) -> None:
+        now = time.perf_counter_ns()
         with self._lock:
-            if self._running is not None or not self._pending or step.number < self._pending[0].start_step:
+            after = self._after
+            if after is not None and step.phase == (after.phase or step.phase):
+                after.after_ns = now
+                self._after = None
+                after.measured.set()
+                if not self._pending:
+                    hot._step_begin.remove(self._on_begin)
+            if self._running is not None or not self._pending:
                 return
-            window = self._pending.pop(0)
+            window = self._pending[0]
+            if window.phase is not None and step.phase != window.phase:
+                return
+            window.begins.append(now)
+            if step.number < window.start_step:
+                return
+            self._pending.pop(0)
             window.start_step = step.number
-            if not self._pending:
+            window.phase = step.phase
+            if not self._pending and self._after is None:
                 hot._step_begin.remove(self._on_begin)
             if self._start(window):
                 hot._step_boundary.append(self._on_end)
@@ -97,13 +154,14 @@ class ProfileWindows:
             window = self._running
             if window is None:
                 return
-            if hot.next_step_number() < window.start_step + window.num_steps:
+            if hot.next_step_number(window.phase) < window.start_step + window.num_steps:
                 hot._step_boundary.append(self._on_end)
                 return
             self._running = None
-            self._finish(window)
-            if self._pending and self._on_begin not in hot._step_begin:
+            self._after = window  # the next step's start closes the window's measurement
+            if self._on_begin not in hot._step_begin:
                 hot._step_begin.append(self._on_begin)
+            self._finish(window)
 
     def _start(self, window: _Window) -> bool:
         import torch
@@ -114,22 +172,64 @@ class ProfileWindows:
             activities.append(ProfilerActivity.CUDA)
         try:
             window.profiler = profile(activities=activities, record_shapes=False, with_stack=False)
-            window.profiler.start()
+            with _quiet_stderr():
+                window.profiler.start()
         except Exception as exc:  # another profiler is active, or Kineto is unavailable
             warn_once("profile:start", "otelprof: cannot start torch.profiler (%s); window skipped", exc)
             return False
         window.started_ns = time.time_ns()
+        from otelprof.session import get_session
+
+        session = get_session()
+        recorder = getattr(session, "recorder", None)
+        if recorder is not None:
+            window.shift_ns = time.perf_counter_ns() + recorder.offset_ns - time.time_ns()
+            recorder.arm_window(window.start_step, window.num_steps)  # the window's steps are always traced
         self._running = window
         return True
 
     def _finish(self, window: _Window) -> None:
         ended_ns = time.time_ns()
         try:
-            window.profiler.stop()
+            with _quiet_stderr():
+                window.profiler.stop()
         except Exception as exc:
             warn_once("profile:stop", "otelprof: torch.profiler failed to stop (%s)", exc)
             return
         threading.Thread(target=_summarize, args=(window, ended_ns), name="otelprof-profile", daemon=True).start()
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 to /dev/null while the profiler starts or stops: Kineto prints ``USDT ... profiler_start``
+    lines there whatever its log level, and the training job's stderr is not ours to write to. The profiler
+    calls hold the GIL, so only native threads writing in those few milliseconds would lose a line."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 2)
+        finally:
+            os.close(devnull)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _step_overhead(window: _Window) -> float:
+    """The window's steps (with starting and stopping the profiler) beyond as many steps at the baseline pace."""
+    begins = list(window.begins)
+    if len(begins) < 2 or not window.after_ns:
+        return 0.0
+    baseline = (begins[-1] - begins[0]) / (len(begins) - 1)
+    return max((window.after_ns - begins[-1]) - window.num_steps * baseline, 0.0) / 1e9
 
 
 def _device_time(event: Any, attribute: str) -> float:
@@ -168,38 +268,88 @@ def summarize_profile(profiler: Any, top: int) -> dict[str, Any]:
     }
 
 
+def _kineto_trace(window: _Window, keep: str | None) -> dict[str, Any] | None:
+    """The window's Kineto trace as JSON (written to ``keep`` when given, else to a temporary file)."""
+    fd, path = tempfile.mkstemp(prefix="otelprof-profile-", suffix=".json")
+    os.close(fd)
+    try:
+        window.profiler.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as f:
+            trace = json.load(f)
+        if keep is not None:
+            shutil.move(path, keep)
+        return trace if isinstance(trace, dict) else None
+    except (OSError, ValueError, RuntimeError) as exc:
+        warn_once("profile:trace", "otelprof: cannot read the profiler's trace (%s); no operator spans", exc)
+        return None
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def _summarize(window: _Window, ended_ns: int) -> None:
+    began = time.thread_time()
+    try:
+        _process(window, ended_ns, began)
+    except Exception:
+        logger.exception("otelprof: summarizing a profiling window failed")
+        if window.on_finished is not None:
+            window.on_finished(0.0)
+
+
+def _process(window: _Window, ended_ns: int, began: float) -> None:
+    from otelprof.integrations import operators
     from otelprof.session import get_session
 
     session = get_session()
-    try:
-        summary = summarize_profile(window.profiler, window.top)
-    except Exception:
-        logger.exception("otelprof: summarizing a profiling window failed")
-        return
+    summary = summarize_profile(window.profiler, window.top)
     if session is None:
         return
+    config = session.config
     record: dict[str, Any] = {"start_step": window.start_step, "num_steps": window.num_steps,
+                              "phase": window.phase, "trigger": window.trigger,
                               "t": window.started_ns, "d": ended_ns - window.started_ns, **summary}
+    keep = None
     if window.chrome_trace and session.run_dir is not None:
-        path = session.run_dir / f"profile-step{window.start_step}.trace.json"
-        try:
-            window.profiler.export_chrome_trace(str(path))
-            record["trace_file"] = path.name
-        except Exception as exc:
-            warn_once("profile:trace", "otelprof: cannot write the Chrome trace (%s)", exc)
+        keep = str(session.run_dir / f"profile-step{window.start_step}.trace.json")
+    trace = _kineto_trace(window, keep)
+    recorder = session.recorder
+    if trace is not None:
+        if keep is not None:
+            record["trace_file"] = os.path.basename(keep)
+        parsed = operators.parse_kineto_trace(trace, window.shift_ns)
+        window_stats = operators.window_summary(parsed, config.profile_top_k, kernel_precision)
+        record["operators"] = window_stats
+        recorder.drain()  # the window's step records, so that their spans exist
+        steps = recorder.window_steps(window.phase or hot.current_phase(), window.start_step, window.num_steps)
+        spans, dropped = operators.operator_spans(recorder.span_builder, parsed, steps, config.profile_max_spans)
+        recorder.add_spans(spans, dropped)
+        record["operator_spans"] = len(spans)
+        record["operator_spans_dropped"] = dropped
+        operators.set_metrics(session.registry, window_stats, window.num_steps)
+    window.measured.wait(AFTER_STEP_WAIT)
+    overhead = _step_overhead(window) + (time.thread_time() - began)
+    record["overhead_s"] = overhead
     if session.writer is not None:
         session.writer.add_json(schema.PROFILES, record)
     tracer = session.tracer_provider.get_tracer("otelprof")
     span = tracer.start_span(sc.SPAN_PROFILE, start_time=window.started_ns, attributes={
-        sc.ATTR_PROFILE_START: window.start_step, sc.ATTR_PROFILE_STEPS: window.num_steps})
+        sc.ATTR_PROFILE_START: window.start_step, sc.ATTR_PROFILE_STEPS: window.num_steps,
+        sc.ATTR_PROFILE_TRIGGER: window.trigger})
     for device, ops in (("cpu", summary["cpu_ops"]), ("gpu", summary["gpu_ops"])):
         for op in ops:
-            span.add_event("operator", attributes={"otelprof.op.name": op["name"], "otelprof.op.device": device,
-                                                   "otelprof.op.calls": op["calls"],
-                                                   "otelprof.op.self_time": op["self_s"],
-                                                   "otelprof.op.total_time": op["total_s"]},
+            span.add_event("operator", attributes={sc.ATTR_OP_NAME: op["name"], sc.ATTR_OP_DEVICE: device,
+                                                   sc.ATTR_OP_CALLS: op["calls"],
+                                                   sc.ATTR_OP_SELF_TIME: op["self_s"],
+                                                   sc.ATTR_OP_TOTAL_TIME: op["total_s"]},
                            timestamp=ended_ns)
     span.end(end_time=ended_ns)
     with session.registry.lock:
         session.registry.counter(sc.PROFILE_WINDOWS).add(1)
+        session.registry.counter(sc.PROFILE_OVERHEAD).add(overhead)
+    if window.on_finished is not None:
+        window.on_finished(overhead)
+
+
+windows = ProfileWindows()
+"""The process's profiling windows: the PyTorch integration's, captures' and the periodic schedule's."""

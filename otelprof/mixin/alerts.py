@@ -14,6 +14,7 @@ from typing import Any
 from otelprof import semconv as sc
 from otelprof.mixin import config as mc
 from otelprof.mixin.config import MixinConfig, seconds
+from otelprof.mixin.gpu_source import GpuReadings
 from otelprof.mixin.promql import (
     GPU,
     HW_ID,
@@ -52,6 +53,8 @@ class Runbook:
     thresholds: tuple[tuple[str, str], ...]
     todo: str
     deviations: str
+    limit: str
+    """Detection limit: the smallest fault the alert catches and how long it takes, computed from the config."""
     original: str = ""
     """SageMaker Debugger rule it stands for ("" when otelprof adds it)."""
 
@@ -113,12 +116,31 @@ class Alert:
         return rule
 
 
+_NOT_OPERATOR_SPANS = f'{sc.prometheus_label(sc.LABEL_EXPORTER)}!="{sc.DROPPED_OPERATOR_SPANS}"'
+
+
 def _params(*pairs: tuple[str, object]) -> tuple[tuple[str, str], ...]:
     return tuple((name, str(value)) for name, value in pairs)
 
 
 def _pct(value: float) -> str:
     return f"{value * 100:g} %"
+
+
+def _human(secs: float) -> str:
+    """A duration for the runbook's detection limits: ``45 s``, ``2 min 5 s``, ``1 h 30 min``."""
+    secs = round(secs)
+    hours, rest = divmod(secs, 3600)
+    minutes, s = divmod(rest, 60)
+    parts = [f"{hours} h" if hours else "", f"{minutes} min" if minutes else "", f"{s} s" if s else ""]
+    return " ".join(p for p in parts if p) or "0 s"
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{value / size:g} {unit}"
+    return f"{value:g} B"
 
 
 def alerts(config: MixinConfig) -> list[Alert]:
@@ -150,8 +172,11 @@ def _system(c: MixinConfig) -> list[Alert]:
     q = Q(c.selector)
     w = c.window
     warm = q.warmed_up(c.patience)
+    ws, patience = seconds(w), seconds(c.patience)
+    never_early = f"Never in the first {_human(patience)} of a process (patience)."
     gpu_labels = (*IDENTITY, GPU, HW_ID)
-    used = f"and on ({JOB}, {RANK}, {GPU}) max_over_time({q.sel(sc.GPU_UTILIZATION)}[{w}]) > 0"
+    g = GpuReadings(c)
+    used = f"and on ({JOB}, {RANK}, {GPU}) max_over_time({g.current(sc.GPU_UTILIZATION)}[{w}]) > 0"
 
     def bottleneck(short: str, counter: sc.MetricSpec, threshold: float, what: str, original: str,
                    todo: str, high: str) -> Alert:
@@ -172,6 +197,11 @@ def _system(c: MixinConfig) -> list[Alert]:
                                     _pct(c.cpu_threshold if 'CPU' in short else c.io_threshold)),
                                    ("gpu_threshold (in process)", _pct(c.gpu_threshold)),
                                    ("threshold", _pct(threshold)), ("for", c.bottleneck_for)),
+                limit=f"A bottleneck in more than {_pct(threshold)} of the node's samples. One in every sample "
+                      f"fires {_human(ws * threshold + seconds(c.bottleneck_for))} after it starts (the window's "
+                      f"share passes {_pct(threshold)} after {_human(ws * threshold)}, then `for` "
+                      f"{c.bottleneck_for}); one in a share s of the samples after {w} x {threshold:g} / s + "
+                      f"{c.bottleneck_for}. {never_early}",
                 todo=todo,
                 deviations="The original judged the share of bottleneck samples since the job started; this "
                            f"alert judges the last {w} (500 samples at 500 ms), so it resolves once the "
@@ -200,8 +230,8 @@ def _system(c: MixinConfig) -> list[Alert]:
         "check the volume's throughput limits (network file systems and cloud disks cap IOPS per volume).",
         f"a CPU above {_pct(c.io_threshold)} in iowait")
 
-    util_p95 = q.window_quantile(0.95, sc.GPU_UTILIZATION_DISTRIBUTION, w)
-    util_p5 = q.window_quantile(0.05, sc.GPU_UTILIZATION_DISTRIBUTION, w)
+    util_p95 = g.quantile(0.95, sc.GPU_UTILIZATION, w)
+    util_p5 = g.quantile(0.05, sc.GPU_UTILIZATION, w)
     low_runbook_dev = (f"The original used numpy quantiles over the last 500 samples; here the quantiles come "
                        f"from the per-sample utilization histogram (buckets every 5 %, linear interpolation "
                        f"inside a bucket, as histogram_quantile does), over the last {w}, so a GPU sitting "
@@ -221,6 +251,9 @@ def _system(c: MixinConfig) -> list[Alert]:
                     f"{_pct(c.low_gpu_threshold_p95)} utilization: the device is mostly idle.",
             thresholds=_params(("window", w), ("patience", c.patience),
                                ("threshold_p95", _pct(c.low_gpu_threshold_p95)), ("for", c.low_gpu_for)),
+            limit=f"A GPU busier than {_pct(c.low_gpu_threshold_p95)} in fewer than 5 % of its samples. A GPU that "
+                  f"drops from busy to idle fires about {_human(0.95 * ws + seconds(c.low_gpu_for))} later (95 % "
+                  f"of the {w} window must be idle, then `for` {c.low_gpu_for}). {never_early}",
             todo="Find what the GPU waits for: the bottleneck alerts and OtelprofInputBound point at the input "
                  "pipeline; long collective times on the ranks dashboard point at communication; otherwise "
                  "the model is too small for the device — raise the batch size or use a smaller GPU.",
@@ -241,13 +274,17 @@ def _system(c: MixinConfig) -> list[Alert]:
             thresholds=_params(("window", w), ("patience", c.patience),
                                ("threshold_p95", _pct(c.low_gpu_threshold_p95)),
                                ("threshold_p5", _pct(c.low_gpu_threshold_p5)), ("for", c.low_gpu_for)),
+            limit=f"A GPU below {_pct(c.low_gpu_threshold_p5)} in more than 5 % of its samples and above "
+                  f"{_pct(c.low_gpu_threshold_p95)} in more than 5 %. Idle gaps appearing in a steadily busy GPU "
+                  f"fire about {_human(0.05 * ws + seconds(c.low_gpu_for))} after they start (5 % of the {w} "
+                  f"window, then `for` {c.low_gpu_for}). {never_early}",
             todo="Typical causes are blocking calls between steps (synchronizing .item()/.cpu() calls, logging, "
                  "checkpointing), a data loader that delivers in bursts, or ranks waiting for each other. "
                  "Compare the timeline of a captured window with the step-time panel; prefetch data and "
                  "remove host synchronizations from the step.",
             deviations=low_runbook_dev, original="LowGPUUtilization"))
 
-    mem_p95 = q.window_quantile(0.95, sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, w)
+    mem_p95 = g.quantile(0.95, sc.GPU_MEMORY_UTILIZATION, w)
     cpu_p95 = q.window_quantile(0.95, sc.NODE_CPU_UTILIZATION, w)
     batch = Alert(
         "BatchSizeTooSmall", GROUP_SYSTEM,
@@ -267,6 +304,11 @@ def _system(c: MixinConfig) -> list[Alert]:
                                ("gpu_memory_threshold_p95", _pct(c.batch_size_gpu_memory_threshold_p95)),
                                ("cpu_threshold_p95", _pct(c.batch_size_cpu_threshold_p95)),
                                ("for", c.batch_size_for)),
+            limit=f"GPU utilization, GPU memory and the node's mean CPU utilization each above their threshold "
+                  f"({_pct(c.batch_size_gpu_threshold_p95)}, {_pct(c.batch_size_gpu_memory_threshold_p95)}, "
+                  f"{_pct(c.batch_size_cpu_threshold_p95)}) in fewer than 5 % of the samples. A job whose load "
+                  f"drops fires about {_human(0.95 * ws + seconds(c.batch_size_for))} later (95 % of the {w} "
+                  f"window, then `for` {c.batch_size_for}). {never_early}",
             todo="Raise the per-device batch size (scale the learning rate accordingly) or run on a smaller, "
                  "cheaper GPU. If the batch size is fixed by the recipe, pack several jobs per GPU (MIG, MPS).",
             deviations=f"Same conjunction as the original over the last {w}, with quantiles from the per-sample "
@@ -275,8 +317,8 @@ def _system(c: MixinConfig) -> list[Alert]:
             original="BatchSize"))
 
     m = c.gpu_memory_increase_window
-    now_mean = q.window_mean(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, m)
-    before_mean = q.window_mean(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, m, offset=m)
+    now_mean = g.mean(sc.GPU_MEMORY_UTILIZATION, m)
+    before_mean = g.mean(sc.GPU_MEMORY_UTILIZATION, m, offset=m)
     increase = Alert(
         "GPUMemoryIncrease", GROUP_SYSTEM,
         f"(\n  {now_mean}\n  -\n  {before_mean}\n) > {number(c.gpu_memory_increase)}\n{warm}",
@@ -288,6 +330,10 @@ def _system(c: MixinConfig) -> list[Alert]:
             meaning=f"The GPU's mean memory use over the last {m} is more than {_pct(c.gpu_memory_increase)} of "
                     f"the device's memory above its mean over the {m} before: memory is growing.",
             thresholds=_params(("window", m), ("patience", c.patience), ("increase", _pct(c.gpu_memory_increase))),
+            limit=f"A jump of more than {_pct(c.gpu_memory_increase)} of the device's memory: a jump of J points "
+                  f"fires {m} x {_pct(c.gpu_memory_increase)} / J after it (within {m}). Steady growth faster than "
+                  f"{_pct(c.gpu_memory_increase)} of the device per {m} fires within {_human(2 * seconds(m))} of "
+                  f"its start (both windows in the growth). No `for`. {never_early}",
             todo="Growth that repeats step after step is a leak: tensors kept alive across steps (accumulating "
                  "losses without .item()/.detach(), lists of outputs, autograd graphs held by metrics). A one-off "
                  "jump at the start of evaluation or at a larger input shape is expected. Check "
@@ -301,7 +347,7 @@ def _system(c: MixinConfig) -> list[Alert]:
     cap_w = c.gpu_memory_capacity_window
     capacity = Alert(
         "GPUMemoryNearCapacity", GROUP_SYSTEM,
-        f"{q.window_mean(sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION, cap_w)} > "
+        f"{g.mean(sc.GPU_MEMORY_UTILIZATION, cap_w)} > "
         f"{number(c.gpu_memory_capacity_threshold)}",
         "0s", "warning",
         "A GPU's memory is nearly full.",
@@ -312,13 +358,16 @@ def _system(c: MixinConfig) -> list[Alert]:
                     f"over the last {cap_w}. The next larger batch, sequence or evaluation pass may fail "
                     "with an out-of-memory error.",
             thresholds=_params(("window", cap_w), ("threshold", _pct(c.gpu_memory_capacity_threshold))),
+            limit=f"A GPU more than {_pct(c.gpu_memory_capacity_threshold)} full on average over {cap_w}. A GPU that "
+                  f"fills up from a share L to 100 % fires {cap_w} x ({_pct(c.gpu_memory_capacity_threshold)} - L) "
+                  f"/ (100 % - L) later, within {cap_w}. No `for`, no patience.",
             todo="If this follows OtelprofGPUMemoryIncrease, look for a leak. Otherwise make room: activation "
                  "checkpointing, mixed precision, a smaller micro-batch with gradient accumulation, or sharded "
                  "optimizer states (ZeRO/FSDP). PyTorch's caching allocator keeps freed memory reserved: "
                  "compare otelprof_cuda_memory_allocated_bytes with _reserved_bytes before blaming the model.",
             deviations="No original: SageMaker Debugger only watched growth, not the ceiling."))
 
-    spread_mean = q.window_mean(sc.GPU_UTILIZATION_DISTRIBUTION, w)
+    spread_mean = g.mean(sc.GPU_UTILIZATION, w)
     load = Alert(
         "GPULoadImbalance", GROUP_SYSTEM,
         f"(\n  max by ({JOB}) ({spread_mean})\n  -\n  min by ({JOB}) ({spread_mean})\n)"
@@ -334,6 +383,11 @@ def _system(c: MixinConfig) -> list[Alert]:
                     "nodes of the job.",
             thresholds=_params(("window", w), ("patience", c.patience),
                                ("threshold", _pct(c.load_balancing_threshold)), ("for", c.load_balancing_for)),
+            limit=f"Two GPUs of the job whose mean utilization differs by more than "
+                  f"{c.load_balancing_threshold * 100:g} points. A difference of D points that appears at once fires "
+                  f"after {w} x {c.load_balancing_threshold * 100:g} / D + {c.load_balancing_for} (D = 50: "
+                  f"{_human(ws * c.load_balancing_threshold / 0.5 + seconds(c.load_balancing_for))}). Never before "
+                  f"every process of the job has run {_human(patience)}.",
             todo="With torch.nn.DataParallel the first GPU gathers outputs and gradients: switch to "
                  "DistributedDataParallel. With DDP/FSDP, look for uneven shards of data (variable sequence "
                  "lengths: bucket by length), a rank doing extra work (logging, evaluation, checkpointing on "
@@ -344,7 +398,82 @@ def _system(c: MixinConfig) -> list[Alert]:
                        "compares the exact window means of the GPUs' utilization (from the per-sample "
                        "histograms) across the whole job, not per node.",
             original="LoadBalancing"))
-    return [cpu, io, low, fluctuating, batch, increase, capacity, load]
+    return [cpu, io, low, fluctuating, batch, increase, capacity, *_host_memory(c), load]
+
+
+def _host_memory(c: MixinConfig) -> list[Alert]:
+    q = Q(c.selector)
+    hw = c.host_memory_increase_window
+    hws, patience = seconds(hw), seconds(c.patience)
+    rss = q.sel(sc.PROCESS_MEMORY_USAGE)
+    now, before = f"avg_over_time({rss}[{hw}])", f"avg_over_time({rss}[{hw}] offset {hw})"
+    ratio, least = c.host_memory_increase, c.host_memory_increase_min_bytes
+    warm = int(patience + 2 * hws)
+    training = f"(time() - {q.sel(sc.STEP_FIRST_TIMESTAMP)})"
+    increase = Alert(
+        "HostMemoryIncrease", GROUP_SYSTEM,
+        f"(\n  {now}\n  -\n  {before}\n  > {number(ratio)} * {before}\n)\n> {number(least)}\n"
+        f"and on ({JOB}, {RANK}) {training} > {warm}",
+        c.host_memory_increase_for, "warning",
+        "A training process's memory keeps growing.",
+        f"{AT_RANK}: mean resident memory over the last {hw} is {NUM}B above the {hw} before.",
+        mc.DASHBOARD_GPU_SYSTEM, (*IDENTITY, *c.target_labels),
+        Runbook(
+            meaning=f"The process's mean resident memory (RSS) over the last {hw} exceeds its mean over the {hw} "
+                    f"before by more than {_pct(ratio)} of that and by more than {_bytes(least)}, and kept doing "
+                    f"so for {c.host_memory_increase_for}, while training steps run: host memory is leaking. Left "
+                    "alone the process ends in an out-of-memory kill. Judged from patience + two windows after the "
+                    "first step, so loading data and models before training, and the first steps' allocations, "
+                    "do not count.",
+            thresholds=_params(("window", hw), ("increase", _pct(ratio)), ("min_increase", _bytes(least)),
+                               ("for", c.host_memory_increase_for),
+                               ("patience", f"{c.patience} + 2 x {hw} after the first step")),
+            limit=f"Growth per {hw} of more than {_pct(ratio)} of the resident memory and more than "
+                  f"{_bytes(least)}: for a process below {_bytes(least / ratio)} a leak faster than "
+                  f"{_bytes(least / hws * 60)} per minute, for a larger one faster than {_pct(ratio)} per {hw}. "
+                  f"A steady leak fires at the latest "
+                  f"{_human(2 * hws + seconds(c.host_memory_increase_for))} after it starts (both windows in the "
+                  f"growth, then `for` {c.host_memory_increase_for}), sooner the faster it grows. Never in the first "
+                  f"{_human(warm)} after the first step: the growth while a job starts up is no leak.",
+            todo="Typical leaks in training code: a list that keeps every step's loss or outputs (append "
+                 "loss.item(), not the tensor), metrics objects that accumulate predictions, a cache keyed by "
+                 "batch, tensors kept alive by a closure or a logging handler, or torch.compile recompiling "
+                 "for ever-new shapes. tracemalloc snapshots a few minutes apart (or memray) show which line "
+                 "allocates. Data-loader workers are processes of their own: their growth shows in "
+                 "OtelprofHostMemoryNearLimit, not here.",
+            deviations="No original: SageMaker Debugger only watched GPU memory. Means of the scraped RSS gauge "
+                       "(not per sample): memory moves slowly, and a single spike does not move a mean much."))
+
+    lw = c.host_memory_limit_window
+    working_set, limit = q.sel(sc.CONTAINER_MEMORY_WORKING_SET), q.sel(sc.CONTAINER_MEMORY_LIMIT)
+    host = q.sel(sc.SYSTEM_MEMORY_UTILIZATION)
+    threshold = c.host_memory_limit_threshold
+    near = Alert(
+        "HostMemoryNearLimit", GROUP_SYSTEM,
+        f"(\n  avg_over_time({working_set}[{lw}])\n  / max_over_time({limit}[{lw}])\nor\n"
+        f"  avg_over_time({host}[{lw}])\n  unless on ({JOB}, {NODE}) {limit}\n) > {number(threshold)}",
+        "0s", "warning",
+        "A node's memory is nearly exhausted.",
+        f"Node {L_NODE} (job {L_JOB}): {PCT} of the container's memory limit (or, without a limit, of the "
+        f"host's memory) in use on average over the last {lw}.",
+        mc.DASHBOARD_GPU_SYSTEM, (*IDENTITY, *c.target_labels),
+        Runbook(
+            meaning=f"On average over the last {lw}, the container's working set (memory charged to it less "
+                    f"inactive file cache, which the kernel reclaims) is above {_pct(threshold)} of its cgroup "
+                    f"memory limit; in a container without a limit, the host's used memory is above "
+                    f"{_pct(threshold)} of its total. The next allocation may end in an out-of-memory kill of the "
+                    "training process or one of its data-loader workers.",
+            thresholds=_params(("window", lw), ("threshold", _pct(threshold))),
+            limit=f"A working set above {_pct(threshold)} of the limit on average over {lw}. A container that "
+                  f"fills up from a share L to 100 % fires {lw} x ({_pct(threshold)} - L) / (100 % - L) later, "
+                  f"within {lw}. No `for`, no patience.",
+            todo="If OtelprofHostMemoryIncrease fired before, look for the leak. Otherwise: fewer data-loader "
+                 "workers (each holds its own copy of whatever the dataset object references; keep large "
+                 "lookups in numpy arrays, not Python lists, to avoid copy-on-access), a smaller "
+                 "prefetch_factor, or a larger memory limit for the pod.",
+            deviations="No original. Measured like the kubelet's eviction signal (working set, not usage with page "
+                       "cache), from the node's sampling process."))
+    return [increase, near]
 
 
 # ---------------------------------------------------------------------------------------------- steps
@@ -355,32 +484,52 @@ def _steps(c: MixinConfig) -> list[Alert]:
     step_sum = q.delta(sc.STEP_DURATION, sw, "sum")
     coll_sum = q.delta(sc.COLLECTIVE_DURATION, sw, "sum")
     step_count = q.delta(sc.STEP_DURATION, sw, "count")
-    compute = f"(({step_sum} - ({coll_sum} or {step_sum} * 0)) / {step_count})"
+    compute = f"(({step_sum} - ({coll_sum} or {step_sum} * 0)) / ({step_count} > 0))"  # ranks with steps in it
+    g = f"on ({JOB}, {PHASE})"
+    ranks = f"count by ({JOB}, {PHASE}) ({compute})"
+    # A rank against the median of the *other* ranks. PromQL cannot leave a series out of its own group's
+    # aggregation, so: with 2-3 ranks that median is the mean of the others, (sum - x) / (n - 1); with 4 or
+    # more, a rank that can be slower than its peers sits above the job's median, and the median of the others
+    # is then the largest value not above the job's median (exact for every even n; for odd n >= 5 the job's
+    # median itself, at most one rank's worth above the exact one, so the alert errs on the quiet side).
+    peers_few = (f"{compute}\n  * {g} group_left () ({ranks} - 1)\n"
+                 f"  / (sum by ({JOB}, {PHASE}) ({compute}) - {g} group_right () {compute} > 0)\n"
+                 f"  and {g} {ranks} < 4")
+    peers_many = (f"{compute}\n  / {g} group_left ()\n  (max by ({JOB}, {PHASE}) ({compute} <= {g} group_left () "
+                  f"quantile by ({JOB}, {PHASE}) (0.5, {compute})) > 0)\n  and {g} {ranks} > 3")
+    sws, sfor = seconds(sw), seconds(c.straggler_for)
     straggler = Alert(
         "RankStraggler", GROUP_STEPS,
-        f"{compute}\n/ on ({JOB}, {PHASE}) group_left\nquantile by ({JOB}, {PHASE}) (0.5, {compute})\n"
-        f"> {number(c.straggler_ratio)}\n"
-        f"and on ({JOB}, {PHASE}) count by ({JOB}, {PHASE}) ({compute}) > 1",
+        f"(\n  {peers_few}\nor\n  {peers_many}\n)\n> {number(c.straggler_ratio)}\n"
+        f"and {g} {ranks} > 1",
         c.straggler_for, "warning",
         "One rank is slower than the others.",
-        f"{AT_RANK}: its {L_PHASE} steps take {NUM} times the job's median of compute time per step "
+        f"{AT_RANK}: its {L_PHASE} steps take {NUM} times the median of its peers' compute time per step "
         f"(step time less collective time) over the last {sw}.",
         mc.DASHBOARD_RANKS, (*IDENTITY, PHASE, *c.target_labels),
         Runbook(
             meaning=f"This rank's mean compute time per step (step time minus the time its gradient all-reduces "
                     f"were in flight) over the last {sw} is more than {c.straggler_ratio:g} times the median "
-                    "over the job's ranks. In synchronous data parallel training every rank waits for the "
+                    "over the job's other ranks. In synchronous data parallel training every rank waits for the "
                     "slowest, so one straggler slows the whole job.",
             thresholds=_params(("window", sw), ("ratio", c.straggler_ratio), ("for", c.straggler_for)),
+            limit=f"A rank more than {(c.straggler_ratio - 1) * 100:g} % slower than the median of its peers, at "
+                  f"any world size from 2. A rank that slows down to k times its peers' step fires once more than "
+                  f"{c.straggler_ratio - 1:g} / (k - 1) of its steps in the {sw} window are slow, then `for` "
+                  f"{c.straggler_for}: at the latest {_human(sws + sfor)} after the slowdown.",
             todo="Compare the node's telemetry with the other nodes': CPU throttling "
                  "(otelprof_container_cpu_throttled_periods_total), a GPU at a lower clock or thermally "
                  "throttled (otelprof_gpu_throttle), a slower data path on that node, or uneven input sizes. "
                  "The captured window (action `capture`, sent to this rank only) shows where its time goes.",
-            deviations="No original. With two ranks the median is their mean, so the straggler must be 1.5 times "
-                       "slower for a ratio of 1.2; with more ranks the median is robust. The collective time "
-                       "comes from the DDP integration; without it the plain step time is compared."))
+            deviations="No original. The peers' median is exact for 2, 3 and 4 ranks and any even number; with "
+                       "an odd number of 5 or more ranks it is the job's median, which is at most one rank's "
+                       "compute time above the exact one (the alert errs on the quiet side). The collective "
+                       "time comes from the DDP integration; without it the plain step time is compared."))
 
     ow = c.step_outlier_window
+    outlier_rule = (f"slower than the mean + {c.step_outlier_sigma:g} standard deviations of its phase's last 256 "
+                    f"steps, and at least {c.step_outlier_min_ratio:g} times and {c.step_outlier_min_excess * 1000:g} "
+                    "ms more than their median")
     outliers = Alert(
         "StepOutliers", GROUP_STEPS,
         f"{q.delta(sc.STEP_OUTLIERS, ow)} > {c.step_outlier_n_outliers}\n"
@@ -389,18 +538,30 @@ def _steps(c: MixinConfig) -> list[Alert]:
         f"  > on ({JOB}, {RANK}, {PHASE}) {number(c.step_outlier_min_share)} * {q.delta(sc.STEPS, ow)}",
         "0s", "warning",
         "Many steps were much slower than usual.",
-        f"{AT_RANK}: {NUM} {L_PHASE} steps in the last {ow} were slower than mean + sigma x stddev of the "
-        "steps before them.",
+        f"{AT_RANK}: {NUM} {L_PHASE} steps in the last {ow} were outliers: much slower than the typical step "
+        "of the steps before them.",
         mc.DASHBOARD_TIMELINE, (*IDENTITY, PHASE, *c.target_labels),
         Runbook(
             meaning=f"More than {c.step_outlier_n_outliers} steps of the last {ow} (of more than "
                     f"{c.step_outlier_min_steps}), and more than {_pct(c.step_outlier_min_share)} of them, were "
-                    "outliers: slower than the mean plus "
-                    "OTELPROF_OUTLIER_SIGMA (3) standard deviations of the recent steps of their phase. Every "
-                    "outlier step is traced, so its spans show where the time went.",
+                    f"outliers: each {outlier_rule}. Every outlier step is traced, so its spans show where the "
+                    "time went.",
             thresholds=_params(("window", ow), ("n_outliers", c.step_outlier_n_outliers),
                                ("min_steps", c.step_outlier_min_steps),
-                               ("min_share", _pct(c.step_outlier_min_share)), ("stddev (in process)", 3)),
+                               ("min_share", _pct(c.step_outlier_min_share)),
+                               ("stddev (in process, OTELPROF_OUTLIER_SIGMA)", f"{c.step_outlier_sigma:g}"),
+                               ("min_ratio (in process, OTELPROF_OUTLIER_MIN_RATIO)", f"{c.step_outlier_min_ratio:g}"),
+                               ("min_excess (in process, OTELPROF_OUTLIER_MIN_EXCESS_MS)",
+                                f"{c.step_outlier_min_excess * 1000:g} ms")),
+            limit=f"Steps taking at least {c.step_outlier_min_ratio:g} times the median step (and beyond mean + "
+                  f"{c.step_outlier_sigma:g} sigma), more than {c.step_outlier_n_outliers} of them and more than "
+                  f"{_pct(c.step_outlier_min_share)} of the steps within {ow}, in a phase with more than "
+                  f"{c.step_outlier_min_steps} steps in the window. Fires at the outlier that passes both counts "
+                  f"(no `for`): outliers arriving at k per minute fire after "
+                  f"{c.step_outlier_n_outliers + 1} / k minutes in a phase of fewer than "
+                  f"{(c.step_outlier_n_outliers + 1) / c.step_outlier_min_share:,.0f} steps per {ow}. Slower "
+                  f"steps that are not {c.step_outlier_min_ratio:g} times the median (scheduler jitter, a busy "
+                  "neighbour) never count.",
             todo="Open the outlier steps on the timeline dashboard (they are always traced) and look for the "
                  "region that grew: data loading (see the bottleneck alerts), checkpointing or evaluation "
                  "inside the loop, garbage collection, or interference from other processes on the node.",
@@ -408,10 +569,11 @@ def _steps(c: MixinConfig) -> list[Alert]:
                        f"had more than 10); this counts them over the last {ow}. The outlier test runs in the "
                        "training process against the last 256 steps of the phase (population standard "
                        "deviation, upward only, as in the original) after OTELPROF_OUTLIER_MIN_STEPS steps, "
-                       "instead of all steps. New: the outliers must also exceed "
-                       f"{_pct(c.step_outlier_min_share)} of the window's steps — with very steady steps (a "
-                       "standard deviation of a fraction of a millisecond) scheduler noise alone makes 1-2 % of "
-                       "the steps 3-sigma outliers, which is no bottleneck.",
+                       "instead of all steps. New: an outlier must also be materially slower than the median "
+                       f"step ({c.step_outlier_min_ratio:g} times, OTELPROF_OUTLIER_MIN_RATIO): on a steady run "
+                       "(63.6 +- 1.9 ms steps) scheduler jitter on a busy machine passes mean + 3 sigma (70 ms) "
+                       "every few dozen steps, which is no bottleneck; and the outliers must exceed "
+                       f"{_pct(c.step_outlier_min_share)} of the window's steps.",
             original="StepOutlier"))
 
     init_limit = int(seconds(c.max_initialization_time))
@@ -426,6 +588,8 @@ def _steps(c: MixinConfig) -> list[Alert]:
             meaning=f"The process started more than {c.max_initialization_time} ago and no training step has "
                     "begun yet.",
             thresholds=_params(("threshold", c.max_initialization_time)),
+            limit=f"A process whose first step has not begun {c.max_initialization_time} after it started; fires "
+                  f"exactly then (no `for`).",
             todo="Look at the annotated initialization regions (otelprof_annotation_duration_seconds with "
                  "phase none) and the process's CPU and I/O: data set download or indexing, model weight "
                  "loading, compilation (torch.compile), or a distributed rendezvous waiting for missing "
@@ -454,6 +618,8 @@ def _steps(c: MixinConfig) -> list[Alert]:
             meaning=f"The data loaders of the node's ranks together run fewer worker processes than "
                     f"{_pct(c.dataloader_min_threshold)} of the CPUs the container may use.",
             thresholds=_params(("min_threshold", _pct(c.dataloader_min_threshold)), ("for", c.dataloader_for)),
+            limit=f"Fewer workers than {_pct(c.dataloader_min_threshold)} of the container's CPUs; fires "
+                  f"{c.dataloader_for} after the loaders report their workers.",
             todo="If steps are input-bound (OtelprofInputBound, OtelprofCPUBottleneck) raise num_workers "
                  "towards the available CPUs divided by the ranks on the node; otherwise this is harmless.",
             deviations=loader_dev, original="Dataloader"))
@@ -470,6 +636,8 @@ def _steps(c: MixinConfig) -> list[Alert]:
                     f"{_pct(c.dataloader_max_threshold)} of the container's CPUs in worker processes: they "
                     "compete for cores (and memory) with each other and the training processes.",
             thresholds=_params(("max_threshold", _pct(c.dataloader_max_threshold)), ("for", c.dataloader_for)),
+            limit=f"More workers than {_pct(c.dataloader_max_threshold)} of the container's CPUs; fires "
+                  f"{c.dataloader_for} after the loaders report their workers.",
             todo="Lower num_workers; with a CPU limit on the pod, size workers to the limit, not to the node's "
                  "cores (os.cpu_count() reports the node). Watch CPU throttling after the change.",
             deviations=loader_dev, original="Dataloader"))
@@ -488,6 +656,10 @@ def _steps(c: MixinConfig) -> list[Alert]:
                     "each step was spent waiting for the data loader to hand over the next batch.",
             thresholds=_params(("window", iw), ("threshold", _pct(c.input_bound_threshold)),
                                ("for", c.input_bound_for)),
+            limit=f"Steps waiting for data more than {_pct(c.input_bound_threshold)} of their time on average. When "
+                  f"the loader slows so that steps wait a share s of their time, fires once more than "
+                  f"{c.input_bound_threshold:g} / s of the window's steps are slow, then `for` {c.input_bound_for}: "
+                  f"at the latest {_human(seconds(iw) + seconds(c.input_bound_for))} after the slowdown.",
             todo="Make the input pipeline faster than the model: more loader workers, prefetching, "
                  "pin_memory, persistent_workers, cheaper decoding or preprocessing done once offline, faster "
                  "storage. The CPU and I/O bottleneck alerts tell which resource the loader lacks.",
@@ -506,7 +678,12 @@ def _training(c: MixinConfig) -> list[Alert]:
     loss_now = f"avg_over_time({q.sel(sc.LOSS, matchers=train)}[{lw}])"
     loss_before = f"avg_over_time({q.sel(sc.LOSS, matchers=train)}[{lw}] offset {lw})"
     diff = number(c.loss_diff_percent / 100)
-    steps_moving = f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, lw, matchers=train)} > 0"
+    # Steps ran in both windows, and no loss was NaN in them: the loss gauge holds its last finite value, so
+    # through a stall or after a NaN it would look flat (OtelprofTrainingStalled and _NonFiniteValues say why).
+    steps_moving = (f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, lw, matchers=train)} > 0\n"
+                    f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, lw, matchers=train, offset=lw)} > 0\n"
+                    f"unless on ({JOB}, {RANK}, {PHASE}) "
+                    f"{q.delta(sc.NONFINITE, f'{2 * int(seconds(lw))}s', matchers=train)} > 0")
     not_decreasing = Alert(
         "LossNotDecreasing", GROUP_TRAINING,
         f"{loss_now}\n> {loss_before} - {diff} * abs({loss_before})\n{steps_moving}\n"
@@ -518,8 +695,12 @@ def _training(c: MixinConfig) -> list[Alert]:
         Runbook(
             meaning=f"The mean of the recorded training loss over the last {lw} did not fall by at least "
                     f"{c.loss_diff_percent:g} % of its value compared with the {lw} before, while steps "
-                    "were running. Judged once the process has run for two windows.",
+                    "were running in both windows and every loss was finite. Judged once the process has run for "
+                    "two windows.",
             thresholds=_params(("window", lw), ("diff_percent", f"{c.loss_diff_percent:g} %")),
+            limit=f"A training loss whose {lw} mean falls by less than {c.loss_diff_percent:g} % per {lw}. A loss "
+                  f"that stops falling fires at the latest {_human(2 * seconds(lw))} after it flattens (both windows "
+                  f"flat; no `for`), and never before the process has run {_human(2 * seconds(lw))}.",
             todo="Expected near convergence: then stop or lower the learning rate. Early in training it "
                  "points at a learning rate that is too high or too low, a data pipeline that repeats the "
                  "same batches, or frozen parameters. Check OtelprofVanishingGradients and the learning-rate "
@@ -542,6 +723,8 @@ def _training(c: MixinConfig) -> list[Alert]:
             meaning=f"record('loss', ...) or record('grad_norm', ...) received NaN or an infinity in the last "
                     f"{c.nonfinite_window}. Training rarely recovers: every further step wastes compute.",
             thresholds=_params(("window", c.nonfinite_window)),
+            limit=f"A single NaN or infinite loss or gradient norm; fires at the first scrape and rule evaluation "
+                  f"after it (no `for`) and stays firing for {c.nonfinite_window}.",
             todo="With the default action `stop` the job ends at the next step boundary after your on_stop "
                  "callbacks. Resume from the last good checkpoint with a lower learning rate, gradient "
                  "clipping, loss scaling for fp16 (or bf16), and check the inputs of the failing steps for "
@@ -567,6 +750,8 @@ def _training(c: MixinConfig) -> list[Alert]:
                     f"{c.vanishing_gradient_threshold:g} while steps were running: the parameters barely "
                     "change.",
             thresholds=_params(("window", vw), ("threshold", f"{c.vanishing_gradient_threshold:g}")),
+            limit=f"Every gradient norm below {c.vanishing_gradient_threshold:g} for {vw} while steps run; fires "
+                  f"{vw} after the last larger norm (no `for`).",
             todo="Check for saturated activations, a loss that is detached from the parameters, parameters "
                  "accidentally frozen, or a learning-rate schedule that has decayed to zero; use normalization "
                  "layers, residual connections or a different initialization.",
@@ -587,6 +772,8 @@ def _training(c: MixinConfig) -> list[Alert]:
             meaning=f"The process is alive (its metrics are scraped) but no step of any phase has finished for "
                     f"more than {c.stalled_training_threshold}.",
             thresholds=_params(("threshold", c.stalled_training_threshold)),
+            limit=f"No step of any phase ending for {c.stalled_training_threshold}; fires "
+                  f"{c.stalled_training_threshold} after the last step ended (no `for`).",
             todo="A hung collective is the usual cause in distributed jobs: check whether another rank died "
                  "(OtelprofTelemetryAbsent) and run py-spy dump on the process. Otherwise look for a dead "
                  "data-loader worker, a full disk during checkpointing, or a very long evaluation outside "
@@ -614,6 +801,11 @@ def _training(c: MixinConfig) -> list[Alert]:
                     "are checked.",
             thresholds=_params(("window", ow), ("ratio_threshold", c.overfit_ratio_threshold),
                                ("for", c.overfit_for)),
+            limit=f"A mean eval loss more than {_pct(c.overfit_ratio_threshold)} above the mean training loss over "
+                  f"{ow}. A gap of g that opens at once fires after {ow} x {c.overfit_ratio_threshold:g} / g + "
+                  f"{c.overfit_for} (g = 20 %: "
+                  f"{_human(seconds(ow) * c.overfit_ratio_threshold / 0.2 + seconds(c.overfit_for))}); at the "
+                  f"latest {_human(seconds(ow) + seconds(c.overfit_for))}.",
             todo="Stop at the best checkpoint (early stopping), add regularization (weight decay, dropout, "
                  "augmentation) or more data. A gap that is there from the start usually means the two "
                  "losses are computed differently (e.g. dropout, label smoothing or a different reduction).",
@@ -647,6 +839,8 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
                     "process died or hangs, or its /metrics endpoint is unreachable. Every other alert about "
                     "this process is blind meanwhile — absence never counts as healthy.",
             thresholds=_params(("lookback", lb), ("for", c.absent_for)),
+            limit=f"A target that served otelprof metrics within {lb} and fails its scrapes for {c.absent_for}; "
+                  f"fires {c.absent_for} after the first failed scrape.",
             todo="Check the pod (kubectl describe/logs): OOM kill, crash, eviction. A process that is alive but "
                  "does not answer scrapes is usually stuck holding the GIL; py-spy dump shows where.",
             deviations="No original: the SageMaker rules ran on files and treated missing data as no data."))
@@ -667,6 +861,8 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
                     "same job still report. A rank that died leaves the others hanging in their next "
                     "collective operation.",
             thresholds=_params(("lookback", lb), ("for", c.absent_for)),
+            limit=f"One rank's series gone (Prometheus marks them stale at the first failed scrape of its "
+                  f"target) while other ranks of the job report; fires {c.absent_for} later.",
             todo="Find why the rank ended (pod events, OOM kills, the process's last log lines, NCCL errors). "
                  "The remaining ranks will not make progress: restart the job from its last checkpoint; "
                  "torchrun's elastic restarts (max_restarts) can do this automatically.",
@@ -688,6 +884,8 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
                     f"system sample in the last {c.sampler_window}. The CPU, I/O and GPU alerts cannot judge "
                     "this node.",
             thresholds=_params(("window", c.sampler_window), ("for", c.absent_for)),
+            limit=f"A node sampler that takes no sample for {c.sampler_window}; fires "
+                  f"{_human(seconds(c.sampler_window) + seconds(c.absent_for))} after its last sample.",
             todo="The node's sampler runs in the process whose LOCAL_RANK equals "
                  "OTELPROF_NODE_SAMPLER_LOCAL_RANK (0): check that this process runs, that "
                  "OTELPROF_SYSTEM_METRICS is not false, and otelprof_sampler_errors_total. If system metrics "
@@ -708,13 +906,19 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
             meaning=f"A GPU's series existed within the last {lb} and vanished while the node's sampler still "
                     "samples: NVML stopped answering for this device (GPU lost, XID error, driver trouble).",
             thresholds=_params(("lookback", lb), ("for", c.absent_for)),
+            limit=f"One GPU's series gone while the node's sampler samples; fires {c.absent_for} later.",
             todo="Check otelprof_sampler_errors_total{source=\"nvml\"} and the node's kernel log (dmesg) for XID "
                  "errors; a GPU that fell off the bus needs the node drained and the job moved.",
             deviations="No original."))
 
+    if GpuReadings(c).dcgm:
+        gpu_absent = _dcgm_absent(c)
+
     dropped = Alert(
         "TelemetryDropped", GROUP_TELEMETRY,
-        f"{q.delta(sc.EXPORTER_DROPPED, c.dropped_window)} > 0",
+        # the operator-span cap per profiled step is a designed bound (the window's statistics count every
+        # operator), not lost telemetry
+        f"{q.delta(sc.EXPORTER_DROPPED, c.dropped_window, matchers=_NOT_OPERATOR_SPANS)} > 0",
         "0s", "info",
         "otelprof dropped telemetry instead of blocking training.",
         f"{AT_RANK}: {NUM} items dropped by the {{{{ $labels.exporter }}}} exporter in the last "
@@ -725,6 +929,8 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
                     "(queue full, collector down, disk full) rather than slow the training loop down. Reports "
                     "and traces of this period are incomplete.",
             thresholds=_params(("window", c.dropped_window)),
+            limit=f"A single dropped item; fires at the next scrape and rule evaluation and stays firing for "
+                  f"{c.dropped_window}.",
             todo="exporter=otlp_*: the OTel collector is down or slow. exporter=recording: the disk is full or "
                  "slow. exporter=queue: raise OTELPROF_QUEUE_SIZE or trace fewer steps (OTELPROF_SPAN_BUDGET). "
                  "exporter=cuda_events: the GPU ran far behind the training loop or no forward ran to read the "
@@ -732,3 +938,33 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
             deviations="No original."))
     return [target_down, absent, system_absent, gpu_absent, dropped]
 
+
+
+def _dcgm_absent(c: MixinConfig) -> Alert:
+    """GPUTelemetryAbsent with ``gpu_source=dcgm``: a rank's GPU that dcgm-exporter's joined series lack."""
+    from otelprof.mixin import gpu_source
+
+    q = Q(c.selector)
+    info = q.sel(sc.GPU_INFO)
+    record = gpu_source.record_name(sc.GPU_UTILIZATION)
+    return Alert(
+        "GPUTelemetryAbsent", GROUP_TELEMETRY,
+        f"group by ({JOB}, {NODE}, {GPU}) (\n  {info}\n  unless on ({JOB}, {RANK}, {HW_ID}) {record}\n)",
+        c.absent_for, "warning",
+        "No dcgm-exporter series for a GPU of the job.",
+        f"{AT_GPU}: a rank computes on this GPU (otelprof_gpu_info) but no dcgm-exporter utilization joins to it.",
+        mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE, GPU),
+        Runbook(
+            meaning="A training process names the GPU it computes on (otelprof_gpu_info, with the GPU's UUID and "
+                    f"its pod), and no {sc.DCGM_GPU_UTIL} series with that UUID and pod is there: dcgm-exporter "
+                    "does not run on the node, is not scraped, lost the GPU, or its pod labels do not name the "
+                    "training pod, so every GPU alert of this job has nothing to judge.",
+            thresholds=_params(("for", c.absent_for), ("dcgm_pod_label", c.dcgm_pod_label),
+                               ("dcgm_namespace_label", c.dcgm_namespace_label)),
+            limit=f"One GPU of the job without a joined dcgm-exporter series; fires {c.absent_for} after the "
+                  "recording rule otelprof-dcgm last joined it (at once when it never did).",
+            todo=f"Query {sc.DCGM_GPU_UTIL}{{UUID=\"<hw_id of the alert>\"}}: absent -> dcgm-exporter or its "
+                 "scrape; present -> compare its pod/namespace labels (exported_pod with the ServiceMonitor's "
+                 "honorLabels: false) with the mixin's dcgm_pod_label / dcgm_namespace_label, and check that "
+                 "dcgm-exporter's pod attribution (kubelet pod-resources socket) is on.",
+            deviations="No original."))

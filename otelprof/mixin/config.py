@@ -30,6 +30,10 @@ ACTIONS = (ACTION_STOP, ACTION_CAPTURE)
 
 SEVERITIES = ("critical", "warning", "info")
 
+GPU_SOURCE_OTELPROF = "otelprof"
+GPU_SOURCE_DCGM = "dcgm"
+GPU_SOURCES = (GPU_SOURCE_OTELPROF, GPU_SOURCE_DCGM)
+
 
 @dataclass(frozen=True)
 class MixinConfig:
@@ -40,6 +44,19 @@ class MixinConfig:
     """Extra label matchers on ``up`` (the target-down alert only looks at targets that exposed otelprof)."""
     target_labels: tuple[str, str] = ("job", "instance")
     """Labels Prometheus gives a scrape target (joined with ``up``)."""
+    gpu_source: str = GPU_SOURCE_OTELPROF
+    """Where the GPU alerts, recording rules and dashboard panels read GPU readings: ``otelprof`` (its own NVML
+    sampling) or ``dcgm`` (NVIDIA dcgm-exporter's ``DCGM_FI_DEV_*`` series, joined to the ranks through the pod
+    and the GPU UUID in ``otelprof_gpu_info``; run the job with ``OTELPROF_GPU_SAMPLING=false``)."""
+    dcgm_selector: str = ""
+    """Extra label matchers on dcgm-exporter's series, e.g. ``job="nvidia-dcgm-exporter"``."""
+    dcgm_pod_label: str = "exported_pod"
+    """The label of dcgm-exporter's series holding the training pod: ``exported_pod`` when its ServiceMonitor
+    keeps ``honorLabels: false`` (the chart's default; ``pod`` is then dcgm-exporter's own pod), ``pod`` with
+    ``honorLabels: true``."""
+    dcgm_namespace_label: str = "exported_namespace"
+    """The label of dcgm-exporter's series holding the training pod's namespace (``namespace`` with
+    ``honorLabels: true``)."""
     train_phase: str = "train"
     eval_phase: str = "eval"
 
@@ -75,6 +92,17 @@ class MixinConfig:
     gpu_memory_capacity_threshold: float = 0.95
     gpu_memory_capacity_window: str = "5m"
 
+    # ---- host memory (beyond the originals): a process's resident memory growing, the container near its limit
+    host_memory_increase_window: str = "5m"
+    host_memory_increase: float = 0.1
+    """The mean resident memory of one window must exceed the window before by this share of it..."""
+    host_memory_increase_min_bytes: float = 64 * 2**20
+    """...and by this many bytes."""
+    host_memory_increase_for: str = "2m"
+    host_memory_limit_threshold: float = 0.9
+    """The container's working set over its memory limit (without a limit: the host's used memory ratio)."""
+    host_memory_limit_window: str = "2m"
+
     # ---- LoadBalancing (spread of window-mean utilization across the job's GPUs)
     load_balancing_threshold: float = 0.2
     load_balancing_for: str = "5m"
@@ -84,7 +112,14 @@ class MixinConfig:
     straggler_ratio: float = 1.2
     straggler_for: str = "2m"
 
-    # ---- StepOutlier (the outlier flag itself is computed in-process: OTELPROF_OUTLIER_SIGMA)
+    # ---- StepOutlier. The training process flags each outlier step (OTELPROF_OUTLIER_SIGMA, _MIN_RATIO,
+    # _MIN_EXCESS_MS); the next three fields state those settings for the runbook, and the offline twin
+    # flags a recording's steps with the settings the recording carries, else with these.
+    step_outlier_sigma: float = thresholds.OUTLIER_SIGMA
+    step_outlier_min_ratio: float = thresholds.OUTLIER_MIN_RATIO
+    """An outlier step also takes at least this many times the median of its phase's recent steps."""
+    step_outlier_min_excess: float = thresholds.OUTLIER_MIN_EXCESS
+    """...and at least this many seconds more than that median."""
     step_outlier_window: str = "10m"
     step_outlier_n_outliers: int = 10
     step_outlier_min_steps: int = 100
@@ -134,8 +169,17 @@ class MixinConfig:
     """``action`` label per alert (name without prefix); the webhook acts on it."""
     disabled_alerts: tuple[str, ...] = ()
     """Alerts (names without prefix) left out of the generated files."""
-    runbook_url: str = "https://otelprof.example/deploy/prometheus/runbook.md"
+    runbook_url: str = "runbook.md"
+    """Where the runbook is, for each alert's ``runbook_url`` annotation (``<runbook_url>#<alert>``). The default,
+    relative, is the ``runbook.md`` written beside the rules; set the URL your team serves it at (a wiki, your
+    repository) for links that resolve from Alertmanager and Grafana."""
     grafana_url: str = "http://localhost:3000"
+    """Grafana's base URL, for each alert's ``dashboard_url`` annotation (default: Grafana's own default address,
+    e.g. behind ``kubectl port-forward``)."""
+    prometheus_url: str = "http://prometheus:9090"
+    """The Prometheus data source's URL in the generated Grafana provisioning."""
+    tempo_url: str = "http://tempo:3200"
+    """The Tempo data source's URL in the generated Grafana provisioning."""
     prometheus_rule_name: str = "otelprof"
     prometheus_rule_release: str = "kube-prometheus-stack"
     """``release`` label of the PrometheusRule: kube-prometheus-stack only loads rules carrying its release name."""
@@ -166,6 +210,8 @@ def validate(config: MixinConfig) -> None:
         if f.name.endswith(("window", "_for", "patience", "lookback", "_time", "stalled_training_threshold")) \
                 and isinstance(value, str):
             seconds(value)
+    if config.gpu_source not in GPU_SOURCES:
+        raise ValueError(f"gpu_source must be one of {', '.join(GPU_SOURCES)}, not {config.gpu_source!r}")
     for name, action in config.actions:
         if action not in ACTIONS:
             raise ValueError(f"action of {name} must be one of {', '.join(ACTIONS)}, not {action!r}")

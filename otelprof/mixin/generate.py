@@ -66,6 +66,8 @@ def _runbook_entry(alert: Alert, config: MixinConfig) -> str:
         "",
         f"**Meaning.** {rb.meaning}",
         "",
+        f"**Detection limit.** {rb.limit}",
+        "",
         "| Parameter | Value |",
         "| --- | --- |",
         rows,
@@ -107,6 +109,10 @@ default). Alerts with an `action` label are acted on by `otelprof webhook`: `sto
 training process at its next step boundary after its `on_stop` callbacks, `capture` arms a profiling
 window on it. A missing metric never reads as healthy: the telemetry alerts fire when a target is
 down, a rank vanishes, or a node's sampler or a GPU stops reporting.
+
+**Detection limits.** Each entry states the smallest fault the alert catches and how long after
+the fault starts it fires, computed from the windows, thresholds and `for` durations of this file's
+config. Add up to one scrape interval and one rule evaluation interval to each time.
 
 {index}
 

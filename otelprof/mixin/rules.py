@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from otelprof import semconv as sc
-from otelprof.mixin.config import MixinConfig
+from otelprof.mixin import gpu_source
+from otelprof.mixin.config import GPU_SOURCE_DCGM, MixinConfig
+from otelprof.mixin.gpu_source import GpuReadings
 from otelprof.mixin.promql import Q
 
 LEVEL = "otelprof"
@@ -72,9 +74,17 @@ def recording_rules(c: MixinConfig) -> list[Record]:
             f"{key}_ratio", spec.prometheus_name, f"ratio_{w}",
             f"{q.delta(spec, w)} / {q.delta(sc.SAMPLER_SAMPLES, w)}",
             f"Share of the node's samples that counted as {key.replace('_', ' ')} (exact)."))
-    for key, spec in (("gpu_utilization", sc.GPU_UTILIZATION_DISTRIBUTION),
-                      ("gpu_memory_utilization", sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION),
-                      ("node_cpu_utilization", sc.NODE_CPU_UTILIZATION)):
+    g = GpuReadings(c)
+    for key, spec, gauge in (("gpu_utilization", sc.GPU_UTILIZATION_DISTRIBUTION, sc.GPU_UTILIZATION),
+                             ("gpu_memory_utilization", sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION,
+                              sc.GPU_MEMORY_UTILIZATION)):
+        records.append(Record(f"{key}_p95", spec.prometheus_name, f"p95_{w}",
+                              g.quantile(0.95, gauge, w), f"95th percentile of the samples of {key}."))
+        records.append(Record(f"{key}_p5", spec.prometheus_name, f"p5_{w}",
+                              g.quantile(0.05, gauge, w), f"5th percentile of the samples of {key}."))
+        records.append(Record(f"{key}_mean", spec.prometheus_name, f"mean_{w}",
+                              g.mean(gauge, w), f"Mean of the samples of {key} (exact)."))
+    for key, spec in (("node_cpu_utilization", sc.NODE_CPU_UTILIZATION),):
         records.append(Record(f"{key}_p95", spec.prometheus_name, f"p95_{w}",
                               q.window_quantile(0.95, spec, w), f"95th percentile of the samples of {key}."))
         records.append(Record(f"{key}_p5", spec.prometheus_name, f"p5_{w}",
@@ -90,4 +100,7 @@ def recording_names(c: MixinConfig | None = None) -> dict[str, str]:
 
 
 def rule_groups(c: MixinConfig) -> list[dict[str, Any]]:
-    return [{"name": "otelprof-recording", "rules": [r.rule() for r in recording_rules(c)]}]
+    groups = [{"name": "otelprof-recording", "rules": [r.rule() for r in recording_rules(c)]}]
+    if c.gpu_source == GPU_SOURCE_DCGM:
+        groups.insert(0, {"name": gpu_source.GROUP, "rules": gpu_source.dcgm_rules(c)})
+    return groups

@@ -22,8 +22,9 @@
 
 ``samples.jsonl`` records, one per sample: ``{"t":time,"pid":pid,"pcpu":process_cpu_ratio,"rss":bytes,
 "cpu":[busy ratio per CPU],"iow":[iowait ratio per CPU],"mem":host_memory_ratio,"disk":[read_bytes,write_bytes],
-"net":[received,transmitted],"thr":throttled_periods,"gpu":{index:{"u":util,"mu":bytes,"mt":bytes,...}}}``
-(node-wide keys only from the node sampler; GPU keys as ``GPU_SAMPLE_KEYS`` in the sampler).
+"net":[received,transmitted],"thr":throttled_periods,"cws":container_working_set_bytes,"cml":container_memory_limit_bytes,
+"gpu":{index:{"u":util,"mu":bytes,"mt":bytes,...}}}`` (node-wide keys only from the node sampler; ``cws`` with a
+readable cgroup, ``cml`` only with a memory limit; GPU keys as ``GPU_SAMPLE_KEYS`` in the sampler).
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """``otelprof report``, ``timeline``, ``check`` and ``compare``: thin command handlers over the analysis.
 
 Exit codes: 0 done (``check``: no check fired), 1 ``check`` found a firing check, 2 bad input (not a
-recording, unknown schema major version, missing directory, unreachable Prometheus, bad options).
+recording, a manifest or recording file that is not what otelprof writes, unknown schema major version,
+missing directory, unreachable Prometheus, bad options) or an internal error, with one line on stderr.
+Lines of a recording that cannot be used (truncated, corrupt, past the reader's limits) are skipped,
+counted and reported, not fatal.
 """
 
 from __future__ import annotations
@@ -14,14 +17,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from otelprof.recording.reader import RecordingError, latest_run
+from otelprof.cli import one_line
+from otelprof.recording.reader import Recording, RecordingError, latest_run
 
 EXIT_USAGE = 2
 
 
 def _err(command: str, message: str) -> int:
-    print(f"otelprof {command}: {message}", file=sys.stderr)
+    print(f"otelprof {command}: {one_line(message, 1000)}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def _skipped(recording: Recording) -> str:
+    """What the reader skipped, for a note ("" when nothing)."""
+    n = recording.skipped_lines
+    return f"{n:,} truncated, corrupt or oversized line{'s' if n != 1 else ''} skipped" if n else ""
 
 
 def _progress(quiet: bool) -> Any:
@@ -95,17 +105,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     output = Path(args.output or f"report.{fmt}")
     text = json.dumps(report_dict(report), indent=1, allow_nan=False) if fmt == "json" else render(report)
     try:
-        output.write_text(text, encoding="utf-8")
+        output.write_text(text, encoding="utf-8", errors="replace")
     except OSError as exc:
         return _err("report", f"cannot write {output}: {exc}")
     fired = [r.alert for r in report.rules.rows if r.triggered]
     print(f"wrote {output} ({len(text.encode()) / 1024:.0f} KiB)")
     if fired:
         print(f"checks that fired: {', '.join(fired)}")
+    if report.rules.error:
+        print(f"note: the offline checks could not run: {one_line(report.rules.error)}")
     for missing in report.summary.missing:
         print(f"note: {missing}")
     if report.summary.skipped_lines:
-        print(f"note: {report.summary.skipped_lines} truncated or corrupt lines were skipped")
+        n = report.summary.skipped_lines
+        print(f"note: {n:,} truncated, corrupt or oversized line{'s' if n != 1 else ''} of the recording "
+              "skipped")
     return 0
 
 
@@ -135,6 +149,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     other = trace["otherData"]
     print(f"wrote {output} ({size / 2**20:.1f} MiB, {len(trace['traceEvents']):,} events; "
           f"{other['steps_in_window']:,} of {other['steps_in_run']:,} steps: {other['window']})")
+    if recording.skipped_lines:
+        print(f"note: {_skipped(recording)}")
     print("open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing")
     return 0
 
@@ -159,19 +175,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     if summary.error:
         return _err("check", f"the checks could not run: {summary.error}")
     if args.json:
-        print(json.dumps([{"alert": r.alert, "original": r.original, "severity": r.severity, "fired": r.triggered,
-                           "firing_evaluations": r.firing_evaluations, "evaluations": r.evaluations,
-                           "datapoints": r.datapoints, "first_fired": r.first_fired, "subjects": list(r.subjects)}
+        if recording.skipped_lines:
+            print(f"otelprof check: note: {_skipped(recording)}", file=sys.stderr)
+        print(json.dumps([{"alert": r.alert, "original": r.original, "severity": r.severity, "status": r.status,
+                           "fired": r.triggered, "firing_evaluations": r.firing_evaluations,
+                           "evaluations": r.evaluations, "datapoints": r.datapoints, "first_fired": r.first_fired,
+                           "subjects": list(r.subjects)}
                           for r in summary.rows], indent=1))
     else:
         width = max((len(r.alert) for r in summary.rows), default=10)
         print(f"{'CHECK':<{width}}  {'VERDICT':<7}  {'SEVERITY':<8}  {'FIRED':>9}  {'DATAPOINTS':>10}  WHERE")
         for r in summary.rows:
-            verdict = "FIRED" if r.triggered else "ok"
+            verdict = "FIRED" if r.triggered else r.status
             print(f"{r.alert:<{width}}  {verdict:<7}  {r.severity:<8}  {f'{r.firing_evaluations}/{r.evaluations}':>9}"
                   f"  {r.datapoints:>10,}  {', '.join(r.subjects) or '-'}")
-        print(f"\n{len(summary.fired)} of {len(summary.rows)} checks fired (evaluated every {summary.interval:g} s)."
-              + (f" {recording.skipped_lines} corrupt lines skipped." if recording.skipped_lines else ""))
+        empty = sum(1 for r in summary.rows if r.status == "no data")
+        print(f"\n{len(summary.fired)} of {len(summary.rows)} checks fired"
+              + (f", {empty} had no data to judge" if empty else "")
+              + f" (evaluated every {summary.interval:g} s)."
+              + (f" {_skipped(recording)}." if recording.skipped_lines else ""))
     return 1 if summary.fired else 0
 
 
@@ -196,6 +218,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps({"phase": result.phase, "price_per_hour": result.price_per_hour,
                           "runs": [vars(r) for r in result.runs]}, indent=1, default=str))
+        for name, rec in runs:
+            if rec.skipped_lines:
+                print(f"otelprof compare: note: {name}: {_skipped(rec)}", file=sys.stderr)
         return 0
     from otelprof.report.html import num, pct, secs
 
@@ -226,7 +251,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                             for i, (x, w) in enumerate(zip(row, widths))))
     print(f"\nphase {result.phase}; step times pool all ranks' steps; throughput adds the ranks' recorded samples "
           "per second of step time" + (f"; cost at {args.price_per_hour:g} per node-hour" if args.price_per_hour
-                                       is not None else "; --price-per-hour adds the cost"), file=sys.stderr)
+                                       is not None else "; --price-per-hour adds the cost")
+          + "".join(f"; {name}: {_skipped(rec)}" for name, rec in runs if rec.skipped_lines), file=sys.stderr)
     return 0
 
 

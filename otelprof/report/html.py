@@ -14,6 +14,9 @@ from html import escape
 
 from otelprof import semconv as sc
 from otelprof._version import __version__
+from otelprof.analysis import environment as envmod
+from otelprof.analysis import framework as fw
+from otelprof.analysis import progress as prog
 from otelprof.analysis import system as sysmod
 from otelprof.analysis.prometheus import RATE_WINDOW
 from otelprof.analysis.report import ORIGIN_PROMETHEUS, Report
@@ -23,9 +26,14 @@ from otelprof.report.template import PAGE, STYLE
 
 DASH = "-"
 MAX_HISTOGRAMS = 16
+MAX_BREAKDOWN_CHARTS = 4
+UNCOVERED_WARN = 0.2
+"""A phase whose steps spend more than this share in no region gets a note."""
 
 SECTIONS: tuple[tuple[str, str], ...] = (
     ("summary", "Job summary"),
+    ("environment", "Environment"),
+    ("training", "Training progress"),
     ("system", "System usage"),
     ("framework", "Framework"),
     ("rules", "Rules"),
@@ -223,6 +231,160 @@ def _summary(r: Report) -> str:
     return section("summary", "Training job summary", "".join(out))
 
 
+MISSING_HINTS: dict[str, str] = {
+    sc.HOST_TYPE: "detected on AWS and SageMaker only; elsewhere give it with "
+                  "OTEL_RESOURCE_ATTRIBUTES=host.type=<type> (on Kubernetes the value of the node's "
+                  "node.kubernetes.io/instance-type label: the downward API cannot pass node labels, so set it "
+                  "where the job picks its nodes)",
+    sc.CLOUD_PROVIDER: "the machine's DMI strings name no cloud (on premises, or /sys/class/dmi not visible)",
+    sc.OTELPROF_GPU_MODEL: "no NVIDIA GPU or NVML library visible, or OTELPROF_GPU_METRICS / OTELPROF_SYSTEM_METRICS "
+                           "off",
+    envmod.GPUS_SAMPLED: "no node samples",
+    envmod.LOGICAL_CPUS: "no node samples",
+    sc.OTELPROF_TORCH_VERSION: "PyTorch not installed where the process ran",
+}
+MISSING_HINTS.update(dict.fromkeys((sc.OTELPROF_GPU_COUNT, sc.OTELPROF_GPU_DRIVER, sc.OTELPROF_CUDA_DRIVER),
+                                   MISSING_HINTS[sc.OTELPROF_GPU_MODEL]))
+MISSING_HINTS[sc.OTELPROF_TORCH_CUDA] = MISSING_HINTS[sc.OTELPROF_TORCH_VERSION]
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """0, 1, 2, 3, 7 as "0-3, 7"."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:12])
+    return text + (" …" if len(runs) > 12 else "")
+
+
+def _where(row: envmod.EnvironmentRow) -> str:
+    if row.everywhere:
+        return "all nodes" if row.scope == envmod.SCOPE_NODE else "all ranks"
+    if row.scope == envmod.SCOPE_NODE:
+        return "node(s) " + ", ".join(row.nodes[:8]) + (" …" if len(row.nodes) > 8 else "")
+    return f"rank(s) {ranks_text(row.ranks)}"
+
+
+def _environment(r: Report) -> str:
+    e = r.environment
+    out = []
+    if _from_prometheus(r):
+        out.append(p("From the resource attributes of the job's processes on target_info (and the instance type "
+                     "from kube-state-metrics' kube_node_labels when Prometheus has it), and the node facts the "
+                     "system series give."))
+    else:
+        out.append(p("What each rank recorded about where it ran when it started (its resource attributes), and "
+                     "what the node samples counted. A value that differs between ranks or nodes gets a row per "
+                     "value."))
+    if e.rows:
+        out.append(table(("Field", "Value", "Where"),
+                         [(row.label, row.value or "not recorded", _where(row)) for row in e.rows], 3,
+                         ["fired" if not row.everywhere else "" for row in e.rows]))
+    differing = sorted({row.label for row in e.rows if not row.everywhere})
+    if differing:
+        out.append(note("Not the same everywhere: " + ", ".join(differing) + ". Ranks on different hardware or "
+                        "software run at different speeds; compare them in the load-balancing section.", "warn"))
+    for field, extra in e.more_values:
+        out.append(p(f"{dict((f, lbl) for f, lbl, _, _ in envmod.FIELDS).get(field, field)}: {extra} more value(s) "
+                     "not listed."))
+    if e.missing:
+        by_hint: dict[str, list[str]] = {}
+        for field, label in e.missing:
+            by_hint.setdefault(MISSING_HINTS.get(field, ""), []).append(label)
+        older = any(field == sc.PROCESS_RUNTIME_VERSION for field, _ in e.missing)  # recorded by every otelprof since
+        out.append(p("Not recorded: " + "; ".join(", ".join(labels) + (f" ({hint})" if hint else "")
+                                                   for hint, labels in by_hint.items()) + "."
+                     + (" Processes of an otelprof older than this report record none of these." if older else "")))
+    return section("environment", "Environment", "".join(out))
+
+
+CURVE_LABELS = {sc.SCALAR_LOSS: "Loss", sc.SCALAR_LEARNING_RATE: "Learning rate", prog.SAMPLES_PER_SECOND:
+                "Throughput, samples/s", prog.TOKENS_PER_SECOND: "Throughput, tokens/s",
+                sc.SCALAR_GRAD_NORM: "Gradient norm"}
+MISSING_SCALARS = {
+    sc.SCALAR_LOSS: "otelprof.record(\"loss\", loss) in the step (otelprof.torch.instrument and otelprof run record it "
+                    "from backward())",
+    sc.SCALAR_LEARNING_RATE: "otelprof.record(\"learning_rate\", lr) (otelprof.torch.instrument records it from the "
+                             "optimizer)",
+    sc.SCALAR_SAMPLES: "otelprof.record(\"samples\", batch_size) in the step (the data-loader hook records it when "
+                       "a batch has a batch dimension)",
+    sc.SCALAR_TOKENS: "otelprof.record(\"tokens\", n) for language models",
+}
+
+
+def _steps_fmt(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def tick(v: float) -> str:
+    """A curve's value on its axis: thousands with separators, small values to 4 significant digits."""
+    if not _ok(v):
+        return DASH
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
+
+def _curve_label(c: prog.Curve, main: str) -> str:
+    who = "all ranks" if c.rank is None else f"rank {c.rank}"
+    return f"{c.phase} ({who})" if c.phase != main or c.rank is not None else c.phase
+
+
+def _training(r: Report) -> str:
+    g = r.progress
+    out = []
+    live = _from_prometheus(r)
+    if live:
+        out.append(p(f"From Prometheus, at the resolution of its scrapes: each point is the gauge's last value "
+                     f"(loss, learning rate) or the counter's rate (samples, tokens per second of wall time) at one "
+                     f"evaluation time, against the {g.main_phase} steps counted by then. Every recorded value "
+                     f"is in {IN_RECORDING}."))
+    else:
+        out.append(p(f"Recorded scalars against the {g.main_phase} step number. {g.main_phase.capitalize()} steps "
+                     "give a point each; another phase (evaluation) gives a point per pass: the value the loop "
+                     "recorded after the pass, else the mean of its steps' values, at the last "
+                     f"{g.main_phase} step before it. Throughput is recorded samples (tokens) over each step's "
+                     f"duration, all ranks added up. Long runs show at most {g.max_points} points per curve: "
+                     "each the mean of a run of consecutive values, the band their minimum to maximum."))
+    if not g.curves:
+        out.append(note("No training scalar (loss, learning rate, samples, tokens) was recorded, so there is no "
+                        "curve to draw.", "warn"))
+    names = list(dict.fromkeys(c.name for c in g.curves))
+    figures = []
+    for name in names:
+        curves = [c for c in g.curves if c.name == name]
+        series = [(_curve_label(c, g.main_phase), c.x, c.y, c.low, c.high) for c in curves]
+        title = CURVE_LABELS.get(name, name)
+        if live:
+            caption = "; ".join(f"{c.phase}: {c.values:,} point(s)" + (", where the value changed" if c.per_pass
+                                                                       else "") for c in curves)
+        else:
+            caption = "; ".join(
+                f"{c.phase}: " + ("one point per pass" if c.per_pass else
+                                  "every step" if c.per_point == 1 else f"mean of {c.per_point:,} steps per point")
+                + f", {c.values:,} value(s)" for c in curves)
+        figures.append(figure(svg.xy(series, title, tick, _steps_fmt, width=560), f"{title} over {g.main_phase} "
+                              f"steps ({caption})."))
+    if figures:
+        out.append(charts(*figures))
+    for c in g.curves:
+        if c.nonfinite:
+            where = f", the first at step {c.first_nonfinite:,.0f}" if c.first_nonfinite is not None else ""
+            out.append(note(f"{c.nonfinite:,} {CURVE_LABELS.get(c.name, c.name).lower()} value(s) of {c.phase} were "
+                            f"NaN or infinite{where}; the curve leaves them out.", "bad"))
+    if g.curves:
+        out.append(table(("Curve", "Phase", "Rank", "Values", "First", "Last", "Not finite"),
+                         [(CURVE_LABELS.get(c.name, c.name), c.phase, "all" if c.rank is None else c.rank,
+                           f"{c.values:,}", num(c.first), num(c.last), f"{c.nonfinite:,}") for c in g.curves], 3))
+    if g.curves_left_out:
+        out.append(p("Curves not drawn (more than the report shows): " + ", ".join(g.curves_left_out) + "."))
+    if g.missing:
+        out.append(p("Not recorded: " + "; ".join(f"{name} — {MISSING_SCALARS.get(name, '')}" for name in g.missing)
+                     + "."))
+    return section("training", "Training progress", "".join(out))
+
+
 def _system(r: Report) -> str:
     u = r.system
     if not u.nodes:
@@ -341,11 +503,15 @@ def _framework(r: Report) -> str:
     if f.phases:
         phase_chart = figure(svg.pie([(name, t) for name, t, _ in f.phases], "Time by phase", secs),
                              "Training loop time in the steps of each phase, and between steps.")
-        fb = figure(svg.pie([("forward", f.forward), ("backward", f.backward)], "Forward and backward", secs),
-                    "Time in the forward and backward regions.") if f.forward or f.backward else ""
-        out.append(charts(phase_chart, fb))
+        first = f.breakdowns[0] if f.breakdowns else None
+        split = figure(svg.pie([(x.name, x.seconds) for x in first.parts], f"Inside {first.phase} steps", secs,
+                               colors=_part_colors(first)),
+                       f"Time inside the {first.phase} steps by top-level region, and the time no region covers."
+                       ) if first is not None else ""
+        out.append(charts(phase_chart, split))
         out.append(table(("Phase", "Time", "Share of the training loop"),
                          [(name, secs(t), pct(sh)) for name, t, sh in f.phases]))
+        out.append(_breakdowns(r))
         if f.between_steps_share > 0.25:
             out.append(note(f"{pct(f.between_steps_share)} of the training loop passed between steps (outside "
                             "otelprof.step()): evaluation, checkpointing, logging or data preparation outside "
@@ -412,6 +578,54 @@ def _framework(r: Report) -> str:
     return section("framework", "Framework metrics summary", "".join(out))
 
 
+PART_COLORS = {**{name: svg.color(i) for i, name in enumerate(fw.BREAKDOWN_REGIONS)}, fw.UNCOVERED: "#bab0ac",
+               fw.OTHER_REGIONS: "#9c755f"}
+"""One color per breakdown part in every chart; other regions take the palette's next colors."""
+
+
+def _part_colors(b: fw.Breakdown) -> list[str]:
+    others = iter(svg.PALETTE[len(fw.BREAKDOWN_REGIONS):])
+    return [PART_COLORS.get(x.name) or next(others, "#888888") for x in b.parts]
+
+
+def _breakdowns(r: Report) -> str:
+    f = r.framework
+    if not f.breakdowns:
+        return ""
+    out = ["<h3>Inside the steps</h3>"]
+    if all(b.nesting_known for b in f.breakdowns):
+        out.append(p("Each phase's step time split into the regions directly inside the step (data loader wait, "
+                     "forward, backward, optimizer, and any other region you annotated at the top level) and the "
+                     f"time no region covers (“{fw.UNCOVERED}”: the loop's own code between its regions — loss "
+                     "bookkeeping, logging, zero_grad, a host sync — or work not annotated). Nested regions are "
+                     "inside their parent's time, so the parts add up to the step time."))
+    else:
+        out.append(p("From Prometheus, region nesting is not known: each phase's step time is split into the data "
+                     "loader wait, forward, backward and optimizer regions (which the integrations make directly "
+                     f"inside the step) and “{fw.UNCOVERED}”, the step time they leave: other regions, the loop's "
+                     f"own code and work not annotated. Nesting is in {IN_RECORDING}."))
+    out.append(charts(*(figure(svg.stacked([(x.name, x.seconds) for x in b.parts], f"Inside {b.phase} steps", secs,
+                                           width=760, colors=_part_colors(b)),
+                               f"{b.phase}: {b.steps:,} steps, {secs(b.step_time)} in all.")
+                        for b in f.breakdowns[:MAX_BREAKDOWN_CHARTS])))
+    out.append(table(("Phase", "Part", "Time", "Share of step time", "Per step"),
+                     [(b.phase, x.name, secs(x.seconds), pct(x.share), secs(x.per_step))
+                      for b in f.breakdowns for x in b.parts], 2,
+                     ["fired" if x.name == fw.UNCOVERED and x.share > UNCOVERED_WARN else "" for b in f.breakdowns
+                      for x in b.parts]))
+    for b in f.breakdowns:
+        uncovered = next((x for x in b.parts if x.name == fw.UNCOVERED), None)
+        if uncovered is not None and uncovered.share > UNCOVERED_WARN:
+            out.append(note(f"{pct(uncovered.share)} of the {b.phase} step time ({secs(uncovered.per_step)} per step) "
+                            "is in no region. Annotate what the loop does between its regions "
+                            "(otelprof.annotate(\"name\")) to see where it goes.", "warn"))
+        if b.overlap > 0:
+            out.append(note(f"Top-level regions of the {b.phase} steps overlapped by {secs(b.overlap)} in all (regions "
+                            "timed on another thread run at the same time as the step's own): their parts add up "
+                            "to more than the step time by that much."))
+    return "".join(out)
+
+
 def _operators_elsewhere(r: Report) -> str:
     """Prometheus counts operator-profiling windows; their operators are span events and recording lines."""
     counts = r.framework.window_counts
@@ -435,29 +649,44 @@ def _rules(r: Report) -> str:
     if rules.error:
         out.append(note(f"The checks could not be evaluated: {rules.error}", "bad"))
         return section("rules", "Rules summary", "".join(out))
-    out.append(p("The alert rules' offline twin: each check the Prometheus alerts make, evaluated on this recording "
-                 f"every {secs(rules.interval)} with the same windows, warm-up and thresholds. “Fired” counts the "
-                 "evaluations at which the check was firing; datapoints are the samples or steps it judged."))
+    if _from_prometheus(r):
+        out.append(p("The otelprof alerts this Prometheus evaluates: “Fired” counts the evaluations at which the "
+                     "alert was firing for the job over the range; datapoints are the samples of the series the "
+                     "alert's expression reads, for the job over the range (none: the alert had nothing to judge)."))
+    else:
+        out.append(p("The alert rules' offline twin: each check the Prometheus alerts make, evaluated on this "
+                     f"recording every {secs(rules.interval)} with the same windows, warm-up and thresholds. “Fired” "
+                     "counts the evaluations at which the check was firing; datapoints are the samples or steps it "
+                     "judged."))
+    judged, no_data = rules.judged, rules.no_data
     fired = rules.fired
     if fired:
         top = fired[0]
-        out.append(note(f"{len(fired)} of {len(rules.rows)} checks fired. The one firing most often was {top.alert}: "
-                        f"it judged {top.datapoints:,} datapoints and fired at {top.firing_evaluations} of "
-                        f"{top.evaluations} evaluations" + (f", first at {when(top.first_fired)}" if top.first_fired
-                                                           else "") + ".", "warn"))
+        out.append(note(f"{len(fired)} of {len(judged)} checks with data fired. The one firing most often was "
+                        f"{top.alert}: it judged {top.datapoints:,} datapoints and fired at {top.firing_evaluations} "
+                        f"of {top.evaluations} evaluations" + (f", first at {when(top.first_fired)}"
+                                                               if top.first_fired else "") + ".", "warn"))
+    elif judged:
+        out.append(note(f"None of the {len(judged)} checks with data fired.", "good"))
     elif rules.rows:
-        out.append(note(f"None of the {len(rules.rows)} checks fired.", "good"))
+        out.append(note("No check had anything to judge.", "warn"))
     rows = []
-    for row in rules.rows:
-        badge = _Html('<span class="badge fired">fired</span>' if row.triggered else '<span class="badge ok">ok</span>')
+    for row in judged:
+        badge = _Html(f'<span class="badge {"fired" if row.triggered else "ok"}">{escape(row.status)}</span>')
         rows.append((_Html(f"<b>{escape(row.alert)}</b><br><span class=muted>{escape(row.original or 'otelprof')}"
                            f"</span>"), badge, _Html(escape(row.description)), _Html(escape(row.recommendation)),
                      f"{row.firing_evaluations} of {row.evaluations}", f"{row.datapoints:,}",
                      ", ".join(row.subjects) or DASH,
                      _Html("<br>".join(escape(f"{k}: {v}") for k, v in row.parameters))))
-    out.append('<div class="rules">' + table(
-        ("Check (original rule)", "Verdict", "What it means", "What to do", "Fired", "Datapoints", "Where",
-         "Parameters"), rows, 8, ["fired" if row.triggered else "" for row in rules.rows]) + "</div>")
+    if rows:
+        out.append('<div class="rules">' + table(
+            ("Check (original rule)", "Verdict", "What it means", "What to do", "Fired", "Datapoints", "Where",
+             "Parameters"), rows, 8, ["fired" if row.triggered else "" for row in judged]) + "</div>")
+    if no_data:
+        out.append(_Html(f'<p class="nodata"><span class="badge nodata">no data</span> Not judged, no data: '
+                         f'{escape(", ".join(row.alert for row in no_data))}. These checks found nothing of what '
+                         "they read (GPU samples for the GPU checks, steps or regions for the step checks), so they "
+                         "say nothing about this run, neither fired nor ok.</p>"))
     if rules.not_evaluated:
         out.append(p("Alerts that need live series and have no offline twin: " + ", ".join(rules.not_evaluated) + "."))
     return section("rules", "Rules summary", "".join(out))
@@ -487,6 +716,7 @@ def _steps(r: Report) -> str:
                        *(secs(v) for v in (x.durations.p99, x.durations.p95, x.durations.p50)),
                        extreme(x.durations.min, x.min_bucket), secs(x.durations.std), f"{x.outliers:,}",
                        "rolling, per process" if live else secs(x.threshold)) for x in a.rows], 3))
+    out.append(_step_timelines(r))
     figures = []
     for x in a.rows[:MAX_HISTOGRAMS]:
         if x.histogram.counts:
@@ -521,6 +751,40 @@ def _steps(r: Report) -> str:
             out.append(p("All ranks together: " + ", ".join(f"{phase} {num(v)} samples/s" for phase, v in a.throughput)
                          + " (time inside steps; time between steps is not counted)."))
     return section("steps", "Step duration analysis", "".join(out))
+
+
+def _step_timelines(r: Report) -> str:
+    g = r.progress
+    if not g.timelines:
+        return ""
+    live = _from_prometheus(r)
+    figures = []
+    for phase in dict.fromkeys(t.phase for t in g.timelines):
+        lines = [t for t in g.timelines if t.phase == phase]
+        series = [(f"rank {t.rank}", t.series.t, t.series.mean, t.series.mean, t.series.max) for t in lines]
+        markers = [(x, d, f"rank {t.rank} step {n}: {secs(d)}" if n >= 0 else
+                    f"rank {t.rank}: outlier steps counted in the window ending {_elapsed(x)} after the start")
+                   for t in lines for x, d, n in t.outliers]
+        if live:
+            caption = (f"{phase}: mean step time per evaluation window against the time since the job started, the "
+                       "band up to the 99th percentile of the window's step-duration histogram; red circles: windows "
+                       "in which the process counted outlier steps.")
+        else:
+            per_point = max(t.per_point for t in lines)
+            shown = sum(len(t.outliers) for t in lines)
+            total = sum(t.outlier_count for t in lines)
+            caption = (f"{phase}: each step's duration against its start, since the job started"
+                       + (f"; each point the mean of {per_point:,} consecutive steps, the band up to their slowest"
+                          if per_point > 1 else "")
+                       + (f"; red circles: outlier steps ({shown:,} slowest of {total:,})" if total > shown else
+                          "; red circles: outlier steps" if total else "; no outlier step") + ".")
+        figures.append(figure(svg.xy(series, f"Step time over the run, {phase}", secs, _elapsed, width=760,
+                                     markers=markers, zero=True), caption))
+    out = ["<h3>Step time over the run</h3>", charts(*figures)]
+    if g.timelines_left_out:
+        out.append(p(f"Step times of {g.timelines_left_out} more rank/phase pair(s) are not drawn: each chart shows "
+                     f"the lowest rank and the slowest others (at most {prog.MAX_TIMELINE_RANKS} per phase)."))
+    return "".join(out)
 
 
 def _gpu(r: Report) -> str:
@@ -775,7 +1039,8 @@ def _memory(r: Report) -> str:
 def render(report: Report) -> str:
     s = report.summary
     sections = [
-        _summary(report), _system(report), _framework(report), _rules(report),
+        _summary(report), _environment(report), _training(report), _system(report), _framework(report),
+        _rules(report),
         '<h2 class="muted">Analyzing the training loop</h2>',
         _steps(report), _gpu(report), _balance(report), _dataloader(report), _batch(report),
         _bottleneck(report, io=False), _bottleneck(report, io=True), _memory(report),

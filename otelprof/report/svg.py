@@ -6,6 +6,7 @@ labels are escaped here. Styling comes from the report's stylesheet (``.chart`` 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from html import escape
@@ -35,8 +36,11 @@ def _text(x: float, y: float, text: str, anchor: str = "start", cls: str = "lbl"
     return f'<text x="{_num(x)}" y="{_num(y)}" text-anchor="{anchor}" class="{cls}">{escape(text)}</text>'
 
 
-def pie(items: Sequence[tuple[str, float]], title: str, fmt: Fmt, size: int = 180) -> str:
-    """A pie with a legend; items with a non-positive value are left out."""
+def pie(items: Sequence[tuple[str, float]], title: str, fmt: Fmt, size: int = 180,
+        colors: Sequence[str] | None = None) -> str:
+    """A pie with a legend; items with a non-positive value are left out; ``colors`` gives an item's color
+    by its position in ``items`` (default: the palette in order)."""
+    shade = _shades(items, colors)
     data = [(label, value) for label, value in items if value > 0 and math.isfinite(value)]
     total = sum(v for _, v in data)
     legend_width = 260
@@ -47,21 +51,21 @@ def pie(items: Sequence[tuple[str, float]], title: str, fmt: Fmt, size: int = 18
     cx = cy = size / 2
     parts = []
     angle = -math.pi / 2
-    for i, (label, value) in enumerate(data):
+    for label, value in data:
         sweep = 2 * math.pi * value / total
         tip = f"<title>{escape(label)}: {escape(fmt(value))} ({value / total:.1%})</title>"
         if len(data) == 1 or sweep >= 2 * math.pi - 1e-9:
-            parts.append(f'<circle cx="{_num(cx)}" cy="{_num(cy)}" r="{_num(r)}" fill="{color(i)}">{tip}</circle>')
+            parts.append(f'<circle cx="{_num(cx)}" cy="{_num(cy)}" r="{_num(r)}" fill="{shade[label]}">{tip}</circle>')
         else:
             x1, y1 = cx + r * math.cos(angle), cy + r * math.sin(angle)
             x2, y2 = cx + r * math.cos(angle + sweep), cy + r * math.sin(angle + sweep)
             large = 1 if sweep > math.pi else 0
             parts.append(f'<path d="M{_num(cx)},{_num(cy)} L{_num(x1)},{_num(y1)} A{_num(r)},{_num(r)} 0 {large} 1 '
-                         f'{_num(x2)},{_num(y2)} Z" fill="{color(i)}" stroke="#fff" stroke-width="1">{tip}</path>')
+                         f'{_num(x2)},{_num(y2)} Z" fill="{shade[label]}" stroke="#fff" stroke-width="1">{tip}</path>')
         angle += sweep
     for i, (label, value) in enumerate(data):
         y = 16 + 22 * i
-        parts.append(f'<rect x="{size + 10}" y="{y - 10}" width="12" height="12" fill="{color(i)}"/>')
+        parts.append(f'<rect x="{size + 10}" y="{y - 10}" width="12" height="12" fill="{shade[label]}"/>')
         parts.append(_text(size + 28, y, f"{_short(label, 24)} {value / total:.1%}"))
     return _svg(size + legend_width, height, "".join(parts), title)
 
@@ -241,5 +245,128 @@ def lines(series: Sequence[tuple[str, Series]], title: str, fmt: Fmt, low: float
     return _svg(width, height, "".join(parts), title)
 
 
+def _shades(items: Sequence[tuple[str, float]], colors: Sequence[str] | None) -> dict[str, str]:
+    """Color per label: from ``colors`` by position, else the palette in order."""
+    return {label: colors[i] if colors is not None and i < len(colors) else color(i)
+            for i, (label, _) in enumerate(items)}
+
+
 def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+XySeries = tuple[str, Sequence[float], Sequence[float], Sequence[float], Sequence[float]]
+"""(label, x, y, band low, band high): a line of y over x with a shaded band (no band where low == high)."""
+
+
+def xy(series: Sequence[XySeries], title: str, fmt: Fmt, x_fmt: Fmt, width: int = 640, height: int = 210,
+       markers: Sequence[tuple[float, float, str]] = (), zero: bool = False, dots: int = 40) -> str:
+    """Lines of y over a numeric x (steps, seconds), each with its band; ``markers`` are (x, y, tooltip) points
+    drawn in red on top (outliers). The y axis spans the data (from 0 with ``zero``); a series of at most
+    ``dots`` points also gets a dot per point (so a single evaluation shows)."""
+    data = [s for s in series if s[1]]
+    if not data and not markers:
+        return _svg(width, 30, _text(4, 20, "no data"), title)
+    left, right, top, bottom = 60, 130, 10, 30
+    plot_w, plot_h = width - left - right, height - top - bottom
+    xs = [v for s in data for v in s[1]] + [m[0] for m in markers]
+    ys = ([v for s in data for v in (*s[2], *s[3], *s[4]) if math.isfinite(v)]
+          + [m[1] for m in markers if math.isfinite(m[1])])
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = (min(ys), max(ys)) if ys else (0.0, 1.0)
+    if zero:
+        y0 = min(y0, 0.0)
+    if y1 <= y0:
+        y0, y1 = y0 - (abs(y0) * 0.05 or 0.5), y1 + (abs(y1) * 0.05 or 0.5)
+    else:
+        pad = (y1 - y0) * 0.05
+        y0, y1 = (y0 if zero and y0 == 0 else y0 - pad), y1 + pad
+    xspan, yspan = (x1 - x0) or 1.0, y1 - y0
+
+    def px(v: float) -> str:
+        return _num(left + plot_w * (v - x0) / xspan if x1 > x0 else left + plot_w / 2)
+
+    def py(v: float) -> str:
+        return _num(top + plot_h - plot_h * (min(max(v, y0), y1) - y0) / yspan)
+
+    parts = [f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" class="axis"/>']
+    for k in range(5):
+        gy = top + plot_h - plot_h * k / 4
+        parts.append(f'<line x1="{left}" y1="{_num(gy)}" x2="{left + plot_w}" y2="{_num(gy)}" class="grid"/>')
+        parts.append(_text(left - 4, gy + 4, fmt(y0 + yspan * k / 4), "end", "tick"))
+        if x1 > x0 or k == 2:
+            parts.append(_text(left + plot_w * k / 4, height - 12, x_fmt(x0 + xspan * k / 4), "middle", "tick"))
+    for i, (label, x, y, low, high) in enumerate(data):
+        for a, b in _segments(x):
+            if any(lo != hi for lo, hi in zip(low[a:b], high[a:b])):
+                outline = ([f"{px(u)},{py(v)}" for u, v in zip(x[a:b], high[a:b])]
+                           + [f"{px(u)},{py(v)}" for u, v in zip(reversed(x[a:b]), reversed(low[a:b]))])
+                parts.append(f'<polygon points="{" ".join(outline)}" fill="{color(i)}" fill-opacity="0.18" '
+                             'stroke="none"/>')
+            points = " ".join(f"{px(u)},{py(v)}" for u, v in zip(x[a:b], y[a:b]))
+            parts.append(f'<polyline points="{points}" fill="none" stroke="{color(i)}" stroke-width="1.4">'
+                         f"<title>{escape(label)}</title></polyline>")
+        if len(x) <= dots:
+            parts += [f'<circle cx="{px(a)}" cy="{py(b)}" r="2.5" fill="{color(i)}"><title>{escape(label)} at '
+                      f"{escape(x_fmt(a))}: {escape(fmt(b))}</title></circle>" for a, b in zip(x, y)]
+        parts.append(f'<rect x="{width - right + 8}" y="{top + 14 * i}" width="10" height="10" fill="{color(i)}"/>')
+        parts.append(_text(width - right + 22, top + 9 + 14 * i, _short(label, 16), "start", "tick"))
+    for mx, my, tip in markers:
+        parts.append(f'<circle cx="{px(mx)}" cy="{py(my)}" r="3" fill="none" stroke="#d62728" stroke-width="1.5">'
+                     f"<title>{escape(tip)}</title></circle>")
+    if markers:
+        n = len(data)
+        parts.append(f'<circle cx="{width - right + 13}" cy="{top + 14 * n + 5}" r="3" fill="none" stroke="#d62728" '
+                     'stroke-width="1.5"/>')
+        parts.append(_text(width - right + 22, top + 9 + 14 * n, "outlier", "start", "tick"))
+    return _svg(width, height, "".join(parts), title)
+
+
+def _segments(x: Sequence[float], gap: float = 8.0) -> list[tuple[int, int]]:
+    """Index ranges of ``x`` to draw as one line each: a line breaks where consecutive points lie more than
+    ``gap`` times the median spacing apart (the passes of an evaluation phase, a pause)."""
+    n = len(x)
+    if n < 3:
+        return [(0, n)]
+    spacing = sorted(b - a for a, b in itertools.pairwise(x))
+    limit = gap * spacing[len(spacing) // 2]
+    if limit <= 0:
+        return [(0, n)]
+    out, start = [], 0
+    for i in range(1, n):
+        if x[i] - x[i - 1] > limit:
+            out.append((start, i))
+            start = i
+    out.append((start, n))
+    return out
+
+
+def stacked(items: Sequence[tuple[str, float]], title: str, fmt: Fmt, width: int = 640,
+            colors: Sequence[str] | None = None) -> str:
+    """One horizontal bar split into its items (left to right, a color each: ``colors`` by position in ``items``,
+    else the palette), with a legend under it."""
+    shade = _shades(items, colors)
+    data = [(label, value) for label, value in items if value > 0 and math.isfinite(value)]
+    total = sum(v for _, v in data)
+    if not total:
+        return _svg(width, 30, _text(4, 20, "no data"), title)
+    left, bar = 4, 26
+    span = width - 2 * left
+    parts = []
+    x = float(left)
+    for label, value in data:
+        w = span * value / total
+        parts.append(f'<rect x="{_num(x)}" y="4" width="{_num(max(w, 0.5))}" height="{bar}" fill="{shade[label]}">'
+                     f"<title>{escape(label)}: {escape(fmt(value))} ({value / total:.1%})</title></rect>")
+        if w > 48:
+            parts.append(f'<text x="{_num(x + w / 2)}" y="{4 + bar / 2 + 4}" text-anchor="middle" class="lbl" '
+                         f'fill="#fff" style="fill:#fff">{value / total:.0%}</text>')
+        x += w
+    per_row = 4
+    for i, (label, value) in enumerate(data):
+        lx = left + (span / per_row) * (i % per_row)
+        ly = bar + 22 + 18 * (i // per_row)
+        parts.append(f'<rect x="{_num(lx)}" y="{ly - 10}" width="12" height="12" fill="{shade[label]}"/>')
+        parts.append(_text(lx + 16, ly, f"{_short(label, 18)} {fmt(value)}"))
+    rows = -(-len(data) // per_row)
+    return _svg(width, bar + 18 + 18 * rows, "".join(parts), title)

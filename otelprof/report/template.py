@@ -39,6 +39,8 @@ tr.fired td { background: #fff4e5; }
 .badge { display: inline-block; padding: 0 6px; border-radius: 8px; font-size: 12px; color: #fff; }
 .badge.fired { background: var(--warn); }
 .badge.ok { background: var(--good); }
+.badge.nodata { background: #8a93a6; }
+p.nodata { color: var(--muted); font-size: 13px; }
 .charts { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }
 figure { margin: 6px 0; }
 figcaption { font-size: 12px; color: var(--muted); }

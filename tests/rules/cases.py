@@ -345,6 +345,47 @@ def system_groups() -> list[Group]:
     g.silent("GPUMemoryNearCapacity", "10m")
     groups.append(g)
 
+    mib = 2**20
+
+    def rss(name: str, segments: list[tuple[int, float]], start: float = 512 * mib, first_step: int = 0) -> Group:
+        g = Group(name).started(ID, 200).gauge(sc.PROCESS_MEMORY_USAGE, ID, seq(segments, start))
+        return g.gauge(sc.STEP_FIRST_TIMESTAMP, ID, (f"_x{first_step // 10} " if first_step else "")
+                       + const(first_step, 200 - first_step // 10))
+
+    leak = rss("RSS leaks 4 MiB per 10 s from 20 min (120 MiB per 5 min)", [(120, 0), (80, 4 * mib)])
+    leak.silent("HostMemoryIncrease", "20m").silent("HostMemoryIncrease", "25m")  # ramp, then `for` 2m
+    groups.append(leak.fires("HostMemoryIncrease", "30m", ({**ID}, 120 * mib)))
+    small = rss("RSS leaks 2 MiB per 10 s (60 MiB per 5 min: under 64 MiB)", [(120, 0), (80, 2 * mib)])
+    groups.append(small.silent("HostMemoryIncrease", "30m").silent("HostMemoryIncrease", "33m"))
+    big = rss("8 GiB process grows 480 MiB per 5 min (under 10 %)", [(120, 0), (80, 16 * mib)], 8192 * mib)
+    groups.append(big.silent("HostMemoryIncrease", "30m"))
+    startup = rss("RSS grows 500 MiB while the job starts, then stays", [(30, 500 / 30 * mib), (170, 0)], 100 * mib)
+    groups.append(startup.silent("HostMemoryIncrease", "10m").silent("HostMemoryIncrease", "19m")
+                  .silent("HostMemoryIncrease", "30m"))
+    loading = rss("RSS grows 1 GiB while a data set loads for 25 min before the first step", [(150, 7 * mib), (50, 0)],
+                  first_step=1500)
+    groups.append(loading.silent("HostMemoryIncrease", "25m").silent("HostMemoryIncrease", "30m"))
+    early = rss("the same leak from the first step: judged only after patience + 2 windows", [(200, 4 * mib)])
+    groups.append(early.silent("HostMemoryIncrease", "18m10s").silent("HostMemoryIncrease", "20m10s")
+                  .fires("HostMemoryIncrease", "20m30s", (ID, 120 * mib)))
+
+    gib = 2**30
+
+    def container(name: str, working_set: float, limit: float | None, host: float = 0.5) -> Group:
+        g = Group(name).gauge(sc.CONTAINER_MEMORY_WORKING_SET, ID, const(working_set, 30))
+        if limit is not None:
+            g.gauge(sc.CONTAINER_MEMORY_LIMIT, ID, const(limit, 30))
+        return g.gauge(sc.SYSTEM_MEMORY_UTILIZATION, ID, const(host, 30))
+
+    groups.append(container("container working set at 93.75 % of its 4 GiB limit", 3.75 * gib, 4 * gib)
+                  .fires("HostMemoryNearLimit", "2m", (ID, 0.9375)))
+    groups.append(container("container at 87.5 % of its limit; the host is 97 % full (the limit is what counts)",
+                            3.5 * gib, 4 * gib, host=0.97).silent("HostMemoryNearLimit", "4m"))
+    groups.append(container("no container limit: the host's memory 93.75 % used", 3.5 * gib, None, host=0.9375)
+                  .fires("HostMemoryNearLimit", "2m", (ID, 0.9375)))
+    groups.append(container("no container limit: the host's memory 87.5 % used", 3.5 * gib, None, host=0.875)
+                  .silent("HostMemoryNearLimit", "4m"))
+
     gpu1 = {**ident(1, "n2"), "gpu": "0", "hw_id": "GPU-1"}
     g = Group("GPU load imbalance: 75 % vs 50 % across the job")
     g.started(ID, N).started(ident(1, "n2"), N)
@@ -366,30 +407,57 @@ TRAIN = {"phase": "train"}
 
 def step_groups() -> list[Group]:
     groups = []
-    ranks = [ident(r, f"n{r + 1}") for r in range(3)]
-
-    def straggler(name: str, step_sums: list[float], coll_sums: list[float] | None) -> Group:
+    def straggler(name: str, step_sums: list[float], coll_sums: list[float] | None = None) -> Group:
+        """One rank per value: steps (8 per 10 s) whose sum grows by the value, collectives by ``coll_sums``."""
         g = Group(name)
-        for labels, s in zip(ranks, step_sums):
-            g.add(series_name(sc.STEP_DURATION, "sum"), {**labels, **TRAIN}, seq([(60, s)]))
-            g.add(series_name(sc.STEP_DURATION, "count"), {**labels, **TRAIN}, seq([(60, 8)]))
-        for labels, s in zip(ranks, coll_sums or []):
-            g.add(series_name(sc.COLLECTIVE_DURATION, "sum"), {**labels, **TRAIN}, seq([(60, s)]))
+        for rank, s in enumerate(step_sums):
+            labels = {**ident(rank, f"n{rank + 1}"), **TRAIN}
+            g.add(series_name(sc.STEP_DURATION, "sum"), labels, seq([(60, s)]))
+            g.add(series_name(sc.STEP_DURATION, "count"), labels, seq([(60, 8)]))
+        for rank, s in enumerate(coll_sums or []):
+            g.add(series_name(sc.COLLECTIVE_DURATION, "sum"), {**ident(rank, f"n{rank + 1}"), **TRAIN}, seq([(60, s)]))
         return g
+
+    def rank(r: int) -> dict[str, str]:
+        return {**ident(r, f"n{r + 1}"), **TRAIN}
 
     g = straggler("rank 2 computes 25 % longer (DDP: equal steps, it waits less in all-reduce)",
                   [1.5, 1.5, 1.5], [0.5, 0.5, 0.25])
-    g.silent("RankStraggler", "2m").fires("RankStraggler", "2m10s", ({**ranks[2], **TRAIN}, 1.25))
+    g.silent("RankStraggler", "2m").fires("RankStraggler", "2m10s", (rank(2), 1.25))
     groups.append(g)
-    g = straggler("rank 2's steps 25 % longer, no collective timing", [1.0, 1.0, 1.25], None)
-    g.fires("RankStraggler", "5m", ({**ranks[2], **TRAIN}, 1.25))
+    g = straggler("rank 2's steps 25 % longer, no collective timing", [1.0, 1.0, 1.25])
+    g.fires("RankStraggler", "5m", (rank(2), 1.25))
     groups.append(g)
     g = straggler("rank 2 18.75 % slower: under the 1.2 ratio", [1.5, 1.5, 1.5], [0.5, 0.5, 0.3125])
     g.silent("RankStraggler", "5m")
     groups.append(g)
-    g = straggler("single rank: no straggler", [1.0], None)
+    g = straggler("single rank: no straggler", [1.0])
     g.silent("RankStraggler", "5m")
     groups.append(g)
+    # Two ranks: the other rank is the peers' median (a median over both, their mean, would hide this one).
+    groups.append(straggler("2 ranks: rank 1 25 % slower", [1.0, 1.25]).fires("RankStraggler", "5m", (rank(1), 1.25)))
+    groups.append(straggler("2 ranks: rank 1 31.25 % slower (1.14 against the pair's mean)", [1.0, 1.3125])
+                  .fires("RankStraggler", "5m", (rank(1), 1.3125)))
+    groups.append(straggler("2 ranks: rank 1 18.75 % slower", [1.0, 1.1875]).silent("RankStraggler", "5m"))
+    # Three ranks: the peers' median is the mean of the other two.
+    groups.append(straggler("3 ranks: rank 2 against a fast and a normal peer", [0.5, 1.0, 1.25])
+                  .fires("RankStraggler", "5m", (rank(2), 1.25 / 0.75)))
+    groups.append(straggler("3 ranks: rank 2 12.5 % above the peers' mean", [1.0, 1.25, 1.25])
+                  .silent("RankStraggler", "5m"))
+    # Four ranks: the median of the other three.
+    groups.append(straggler("4 ranks: two stragglers, each 25 % slower than the median of its peers",
+                            [1.0, 1.0, 1.25, 1.25])
+                  .fires("RankStraggler", "5m", (rank(2), 1.25), (rank(3), 1.25)))
+    groups.append(straggler("4 ranks: spread out, only rank 3 is 25 % above its peers' median",
+                            [0.75, 1.0, 1.125, 1.25])
+                  .fires("RankStraggler", "5m", (rank(3), 1.25)))
+    groups.append(straggler("4 ranks: 18.75 % is under the ratio", [1.0, 1.0, 1.0, 1.1875])
+                  .silent("RankStraggler", "5m"))
+    # More ranks: the job's median (exact for an even count).
+    groups.append(straggler("6 ranks: one 50 % slower", [1.0, 1.0, 1.0, 1.0, 1.125, 1.5])
+                  .fires("RankStraggler", "5m", (rank(5), 1.5)))
+    groups.append(straggler("5 ranks: one 50 % slower", [1.0, 1.0, 1.0, 1.0, 1.5])
+                  .fires("RankStraggler", "5m", (rank(4), 1.5)))
 
     def outliers(name: str, count: int, steps_per_interval: int, n: int = 110) -> Group:
         g = Group(name).started(ID, n)
@@ -464,6 +532,14 @@ def training_groups() -> list[Group]:
     groups.append(losses("loss decreasing steadily", "2-0.01x40").silent("LossNotDecreasing", "35m"))
     groups.append(losses("loss flat but no steps run", const(2.0, 40), const(100, 40))
                   .silent("LossNotDecreasing", "35m"))
+    resumed = Group("training resumes after a 35-min stall: the loss gauge held still through it", interval="1m")
+    resumed.started(ID, 50).gauge(sc.LOSS, train_id, f"2-0.01x10 {const(1.9, 35)} 1.899 1.898 1.897 1.896")
+    resumed.counter(sc.STEPS, train_id, f"{seq([(10, 60)])} {const(600, 35)} 660 720 780 840")
+    groups.append(resumed.silent("LossNotDecreasing", "46m").silent("LossNotDecreasing", "48m"))
+    nan = Group("the loss turns NaN at 20 min: the gauge holds the last finite loss", interval="1m").started(ID, 55)
+    nan.gauge(sc.LOSS, train_id, f"2-0.01x20 {const(1.8, 34)}").counter(sc.STEPS, train_id, seq([(55, 60)]))
+    nan.counter(sc.NONFINITE, {**train_id, "scalar": "loss"}, f"_x20 {seq([(34, 60)], 1)}")
+    groups.append(nan.silent("LossNotDecreasing", "53m"))
 
     g = Group("NaN loss at 5 min", interval="1m")
     g.counter(sc.NONFINITE, {**train_id, "scalar": "loss"}, f"_x5 {const(1, 20)}")
@@ -560,6 +636,9 @@ def telemetry_groups() -> list[Group]:
                   .silent("TelemetryDropped", "16m"))
     g = Group("nothing dropped", interval="1m")
     groups.append(g.counter(sc.EXPORTER_DROPPED, queue, const(0, 20)).silent("TelemetryDropped", "15m"))
+    g = Group("operator spans over the per-step cap of a profiling window: a designed bound", interval="1m")
+    g.counter(sc.EXPORTER_DROPPED, {**ID, "exporter": sc.DROPPED_OPERATOR_SPANS}, f"{const(0, 4)} {const(543, 20)}")
+    groups.append(g.silent("TelemetryDropped", "5m").silent("TelemetryDropped", "10m"))
     return groups
 
 

@@ -1,0 +1,371 @@
+"""Operators and kernels of a profiling window, from the profiler's Kineto (Chrome) trace JSON.
+
+:func:`parse_kineto_trace` is the one seam between ``torch.profiler``'s output and otelprof: it takes the
+trace as ``export_chrome_trace`` writes it (``traceEvents`` with ``ph`` "X" complete events of category
+``cpu_op`` / ``user_annotation`` on the host, ``cuda_runtime`` launches carrying ``args.correlation``, and
+``kernel`` / ``gpu_memcpy`` / ``gpu_memset`` events on the device carrying the same ``correlation`` plus
+``device``, ``stream``, ``grid``, ``block``, ``bytes``), so a CPU run here and a GPU run elsewhere go through
+the same code. Host operators nest as they nest in time on their thread; a device event's parent is the
+operator that enclosed its launch.
+
+:func:`operator_spans` turns a parsed window into spans under the spans of the steps it covered, bounded
+per step (``OTELPROF_PROFILE_MAX_SPANS``); :func:`window_summary` gives the bounded per-window statistics
+behind the operator metrics, the report and ``profiles.jsonl``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext
+
+from otelprof import semconv as sc
+from otelprof.metrics import MetricRegistry
+from otelprof.span_builder import SpanBuilder
+
+HOST_CATEGORIES = ("cpu_op", "user_annotation")
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+
+
+@dataclass
+class Operator:
+    """A host operator (``aten::*``, a ``record_function`` range): Unix ns, its thread and its parent's index."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+    thread: int
+    parent: int | None = None
+    depth: int = 0
+    self_ns: int = 0
+    launches: int = 0
+
+
+@dataclass
+class DeviceOp:
+    """A kernel, memcpy or memset on a GPU stream, and the index of the host operator that launched it."""
+
+    name: str
+    kind: str
+    start_ns: int
+    end_ns: int
+    device: int
+    stream: int
+    correlation: int | None
+    launcher: int | None = None
+    grid: tuple[int, ...] = ()
+    block: tuple[int, ...] = ()
+    bytes: int | None = None
+    launch_ns: int | None = None
+    """When the host launched it (the ``cuda_runtime`` call's start): the start of a launch->kernel flow."""
+
+
+@dataclass
+class ParsedTrace:
+    operators: list[Operator] = field(default_factory=list)
+    device: list[DeviceOp] = field(default_factory=list)
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _dims(value: Any) -> tuple[int, ...]:
+    if isinstance(value, (list, tuple)):
+        return tuple(_int(v) for v in value[:3])
+    return ()
+
+
+def _args(event: Mapping[str, Any]) -> Mapping[str, Any]:
+    args = event.get("args")
+    return args if isinstance(args, dict) else {}
+
+
+def parse_kineto_trace(trace: Mapping[str, Any], shift_ns: int = 0) -> ParsedTrace:
+    """Host operators (nested) and device events (attached to their launching operator) of a Kineto trace.
+
+    Timestamps become Unix ns: ``ts`` (µs) plus the trace's ``baseTimeNanoseconds`` when it has one, plus
+    ``shift_ns`` (the caller's correction from the profiler's clock to its own). Malformed events are skipped.
+    """
+    base_ns = _int(trace.get("baseTimeNanoseconds"))
+    events = trace.get("traceEvents")
+    if not isinstance(events, list):
+        return ParsedTrace()
+    host: list[tuple[int, int, int, str, str, int | None]] = []  # start, end, thread, name, cat, correlation
+    device_raw: list[tuple[dict[str, Any], int, int]] = []
+    for event in events:
+        if not isinstance(event, dict) or event.get("ph") != "X":
+            continue
+        category = event.get("cat")
+        try:
+            start = round(float(event["ts"]) * 1000) + base_ns + shift_ns
+            end = start + max(round(float(event.get("dur", 0)) * 1000), 0)
+        except (KeyError, TypeError, ValueError):
+            continue
+        args = _args(event)
+        if category in HOST_CATEGORIES or category in LAUNCH_CATEGORIES:
+            correlation = _int(args.get("correlation"), -1) if category in LAUNCH_CATEGORIES else None
+            host.append((start, end, _int(event.get("tid")), str(event.get("name", "")), category,
+                         None if correlation == -1 else correlation))
+        elif category in DEVICE_CATEGORIES:
+            device_raw.append((event, start, end))
+    parsed = ParsedTrace()
+    launches: dict[int, tuple[int | None, int]] = {}  # correlation -> (launching operator, launch time)
+    # Nest per thread: sorted by start, longest first, an event's parent is the innermost open one enclosing it.
+    host.sort(key=lambda h: (h[2], h[0], -h[1]))
+    stack: list[int] = []
+    thread = None
+    for start, end, tid, name, category, correlation in host:
+        if tid != thread:
+            thread, stack = tid, []
+        while stack and parsed.operators[stack[-1]].end_ns < end:
+            stack.pop()  # ended before this one, or overlaps it without enclosing it: not a parent
+        parent = stack[-1] if stack else None
+        if category in LAUNCH_CATEGORIES:
+            if correlation is not None:
+                launches[correlation] = (parent, start)
+            if parent is not None:
+                parsed.operators[parent].launches += 1
+            continue
+        depth = parsed.operators[parent].depth + 1 if parent is not None else 0
+        parsed.operators.append(Operator(name, start, end, tid, parent, depth))
+        stack.append(len(parsed.operators) - 1)
+    for op in parsed.operators:
+        op.self_ns = op.end_ns - op.start_ns
+    for op in parsed.operators:
+        if op.parent is not None:
+            parsed.operators[op.parent].self_ns -= op.end_ns - op.start_ns
+    for event, start, end in device_raw:
+        args = _args(event)
+        correlation = _int(args.get("correlation"), -1)
+        launcher, launch_ns = launches.get(correlation, (None, None))
+        raw_bytes = args.get("bytes")
+        parsed.device.append(DeviceOp(
+            str(event.get("name", "")), DEVICE_CATEGORIES[str(event.get("cat"))], start, end,
+            _int(args.get("device"), _int(event.get("pid"))), _int(args.get("stream"), _int(event.get("tid"))),
+            None if correlation == -1 else correlation, launcher, _dims(args.get("grid")), _dims(args.get("block")),
+            _int(raw_bytes) if raw_bytes is not None else None, launch_ns))
+    parsed.device.sort(key=lambda d: d.start_ns)
+    return parsed
+
+
+# ---------------------------------------------------------------- categories
+CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("communication", re.compile(r"nccl|c10d|all_?reduce|all_?gather|reduce_?scatter|broadcast|all_to_all|"
+                                 r"send|recv|gloo", re.I)),
+    ("memory_copy", re.compile(r"memcpy|memset|copy_|::to$|::_to_copy|contiguous|clone|pin_memory", re.I)),
+    ("attention", re.compile(r"attention|flash|sdpa|fmha|softmax", re.I)),
+    ("convolution", re.compile(r"conv|cudnn.*(fprop|dgrad|wgrad)|implicit_gemm|winograd", re.I)),
+    ("matmul", re.compile(r"matmul|\bmm\b|::mm$|::bmm|addmm|linear|gemm|cutlass|dot|einsum|baddbmm", re.I)),
+    ("normalization", re.compile(r"norm|batch_norm|layer_norm|group_norm|rms", re.I)),
+    ("elementwise", re.compile(r"elementwise|vectorized|::(add|sub|mul|div|relu|gelu|silu|sigmoid|tanh|exp|"
+                               r"pow|sqrt|rsqrt|neg|abs|clamp|threshold|where|fill|zero|dropout|max_pool|"
+                               r"avg_pool|pool|sum|mean|max|min|_foreach|add_|mul_|lerp|sign|log)", re.I)),
+)
+"""Operator categories by name pattern, first match wins (documented in docs/pytorch.md); else ``other``."""
+
+
+def categorize(name: str) -> str:
+    for label, pattern in CATEGORIES:
+        if pattern.search(name):
+            return label
+    return "other"
+
+
+# ---------------------------------------------------------------- spans
+@dataclass(frozen=True)
+class StepSpan:
+    """A traced step of the window: its span context and its times in Unix ns."""
+
+    context: SpanContext
+    number: int
+    start_ns: int
+    end_ns: int
+
+
+def _step_of(start_ns: int, steps: Sequence[StepSpan]) -> StepSpan | None:
+    for step in steps:
+        if step.start_ns <= start_ns < step.end_ns:
+            return step
+    return None
+
+
+def operator_spans(builder: SpanBuilder, parsed: ParsedTrace, steps: Sequence[StepSpan],
+                   max_per_step: int) -> tuple[list[ReadableSpan], int]:
+    """Spans for the operators and device events of ``parsed`` under the step spans ``steps``.
+
+    A top-level operator belongs to the step its start falls in (operators between steps are left out); its
+    descendants and the device events it launched follow it. Per step at most ``max_per_step`` host operators
+    are kept, the longest first (a parent is never shorter than its child, so the kept set is closed upwards),
+    and at most as many device events, the longest first among those whose launcher was kept. Returns the
+    spans and how many operators and device events were left out."""
+    ops = parsed.operators
+    owner: list[StepSpan | None] = [None] * len(ops)
+    for index, op in enumerate(ops):
+        owner[index] = _step_of(op.start_ns, steps) if op.parent is None else owner[op.parent]
+    dropped = 0
+    kept: set[int] = set()
+    by_step: dict[int, list[int]] = {}
+    for index, step in enumerate(owner):
+        if step is None:
+            dropped += 1
+        else:
+            by_step.setdefault(step.number, []).append(index)
+    for indices in by_step.values():
+        indices.sort(key=lambda i: (-(ops[i].end_ns - ops[i].start_ns), ops[i].depth))
+        kept.update(indices[:max_per_step])
+        dropped += max(len(indices) - max_per_step, 0)
+    contexts: dict[int, SpanContext] = {}
+    spans: list[ReadableSpan] = []
+    for index in sorted(kept, key=lambda i: ops[i].depth):  # parents before children
+        op = ops[index]
+        step = owner[index]
+        assert step is not None
+        parent = contexts[op.parent] if op.parent is not None else step.context
+        context = contexts[index] = builder.child_context(parent)
+        spans.append(builder.span(op.name, context, parent, op.start_ns, op.end_ns, {
+            sc.ATTR_OP_KIND: "cpu", sc.ATTR_OP_THREAD: op.thread, sc.ATTR_OP_CATEGORY: categorize(op.name),
+            sc.ATTR_STEP_NUMBER: step.number}))
+    device_by_step: dict[int, list[DeviceOp]] = {}
+    for event in parsed.device:
+        if event.launcher is None or event.launcher not in kept:
+            dropped += 1
+            continue
+        owner_step = owner[event.launcher]
+        assert owner_step is not None
+        device_by_step.setdefault(owner_step.number, []).append(event)
+    for events in device_by_step.values():
+        events.sort(key=lambda d: d.start_ns - d.end_ns)
+        dropped += max(len(events) - max_per_step, 0)
+        for event in events[:max_per_step]:
+            assert event.launcher is not None
+            parent = contexts[event.launcher]
+            attributes: dict[str, Any] = {sc.ATTR_OP_KIND: event.kind, sc.ATTR_KERNEL_DEVICE: event.device,
+                                          sc.ATTR_KERNEL_STREAM: event.stream,
+                                          sc.ATTR_OP_CATEGORY: categorize(event.name)}
+            if event.correlation is not None:
+                attributes[sc.ATTR_KERNEL_CORRELATION] = event.correlation
+            if event.grid:
+                attributes[sc.ATTR_KERNEL_GRID] = list(event.grid)
+            if event.block:
+                attributes[sc.ATTR_KERNEL_BLOCK] = list(event.block)
+            if event.bytes is not None:
+                attributes[sc.ATTR_KERNEL_BYTES] = event.bytes
+            spans.append(builder.span(event.name, builder.child_context(parent), parent, event.start_ns,
+                                      event.end_ns, attributes))
+    return spans, dropped
+
+
+# ---------------------------------------------------------------- per-window statistics
+def _top(table: dict[str, list[float]], top: int) -> list[dict[str, Any]]:
+    """Rows sorted by self time, the ``top`` first, the rest summed into one ``other`` row."""
+    rows = sorted(table.items(), key=lambda kv: -kv[1][0])
+    out = [{"name": name, "self_s": v[0], "total_s": v[1], "calls": int(v[2]), "launches": int(v[3])}
+           for name, v in rows[:top]]
+    rest = rows[top:]
+    if rest:
+        out.append({"name": sc.OTHER_LABEL_VALUE, "self_s": sum(v[0] for _, v in rest),
+                    "total_s": sum(v[1] for _, v in rest), "calls": int(sum(v[2] for _, v in rest)),
+                    "launches": int(sum(v[3] for _, v in rest))})
+    return out
+
+
+def window_summary(parsed: ParsedTrace, top: int, precision: Any = None) -> dict[str, Any]:
+    """Top operators and kernels (the rest as ``other``), time per category, host vs device operator time
+    and the kernel precision mix of one window. ``total_s`` of an operator counts a recursive call once."""
+    host: dict[str, list[float]] = {}
+    for op in parsed.operators:
+        row = host.setdefault(op.name, [0.0, 0.0, 0.0, 0.0])
+        row[0] += op.self_ns / 1e9
+        if not _inside_same(parsed.operators, op):
+            row[1] += (op.end_ns - op.start_ns) / 1e9
+        row[2] += 1
+        row[3] += op.launches
+    kernels: dict[str, list[float]] = {}
+    categories: dict[str, float] = {}
+    precisions: dict[str, float] = {}
+    device_s = 0.0
+    for event in parsed.device:
+        seconds = (event.end_ns - event.start_ns) / 1e9
+        row = kernels.setdefault(event.name, [0.0, 0.0, 0.0, 0.0])
+        row[0] += seconds
+        row[1] += seconds
+        row[2] += 1
+        row[3] += 1
+        device_s += seconds
+        category = categorize(event.name) if event.kind == "kernel" else "memory_copy"
+        categories[category] = categories.get(category, 0.0) + seconds
+        if event.kind == "kernel" and precision is not None:
+            label = precision(event.name)
+            precisions[label] = precisions.get(label, 0.0) + seconds
+    host_s = 0.0
+    host_categories: dict[str, float] = {}
+    for op in parsed.operators:
+        seconds = op.self_ns / 1e9
+        host_s += seconds
+        label = categorize(op.name)
+        host_categories[label] = host_categories.get(label, 0.0) + seconds
+    return {
+        "ops": _top(host, top),
+        "kernels": _top(kernels, top),
+        "host_op_s": host_s,
+        "device_op_s": device_s,
+        "categories_s": {"cpu": host_categories, "gpu": categories},
+        "kernel_precision_s": precisions,
+        "operators": len(parsed.operators),
+        "device_events": len(parsed.device),
+    }
+
+
+def _inside_same(ops: Sequence[Operator], op: Operator) -> bool:
+    parent = op.parent
+    while parent is not None:
+        if ops[parent].name == op.name:
+            return True
+        parent = ops[parent].parent
+    return False
+
+
+NAME_LIMIT = 120
+"""Characters of an operator or kernel name kept in a metric label (C++ kernel names run to kilobytes)."""
+
+
+def set_metrics(registry: MetricRegistry, stats: Mapping[str, Any], num_steps: int) -> None:
+    """The last window's operator gauges, per profiled step; the previous window's series are replaced, so
+    at most ``2 * (top + 1)`` operator series, 16 category series and 8 precision series exist at a time."""
+    per_step = 1.0 / max(num_steps, 1)
+    with registry.lock:
+        self_time = registry.gauge(sc.OPERATOR_SELF_TIME)
+        total_time = registry.gauge(sc.OPERATOR_TOTAL_TIME)
+        calls = registry.gauge(sc.OPERATOR_CALLS)
+        launches = registry.gauge(sc.OPERATOR_LAUNCHES)
+        categories = registry.gauge(sc.OPERATOR_CATEGORY_TIME)
+        precision = registry.gauge(sc.KERNEL_PRECISION)
+        for gauge in (self_time, total_time, calls, launches, categories, precision):
+            gauge.values.clear()
+        for device, rows in (("cpu", stats["ops"]), ("gpu", stats["kernels"])):
+            for row in rows:
+                labels = (device, str(row["name"])[:NAME_LIMIT])
+                self_time.set(row["self_s"] * per_step, labels)
+                total_time.set(row["total_s"] * per_step, labels)
+                calls.set(row["calls"] * per_step, labels)
+                if device == "cpu" and row["launches"]:
+                    launches.set(row["launches"] * per_step, labels[1:])
+        for device, table in stats["categories_s"].items():
+            for category, seconds in table.items():
+                categories.set(seconds * per_step, (device, category))
+        busy = stats["host_op_s"] + stats["device_op_s"]
+        if busy > 0:
+            registry.gauge(sc.OPERATOR_HOST_RATIO).set(stats["host_op_s"] / busy)
+        kernel_s = sum(stats["kernel_precision_s"].values())
+        for label, seconds in stats["kernel_precision_s"].items():
+            if kernel_s > 0:
+                precision.set(seconds / kernel_s, (label,))

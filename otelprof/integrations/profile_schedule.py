@@ -1,0 +1,90 @@
+"""Periodic operator-profiling windows: a few steps under ``torch.profiler`` every few minutes, by default.
+
+A daemon thread sleeps until a window is due, then arms one on the process's
+:data:`~otelprof.integrations.torch_profiler.windows` (nothing runs on the training thread until the window's
+steps). The first window is due ``OTELPROF_PROFILE_WARMUP`` seconds after ``init()`` and starts no earlier
+than step ``OTELPROF_PROFILE_WARMUP_STEPS``; then one every ``OTELPROF_PROFILE_EVERY`` seconds. A window
+that cost X seconds more than its steps' usual time (measured against the steps just before it, plus its
+processing) delays the next one by at least X / ``OTELPROF_PROFILE_BUDGET``, so the amortized cost stays
+within the budget. Jobs that never import torch are never profiled; a window already armed or running
+(``profile_window``, a capture) makes the schedule skip its turn.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from otelprof import hotpath as hot
+from otelprof._log import logger
+from otelprof.config import Config
+
+RETRY = 5.0
+"""Seconds between looks for torch (imported after ``init()``) or for a busy profiler."""
+FINISH_TIMEOUT = 600.0
+"""Longest wait for an armed window to finish (a job that stopped stepping)."""
+
+
+class PeriodicWindows:
+    def __init__(self, config: Config) -> None:
+        self.every = config.profile_every
+        self.steps = config.profile_steps
+        self.warmup = config.profile_warmup
+        self.warmup_steps = config.profile_warmup_steps
+        self.budget = config.profile_budget
+        self.top = config.profile_top_k
+        self.windows_run = 0
+        self.next_delay = self.warmup
+        """Seconds from the end of the last window (from the start at first) to the next one."""
+        self._stop = threading.Event()
+        self._finished = threading.Event()
+        self._overhead = 0.0
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.every <= 0:
+            return
+        self._thread = threading.Thread(target=self._run, name="otelprof-profile-schedule", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._finished.set()
+
+    def interval_after(self, overhead: float) -> float:
+        """The wait before the next window after one that cost ``overhead`` seconds."""
+        if self.budget <= 0:
+            return self.every
+        return max(self.every, overhead / self.budget)
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:
+            logger.exception("otelprof: the periodic profiling schedule stopped")
+
+    def _loop(self) -> None:
+        delay = self.warmup
+        while not self._stop.wait(delay):
+            if "torch" not in sys.modules or hot._active is None:
+                delay = RETRY
+                continue
+            from otelprof.integrations.torch_profiler import BASELINE_STEPS, windows
+
+            if windows.busy:
+                delay = RETRY
+                continue
+            phase = hot.current_phase()
+            start = max(hot.next_step_number(phase) + BASELINE_STEPS, self.warmup_steps)
+            self._finished.clear()
+            windows.arm(start, self.steps, top=self.top, trigger="periodic", phase=phase,
+                        on_finished=self._on_finished)
+            self._finished.wait(FINISH_TIMEOUT)
+            if self._stop.is_set():
+                return
+            self.windows_run += 1
+            delay = self.next_delay = self.interval_after(self._overhead)
+
+    def _on_finished(self, overhead: float) -> None:
+        self._overhead = overhead
+        self._finished.set()

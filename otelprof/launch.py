@@ -1,0 +1,97 @@
+"""What ``otelprof run`` does inside the program it starts (called by its ``sitecustomize``).
+
+* **Which processes** (decided by the ``sitecustomize``). The process ``otelprof run`` starts, or, when
+  that is a launcher (torchrun, ``python -m torch.distributed.run``, ``accelerate launch``, DeepSpeed's),
+  the processes the launcher starts, which share one run id (:func:`name_run`). Python processes those
+  start in turn (``torch.compile``'s compile workers, data-loader workers, helpers) are not instrumented:
+  they would record runs of their own.
+* **What.** ``otelprof.init()``; with PyTorch importable, its global hooks
+  (:func:`otelprof.integrations.torch.auto_instrument`) and the trainer callbacks
+  (:mod:`otelprof.integrations.autoattach`).
+* **What it says.** On rank 0 only, one line to stderr at the start (the run id and where the recording
+  goes) and one at the exit (the report command); nothing with ``OTELPROF_QUIET=true`` (``otelprof run
+  --quiet``).
+
+Never stops the program: a failure is one line on stderr and the program runs uninstrumented.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from pathlib import Path
+
+RUN_TORCH = "OTELPROF_RUN_TORCH"
+RUN_GRAD_NORM = "OTELPROF_RUN_GRAD_NORM"
+
+_exit: tuple[str, Path, int] | None = None
+"""The exit line, the recording it names (said only if it is there) and the process that says it (not a forked
+child, which inherits the exit handlers)."""
+
+
+def name_run() -> None:
+    """In a launcher: one run id for the processes it starts, unless the user or torchrun gives one."""
+    from otelprof import environment_variables as ev
+    from otelprof.session import new_run_id
+
+    if not os.environ.get(ev.OTELPROF_RUN_ID) and not os.environ.get(ev.OTELPROF_RUN_LAUNCH_ID):
+        os.environ[ev.OTELPROF_RUN_LAUNCH_ID] = new_run_id()
+
+
+def start() -> None:
+    """Start otelprof and hook PyTorch and the trainers. Never raises."""
+    try:
+        import otelprof
+
+        atexit.register(_say_exit)  # before init(): runs after the session's shutdown
+        _announce(otelprof.init())
+        if os.environ.get(RUN_TORCH, "1") != "0":
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                return
+            from otelprof.integrations import autoattach
+            from otelprof.integrations.torch import auto_instrument
+
+            auto_instrument(grad_norm=os.environ.get(RUN_GRAD_NORM) == "1")
+            autoattach.install()
+    except Exception as exc:  # the training program must start regardless
+        sys.stderr.write(f"otelprof: automatic instrumentation failed: {exc!r}\n")
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it, else absolute."""
+    absolute = path.resolve()
+    try:
+        return str(absolute.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(absolute)
+
+
+def _announce(session: object) -> None:
+    global _exit
+    from otelprof.session import Session
+
+    if not isinstance(session, Session):  # disabled (OTEL_SDK_DISABLED)
+        return
+    config = session.config
+    if config.quiet or config.rank != 0:
+        return
+    if session.run_dir is None:
+        sys.stderr.write(f"otelprof: run {config.run_id}, not recorded locally (OTELPROF_RECORD=false)\n")
+        return
+    run = session.run_dir.parent
+    where = shown(run)
+    sys.stderr.write(f"otelprof: recording run {config.run_id} to {where}\n")
+    _exit = (f"otelprof: run {config.run_id} recorded; report: otelprof report {where}\n", run.resolve(), os.getpid())
+
+
+def _say_exit() -> None:
+    if _exit is None or _exit[2] != os.getpid() or not _exit[1].is_dir():
+        return
+    try:
+        sys.stderr.write(_exit[0])
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed
+        pass

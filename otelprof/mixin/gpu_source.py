@@ -1,0 +1,121 @@
+"""Where the GPU checks read GPU readings: otelprof's own NVML series, or dcgm-exporter's (``gpu_source``).
+
+With ``gpu_source=dcgm`` the recording group ``otelprof-dcgm`` turns dcgm-exporter's ``DCGM_FI_DEV_*`` series into
+otelprof's GPU series in base units (ratio 0-1, bytes, hertz), named ``otelprof:<otelprof series>:dcgm`` and
+carrying the training job's identity labels. They are joined to the ranks through the pod and the GPU UUID
+(``otelprof_gpu_info{hw_id}`` = dcgm's ``UUID``), never through ``gpu``, whose index differs between the container
+and the host; ``gpu`` on the result is the index in the training container, as on otelprof's own series.
+
+The alerts and recording rules ask :class:`GpuReadings` for a quantile / mean over a window; from otelprof's series
+that is the per-sample histogram (exact, every 500 ms), from dcgm-exporter's the scraped gauge
+(``quantile_over_time`` / ``avg_over_time`` of the scrapes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from otelprof import semconv as sc
+from otelprof.mixin.config import GPU_SOURCE_DCGM, MixinConfig
+from otelprof.mixin.promql import GPU, HW_ID, IDENTITY, Q, by, series_name
+from otelprof.semconv import MetricSpec
+
+GROUP = "otelprof-dcgm"
+POD = "pod"
+NAMESPACE = "namespace"
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class DcgmRecord:
+    spec: MetricSpec
+    """The otelprof series this record stands for."""
+    expr: str
+    """Over dcgm-exporter's series (``{s}`` is the dcgm selector), in the spec's base unit."""
+
+    @property
+    def name(self) -> str:
+        return f"otelprof:{self.spec.prometheus_name}:dcgm"
+
+
+def _total_mib() -> str:
+    used = sc.DCGM_FB_USED + "{s}"
+    return f"({used} + {sc.DCGM_FB_FREE}{{s}} + ({sc.DCGM_FB_RESERVED}{{s}} or {used} * 0))"
+
+
+DCGM_RECORDS: tuple[DcgmRecord, ...] = (
+    DcgmRecord(sc.GPU_UTILIZATION, f"{sc.DCGM_GPU_UTIL}{{s}} / 100"),
+    DcgmRecord(sc.GPU_MEMORY_COPY_UTILIZATION, f"{sc.DCGM_MEM_COPY_UTIL}{{s}} / 100"),
+    DcgmRecord(sc.GPU_MEMORY_USAGE, f"{sc.DCGM_FB_USED}{{s}} * {MIB}"),
+    DcgmRecord(sc.GPU_MEMORY_LIMIT, f"{_total_mib()} * {MIB}"),
+    DcgmRecord(sc.GPU_MEMORY_UTILIZATION, f"{sc.DCGM_FB_USED}{{s}} / {_total_mib()}"),
+    DcgmRecord(sc.GPU_POWER, f"{sc.DCGM_POWER_USAGE}{{s}}"),
+    DcgmRecord(sc.GPU_TEMPERATURE, f"{sc.DCGM_GPU_TEMP}{{s}}"),
+    DcgmRecord(sc.GPU_SM_CLOCK, f"{sc.DCGM_SM_CLOCK}{{s}} * 1000000"),
+    DcgmRecord(sc.GPU_TENSOR_ACTIVE, f"{sc.DCGM_TENSOR_ACTIVE}{{s}}"),
+)
+RECORD_BY_SERIES = {series_name(r.spec): r.name for r in DCGM_RECORDS}
+"""otelprof's GPU series name -> the dcgm record standing for it (what the dashboards read in dcgm mode)."""
+
+_DISTRIBUTIONS = {sc.GPU_UTILIZATION: sc.GPU_UTILIZATION_DISTRIBUTION,
+                  sc.GPU_MEMORY_UTILIZATION: sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION}
+
+
+def _relabel(expr: str, target: str, source: str) -> str:
+    if target == source:
+        return expr
+    return f'label_replace({expr}, "{target}", "$1", "{source}", "(.+)")'
+
+
+def joined(c: MixinConfig, expr: str) -> str:
+    """dcgm-exporter's ``expr`` with the training job's identity: joined on (namespace, pod, UUID) to the rank
+    whose ``otelprof_gpu_info`` names that GPU; ``gpu`` becomes the index in the training container."""
+    dcgm = _relabel(_relabel(_relabel(expr, HW_ID, sc.DCGM_LABEL_UUID), POD, c.dcgm_pod_label),
+                    NAMESPACE, c.dcgm_namespace_label)
+    keys = (NAMESPACE, POD, HW_ID)
+    copied = (*IDENTITY, GPU)
+    info = Q(c.selector).sel(sc.GPU_INFO)
+    return (f"max by ({by(*IDENTITY, GPU, HW_ID)}) (\n  {dcgm}\n"
+            f"  * on ({by(*keys)}) group_left ({by(*copied)})\n"
+            f"  max by ({by(*keys, *copied)}) ({info})\n)")
+
+
+def dcgm_rules(c: MixinConfig) -> list[dict[str, str]]:
+    selector = c.dcgm_selector.strip()
+    rules = []
+    for record in DCGM_RECORDS:
+        expr = record.expr.replace("{s}", f"{{{selector}}}" if selector else "")
+        rules.append({"record": record.name, "expr": joined(c, expr)})
+    return rules
+
+
+def record_name(spec: MetricSpec) -> str:
+    for record in DCGM_RECORDS:
+        if record.spec == spec:
+            return record.name
+    raise KeyError(spec.name)
+
+
+class GpuReadings:
+    """GPU readings per GPU of the job, from the configured source, with the job's identity labels."""
+
+    def __init__(self, c: MixinConfig) -> None:
+        self.dcgm = c.gpu_source == GPU_SOURCE_DCGM
+        self.q = Q(c.selector)
+
+    def current(self, spec: MetricSpec) -> str:
+        """The latest reading of a GPU gauge (``hw_gpu_utilization_ratio``, ...)."""
+        return record_name(spec) if self.dcgm else self.q.sel(spec)
+
+    def quantile(self, quantile: float, spec: MetricSpec, window: str) -> str:
+        """The ``quantile`` of the readings of ``spec`` (utilization or memory utilization) over ``window``."""
+        if self.dcgm:
+            return f"quantile_over_time({quantile}, {record_name(spec)}[{window}])"
+        return self.q.window_quantile(quantile, _DISTRIBUTIONS[spec], window)
+
+    def mean(self, spec: MetricSpec, window: str, offset: str = "") -> str:
+        """The mean of the readings of ``spec`` over ``window`` (ending ``offset`` ago)."""
+        if self.dcgm:
+            shift = f" offset {offset}" if offset else ""
+            return f"avg_over_time({record_name(spec)}[{window}]{shift})"
+        return self.q.window_mean(_DISTRIBUTIONS[spec], window, offset=offset)
