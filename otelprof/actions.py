@@ -6,16 +6,22 @@ it names (labels ``job_name`` and ``rank``), and of no other. Which URL serves w
 rank comes from a static map: ``JOB=URL`` (every rank of the job, or a one-process job),
 ``JOB/RANK=URL``, or ``*=URL`` with ``{label}`` placeholders filled from the alert's labels
 (e.g. ``*=http://{job_name}-{rank}.{job_name}:9470`` for an indexed Job behind a headless Service).
+A label value fills a placeholder only if it fits its place in the URL (:meth:`Target.render`), so no
+value can make the URL name another host, port or path: an alert with one that does not is rejected
+(400), counted by cause and logged the first time.
 
 Requests need ``Authorization: Bearer <token>`` (401 otherwise); oversized bodies get 413, bodies
 that are not an Alertmanager payload of a known version 400 — and then nothing is done. Every
-decision is logged. When a control endpoint cannot be reached the answer is 502, so Alertmanager
-retries; actions that already succeeded are remembered and not repeated.
+decision is logged; refusals and rejections are counted (``GET /healthz``) and logged once per cause.
+When a control endpoint cannot be reached the answer is 502, so Alertmanager retries; actions that
+already succeeded are remembered and not repeated.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -23,15 +29,16 @@ import re
 import ssl
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from otelprof import semconv as sc
-from otelprof._http import BackgroundServer, QuietHandler
+from otelprof._http import BackgroundServer, Limits, QuietHandler
 
 log = logging.getLogger("otelprof.webhook")
 
@@ -52,6 +59,81 @@ class TargetError(ValueError):
     """A target entry that cannot be parsed."""
 
 
+class LabelError(ValueError):
+    """An alert label whose value cannot go where a target's URL puts it: the alert is rejected."""
+
+    def __init__(self, label: str, position: str, value: str) -> None:
+        super().__init__(f"label {label}={value[:80]!r} is not {_WHAT[position]}")
+        self.cause = f"{label} is not {_WHAT[position]}"
+
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_DNS_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_DNS_LABEL_PART = re.compile(r"[A-Za-z0-9-]{1,63}")
+_PORT = re.compile(r"[0-9]{1,5}")
+_K8S_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+"""A Kubernetes namespace (a DNS-1123 label); a Job name is one or more of them joined by dots."""
+_HOST, _HOST6, _HOST_PART, _PORT_POSITION, _PATH = "host", "host6", "host part", "port", "path"
+_WHAT = {_HOST: "an IP address or a DNS label", _HOST6: "an IPv6 address",
+         _HOST_PART: "part of a DNS label (letters, digits, -)", _PORT_POSITION: "a port number",
+         _PATH: "a path segment", "k8s": "a Kubernetes name"}
+
+
+def _host(value: str, position: str) -> str:
+    """``value`` where a template puts a whole host: an IP address (IPv6 in brackets) or a DNS label."""
+    if value.isascii() and "%" not in value:
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            pass
+        else:
+            if position == _HOST6 and address.version == 6:
+                return address.compressed
+            if position == _HOST:
+                return f"[{address.compressed}]" if address.version == 6 else str(address)
+    if position == _HOST and _DNS_LABEL.fullmatch(value):
+        return value
+    raise ValueError(value)
+
+
+def _fill(label: str, value: str, position: str) -> str:
+    """``value`` validated for (and encoded in) its place in the URL; LabelError if it does not fit."""
+    try:
+        if position in (_HOST, _HOST6):
+            return _host(value, position)
+        if position == _HOST_PART and _DNS_LABEL_PART.fullmatch(value):
+            return value
+        if position == _PORT_POSITION and _PORT.fullmatch(value) and 1 <= int(value) <= 65535:
+            return str(int(value))
+        if position == _PATH and value not in ("", ".", ".."):
+            return urllib.parse.quote(value, safe="")
+    except ValueError:
+        pass
+    raise LabelError(label, position, value)
+
+
+def _analyse(url: str) -> tuple[str, str, str, str]:
+    """Split a target URL template into (scheme://, host, :port, rest), refusing placeholders where no label
+    value may go (scheme, user info) and ports that are neither a number nor one placeholder."""
+    match = re.fullmatch(r"(https?://)([^/?#]*)(.*)", url, re.DOTALL)
+    if match is None:
+        raise TargetError(f"bad target URL {url!r}: it must start with http:// or https://")
+    scheme, authority, rest = match.groups()
+    if "@" in authority:
+        raise TargetError(f"bad target URL {url!r}: no user info (@) in a control URL")
+    if authority.startswith("["):
+        end = authority.find("]")
+        host, port = authority[:end + 1], authority[end + 1:]
+    else:
+        host, colon, port = authority.partition(":")
+        port = colon + port
+    if not host or (port and not port.startswith(":")):
+        raise TargetError(f"bad target URL {url!r}: cannot tell its host from its port")
+    if port and not (_PORT.fullmatch(port[1:]) or _PLACEHOLDER.fullmatch(port[1:])):
+        raise TargetError(f"bad target URL {url!r}: the port must be a number or one {{label}}")
+    return scheme, host, port, rest
+
+
 @dataclass(frozen=True)
 class Target:
     job: str
@@ -59,9 +141,28 @@ class Target:
     rank: str | None
     url: str
 
+    def __post_init__(self) -> None:
+        _analyse(self.url)
+
     def render(self, labels: Mapping[str, str]) -> str:
-        """The URL with ``{label}`` placeholders filled from the alert; KeyError if one is missing."""
-        return re.sub(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: labels[m.group(1)], self.url).rstrip("/")
+        """The URL with ``{label}`` placeholders filled from the alert, each value validated for its place:
+        a whole host takes an IP address or a DNS label, part of a host a DNS label's characters, a port a
+        number, the path anything (percent-encoded). KeyError if a label is missing, LabelError if a value
+        does not fit: a label value can never change which host, port or path the URL names."""
+        scheme, host, port, rest = _analyse(self.url)
+
+        def fill(text: str, position: str) -> str:
+            return _PLACEHOLDER.sub(lambda m: _fill(m.group(1), labels[m.group(1)], position), text)
+
+        whole = _PLACEHOLDER.fullmatch(host) or _PLACEHOLDER.fullmatch(host.strip("[]"))
+        if whole is not None:
+            filled_host = fill(host, _HOST6 if host.startswith("[") else _HOST)
+        else:
+            filled_host = fill(host, _HOST_PART)
+            if _PLACEHOLDER.search(host) and not all(_DNS_LABEL.fullmatch(part) for part in filled_host.split(".")):
+                names = ",".join(_PLACEHOLDER.findall(host))
+                raise LabelError(names, _HOST_PART, filled_host)
+        return (scheme + filled_host + fill(port, _PORT_POSITION) + fill(rest, _PATH)).rstrip("/")
 
 
 def parse_target(item: str) -> Target:
@@ -89,12 +190,39 @@ def parse_targets_text(text: str) -> list[Target]:
     return targets
 
 
+def _printable(value: str, limit: int = 80) -> str:
+    """A label value for a log line: cut, control characters escaped (no forged log lines)."""
+    return repr(value[:limit])[1:-1]
+
+
+class Tally:
+    """Counts refusals by cause; logs a cause the first time, then at its 10th, 100th, ... occurrence
+    (the counts are on ``GET /healthz``): a flood of hostile requests never floods the log."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, cause: str, detail: str = "") -> None:
+        with self._lock:
+            self._counts[cause] += 1
+            n = self._counts[cause]
+        if n == 10 ** (len(str(n)) - 1):
+            log.warning("%s %s (%d so far)%s", self.what, cause, n, f": {detail}" if detail else "")
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
 @dataclass
 class TargetMap:
     """Static targets plus an optional file that is re-read when it changes (a mounted ConfigMap)."""
 
     static: list[Target] = field(default_factory=list)
     path: Path | None = None
+    missing: Tally = field(default_factory=lambda: Tally("a target needs a label the alert lacks:"))
     _file_targets: list[Target] = field(default_factory=list)
     _mtime: float | None = None
 
@@ -126,11 +254,11 @@ class TargetMap:
         else:
             chosen = candidates
         urls = []
-        for target in chosen:
+        for target in chosen:  # LabelError (a value that does not fit its place) rejects the alert
             try:
                 urls.append(target.render(labels))
             except KeyError as exc:
-                log.warning("target %s=%s needs label %s, which the alert lacks", target.job, target.url, exc)
+                self.missing.add(f"{target.job}={target.url} needs {exc}")
         return list(dict.fromkeys(urls))
 
 
@@ -153,6 +281,8 @@ def parse_payload(body: bytes) -> list[AlertItem]:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise PayloadError(f"body is not JSON ({exc})") from None
+    except RecursionError:
+        raise PayloadError("body is not JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise PayloadError("body must be a JSON object")
     version = data.get("version")
@@ -227,6 +357,12 @@ class KubernetesJobs:
             return int(exc.code)
 
 
+LIMITS = Limits(workers=8, max_connections=64, deadline=10.0, rate=100.0, connection_rate=200.0)
+"""The webhook's server: 8 workers (an action waits up to --timeout for a training process), 64 open
+connections (each buffers at most --max-body bytes), 10 s per connection, 100 requests and 200 new
+connections a second."""
+
+
 @dataclass
 class WebhookReceiver:
     """The request logic, without sockets (the server below and the tests call :meth:`handle`)."""
@@ -246,71 +382,103 @@ class WebhookReceiver:
     kubernetes: KubernetesJobs | None = None
     """When set, a stop that reaches no training process suspends the Job named by the alert's
     ``job_name`` in its ``namespace``."""
+    refused: Tally = field(default_factory=lambda: Tally("refused a request:"))
+    """Requests refused (401, 404, 405, 411, 413, 400) or lost (timeouts, disconnects), by cause."""
+    rejected: Tally = field(default_factory=lambda: Tally("rejected an alert:"))
+    """Alerts not acted on because a label value does not fit the target URL, by cause."""
     _done: OrderedDict[tuple[str, ...], None] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def authorized(self, authorization: str) -> bool:
-        return hmac.compare_digest(authorization.encode(), f"Bearer {self.token}".encode())
+        return hmac.compare_digest(authorization.encode(errors="replace"), f"Bearer {self.token}".encode())
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": True, "refused": self.refused.counts(), "rejected": self.rejected.counts()}
 
     def handle(self, method: str, path: str, authorization: str, content_length: int | None,
                read: Callable[[int], bytes]) -> tuple[int, dict[str, Any]]:
         """One request -> (status, JSON answer). ``read(n)`` reads the body only once it is accepted."""
         if method == "GET" and path == HEALTH_PATH:
-            return 200, {"ok": True}
+            return 200, self.health()
         if path != PATH:
-            return 404, {"error": f"no such endpoint {path} (POST {PATH}, GET {HEALTH_PATH})"}
+            self.refused.add("not_found")
+            return 404, {"error": f"no such endpoint (POST {PATH}, GET {HEALTH_PATH})"}
         if method != "POST":
+            self.refused.add("not_found")
             return 405, {"error": f"use POST {PATH}"}
         if not self.authorized(authorization):
-            log.warning("rejected a request: missing or wrong bearer token")
+            self.refused.add("unauthorized", "missing or wrong bearer token")
             return 401, {"error": "missing or wrong bearer token"}
         if content_length is None:
+            self.refused.add("bad_request", "no Content-Length")
             return 411, {"error": "Content-Length required"}
         if content_length > self.max_body:
-            log.warning("rejected a payload of %d bytes (limit %d)", content_length, self.max_body)
+            self.refused.add("too_large", f"a payload of {content_length} bytes (limit {self.max_body})")
             return 413, {"error": f"payload over {self.max_body} bytes"}
         try:
             items = parse_payload(read(content_length))
         except PayloadError as exc:
-            log.warning("rejected a payload: %s", exc)
+            self.refused.add("bad_payload", str(exc))
             return 400, {"error": str(exc)}
         return self.act(items)
 
     def act(self, items: list[AlertItem]) -> tuple[int, dict[str, Any]]:
+        """Act on each firing alert with an action label. 502 when a process could not be reached (Alertmanager
+        retries; what succeeded is remembered), else 400 when an alert was rejected, else 200."""
         decisions: list[dict[str, Any]] = []
-        failed = False
+        failed = rejected = False
         sent: set[tuple[str, str]] = set()
         for item in items:
             name = item.labels.get("alertname", "?")
-            where = f"{name} job={item.labels.get(self.job_label, '-')} rank={item.labels.get(self.rank_label, '-')}"
+            job, rank = item.labels.get(self.job_label), item.labels.get(self.rank_label)
             action = item.labels.get(ACTION_LABEL)
-            decision: dict[str, Any] = {"alert": name, "job": item.labels.get(self.job_label),
-                                        "rank": item.labels.get(self.rank_label), "action": action}
+            decision: dict[str, Any] = {"alert": name, "job": job, "rank": rank, "action": action}
             decisions.append(decision)
             if item.status != "firing":
                 decision["result"] = "ignored: resolved"
             elif action is None:
                 decision["result"] = "ignored: no action label"
             elif action not in ACTIONS:
-                decision["result"] = f"ignored: unknown action {action!r}"
+                decision["result"] = f"ignored: unknown action {action[:80]!r}"
             else:
-                labels = dict(item.labels)
-                local_rank = labels.get(sc.prometheus_label(sc.LABEL_LOCAL_RANK), "0")
-                if self.control_port_base is not None and local_rank.isdigit():
-                    labels["control_port"] = str(self.control_port_base + int(local_rank))
-                urls = self.targets.resolve(labels, self.job_label, self.rank_label)
-                outcomes = [(url, self._send(item, action, url, sent)) for url in urls]
-                results = [f"{url}: {outcome}" for url, outcome in outcomes]
-                reached = any(not outcome.startswith("failed") for _, outcome in outcomes)
-                if action == "stop" and not reached and self.kubernetes is not None:
-                    suspended = self._suspend(labels)
-                    results.append(suspended)
-                    failed |= suspended.startswith("failed")
-                else:  # any unreachable process: 502, so Alertmanager retries (done ones are remembered)
-                    failed |= any(outcome.startswith("failed") for _, outcome in outcomes)
-                decision["result"] = "; ".join(results) or "ignored: no control endpoint known for this job/rank"
-            log.info("%s action=%s -> %s", where, action or "-", decision["result"])
-        return (502 if failed else 200), {"decisions": decisions}
+                try:
+                    decision["result"], failure = self._act(item, action, sent)
+                    failed |= failure
+                except LabelError as exc:
+                    rejected = True
+                    decision["result"] = f"rejected: {exc}"
+                    self.rejected.add(exc.cause, f"{_printable(name)} job={_printable(job or '-')}: {exc}")
+                    continue
+            log.info("%s job=%s rank=%s action=%s -> %s", _printable(name), _printable(job or "-"),
+                     _printable(rank or "-"), action if action in ACTIONS else "-", _printable(decision["result"], 500))
+        return (502 if failed else 400 if rejected else 200), {"decisions": decisions}
+
+    def _act(self, item: AlertItem, action: str, sent: set[tuple[str, str]]) -> tuple[str, bool]:
+        """(result, whether to have Alertmanager retry) of one actionable alert; LabelError rejects it."""
+        labels = dict(item.labels)
+        if self.control_port_base is not None:
+            local_rank = labels.get(sc.prometheus_label(sc.LABEL_LOCAL_RANK), "0")
+            if not _PORT.fullmatch(local_rank) or self.control_port_base + int(local_rank) > 65535:
+                raise LabelError(sc.prometheus_label(sc.LABEL_LOCAL_RANK), _PORT_POSITION, local_rank)
+            labels["control_port"] = str(self.control_port_base + int(local_rank))
+        urls = self.targets.resolve(labels, self.job_label, self.rank_label)
+        outcomes = [(url, self._send(item, action, url, sent)) for url in urls]
+        results = [f"{url}: {outcome}" for url, outcome in outcomes]
+        reached = any(not outcome.startswith("failed") for _, outcome in outcomes)
+        if action == "stop" and not reached and self.kubernetes is not None:
+            suspended = self._suspend(labels)
+            results.append(suspended)
+            failed = suspended.startswith("failed")
+        else:  # any unreachable process: 502, so Alertmanager retries (done ones are remembered)
+            failed = any(outcome.startswith("failed") for _, outcome in outcomes)
+        return "; ".join(results) or "ignored: no control endpoint known for this job/rank", failed
+
+    def _kubernetes_names(self, labels: Mapping[str, str]) -> None:
+        namespace, job = labels.get(sc.SCRAPE_LABEL_NAMESPACE), labels.get(self.job_label)
+        if namespace is not None and not _K8S_NAME.fullmatch(namespace):
+            raise LabelError(sc.SCRAPE_LABEL_NAMESPACE, "k8s", namespace)
+        if job is not None and (len(job) > 253 or not all(_K8S_NAME.fullmatch(p) for p in job.split("."))):
+            raise LabelError(self.job_label, "k8s", job)
 
     def _send(self, item: AlertItem, action: str, url: str, sent: set[tuple[str, str]]) -> str:
         key = (item.fingerprint or json.dumps(item.labels, sort_keys=True), item.starts_at, action, url)
@@ -330,7 +498,7 @@ class WebhookReceiver:
             return f"dry run, would POST {endpoint} {json.dumps(body)}"
         try:
             status = self.sender(endpoint, body, self.control_token, self.timeout)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a URL urllib cannot use
             return f"failed: {endpoint} unreachable ({exc})"
         if not 200 <= status < 300:
             return f"failed: {endpoint} answered {status}"
@@ -341,12 +509,16 @@ class WebhookReceiver:
                 self._done.popitem(last=False)
         return f"{action} sent ({status})"
 
-
     def _suspend(self, labels: Mapping[str, str]) -> str:
         assert self.kubernetes is not None
         namespace, job = labels.get(sc.SCRAPE_LABEL_NAMESPACE), labels.get(self.job_label)
         if not namespace or not job:
             return "failed: cannot suspend the Job: the alert has no namespace or job_name label"
+        try:  # they go into the API's URL path
+            self._kubernetes_names(labels)
+        except LabelError as exc:
+            self.rejected.add(exc.cause, f"not suspending: {exc}")
+            return f"failed: not suspending the Job: {exc}"
         if self.dry_run:
             return f"dry run, would suspend Job {namespace}/{job}"
         try:
@@ -361,42 +533,38 @@ class WebhookReceiver:
 class WebhookServer(BackgroundServer):
     poll_interval = 0.1
 
-    def __init__(self, receiver: WebhookReceiver) -> None:
-        super().__init__()
+    def __init__(self, receiver: WebhookReceiver, limits: Limits = LIMITS) -> None:
+        super().__init__(dataclasses.replace(limits, max_body=receiver.max_body), receiver.refused.add)
         self.receiver = receiver
 
     def _handler(self) -> type[QuietHandler]:
         receiver = self.receiver
 
         class Handler(QuietHandler):
+            count_answers = False  # the receiver counts its refusals itself, by cause
+
             def _serve(self, method: str) -> None:
-                raw_length = self.headers.get("Content-Length")
+                length = self.content_length()
+                if length is not None and length < 0:
+                    receiver.refused.add("bad_request", "bad Content-Length")
+                    self.send_json(400, {"error": "bad Content-Length"})
+                    return
+                consumed = False
+
+                def read(n: int) -> bytes:
+                    nonlocal consumed
+                    consumed = True
+                    return self.rfile.read(n)
+
                 try:
-                    length = int(raw_length) if raw_length is not None else None
-                    if length is not None and length < 0:
-                        raise ValueError
-                except ValueError:
-                    status, answer = 400, {"error": "bad Content-Length"}
-                else:
-                    try:
-                        status, answer = receiver.handle(method, self.path.split("?")[0],
-                                                         self.headers.get("Authorization", ""), length,
-                                                         self.rfile.read)
-                    except Exception:
-                        log.exception("internal error while handling a request")
-                        status, answer = 500, {"error": "internal error"}
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                if status in (411, 413, 401):
-                    self.send_header("Connection", "close")
-                    self.close_connection = True
-                try:
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:  # the client hung up (e.g. still sending a body we refused)
-                    self.close_connection = True
+                    status, answer = receiver.handle(method, self.path.split("?")[0],
+                                                     self.headers.get("Authorization", ""), length, read)
+                except Exception as exc:  # a bug: one line in the log, a 500 for Alertmanager
+                    receiver.refused.add("internal", repr(exc)[:200])
+                    status, answer = 500, {"error": "internal error"}
+                self.send_json(status, answer)
+                if length and not consumed:  # refused before its body was read: let the client read the answer
+                    self.discard_body(length)
 
             def do_GET(self) -> None:
                 self._serve("GET")

@@ -24,7 +24,12 @@ def _cmd_env(args: argparse.Namespace) -> int:
     width = max(len(v.name) for v in ev.ENV_VARS)
     for var in ev.ENV_VARS:
         current = os.environ.get(var.name)
-        shown = f"= {current}" if current is not None else "(unset)"
+        if current is None:
+            shown = "(unset)"
+        elif var.secret:
+            shown = "(set, hidden)" if current else "(empty)"
+        else:
+            shown = f"= {current}"
         print(f"{var.name:<{width}}  {shown}")
         print(f"{'':<{width}}  default: {var.default or '(empty)'}")
         print(f"{'':<{width}}  {var.description}")

@@ -65,6 +65,7 @@ class Config:
     outlier_min_ratio: float = thresholds.OUTLIER_MIN_RATIO
     outlier_min_excess: float = thresholds.OUTLIER_MIN_EXCESS
     max_label_values: int = 64
+    max_series: int = 500
     handle_sigterm: bool = True
     system_metrics: bool = True
     sample_interval: float = 0.5
@@ -101,8 +102,9 @@ class Config:
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly view (the recording's manifest keeps it); secrets are redacted."""
         values = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-        if values["control_token"]:
-            values["control_token"] = "(set)"
+        for var in ev.ENV_VARS:
+            if var.secret and var.field is not None and values.get(var.field):
+                values[var.field] = "(set)"
         return values
 
     @property
@@ -276,6 +278,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "outlier_min_ratio": _ranged(float, 1.0, 100.0),
     "outlier_min_excess": lambda t: _ranged(float, 0.0, 3_600_000.0)(t) / 1000.0,
     "max_label_values": _ranged(int, 1, 10_000),
+    "max_series": _ranged(int, 16, 1_000_000),
     "system_metrics": _parse_bool,
     "stop_raises": _parse_bool,
     "quiet": _parse_bool,
@@ -321,6 +324,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "outlier_min_ratio": lambda v: _in_range(v, 1.0, 100.0),
     "outlier_min_excess": lambda v: _in_range(v, 0.0, 3600.0),
     "max_label_values": lambda v: _in_range(v, 1, 10_000),
+    "max_series": lambda v: _in_range(v, 16, 1_000_000),
     "sample_interval": lambda v: _in_range(v, 0.1, 60.0),
     "control_port": lambda v: _in_range(v, 0, 65535),
     "cpu_high_threshold": lambda v: _in_range(v, 0.0, 1.0),

@@ -18,6 +18,8 @@ class EnvVar:
     field: str | None
     default: str
     description: str
+    secret: bool = False
+    """A credential: never printed (``otelprof env``) nor recorded (the manifest's config)."""
 
 
 OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
@@ -61,6 +63,7 @@ OTELPROF_OUTLIER_MIN_STEPS = "OTELPROF_OUTLIER_MIN_STEPS"
 OTELPROF_OUTLIER_MIN_RATIO = "OTELPROF_OUTLIER_MIN_RATIO"
 OTELPROF_OUTLIER_MIN_EXCESS_MS = "OTELPROF_OUTLIER_MIN_EXCESS_MS"
 OTELPROF_MAX_LABEL_VALUES = "OTELPROF_MAX_LABEL_VALUES"
+OTELPROF_MAX_SERIES = "OTELPROF_MAX_SERIES"
 OTELPROF_HANDLE_SIGTERM = "OTELPROF_HANDLE_SIGTERM"
 OTELPROF_SYSTEM_METRICS = "OTELPROF_SYSTEM_METRICS"
 OTELPROF_SAMPLE_INTERVAL_MS = "OTELPROF_SAMPLE_INTERVAL_MS"
@@ -186,6 +189,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "An outlier step also takes at least this many milliseconds more than that median."),
     EnvVar(OTELPROF_MAX_LABEL_VALUES, "max_label_values", "64",
            "Distinct phase / annotation names kept as metric labels; further names are counted as `other`."),
+    EnvVar(OTELPROF_MAX_SERIES, "max_series", "500",
+           "Series one metric may have for its phase / annotation label sets (e.g. phases x annotation names), "
+           "16-1000000; observations of further ones are counted under `other` and in `otelprof.series.folded`. "
+           "Bounds a scrape of /metrics."),
     EnvVar(OTELPROF_HANDLE_SIGTERM, "handle_sigterm", "true",
            "Flush the recording and exporters on SIGTERM (pod deletion), then let the signal take its own "
            "course: an application handler runs as it would (otelprof records until exit), without one the "
@@ -219,7 +226,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_CONTROL_HOST, "control_host", "(0.0.0.0 in Kubernetes, else 127.0.0.1)",
            "Address the control endpoint binds to."),
     EnvVar(OTELPROF_CONTROL_TOKEN, "control_token", "",
-           "Bearer token the control endpoint requires; without one it only starts on loopback. Never recorded."),
+           "Bearer token the control endpoint requires; without one it only starts on loopback. Never recorded, "
+           "and `otelprof env` shows it as `(set, hidden)`.",
+           secret=True),
     EnvVar(OTELPROF_STOP_RAISES, "stop_raises", "false",
            "After a stop request, raise `otelprof.StopTraining` at the next step boundary (after the `on_stop` "
            "callbacks) instead of only setting `session.should_stop()`."),
@@ -231,7 +240,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "starts: their run id when neither `OTELPROF_RUN_ID` nor torchrun's `TORCHELASTIC_RUN_ID` gives one, so "
            "all ranks of `otelprof run -- torchrun ...` share one run."),
     EnvVar(OTELPROF_WEBHOOK_TOKEN, None, "",
-           "`otelprof webhook` only: the bearer token Alertmanager must send (or `--token-file`); required."),
+           "`otelprof webhook` only: the bearer token Alertmanager must send (or `--token-file`); required. "
+           "`otelprof env` shows it as `(set, hidden)`.",
+           secret=True),
     EnvVar(OTELPROF_POD_NAME, "pod_name", "(HOSTNAME in Kubernetes)",
            "`k8s.pod.name`; set from the downward API `metadata.name`."),
     EnvVar(OTELPROF_POD_NAMESPACE, "pod_namespace", "(service-account namespace file)",

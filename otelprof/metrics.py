@@ -5,6 +5,10 @@ instruments cost ~5-6 us per call here; the result is the SDK's own metric data
 model, which every exporter (OTLP, Prometheus, the recording) takes unchanged.
 Writers are the background recorder and the sampler; readers take a snapshot.
 Both hold :attr:`MetricRegistry.lock`.
+
+A metric whose labels the program names (phase, annotation) keeps at most ``max_series``
+label sets (``OTELPROF_MAX_SERIES``): observations of further ones are counted under
+``other`` for those labels, and in ``otelprof.series.folded``.
 """
 
 from __future__ import annotations
@@ -24,14 +28,32 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 
+from otelprof import semconv as sc
+from otelprof._log import warn_once
 from otelprof.semconv import IDENTITY_LABELS, Kind, MetricSpec
 
 LabelValues = tuple[str, ...]
 
+DEFAULT_MAX_SERIES = 500
+"""Series one metric may have for the label sets the program names (``OTELPROF_MAX_SERIES``)."""
+
 
 class _Instrument:
-    def __init__(self, spec: MetricSpec) -> None:
+    def __init__(self, spec: MetricSpec, max_series: int | None = None,
+                 on_fold: Callable[[str], None] | None = None) -> None:
         self.spec = spec
+        self._named = tuple(i for i, label in enumerate(spec.labels) if label in sc.PROGRAM_NAMED_LABELS)
+        self._max_series = max_series if self._named else None
+        self._on_fold = on_fold
+
+    def _admit(self, labels: LabelValues, series: Mapping[LabelValues, object]) -> LabelValues:
+        """The label values a new series is kept under: its own while the metric is under the cap, else
+        ``other`` for the labels the program names (counted)."""
+        if self._max_series is None or len(series) < self._max_series:
+            return labels
+        if self._on_fold is not None:
+            self._on_fold(self.spec.name)
+        return tuple(sc.OTHER_LABEL_VALUE if i in self._named else v for i, v in enumerate(labels))
 
     def data(self, base: Mapping[str, str], start_ns: int, now_ns: int) -> Metric | None:
         raise NotImplementedError
@@ -45,15 +67,21 @@ class _Instrument:
 class Counter(_Instrument):
     """Monotonic sum per label values."""
 
-    def __init__(self, spec: MetricSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: MetricSpec, max_series: int | None = None,
+                 on_fold: Callable[[str], None] | None = None) -> None:
+        super().__init__(spec, max_series, on_fold)
         self.values: dict[LabelValues, float] = {}
 
     def add(self, amount: float, labels: LabelValues = ()) -> None:
-        self.values[labels] = self.values.get(labels, 0) + amount
+        values = self.values
+        if labels not in values:
+            labels = self._admit(labels, values)
+        values[labels] = values.get(labels, 0) + amount
 
     def set_total(self, total: float, labels: LabelValues = ()) -> None:
         """Mirror a cumulative count kept elsewhere (the kernel's, NVML's)."""
+        if labels not in self.values:
+            labels = self._admit(labels, self.values)
         self.values[labels] = total
 
     def data(self, base: Mapping[str, str], start_ns: int, now_ns: int) -> Metric | None:
@@ -70,11 +98,14 @@ class Counter(_Instrument):
 class GaugeInstrument(_Instrument):
     """Last value per label values."""
 
-    def __init__(self, spec: MetricSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: MetricSpec, max_series: int | None = None,
+                 on_fold: Callable[[str], None] | None = None) -> None:
+        super().__init__(spec, max_series, on_fold)
         self.values: dict[LabelValues, float] = {}
 
     def set(self, value: float, labels: LabelValues = ()) -> None:
+        if labels not in self.values:
+            labels = self._admit(labels, self.values)
         self.values[labels] = value
 
     def remove(self, labels: LabelValues = ()) -> None:
@@ -104,15 +135,19 @@ class _HistogramSeries:
 class HistogramInstrument(_Instrument):
     """Explicit-bucket histogram (bounds from the catalog) per label values."""
 
-    def __init__(self, spec: MetricSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: MetricSpec, max_series: int | None = None,
+                 on_fold: Callable[[str], None] | None = None) -> None:
+        super().__init__(spec, max_series, on_fold)
         self.bounds = spec.buckets
         self.series: dict[LabelValues, _HistogramSeries] = {}
 
     def observe(self, value: float, labels: LabelValues = ()) -> None:
         series = self.series.get(labels)
         if series is None:
-            series = self.series[labels] = _HistogramSeries(len(self.bounds) + 1)
+            labels = self._admit(labels, self.series)
+            series = self.series.get(labels)
+            if series is None:
+                series = self.series[labels] = _HistogramSeries(len(self.bounds) + 1)
         # bisect_left: a value equal to a bound belongs to that bucket (le semantics).
         series.counts[bisect_left(self.bounds, value)] += 1
         series.sum += value
@@ -138,14 +173,17 @@ class HistogramInstrument(_Instrument):
 class MetricRegistry:
     """All instruments of one session, plus the identity labels put on every point."""
 
-    def __init__(self, identity: Mapping[str, str], start_time_ns: int | None = None) -> None:
+    def __init__(self, identity: Mapping[str, str], start_time_ns: int | None = None,
+                 max_series: int = DEFAULT_MAX_SERIES) -> None:
         missing = [k for k in IDENTITY_LABELS if k not in identity]
         if missing:
             raise ValueError(f"identity labels missing: {missing}")
         self.identity = dict(identity)
+        self.max_series = max_series
         self.start_time_ns = start_time_ns or time.time_ns()
         self.lock = threading.RLock()
         self._instruments: dict[str, _Instrument] = {}
+        self._folding: set[str] = set()
         self._before_collect: list[Callable[[], None]] = []
 
     def counter(self, spec: MetricSpec) -> Counter:
@@ -163,8 +201,22 @@ class MetricRegistry:
         with self.lock:
             instrument = self._instruments.get(spec.name)
             if instrument is None:
-                instrument = self._instruments[spec.name] = cls(spec)
+                instrument = self._instruments[spec.name] = cls(spec, self.max_series, self._fold)
             return instrument
+
+    def _fold(self, name: str) -> None:
+        """An observation of ``name`` went to ``other`` (called by a writer, which holds the lock)."""
+        if name not in self._folding:
+            self._folding.add(name)
+            warn_once(f"series:{name}", "otelprof: %s has %d series; further phase/annotation label sets are "
+                      "counted as %r (OTELPROF_MAX_SERIES)", name, self.max_series, sc.OTHER_LABEL_VALUE)
+        with self.lock:
+            self.counter(sc.SERIES_FOLDED).add(1, (name,))
+
+    def add(self, spec: MetricSpec, labels: LabelValues = (), amount: float = 1) -> None:
+        """Add to a counter from any thread (takes the lock)."""
+        with self.lock:
+            self.counter(spec).add(amount, labels)
 
     def before_collect(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` before each snapshot (e.g. drain pending step records)."""
@@ -178,3 +230,10 @@ class MetricRegistry:
         with self.lock:
             metrics = [i.data(self.identity, self.start_time_ns, now) for i in self._instruments.values()]
         return [m for m in metrics if m is not None]
+
+
+def endpoint_counter(registry: MetricRegistry | None, endpoint: str) -> Callable[[str], None] | None:
+    """Counts an in-process server's refusals (by reason) in ``otelprof.endpoint.errors``."""
+    if registry is None:
+        return None
+    return lambda reason: registry.add(sc.ENDPOINT_ERRORS, (endpoint, reason))

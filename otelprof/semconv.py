@@ -43,6 +43,8 @@ LABEL_DISK_DIRECTION = "disk.io.direction"
 LABEL_NETWORK_DIRECTION = "network.io.direction"
 LABEL_ERROR_TYPE = "error.type"
 LABEL_SOURCE = "source"
+LABEL_ENDPOINT = "endpoint"
+LABEL_METRIC = "metric"
 LABEL_DEVICE_KIND = "device"
 LABEL_OPERATOR = "operator"
 LABEL_CATEGORY = "category"
@@ -57,7 +59,33 @@ SCRAPE_LABEL_NAMESPACE = "namespace"
 """Added by the PodMonitor / scrape config: the pod's namespace."""
 
 OTHER_LABEL_VALUE = "other"
-"""Value of ``phase``/``annotation`` once ``OTELPROF_MAX_LABEL_VALUES`` names are in use."""
+"""Value of ``phase``/``annotation`` once ``OTELPROF_MAX_LABEL_VALUES`` names are in use, or once a metric has
+``OTELPROF_MAX_SERIES`` series."""
+PROGRAM_NAMED_LABELS: tuple[str, ...] = (LABEL_PHASE, LABEL_ANNOTATION)
+"""Labels whose values the training program names: the series cap folds them (the others are bounded by the
+machine or by otelprof)."""
+ENDPOINT_METRICS = "metrics"
+ENDPOINT_CONTROL = "control"
+# ``reason`` values of ``otelprof.endpoint.errors``.
+REASON_DISCONNECT = "disconnect"
+"""The client went away (reset, broken pipe) before its answer was written."""
+REASON_TIMEOUT = "timeout"
+"""The connection was still open at its deadline (idle, slow, or a body that never came)."""
+REASON_OVERLOAD = "overload"
+"""An idle connection closed to make room for a new one (the connection limit was reached)."""
+REASON_BAD_REQUEST = "bad_request"
+"""Malformed: request line, headers, Content-Length, JSON or values (answered 400)."""
+REASON_UNAUTHORIZED = "unauthorized"
+"""Missing or wrong bearer token (answered 401)."""
+REASON_NOT_FOUND = "not_found"
+"""No such path or method (answered 404 or 405)."""
+REASON_TOO_LARGE = "too_large"
+"""Body, request line or headers over the limit (answered 413, 414 or 431)."""
+REASON_INTERNAL = "internal"
+"""A bug: the request raised inside otelprof (answered 500 if still possible; counted, never printed)."""
+ENDPOINT_ERROR_REASONS: tuple[str, ...] = (
+    REASON_DISCONNECT, REASON_TIMEOUT, REASON_OVERLOAD, REASON_BAD_REQUEST, REASON_UNAUTHORIZED, REASON_NOT_FOUND,
+    REASON_TOO_LARGE, REASON_INTERNAL)
 NO_PHASE = "none"
 """``phase`` of an annotation made outside any step (initialization, checkpointing)."""
 
@@ -243,6 +271,8 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(LABEL_NETWORK_DIRECTION, "metric", "receive or transmit."),
     AttributeSpec(LABEL_ERROR_TYPE, "metric", "corrected or uncorrected (GPU ECC errors)."),
     AttributeSpec(LABEL_SOURCE, "metric", "Telemetry source of a sampler error: psutil, cgroup, nvml."),
+    AttributeSpec(LABEL_ENDPOINT, "metric", "Which in-process server: metrics (/metrics) or control."),
+    AttributeSpec(LABEL_METRIC, "metric", "The OTel name of the metric whose label sets were folded."),
     AttributeSpec(LABEL_DEVICE_KIND, "metric", "cpu (host operators) or gpu (kernels, memcpy, memset)."),
     AttributeSpec(LABEL_OPERATOR, "metric", "Operator or kernel name (120 characters at most): the last window's "
                   "top `OTELPROF_PROFILE_TOP_K` by self time, the rest summed as `other`."),
@@ -430,6 +460,14 @@ SPAN_BUILD_TIME = MetricSpec(
     "Background-thread time spent building and exporting spans (what the span budget limits).")
 RECORDING_BYTES = MetricSpec(
     "otelprof.recording.bytes", Kind.COUNTER, "By", "Bytes written to the local run recording.")
+ENDPOINT_ERRORS = MetricSpec(
+    "otelprof.endpoint.errors", Kind.COUNTER, "{request}",
+    "Connections and requests this process's /metrics and control endpoint refused or lost, by reason: "
+    + ", ".join(ENDPOINT_ERROR_REASONS) + ".", (LABEL_ENDPOINT, LABEL_REASON))
+SERIES_FOLDED = MetricSpec(
+    "otelprof.series.folded", Kind.COUNTER, "{observation}",
+    "Observations counted under phase/annotation `other` because their metric already had OTELPROF_MAX_SERIES "
+    "series.", (LABEL_METRIC,))
 
 # ---- system telemetry, sampled every OTELPROF_SAMPLE_INTERVAL_MS. Node-wide series (host, container,
 # GPUs, coincidences) come from one process per node; process series from every rank.
@@ -572,8 +610,10 @@ FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
     MODEL_FLOPS_UTILIZATION, COMM_OVERLAP, COMM_EXPOSED,
 )
 """Set by the PyTorch integration when it sees a data loader / CUDA."""
+SELF_METRICS: tuple[MetricSpec, ...] = (ENDPOINT_ERRORS, SERIES_FOLDED)
+"""About otelprof itself under hostile clients and runaway names: present once something was refused or folded."""
 
-METRICS: tuple[MetricSpec, ...] = (*STEP_METRICS, *FRAMEWORK_METRICS, *SYSTEM_METRICS)
+METRICS: tuple[MetricSpec, ...] = (*STEP_METRICS, *FRAMEWORK_METRICS, *SELF_METRICS, *SYSTEM_METRICS)
 
 # record(name, value): names with a metric of their own. Other names go to spans and the recording only.
 SCALAR_LOSS = "loss"

@@ -72,7 +72,7 @@ class Session:
         self.lifecycle["process_start"] = _process_start_time()
         self.lifecycle["init"] = time.time()
         self.resource = build_resource(config)
-        self.registry = MetricRegistry(identity_labels(self.resource))
+        self.registry = MetricRegistry(identity_labels(self.resource), max_series=config.max_series)
         self.run_dir: Path | None = None
         self.writer: RecordingWriter | None = None
         if config.record:
@@ -118,7 +118,8 @@ class Session:
         self.capture_handler: Callable[[int], dict[str, Any]] | None = None
         self.control: ControlServer | None = None
         if config.control_port:
-            self.control = ControlServer(self._control_stop, self.capture, self.status, config.control_token)
+            self.control = ControlServer(self._control_stop, self.capture, self.status, config.control_token,
+                                         self.registry)
             if not self.control.start(config.control_host, config.control_rank_port):
                 self.control = None
         self._sigterm: _sigterm.SigtermHandler | None = None

@@ -12,15 +12,16 @@ from __future__ import annotations
 import gzip
 import math
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Metric, Sum
 
-from otelprof._http import BackgroundServer, QuietHandler
+from otelprof._http import BackgroundServer, Limits, QuietHandler
 from otelprof._log import warn_once
-from otelprof.metrics import MetricRegistry
-from otelprof.semconv import Kind, prometheus_label, prometheus_name
+from otelprof.metrics import MetricRegistry, endpoint_counter
+from otelprof.semconv import ENDPOINT_METRICS, Kind, prometheus_label, prometheus_name
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TARGET_INFO = "target_info"
@@ -113,41 +114,63 @@ def _render_metric(metric: Metric, labels: _LabelCache, out: list[str]) -> None:
         out.append(f"{sample}{{{labels(point.attributes)}}} {_number(point.value)}")
 
 
-class PrometheusEndpoint:
-    """The HTTP server behind ``/metrics``; :meth:`start` warns instead of raising."""
+CACHE_INTERVAL = 1.0
+"""Seconds a rendered exposition is reused: scrapes within it get the same text (never older data)."""
+LIMITS = Limits(workers=4, max_connections=64, deadline=10.0, rate=10.0, connection_rate=20.0)
+"""Four workers, 64 open connections, 10 s per connection (Prometheus' default scrape timeout), 10 scrapes and
+20 new connections a second (a Prometheus pair scrapes each target every 15-60 s)."""
 
-    def __init__(self, registry: MetricRegistry, resource_attributes: Mapping[str, Any]) -> None:
+
+class PrometheusEndpoint:
+    """The HTTP server behind ``/metrics``; :meth:`start` warns instead of raising.
+
+    Rendering holds the training process's GIL, so it is bounded whatever scrapers do: one rendering at a time,
+    reused for :data:`CACHE_INTERVAL` seconds (also gzipped once), and the server's :data:`LIMITS`."""
+
+    def __init__(self, registry: MetricRegistry, resource_attributes: Mapping[str, Any],
+                 cache_interval: float = CACHE_INTERVAL) -> None:
         self._registry = registry
         self._resource = dict(resource_attributes)
         self._labels = _LabelCache()
         self._render_lock = threading.Lock()
-        self._server = BackgroundServer()
+        self.cache_interval = cache_interval
+        self._rendered_at = -math.inf
+        self._text = b""
+        self._gzipped: bytes | None = None
+        self._server = BackgroundServer(LIMITS, endpoint_counter(registry, ENDPOINT_METRICS))
         self.address: tuple[str, int] | None = None
 
     def render(self) -> str:
+        """A fresh exposition (no reuse)."""
         with self._render_lock:
             return render(self._registry.collect(), self._resource, self._labels)
+
+    def exposition(self, gzipped: bool = False) -> bytes:
+        """The exposition, rendered at most once per :attr:`cache_interval` however many scrapers ask."""
+        with self._render_lock:  # one rendering at a time; scrapers that waited find it fresh
+            now = time.monotonic()
+            if now - self._rendered_at >= self.cache_interval:
+                self._text = render(self._registry.collect(), self._resource, self._labels).encode("utf-8")
+                self._gzipped = None
+                self._rendered_at = now
+            if not gzipped:
+                return self._text
+            if self._gzipped is None:
+                self._gzipped = gzip.compress(self._text, compresslevel=1)
+            return self._gzipped
 
     def start(self, host: str, port: int) -> bool:
         endpoint = self
 
         class Handler(QuietHandler):
             def do_GET(self) -> None:
-                try:
-                    body = endpoint.render().encode("utf-8")
-                except Exception:  # never take the training process down over a scrape
-                    self.send_error(500, "otelprof could not render metrics")
-                    return
                 gzipped = "gzip" in self.headers.get("Accept-Encoding", "")
-                if gzipped:
-                    body = gzip.compress(body, compresslevel=1)
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
-                if gzipped:
-                    self.send_header("Content-Encoding", "gzip")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    body = endpoint.exposition(gzipped)
+                except Exception:  # never take the training process down over a scrape
+                    self.send_json(500, {"error": "otelprof could not render metrics"})
+                    return
+                self.send_body(200, CONTENT_TYPE, body, *([("Content-Encoding", "gzip")] if gzipped else []))
 
         try:
             self.address = self._server.start(host, port, Handler, "otelprof-metrics")
