@@ -1,5 +1,5 @@
 """The wheel: built from this checkout, it is tagged for this interpreter and platform, carries the C
-extension and the Python hooks beside it, and `otelprof doctor` run from it names the hook path -- C,
+extension and the Python hooks beside it and the PEP 561 marker, and `otelprof doctor` run from it names the hook path -- C,
 or Python and why when the extension is gone or turned off."""
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def test_wheel_is_tagged_for_this_interpreter_and_carries_both_hook_paths(wheel:
     assert [n for n in names if n.startswith(EXTENSION) and n.endswith(sysconfig.get_config_var("EXT_SUFFIX"))]
     assert "otelprof/integrations/torch.py" in names and "otelprof/integrations/native.py" in names
     assert not [n for n in names if n.startswith("tests/")]
+    assert "otelprof/py.typed" in names  # PEP 561: type checkers read the package's annotations
 
 
 def _doctor(site: Path, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
