@@ -1,6 +1,6 @@
 """The wheel: built from this checkout, it is tagged for this interpreter and platform, carries the C
-extension and the Python hooks beside it and the PEP 561 marker, and `otelprof doctor` run from it names the hook path -- C,
-or Python and why when the extension is gone or turned off."""
+extension and the Python hooks beside it and the PEP 561 marker, requires only what the package imports, and
+`otelprof doctor` run from it names the hook path -- C, or Python and why when the extension is gone or turned off."""
 
 from __future__ import annotations
 
