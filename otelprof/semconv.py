@@ -61,6 +61,10 @@ OTHER_LABEL_VALUE = "other"
 NO_PHASE = "none"
 """``phase`` of an annotation made outside any step (initialization, checkpointing)."""
 
+# ---------------------------------------------------------------- instrumentation scope
+SCOPE_NAME = "otelprof"
+"""The instrumentation scope of every span and metric otelprof emits; its version is ``otelprof.__version__``."""
+
 # ---------------------------------------------------------------- resource attributes
 SERVICE_NAME = "service.name"
 SERVICE_INSTANCE_ID = "service.instance.id"

@@ -147,7 +147,7 @@ def test_steps_annotations_and_metrics_arrive(
         assert res[sc.OTELPROF_LOCAL_RANK] == 1
         assert res[sc.OTELPROF_WORLD_SIZE] == 4
         assert res[sc.K8S_NODE_NAME] == NODE
-        assert span.scope_name == "otelprof"
+        assert (span.scope_name, span.scope_version) == (sc.SCOPE_NAME, otelprof.__version__)
 
     # ---------------------------------------------------------------- metrics
     names = receiver.metric_names()
@@ -156,6 +156,7 @@ def test_steps_annotations_and_metrics_arrive(
     duration = receiver.last_metric(sc.STEP_DURATION.name)
     assert duration is not None
     assert duration.metric.WhichOneof("data") == "histogram"
+    assert {(m.scope_name, m.scope_version) for m in receiver.metrics()} == {(sc.SCOPE_NAME, otelprof.__version__)}
     assert duration.metric.unit == "s"
     cumulative = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
     assert duration.metric.histogram.aggregation_temporality == cumulative
