@@ -602,8 +602,18 @@ def _unit_suffix(unit: str) -> str:
     return word
 
 
+PROMETHEUS_NAMES: dict[str, str] = {
+    # The mechanical mapping gives process_thread_count, but Prometheus reserves _count for the sample count of
+    # a histogram or summary (`promtool check metrics` rejects it on a gauge); Prometheus names a thread count
+    # without it (go_threads), as the semantic conventions once did (process.threads).
+    "process.thread.count": "process_threads",
+}
+"""OTel names whose Prometheus name is not the mechanical mapping: the mapped name breaks a Prometheus rule."""
+
 def prometheus_name(name: str, unit: str, kind: Kind) -> str:
     """Prometheus metric family name for an OTel metric (without the counter's ``_total``)."""
+    if name in PROMETHEUS_NAMES:
+        return PROMETHEUS_NAMES[name]
     base = re.sub(r"[^a-zA-Z0-9_:]", "_", name)
     base = re.sub(r"__+", "_", base)
     suffix = _unit_suffix(unit)
