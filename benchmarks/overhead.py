@@ -376,6 +376,21 @@ def loop_record(n: int) -> int:
         return perf_counter_ns() - start
 
 
+def loop_step_number(n: int) -> int:
+    start = perf_counter_ns()
+    for i in range(n):
+        with otelprof.step(number=i):
+            pass
+    return perf_counter_ns() - start
+
+
+def loop_record_outside(n: int) -> int:
+    start = perf_counter_ns()
+    for _ in range(n):
+        otelprof.record("loss", 0.5)
+    return perf_counter_ns() - start
+
+
 def loop_default_instrumentation(n: int) -> int:
     """What the training loops above add per step, around an empty body."""
     start = perf_counter_ns()
@@ -406,6 +421,8 @@ MICRO_CASES: list[tuple[str, Callable[[int], int], bool]] = [
     ("annotate() enter+exit, in an open step", loop_annotate, True),
     ("step() enter+exit, empty body", loop_step, True),
     ("record() in an open step", loop_record, True),
+    ("step(number=i) enter+exit, empty body", loop_step_number, True),
+    ("record() outside steps", loop_record_outside, True),
     ("step + 4 annotate + 2 record, empty body", loop_default_instrumentation, True),
     ("annotate() with no session running", loop_annotate_no_session, False),
 ]

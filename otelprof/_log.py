@@ -32,6 +32,23 @@ def _first(key: str) -> bool:
         return True
 
 
+def sanitize(text: str, limit: int = 160) -> str:
+    """``text`` fit for one log line: printable ASCII only (anything else becomes ``?``), whitespace runs as one
+    space, at most ``limit`` characters. For text that comes from outside (a server's reply, an exception about
+    one): its bytes never reach the training job's terminal as they are."""
+    cleaned = " ".join("".join(c if " " <= c <= "~" else "?" if c not in "\t\n\r" else " "
+                               for c in text[: limit * 4]).split())
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``str(exc)``, or "" when even that raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return ""
+
+
 def reset_warnings() -> None:
     """Forget which warnings were given (tests, and a new ``init()`` after ``shutdown()``)."""
     with _lock:

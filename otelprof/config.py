@@ -38,6 +38,7 @@ class Config:
     record_dir: str = "otelprof-runs"
     flush_interval: float = 0.5
     shutdown_timeout: float = 3.0
+    export_warning_interval: float = 300.0
     queue_size: int = 65536
     traces_exporters: tuple[str, ...] = ()
     metrics_exporters: tuple[str, ...] = ()
@@ -127,9 +128,9 @@ class Config:
                 continue
             try:
                 values[key] = _coerce_override(key, value)
-            except (TypeError, ValueError) as exc:
+            except Exception as exc:  # whatever the value does (an int too large for a float, a raising __int__)
                 fallback = values.get(key, getattr(cls, key))
-                builder.problem(key, f"init({key}={value!r}) is invalid ({exc}); using {fallback!r}")
+                builder.problem(key, f"init({key}={_show(value)}) is invalid ({_reason(exc)}); using {fallback!r}")
         return cls(**values)
 
 
@@ -140,9 +141,13 @@ def _coerce_override(key: str, value: Any) -> Any:
     if key in ("traces_exporters", "metrics_exporters") and not isinstance(value, str):
         return _parse_exporters(",".join(value), EXPORTERS_METRICS if key == "metrics_exporters" else EXPORTERS_TRACES)
     if key == "span_windows" and not isinstance(value, str):
-        return tuple((int(a), int(b)) for a, b in value)
+        return _parse_windows(",".join(f"{int(a)}:{int(b)}" for a, b in value))
     default = getattr(Config, key, None)
-    if isinstance(default, bool):
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise TypeError("expected a string")
+        value = str.__str__(value)
+    elif isinstance(default, bool):
         if not isinstance(value, bool):
             raise TypeError("expected a bool")
         return value
@@ -154,6 +159,31 @@ def _coerce_override(key: str, value: Any) -> Any:
     if check is not None:
         check(value)
     return value
+
+
+def _show(value: Any) -> str:
+    """A refused value for the warning: numbers, booleans and short strings as written, else the type."""
+    if type(value) in (bool, int, float) and len(text := repr(value)) <= 40:
+        return text
+    if type(value) is str and len(value) <= 40 and value.isprintable():
+        return repr(value)
+    return f"<{type(value).__qualname__}>"
+
+
+def _reason(exc: Exception) -> str:
+    """Why a value was refused, for the one warning: the message, cut (it may quote the value)."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    text = text or type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _check_run_id(value: str) -> None:
+    """A run id names one directory of the recording: one path component, no separators."""
+    if len(value) > 200 or value in (".", "..") or any(c in value for c in "/\\\0"):
+        raise ValueError("a run id must be one directory name of at most 200 characters")
 
 
 def _parse_bool(text: str) -> bool:
@@ -217,6 +247,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "handle_sigterm": _parse_bool,
     "flush_interval": _ranged(float, 0.05, 10.0),
     "shutdown_timeout": _ranged(float, 0.1, 60.0),
+    "export_warning_interval": _ranged(float, 1.0, 86400.0),
     "queue_size": _ranged(int, 64, 10_000_000),
     "traces_exporters": lambda t: _parse_exporters(t, EXPORTERS_TRACES),
     "metrics_exporters": lambda t: _parse_exporters(t, EXPORTERS_METRICS),
@@ -257,8 +288,17 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
 }
 
 _CHECKS: dict[str, Callable[[Any], None]] = {
+    "run_id": _check_run_id,
+    "span_first_steps": lambda v: _in_range(v, 0, 1_000_000),
+    "span_every": lambda v: _in_range(v, 0, 1_000_000_000),
+    "outlier_min_steps": lambda v: _in_range(v, 2, 1_000_000),
+    "node_sampler_local_rank": lambda v: _in_range(v, -1, 65535),
+    "rank": lambda v: _in_range(v, 0, 1_000_000),
+    "local_rank": lambda v: _in_range(v, 0, 65535),
+    "world_size": lambda v: _in_range(v, 1, 1_000_000),
     "flush_interval": lambda v: _in_range(v, 0.05, 10.0),
     "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),
+    "export_warning_interval": lambda v: _in_range(v, 1.0, 86400.0),
     "queue_size": lambda v: _in_range(v, 64, 10_000_000),
     "metric_export_interval": lambda v: _in_range(v, 1.0, 600.0),
     "prometheus_port": lambda v: _in_range(v, 0, 65535),
@@ -314,6 +354,11 @@ class _Builder:
         )
         values["run_id"] = (env.get(ev.OTELPROF_RUN_ID) or _torchelastic_run_id(env)
                             or env.get(ev.OTELPROF_RUN_LAUNCH_ID) or "")
+        try:
+            _check_run_id(values["run_id"])
+        except ValueError as exc:
+            self.problem("run_id", f"the run id {values['run_id'][:40]!r} is invalid ({exc}); using a new one")
+            values["run_id"] = ""
         if env.get(ev.OTELPROF_RECORD_DIR):
             values["record_dir"] = env[ev.OTELPROF_RECORD_DIR]
         otlp_endpoint = any(

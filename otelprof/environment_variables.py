@@ -40,6 +40,7 @@ OTELPROF_RECORD = "OTELPROF_RECORD"
 OTELPROF_RECORD_DIR = "OTELPROF_RECORD_DIR"
 OTELPROF_FLUSH_INTERVAL = "OTELPROF_FLUSH_INTERVAL"
 OTELPROF_SHUTDOWN_TIMEOUT = "OTELPROF_SHUTDOWN_TIMEOUT"
+OTELPROF_EXPORT_WARNING_INTERVAL = "OTELPROF_EXPORT_WARNING_INTERVAL"
 OTELPROF_QUEUE_SIZE = "OTELPROF_QUEUE_SIZE"
 OTELPROF_SPAN_BUDGET = "OTELPROF_SPAN_BUDGET"
 OTELPROF_SPAN_FIRST_STEPS = "OTELPROF_SPAN_FIRST_STEPS"
@@ -106,6 +107,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Seconds between background flushes of the recording (a SIGKILL loses at most this much); 0.05-10."),
     EnvVar(OTELPROF_SHUTDOWN_TIMEOUT, "shutdown_timeout", "3",
            "Upper bound in seconds on `shutdown()` (exporters that are still busy are abandoned); 0.1-60."),
+    EnvVar(OTELPROF_EXPORT_WARNING_INTERVAL, "export_warning_interval", "300",
+           "Seconds between the one-line summaries (batches dropped, retries, the last reason) of an exporter "
+           "that keeps failing, after its first warning; the SDK's own per-export log lines are held back; "
+           "1-86400."),
     EnvVar(OTELPROF_QUEUE_SIZE, "queue_size", "65536",
            "Most step/annotation records waiting for the background thread; beyond it records are dropped "
            "and counted. Also bounds the OTLP export queues."),
@@ -170,7 +175,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_MAX_LABEL_VALUES, "max_label_values", "64",
            "Distinct phase / annotation names kept as metric labels; further names are counted as `other`."),
     EnvVar(OTELPROF_HANDLE_SIGTERM, "handle_sigterm", "true",
-           "Flush the recording on SIGTERM (pod deletion), then let the signal take its usual course."),
+           "Flush the recording and exporters on SIGTERM (pod deletion), then let the signal take its own "
+           "course: an application handler runs as it would (otelprof records until exit), without one the "
+           "process dies of SIGTERM; nothing is installed over SIG_IGN."),
     EnvVar(OTELPROF_SYSTEM_METRICS, "system_metrics", "true",
            "Sample host, container, process and GPU telemetry on a background thread."),
     EnvVar(OTELPROF_SAMPLE_INTERVAL_MS, "sample_interval", "500",

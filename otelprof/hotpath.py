@@ -15,6 +15,8 @@ from time import perf_counter_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from otelprof import _arguments
+
 if TYPE_CHECKING:
     from otelprof.recorder import Recorder
 
@@ -102,9 +104,18 @@ class StepContext:
     __slots__ = ("phase", "number", "start_ns", "annotations", "scalars", "closed", "depth", "_previous")
 
     def __init__(self, phase: str | None, number: int | None) -> None:
-        phase = phase or _phase[0]
+        # Only explicit arguments are checked (the automatic ones cost nothing more): a phase that is not a
+        # non-empty str is the current phase, a number that is not an int in range the next number.
+        if phase is None:
+            phase = _phase[0]
+        elif type(phase) is not str or not phase:
+            phase = _phase_argument(phase)
         if number is None:
             number = _step_numbers.get(phase, 0)
+        elif type(number) is not int or number >> 63:  # not an int from 0 to 2**63-1 (MAX_STEP_NUMBER)
+            number = _arguments.number_argument(number)
+            if number is None:
+                number = _step_numbers.get(phase, 0)
         _step_numbers[phase] = number + 1
         self.phase = phase
         self.number = number
@@ -145,6 +156,14 @@ class StepContext:
                 recorder.queue_dropped += 1
         if _step_boundary and self._previous is None and exc_type is None:
             run_step_boundary()
+
+
+def _phase_argument(phase: object) -> str:
+    """``step(phase=...)`` that is not a non-empty str: "" is the current phase (as None), anything else is
+    used as a name where it is a str, else dropped for the current phase."""
+    if isinstance(phase, str) and str.__len__(phase) == 0:
+        return _phase[0]
+    return _arguments.name_argument(phase, "step-phase", "step(phase=...)") or _phase[0]
 
 
 _new_object = object.__new__
@@ -333,23 +352,55 @@ def _close_region(name: str, start_ns: int, end_ns: int, step: StepContext | Non
         recorder.submit((ANNOTATION, name, _phase[0] if step is not None else None, start_ns, end_ns, error))
 
 
-def annotate(name: str) -> _Region:
+class _NoRegion:
+    """What ``annotate()`` returns for a name it cannot use: times nothing, decorates as the identity."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NoRegion:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __call__(self, func: F) -> F:
+        return func
+
+
+_NO_REGION = _NoRegion()
+
+
+def annotate(name: str) -> _Region | _NoRegion:
     """Time a region: ``with otelprof.annotate("forward"): ...`` or ``@otelprof.annotate("load")``.
 
     Inside a step the region becomes a child of the step; outside steps
     (initialization, checkpointing) it is recorded on its own."""
-    return _Region(str(name))
+    if type(name) is str and name:
+        return _Region(name)
+    checked = _arguments.name_argument(name, "annotate-name", "annotate()")
+    return _NO_REGION if checked is None else _Region(checked)
+
+
+def _region_name(name: object, what: str) -> str | None:
+    return name if type(name) is str and name else _arguments.name_argument(name, "annotate-name", what)
 
 
 def annotation_begin(name: str) -> None:
     """Start a region that does not nest lexically; close it with :func:`annotation_end`."""
     if _active is None:
         return
+    checked = _region_name(name, "annotation_begin()")
+    if checked is None:
+        return
+    if len(_open_regions) >= MAX_STEP_ANNOTATIONS and checked not in _open_regions:  # begun, never ended
+        _arguments.reject("annotation-begin", "more than %d regions begun with annotation_begin() and not ended",
+                          MAX_STEP_ANNOTATIONS)
+        return
     step = _tls.step
     if step is None and (native := _native[0]) is not None:
         native()
         step = _tls.step
-    _open_regions[name] = (perf_counter_ns(), step)
+    _open_regions[checked] = (perf_counter_ns(), step)
 
 
 def annotation_end(name: str) -> None:
@@ -357,13 +408,14 @@ def annotation_end(name: str) -> None:
     end_ns = perf_counter_ns()
     if _active is None:
         return
-    opened = _open_regions.pop(name, None)
-    if opened is None:
-        from otelprof._log import warn_once
-
-        warn_once(f"annotation_end:{name}", "otelprof: annotation_end(%r) without annotation_begin; ignored", name)
+    checked = _region_name(name, "annotation_end()")
+    if checked is None:
         return
-    _close_region(name, opened[0], end_ns, opened[1], 0, None)
+    opened = _open_regions.pop(checked, None)
+    if opened is None:
+        _arguments.reject("annotation-end", "annotation_end(%s) without annotation_begin", _arguments.describe(checked))
+        return
+    _close_region(checked, opened[0], end_ns, opened[1], 0, None)
 
 
 def record(name: str, value: Any) -> None:
@@ -381,7 +433,11 @@ def record(name: str, value: Any) -> None:
     if current is not None:
         if current.scalars is None:
             current.scalars = {}
-        current.scalars[name] = value
+        try:  # free unless it raises: the name and value are checked on the recorder's thread
+            current.scalars[name] = value
+        except Exception:  # an unhashable name
+            _arguments.reject("record-name", "record() got a name that is not a non-empty string (%s)",
+                              _arguments.type_name(name))
     else:
         recorder.submit((SCALAR, name, value, _phase[0], perf_counter_ns()))
 
@@ -412,7 +468,10 @@ def phase(name: str) -> _PhaseContext:
     """Switch the current phase (train, eval, ...) for the steps that follow.
 
     As a context manager (``with otelprof.phase("eval"):``) the previous phase
-    comes back on exit; as a plain call the switch stays."""
+    comes back on exit; as a plain call the switch stays. A name that is not a non-empty string switches
+    nothing (one warning)."""
     previous = _phase[0]
-    _set_phase(str(name))
+    checked = name if type(name) is str and name else _arguments.name_argument(name, "phase-name", "phase()")
+    if checked is not None:
+        _set_phase(_arguments.clean_name(checked))
     return _PhaseContext(previous)

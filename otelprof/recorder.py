@@ -19,9 +19,10 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
+from otelprof import _arguments
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
-from otelprof._log import logger, warn_once
+from otelprof._log import describe_exception, logger, sanitize, warn_once
 from otelprof.config import Config
 from otelprof.integrations.operators import StepSpan
 from otelprof.metrics import MetricRegistry
@@ -44,6 +45,9 @@ class LabelCap:
     def __call__(self, value: str) -> str:
         if value in self.known:
             return value
+        value = _arguments.clean_name(value)  # long or unencodable names: the label is the name as recorded
+        if value in self.known:
+            return value
         if len(self.known) < self.limit:
             self.known.add(value)
             return value
@@ -61,7 +65,7 @@ class _Encoded(dict[str, str]):
         self.template = template
 
     def __missing__(self, name: str) -> str:
-        encoded = self.template.format(json.dumps(name))
+        encoded = self.template.format(json.dumps(_arguments.clean_name(name)))
         if len(self) < 10_000:
             self[name] = encoded
         return encoded
@@ -119,6 +123,7 @@ class Recorder:
         self.queue_dropped = 0
         self._reported_dropped = 0
         self._reported_regions = hot.dropped_regions  # the counter is per process, the metric per session
+        self._reported_rejected = _arguments.rejected  # the same
         # perf_counter_ns() + offset = Unix time in ns
         self.offset_ns = time.time_ns() - time.perf_counter_ns()
         self._drain_lock = threading.RLock()
@@ -253,21 +258,24 @@ class Recorder:
             with self.registry.lock:
                 for _ in range(min(len(queue), chunk_size)):
                     item = queue.popleft()
-                    kind = item[0]
-                    if kind == hot.STEP:
-                        self._step(item)
-                    elif kind == hot.NATIVE_STEP:
-                        record = item[1].pop()
-                        if record is not None:
-                            self._step(record)
-                    elif kind == hot.ANNOTATION:
-                        self._annotation(*item[1:])
-                    elif kind == hot.SCALAR:
-                        self._scalar_alone(*item[1:])
-                    elif kind == hot.PHASE:
-                        self._phase(*item[1:])
-                    elif kind == hot.DEVICE:
-                        self._device(item[1])
+                    try:  # free unless it raises: one record that cannot be processed costs only itself
+                        kind = item[0]
+                        if kind == hot.STEP:
+                            self._step(item)
+                        elif kind == hot.NATIVE_STEP:
+                            record = item[1].pop()
+                            if record is not None:
+                                self._step(record)
+                        elif kind == hot.ANNOTATION:
+                            self._annotation(*item[1:])
+                        elif kind == hot.SCALAR:
+                            self._scalar_alone(*item[1:])
+                        elif kind == hot.PHASE:
+                            self._phase(*item[1:])
+                        elif kind == hot.DEVICE:
+                            self._device(item[1])
+                    except Exception as exc:
+                        self._failed(exc)
             # Hand the GIL over between chunks: a training thread coming back from a kernel that ran
             # without the GIL would otherwise wait up to the interpreter's switch interval (5 ms).
             if gentle:
@@ -277,6 +285,11 @@ class Recorder:
                     gentle, chunk_size = False, DRAIN_CHUNK
             else:
                 _sleep(0)
+        if _arguments.rejected != self._reported_rejected:  # arguments rejected on the hot path or just now
+            with self.registry.lock:
+                rejected = _arguments.rejected
+                self.dropped.add(rejected - self._reported_rejected, (sc.DROPPED_INVALID,))
+                self._reported_rejected = rejected
         if self._latest:  # once per drain: a collection waits for the drain (it drains first), so sees them
             with self.registry.lock:
                 self._settle_steps()
@@ -291,6 +304,14 @@ class Recorder:
             self._selector.settle(self._span_seconds, len(spans))
             self._span_seconds = 0.0
 
+    def _failed(self, exc: Exception) -> None:
+        """A record whose processing raised (under the registry lock): dropped, counted, one warning."""
+        self.dropped.add(1, (sc.DROPPED_RECORD_ERROR,))
+        logger.debug("otelprof: a record could not be processed", exc_info=True)
+        warn_once("record-error", "otelprof: a record could not be processed (%s: %s); it is dropped and counted in "
+                  "otelprof_exporter_dropped_total{exporter=\"record_error\"}, the others go on",
+                  type(exc).__name__, sanitize(describe_exception(exc)))
+
     def _unix_ns(self, perf_ns: int) -> int:
         return perf_ns + self.offset_ns
 
@@ -301,7 +322,8 @@ class Recorder:
         self._current_phase = label
         self.phase_active.set(1, (label,))
         if self.writer is not None:
-            self.writer.add_json(schema.STEPS, {"k": schema.KIND_PHASE, "ph": phase, "t": self._unix_ns(at_ns)})
+            self.writer.add_json(schema.STEPS, {"k": schema.KIND_PHASE, "ph": _arguments.clean_name(phase),
+                                                "t": self._unix_ns(at_ns)})
 
     def _step(self, record: tuple[Any, ...]) -> None:
         """A step record: (STEP, phase, number, start_ns, end_ns, annotations, scalars, error); unpacked here, as
@@ -402,9 +424,22 @@ class Recorder:
 
     def _scalars(self, scalars: dict[str, Any], labels: tuple[str]) -> dict[str, float]:
         values: dict[str, float] = {}
+        if len(scalars) > _arguments.MAX_STEP_SCALARS:
+            _arguments.reject("step-scalars", "a step recorded %d scalar names; the first %d are kept",
+                              len(scalars), _arguments.MAX_STEP_SCALARS,
+                              count=len(scalars) - _arguments.MAX_STEP_SCALARS)
+            scalars = dict(itertools.islice(scalars.items(), _arguments.MAX_STEP_SCALARS))
         for name, raw in scalars.items():
+            if type(name) is not str or not name:
+                checked = _arguments.name_argument(name, "record-name", "record()")
+                if checked is None:
+                    continue
+                name = checked
             kind = type(raw)  # floats and ints (loss, lr, samples): the common case
-            value = raw if kind is float else float(raw) if kind is int else _to_float(name, raw)
+            try:
+                value = raw if kind is float else float(raw) if kind is int else _to_float(raw)
+            except OverflowError:
+                value = _arguments.to_float(raw)  # rejects it: an int too large for a float
             if value is None:
                 continue
             values[name] = value
@@ -424,12 +459,15 @@ class Recorder:
             counter.add(value, labels)
 
     def _scalar_alone(self, name: str, raw: Any, phase: str, at_ns: int) -> None:
-        value = _to_float(name, raw)
+        checked = _arguments.name_argument(name, "record-name", "record()")
+        if checked is None:
+            return
+        value = _to_float(raw)
         if value is None:
             return
-        self._scalar_metric(name, value, (self._phase_label(phase),))
+        self._scalar_metric(checked, value, (self._phase_label(phase),))
         if self.writer is not None:
-            self.writer.add_json(schema.STEPS, {"k": schema.KIND_SCALAR, "name": name,
+            self.writer.add_json(schema.STEPS, {"k": schema.KIND_SCALAR, "name": checked,
                                                 "v": value if math.isfinite(value) else str(value),
                                                 "ph": phase, "t": self._unix_ns(at_ns)})
 
@@ -450,6 +488,7 @@ class Recorder:
     def _annotation(self, name: str, phase: str | None, start_ns: int, end_ns: int, error: str | None) -> None:
         label = self._phase_label(phase) if phase is not None else sc.NO_PHASE
         self.annotation_duration.observe((end_ns - start_ns) / 1e9, (label, self._annotation_label(name)))
+        name = _arguments.clean_name(name)
         if self.writer is not None:
             self.writer.add_json(schema.STEPS, {"k": schema.KIND_ANNOTATION, "name": name, "ph": phase,
                                                 "t": self._unix_ns(start_ns), "d": end_ns - start_ns})
@@ -481,7 +520,7 @@ class Recorder:
                                       sc.ATTR_SPAN_REASON: reason, sc.ATTR_STEP_OUTLIER: outlier}
         if values:
             for name, value in values.items():
-                attributes[sc.ATTR_SCALAR_PREFIX + name] = value
+                attributes[sc.ATTR_SCALAR_PREFIX + _arguments.clean_name(name)] = value
         if error:
             attributes[sc.ATTR_ERROR] = error
         builder = self._spans
@@ -497,7 +536,7 @@ class Recorder:
             del parents[depth + 1:]
             parent = parents[min(depth, len(parents) - 1)]
             context = builder.child_context(parent)
-            collected.append(builder.span(name, context, parent, a_start + unix, a_end + unix,
+            collected.append(builder.span(_arguments.clean_name(name), context, parent, a_start + unix, a_end + unix,
                                           {**child_attributes, sc.ATTR_ERROR: a_error} if a_error
                                           else child_attributes))
             parents.append(context)
@@ -521,21 +560,18 @@ class _CollectSpans(SpanProcessor):
         self._into.append(span)
 
 
-def _to_float(name: str, raw: Any) -> float | None:
+def _to_float(raw: Any) -> float | None:
+    """A recorded value as a float (:func:`_arguments.to_float`); a step's parts (``hot.Sum``: the losses of its
+    backwards, ``hot.Mean``: of an evaluation step's forwards, tensors among them) added up here, off the hot path.
+    An empty list is no value; parts that do not add up to a number are an unusable argument."""
     kind = type(raw)
-    if kind is hot.Sum or kind is hot.Mean:  # a step's parts (losses of its backwards / eval forwards)
-        if not raw:
-            return None
-        try:
-            total = float(sum(raw))  # tensors among them (CUDA losses): added, then read, here
-        except (TypeError, ValueError, RuntimeError):
-            warn_once(f"scalar:{name}", "otelprof: record(%r, ...) got parts that are not numbers; ignored", name)
-            return None
-        return total if kind is hot.Sum else total / len(raw)
-    try:
-        if hasattr(raw, "item"):  # torch / numpy scalars; resolved here, off the hot path
-            raw = raw.item()
-        return float(raw)
-    except (TypeError, ValueError, RuntimeError):
-        warn_once(f"scalar:{name}", "otelprof: record(%r, ...) got a value that is not a number; ignored", name)
+    if kind is not hot.Sum and kind is not hot.Mean:
+        return _arguments.to_float(raw)
+    if not raw:
         return None
+    try:
+        total = sum(raw)
+    except Exception:
+        total = raw  # not a number: rejected below
+    value = _arguments.to_float(total)
+    return value if value is None or kind is hot.Sum else value / len(raw)

@@ -125,6 +125,10 @@ DROPPED_CUDA_EVENTS = "cuda_events"
 """CUDA event pairs that waited too long for the GPU (device times dropped)."""
 DROPPED_STEP_REGIONS = "step_regions"
 """Regions past the per-step cap (a step that never ends)."""
+DROPPED_INVALID = "invalid_argument"
+"""API arguments otelprof could not use (a name that is not a string, a value that is not a number, ...)."""
+DROPPED_RECORD_ERROR = "record_error"
+"""Records the recorder failed to process (the others go on)."""
 DROPPED_OPERATOR_SPANS = "operator_spans"
 """Operators and kernels of a profiling window left out of its spans: past ``OTELPROF_PROFILE_MAX_SPANS`` per
 step, between steps, or in a step whose span was not kept."""
@@ -230,7 +234,9 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(LABEL_EXPORTER, "metric", "queue, otlp_traces, otlp_metrics, recording; cuda_events: CUDA event "
                   "pairs that waited too long for the GPU (device times dropped); step_regions: regions past "
                   "4096 in one step (a step that never ends); operator_spans: profiled operators and kernels "
-                  "left out of spans (`OTELPROF_PROFILE_MAX_SPANS`)."),
+                  "left out of spans (`OTELPROF_PROFILE_MAX_SPANS`); invalid_argument: API arguments otelprof "
+                  "could not use (a name that is not a string, a value that is not a number); record_error: "
+                  "records the recorder failed to process."),
     AttributeSpec(LABEL_REASON, "metric", "Why a span was built; on otelprof.sampler.errors the error; "
                   "on otelprof.gpu.throttle the clock-event reason."),
     AttributeSpec(LABEL_GPU, "metric", "GPU index as NVML numbers them in the container."),

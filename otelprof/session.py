@@ -7,16 +7,13 @@ Owns the background thread, the lifecycle times, and the process hooks
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import os
 import secrets
-import signal
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
@@ -24,6 +21,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from otelprof import _arguments, _sigterm
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import logger, reset_warnings, warn_once
@@ -31,7 +29,7 @@ from otelprof._version import __version__
 from otelprof.collectors.environment import gpu_attributes
 from otelprof.collectors.sampler import Sampler
 from otelprof.config import Config
-from otelprof.control import ControlServer
+from otelprof.control import MAX_CAPTURE_STEPS, ControlServer
 from otelprof.export import otlp
 from otelprof.export.prometheus import PrometheusEndpoint
 from otelprof.integrations.profile_schedule import PeriodicWindows
@@ -91,7 +89,7 @@ class Session:
             span_exporter = _make_exporter(otlp.make_span_exporter, kind, config.otlp_protocol, name)
             if span_exporter is not None:
                 self._span_exporters.append(otlp.span_exporter(
-                    span_exporter, name, config.queue_size, self._count_dropped))
+                    span_exporter, name, config.queue_size, self._count_dropped, config.export_warning_interval))
         self._metric_exporters: list[otlp.BackgroundExporter] = []
         for kind in config.metrics_exporters:
             if kind == "prometheus":
@@ -100,7 +98,8 @@ class Session:
             metric_exporter = _make_exporter(otlp.make_metric_exporter, kind, config.otlp_protocol, name)
             if metric_exporter is not None:
                 self._metric_exporters.append(otlp.metric_exporter(
-                    metric_exporter, name, self._count_dropped, timeout=min(config.metric_export_interval, 10.0)))
+                    metric_exporter, name, self._count_dropped, timeout=min(config.metric_export_interval, 10.0),
+                    warning_interval=config.export_warning_interval))
 
         sinks: list[SpanSink] = [exporter.offer for exporter in self._span_exporters]
         if self.writer is not None:
@@ -122,6 +121,7 @@ class Session:
             self.control = ControlServer(self._control_stop, self.capture, self.status, config.control_token)
             if not self.control.start(config.control_host, config.control_rank_port):
                 self.control = None
+        self._sigterm: _sigterm.SigtermHandler | None = None
         self._thread = threading.Thread(target=self._run, name="otelprof-recorder", daemon=True)
         self._thread.start()
         hot._activate(self.recorder)
@@ -221,10 +221,15 @@ class Session:
     def on_stop(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` (e.g. save a checkpoint) on the training thread at the step boundary
         after a stop request."""
+        if not callable(callback):
+            _arguments.reject("on-stop", "on_stop() got %s, which is not callable", _arguments.type_name(callback))
+            return
         self._stop_callbacks.append(callback)
 
     def request_stop(self, reason: str = "requested", alert: str = "") -> dict[str, Any]:
         """Ask the training loop to stop at the next step boundary. Idempotent."""
+        reason = _text_argument(reason, "requested", "request_stop(reason=...)")
+        alert = _text_argument(alert, "", "request_stop(alert=...)")
         if self._stop_reason is None:
             self._stop_reason = reason
             logger.warning("otelprof: stop requested (%s%s); stopping at the next step boundary",
@@ -255,6 +260,10 @@ class Session:
     def capture(self, steps: int = 10) -> dict[str, Any]:
         """Arm a profiling window for the next ``steps`` steps: the framework integration's
         operator profiler when one is installed, else spans for every step of the window."""
+        if type(steps) is not int or not 1 <= steps <= MAX_CAPTURE_STEPS:
+            _arguments.reject("capture-steps", "capture(steps=...) got %s, not an integer from 1 to %d",
+                              _arguments.type_name(steps), MAX_CAPTURE_STEPS)
+            return {"armed": False, "error": f"steps must be an integer from 1 to {MAX_CAPTURE_STEPS}"}
         if self.capture_handler is not None:
             return self.capture_handler(steps)
         start = hot.next_step_number()
@@ -277,16 +286,42 @@ class Session:
         """(host, port) of ``/metrics``, or None when this process serves none."""
         return self.prometheus.address if self.prometheus is not None else None
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`shutdown` began."""
+        return self._closed
+
+    @property
+    def pid(self) -> int:
+        """The process the session runs in (a forked child inherits the object, not the session)."""
+        return self._pid
+
+    def flush_recording(self) -> None:
+        """Process pending records and write them to the recording (no export)."""
+        if self._closed or os.getpid() != self._pid:
+            return
+        try:
+            self.recorder.drain()
+            if self.writer is not None:
+                self.writer.flush()
+        except Exception:
+            logger.exception("otelprof: internal error during flush")
+
+    def note_signal(self, name: str) -> None:
+        """Write in the manifest when the process got signal ``name`` (the first time only)."""
+        if self.writer is not None and name.lower() not in self.writer.manifest:
+            self.writer.update_manifest(**{name.lower(): time.time()})
+
     def flush(self, timeout: float | None = None) -> None:
         """Process pending records, write the recording and push queued exports (bounded wait)."""
         if self._closed or os.getpid() != self._pid:
             return
         try:
+            deadline = time.monotonic() + _arguments.timeout_argument(timeout, self.config.shutdown_timeout)
             self.recorder.drain()
             self._export_metrics()
             if self.writer is not None:
                 self.writer.flush()
-            deadline = time.monotonic() + (self.config.shutdown_timeout if timeout is None else timeout)
             for exporter in self._span_exporters + self._metric_exporters:
                 exporter.flush(max(deadline - time.monotonic(), 0.0))
         except Exception:
@@ -299,7 +334,7 @@ class Session:
             return
         self._closed = True
         atexit.unregister(self.shutdown)
-        deadline = time.monotonic() + (self.config.shutdown_timeout if timeout is None else timeout)
+        deadline = time.monotonic() + _arguments.timeout_argument(timeout, self.config.shutdown_timeout)
         try:
             hot._activate(None) if hot._active is self.recorder else None
             self._stop.set()
@@ -324,6 +359,8 @@ class Session:
                 self.prometheus.stop()
             if self.control is not None:
                 self.control.stop()
+            if self._sigterm is not None:
+                _sigterm.uninstall(self._sigterm)
         except Exception:
             logger.exception("otelprof: internal error during shutdown")
         finally:
@@ -340,6 +377,14 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _text_argument(text: object, default: str, what: str) -> str:
+    """A free-text argument (a stop reason): a str, cut to a name's length; anything else is ``default``."""
+    if isinstance(text, str):
+        return _arguments.clean_name(text)
+    _arguments.reject("text", "%s got %s, not a string", what, _arguments.type_name(text))
+    return default
 
 
 def _make_exporter(factory: Any, kind: str, protocol: str, name: str) -> Any:
@@ -406,7 +451,7 @@ def init(**overrides: Any) -> Session | _DisabledSession:
                 _fork_hook_installed = True
             atexit.register(session.shutdown)
             if config.handle_sigterm:
-                _install_sigterm(session)
+                session._sigterm = _sigterm.install(session)
             return session
     except Exception:
         logger.exception("otelprof: init() failed; training goes on without otelprof")
@@ -430,24 +475,3 @@ def _after_fork_in_child() -> None:
     hot._activate(None)
     _session = None
 
-
-def _install_sigterm(session: Session) -> None:
-    if threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        previous = signal.getsignal(signal.SIGTERM)
-    except (ValueError, OSError):
-        return
-
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        session.shutdown()
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_IGN:
-            return
-        else:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    with contextlib.suppress(ValueError, OSError):
-        signal.signal(signal.SIGTERM, on_sigterm)

@@ -6,14 +6,16 @@
 ...     receiver.wait_for(lambda r: r.spans(), timeout=5)
 
 Both servers store every ExportTraceServiceRequest / ExportMetricsServiceRequest they
-receive (in arrival order, both transports together) and answer with success.
-Helpers for the black-hole collector and for free / closed ports live here too.
+receive (in arrival order, both transports together) and answer with success, or, given a
+``Fault``, refuse every request with it (an HTTP status and reason phrase, a gRPC status and
+details). Helpers for the black-hole and garbage collectors and for free / closed ports live here too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gzip
+import os
 import socket
 import threading
 import time
@@ -106,6 +108,18 @@ class ReceivedMetric:
 
 
 @dataclass(frozen=True)
+class Fault:
+    """How a misbehaving receiver answers every export: HTTP ``status`` with ``reason`` as the status line's
+    phrase and ``body``; gRPC ``grpc_code`` with ``details`` (both may carry bytes no terminal should get)."""
+
+    status: int = 500
+    reason: str = "Internal Server Error"
+    body: bytes = b""
+    grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    details: str = "internal error"
+
+
+@dataclass(frozen=True)
 class HTTPRequestInfo:
     path: str
     content_type: str
@@ -118,6 +132,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         self._receiver = receiver
 
     def Export(self, request: Any, context: Any) -> Any:
+        self._receiver._refuse_grpc(context)
         self._receiver._store("grpc", request)
         return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -127,6 +142,7 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
         self._receiver = receiver
 
     def Export(self, request: Any, context: Any) -> Any:
+        self._receiver._refuse_grpc(context)
         self._receiver._store("grpc", request)
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -153,6 +169,14 @@ def _make_handler(receiver: OTLPReceiver) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?", 1)[0]
             receiver._http_requests.append(
                 HTTPRequestInfo(path, self.headers.get("Content-Type", ""), encoding, len(raw)))
+            fault = receiver.fault
+            if fault is not None:
+                receiver.refused += 1
+                self.send_response(fault.status, fault.reason)
+                self.send_header("Content-Length", str(len(fault.body)))
+                self.end_headers()
+                self.wfile.write(fault.body)
+                return
             if path == TRACES_PATH:
                 message: Any = trace_service_pb2.ExportTraceServiceRequest()
                 response: Any = trace_service_pb2.ExportTraceServiceResponse()
@@ -187,7 +211,9 @@ def _make_handler(receiver: OTLPReceiver) -> type[BaseHTTPRequestHandler]:
 class OTLPReceiver:
     """gRPC + HTTP OTLP receiver for traces and metrics; use as a context manager."""
 
-    def __init__(self) -> None:
+    def __init__(self, fault: Fault | None = None) -> None:
+        self.fault = fault
+        self.refused = 0  # requests answered with the fault
         self._lock = threading.Condition()
         self.trace_requests: list[Any] = []
         self.metric_requests: list[Any] = []
@@ -239,6 +265,11 @@ class OTLPReceiver:
         return f"http://127.0.0.1:{port}"
 
     # ------------------------------------------------------------------ storage
+    def _refuse_grpc(self, context: Any) -> None:
+        if self.fault is not None:
+            self.refused += 1
+            context.abort(self.fault.grpc_code, self.fault.details)
+
     def _store(self, transport: str, message: Any) -> None:
         with self._lock:
             if isinstance(message, trace_service_pb2.ExportTraceServiceRequest):
@@ -356,4 +387,42 @@ class BlackHole:
         self._thread.join(2)
         for conn in self._conns:
             conn.close()
+        self._sock.close()
+
+
+class Garbage:
+    """A TCP listener that reads each request and answers with random bytes and terminal escapes, then hangs up."""
+
+    MARKER = b"\x1b[2J\x1b]0;pwned\x07GARBAGE"
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self._sock.settimeout(0.1)
+        self.port = int(self._sock.getsockname()[1])
+        self.answered = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="otlp-garbage", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(1.0)
+                conn.recv(65536)
+                conn.sendall(os.urandom(300) + self.MARKER + os.urandom(100))
+                self.answered += 1
+
+    def __enter__(self) -> Garbage:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(2)
         self._sock.close()
