@@ -276,6 +276,14 @@ class MetricSpec:
     description: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
+    updown: bool = False
+    """A gauge the semantic conventions define as an UpDownCounter (a level that adds up across series: memory
+    in use, threads): over OTLP a cumulative non-monotonic Sum, on ``/metrics`` a gauge, set like any gauge."""
+
+    @property
+    def instrument(self) -> str:
+        """The OTel instrument: Counter, UpDownCounter, Gauge or Histogram."""
+        return "UpDownCounter" if self.updown else self.kind.value.capitalize()
 
     @property
     def prometheus_name(self) -> str:
@@ -416,8 +424,8 @@ NODE_CPU_UTILIZATION = MetricSpec(
 CPU_AVAILABLE = MetricSpec(
     "otelprof.cpu.available", Kind.GAUGE, "{cpu}",
     "CPUs this container may use: the cgroup quota if set, else the CPUs in the affinity mask.")
-SYSTEM_MEMORY_USAGE = MetricSpec("system.memory.usage", Kind.GAUGE, "By", "Host memory in use.")
-SYSTEM_MEMORY_LIMIT = MetricSpec("system.memory.limit", Kind.GAUGE, "By", "Host memory in total.")
+SYSTEM_MEMORY_USAGE = MetricSpec("system.memory.usage", Kind.GAUGE, "By", "Host memory in use.", updown=True)
+SYSTEM_MEMORY_LIMIT = MetricSpec("system.memory.limit", Kind.GAUGE, "By", "Host memory in total.", updown=True)
 SYSTEM_MEMORY_UTILIZATION = MetricSpec("system.memory.utilization", Kind.GAUGE, "1", "Host memory in use, ratio.")
 SYSTEM_DISK_IO = MetricSpec(
     "system.disk.io", Kind.COUNTER, "By", "Bytes read from and written to all disks.", (LABEL_DISK_DIRECTION,))
@@ -448,8 +456,10 @@ PROCESS_CPU_TIME = MetricSpec(
 PROCESS_CPU_UTILIZATION = MetricSpec(
     "process.cpu.utilization", Kind.GAUGE, "1",
     "CPU used by this process over the last interval, divided by the CPUs available to the container.")
-PROCESS_MEMORY_USAGE = MetricSpec("process.memory.usage", Kind.GAUGE, "By", "Resident memory of this process.")
-PROCESS_THREAD_COUNT = MetricSpec("process.thread.count", Kind.GAUGE, "{thread}", "Threads of this process.")
+PROCESS_MEMORY_USAGE = MetricSpec(
+    "process.memory.usage", Kind.GAUGE, "By", "Resident memory of this process.", updown=True)
+PROCESS_THREAD_COUNT = MetricSpec(
+    "process.thread.count", Kind.GAUGE, "{thread}", "Threads of this process.", updown=True)
 PROCESS_GPU_MEMORY = MetricSpec(
     "otelprof.process.gpu.memory", Kind.GAUGE, "By", "GPU memory used by this process, per GPU (NVML).",
     GPU_LABELS)
@@ -463,8 +473,8 @@ GPU_UTILIZATION = MetricSpec(
 GPU_MEMORY_COPY_UTILIZATION = MetricSpec(
     "otelprof.gpu.memory_copy.utilization", Kind.GAUGE, "1", "Share of time GPU memory was read or written.",
     GPU_LABELS)
-GPU_MEMORY_USAGE = MetricSpec("hw.gpu.memory.usage", Kind.GAUGE, "By", "GPU memory in use.", GPU_LABELS)
-GPU_MEMORY_LIMIT = MetricSpec("hw.gpu.memory.limit", Kind.GAUGE, "By", "GPU memory in total.", GPU_LABELS)
+GPU_MEMORY_USAGE = MetricSpec("hw.gpu.memory.usage", Kind.GAUGE, "By", "GPU memory in use.", GPU_LABELS, updown=True)
+GPU_MEMORY_LIMIT = MetricSpec("hw.gpu.memory.limit", Kind.GAUGE, "By", "GPU memory in total.", GPU_LABELS, updown=True)
 GPU_MEMORY_UTILIZATION = MetricSpec(
     "hw.gpu.memory.utilization", Kind.GAUGE, "1", "GPU memory in use, ratio of total.", GPU_LABELS)
 GPU_POWER = MetricSpec("otelprof.gpu.power", Kind.GAUGE, "W", "GPU power draw.", GPU_LABELS)

@@ -197,6 +197,17 @@ def test_steps_annotations_and_metrics_arrive(
             for key in sc.IDENTITY_LABELS:
                 assert key in labels, f"{metric.name} lacks identity label {key}"
 
+    # each metric arrives as the instrument the catalog names: a level the semantic conventions define as an
+    # UpDownCounter (memory in use, threads) as a cumulative non-monotonic sum, not a gauge
+    catalog = {m.name: m for m in sc.METRICS}
+    instruments = {m.name: (m.metric.WhichOneof("data"), m.metric.sum.is_monotonic,
+                            m.metric.sum.aggregation_temporality) for m in receiver.metrics()}
+    expected = {"Counter": ("sum", True, cumulative), "UpDownCounter": ("sum", False, cumulative),
+                "Histogram": ("histogram", False, 0), "Gauge": ("gauge", False, 0)}
+    for name, got in instruments.items():
+        assert got == expected[catalog[name].instrument], name
+    assert {sc.PROCESS_MEMORY_USAGE.name, sc.PROCESS_THREAD_COUNT.name} <= set(instruments)
+
     # ---------------------------------------------------------------- the recording agrees
     recording = read_recording(tmp_path / RUN_ID)
     assert [r.rank for r in recording.ranks] == [3]
