@@ -24,6 +24,17 @@ class QuietHandler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+class QuietServer(ThreadingHTTPServer):
+    """A threading server that prints nothing when a request fails: a scraper that gave up (its timeout) and
+    closed the connection mid-answer is no error of the training job, and socketserver would print a
+    traceback to its stderr."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return None
+
+
 class BackgroundServer:
     """One ``ThreadingHTTPServer``: :meth:`start` serves it on a daemon thread, or :meth:`bind` then
     :meth:`serve_forever` in the caller's thread; until :meth:`stop`."""
@@ -32,13 +43,12 @@ class BackgroundServer:
     """Seconds :meth:`stop` may wait for the serving loop to notice."""
 
     def __init__(self) -> None:
-        self._server: ThreadingHTTPServer | None = None
+        self._server: QuietServer | None = None
         self.address: tuple[str, int] | None = None
 
     def bind(self, host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> tuple[str, int]:
         """Bind; raises OSError when the address cannot be bound (port 0: any free port)."""
-        server = ThreadingHTTPServer((host, port), handler)
-        server.daemon_threads = True
+        server = QuietServer((host, port), handler)
         self._server = server
         self.address = (host, int(server.server_address[1]))
         return self.address

@@ -626,3 +626,24 @@ def test_prometheus_port_in_use_warns_once(tmp_path: Path, monkeypatch: pytest.M
             pass
         otelprof.shutdown()
     assert len(rank_of(tmp_path, "prom").steps) == 1
+
+
+def test_a_scraper_that_hangs_up_mid_answer_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
+    """A Prometheus whose scrape timed out closes the connection while /metrics answers; the write fails
+    with a broken pipe. socketserver would print that traceback to the training job's stderr."""
+    from otelprof._http import BackgroundServer, QuietHandler
+
+    class HungUp(QuietHandler):
+        def do_GET(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    server = BackgroundServer()
+    host, port = server.start("127.0.0.1", 0, HungUp, "test-metrics")
+    try:
+        for _ in range(3):
+            with socket.create_connection((host, port), timeout=5) as client:
+                client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert client.recv(1024) == b""  # the handler failed: the connection closes unanswered
+    finally:
+        server.stop()
+    assert capfd.readouterr().err == ""

@@ -1,11 +1,16 @@
-"""One training process of the verdict suite (tests/test_verdicts.py): a steady loop with one injected fault.
+"""One training process of the verdict suite (tests/test_verdicts.py): a small loop with one injected fault.
 
-``python tests/verdict_job.py '<json>'`` with keys ``duration`` (seconds of the loop), ``compute`` (seconds a
-step computes), ``fault`` (one of :data:`FAULTS` or null), ``at`` (seconds into the loop when it starts)
-and the fault's own keys. The ranks of a job of several processes (``WORLD_SIZE`` > 1) meet at the end of
-every step, inside a ``collective`` region, as DDP's gradient all-reduce makes them meet: the fast ranks
-wait there for a straggler. A step's compute is mostly waiting (as a host waits for its GPU) plus a little
-CPU work, so a busy neighbour makes it jitter as real steps do. Each line on stdout is a JSON event.
+``python tests/verdict_job.py KIND STOP_FILE '<json options>'``. otelprof is configured by the environment, as
+a deployment configures it (job name, rank, /metrics port, recording directory). The loop prints a JSON line
+when otelprof is up (``start``) and one when its fault begins (``onset``, ``onset`` seconds into the loop),
+then trains until STOP_FILE exists and shuts otelprof down. (A file, not a closed stdin: a thread blocked
+reading stdin holds its lock, and a data-loader worker forked meanwhile deadlocks closing its copy.)
+
+The explicit-API loops (``step`` / ``annotate`` / ``record``) wait most of a step, as a host waits for its
+GPU, and do a little fixed CPU work, so a busy neighbour makes them jitter as real steps do; steps last
+250 ms, because the scheduler hiccups of a loaded 2-CPU machine are tens of milliseconds. The loops whose
+fault is about the PyTorch hooks are real PyTorch on CPU: a slow ``DataLoader`` (and data-loader worker
+counts), and DDP over gloo, whose communication hook times the all-reduce that a straggler's peers wait in.
 """
 
 from __future__ import annotations
@@ -14,109 +19,234 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
-from multiprocessing.connection import Client, Connection, Listener
+from collections.abc import Callable
 from typing import Any
 
 import otelprof
-from otelprof import semconv as sc
 
-FAULTS = ("slow_loader", "straggler", "leak", "slow_init", "nan", "stall", "plateau", "outliers")
-
-
-def _say(event: str, **data: Any) -> None:
-    print(json.dumps({"event": event, "t": time.time(), **data}), flush=True)
-
-
-def _compute(seconds: float) -> None:
-    """``seconds`` of a step: a twentieth busy on the CPU, the rest waiting."""
-    busy_until = time.perf_counter() + seconds * 0.05
-    while time.perf_counter() < busy_until:
-        pass
-    time.sleep(seconds * 0.95)
+STEP = 0.25
+"""Seconds of a typical explicit-API step."""
+WORK = 5_000
+"""Units of :func:`cpu_work` per step: a quarter of a millisecond on an idle core."""
+DEVICE = 0.25
+"""Seconds a PyTorch step spends "on the device" (a sleep in the model's last module)."""
+BATCH = 64
+LEAK_RATE = 8 * 2**20
+"""Bytes per second the leaking loop keeps alive."""
 
 
-class Meeting:
-    """The ranks of a job meet once per step: rank 0 hears from every other rank, then answers them all
-    with whether to go on (its clock ends the loop for everyone, so no rank waits for a peer that left)."""
-
-    def __init__(self, rank: int, world: int, port: int) -> None:
-        self.rank = rank
-        self.peers: list[Connection] = []
-        address = ("127.0.0.1", port)
-        if rank == 0:
-            with Listener(address) as listener:
-                self.peers = [listener.accept() for _ in range(world - 1)]
-            return
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                self.peers = [Client(address)]
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-
-    def go_on(self, wanted: bool) -> bool:
-        if self.rank == 0:
-            for peer in self.peers:
-                peer.recv_bytes()
-            for peer in self.peers:
-                peer.send_bytes(b"1" if wanted else b"0")
-            return wanted
-        self.peers[0].send_bytes(b"")
-        return self.peers[0].recv_bytes() == b"1"
+def say(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, "t": time.time(), **fields}), flush=True)
 
 
-def main() -> None:
-    spec = json.loads(sys.argv[1])
-    fault = spec.get("fault")
-    duration, compute, at = float(spec["duration"]), float(spec.get("compute", 0.1)), float(spec.get("at", 0.0))
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    session = otelprof.init()
-    meeting = Meeting(rank, world, int(os.environ["MASTER_PORT"])) if world > 1 else None
-    _say("ready", metrics=session.metrics_address if isinstance(session, otelprof.Session) else None)
-    slowdown = float(spec.get("slowdown", 1.0)) if fault == "straggler" and rank == spec.get("straggler") else 1.0
-    rng = random.Random(rank)
-    leak: list[bytes] = []
-    if fault == "slow_init":
-        with otelprof.annotate("initialization"):
-            time.sleep(float(spec["init_delay"]))
-    started = time.time()
+def cpu_work(units: int) -> int:
+    """A fixed amount of CPU work (not a wall-clock spin): preemption by a neighbour stretches it."""
+    total = 0
+    for i in range(units):
+        total += i * i
+    return total
+
+
+class Run:
+    """Time since the loop started, the fault's onset, and the stop request (the stop file exists)."""
+
+    def __init__(self, onset: float, stop_file: str) -> None:
+        self.onset_after = onset
+        self.stop_file = stop_file
+        self.began = time.time()
+        self.faulty = False
+
+    def stopped(self) -> bool:
+        return os.path.exists(self.stop_file)
+
+    def elapsed(self) -> float:
+        return time.time() - self.began
+
+    def fault(self) -> bool:
+        """True from the onset on; announces the onset once."""
+        if not self.faulty and self.elapsed() >= self.onset_after:
+            self.faulty = True
+            say("onset")
+        return self.faulty
+
+    def wait(self, seconds: float) -> None:
+        """Sleep ``seconds`` or until stopped."""
+        deadline = time.monotonic() + seconds
+        while not self.stopped() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def trend(elapsed: float) -> float:
+    """A loss that keeps falling over the whole run, 6 % per 15 s at first."""
+    return 0.5 + 2.0 * math.exp(-elapsed / 200.0)
+
+
+def healthy_loss(elapsed: float) -> float:
+    """:func:`trend` with per-batch noise."""
+    return trend(elapsed) * random.uniform(0.98, 1.02)
+
+
+# ---------------------------------------------------------------------------------------------- explicit API
+
+def api_step(step: float, loss: float, grad_norm: float = 1.0, extra: float = 0.0) -> None:
+    with otelprof.step():
+        with otelprof.annotate("dataloader"):
+            time.sleep(0.001)
+        with otelprof.annotate("forward"):
+            cpu_work(WORK)
+            time.sleep(step * 0.4 + extra)
+        with otelprof.annotate("backward"):
+            time.sleep(step * 0.5)
+        with otelprof.annotate("optimizer"):
+            time.sleep(0.001)
+        otelprof.record("loss", loss)
+        otelprof.record("grad_norm", grad_norm)
+        otelprof.record("samples", 32)
+
+
+def eval_pass(step: float, loss: float, steps: int = 3) -> None:
+    with otelprof.phase("eval"):
+        for _ in range(steps):
+            with otelprof.step():
+                with otelprof.annotate("forward"):
+                    cpu_work(WORK)
+                    time.sleep(step * 0.4)
+                otelprof.record("loss", loss * random.uniform(0.99, 1.01))
+
+
+def api_loop(kind: str, stop_file: str, options: dict[str, Any]) -> None:
+    otelprof.init()
+    say("start")
+    rank = int(os.environ.get("RANK", "0"))
+    step_time = float(options.get("step", STEP))
+    if kind == "slow_init":
+        say("onset")  # the fault is the start itself
+        with otelprof.annotate("load_dataset"):
+            Run(0, stop_file).wait(float(options["init_seconds"]))
+    run = Run(float(options.get("onset", 5.0)), stop_file)
+    leaked: list[bytearray] = []
     step = 0
-    stalled = False
-    going = True
-    while going:
-        elapsed = time.time() - started
-        faulty = fault is not None and elapsed > at
-        with otelprof.step():
-            with otelprof.annotate(sc.REGION_DATALOADER):
-                time.sleep(3 * compute if faulty and fault == "slow_loader" else 0.001)
-            with otelprof.annotate("forward"):
-                spike = faulty and fault == "outliers" and step % int(spec.get("every", 25)) == 0
-                _compute(compute * slowdown * (float(spec.get("spike", 4)) if spike else 1))
-            if faulty and fault == "stall" and not stalled:
-                stalled = True
-                _say("stalled")
-                time.sleep(max(duration - elapsed, 0.0))  # hangs inside the step, as on a lost peer
-            if fault == "plateau":
-                loss = 1.0 + rng.uniform(-0.01, 0.01)
-            else:
-                loss = 2.0 * math.exp(-step * compute / 10) + rng.uniform(-0.01, 0.01)  # -1/e every 10 s
-            otelprof.record("loss", math.nan if faulty and fault == "nan" else loss)
-            if meeting is not None:
-                with otelprof.annotate(sc.REGION_COLLECTIVE):
-                    going = meeting.go_on(time.time() - started < duration)
-            else:
-                going = time.time() - started < duration
-        if faulty and fault == "leak":
-            leak.append(b"\x01" * int(spec["leak_per_step"]))  # written, so resident
+    while not run.stopped():
+        loss = healthy_loss(run.elapsed())
+        grad_norm, extra = 1.0, 0.0
+        if kind == "stall" and run.fault():
+            with otelprof.step():  # stuck inside a step, as on a hung collective
+                with otelprof.annotate("collective"):
+                    run.wait(3600)
+            break
+        if kind == "dies" and rank == options["rank"] and run.fault():
+            os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer ends a process: no shutdown
+        if kind == "nan" and run.fault():
+            loss = math.nan
+        if kind == "plateau" and run.fault():  # the loss flattens where it is
+            loss = trend(run.onset_after) * (1 + 1e-5 * math.sin(step))
+        if kind == "vanishing" and run.fault():
+            grad_norm = 1e-9
+        if kind == "outliers" and run.fault() and step % 20 == 0:
+            extra = 2 * step_time  # a periodic hiccup (a synchronous checkpoint, say): 3x a typical step
+        if kind == "leak" and run.fault():
+            while sum(map(len, leaked)) < LEAK_RATE * (run.elapsed() - run.onset_after):
+                leaked.append(bytearray(b"\x01") * 2**20)  # written, so resident
+        api_step(step_time, loss, grad_norm, extra)
         step += 1
-    _say("done", steps=step, leaked=sum(map(len, leak)))
+        if step % 20 == 0:
+            gap = 1.4 if kind == "overfit" and run.fault() else 1.02
+            eval_pass(step_time, loss * gap)
     otelprof.shutdown()
+    say("exit", steps=step)
+
+
+# ---------------------------------------------------------------------------------------------- PyTorch
+
+def torch_loop(kind: str, stop_file: str, options: dict[str, Any]) -> None:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    from otelprof.integrations import torch as otorch
+
+    torch.set_num_threads(1)
+    if kind == "workers":
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # a container with one CPU...
+    ddp = kind == "ddp"
+    if ddp:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    otelprof.init()
+    say("start")
+    rank = int(os.environ.get("RANK", "0"))
+    run = Run(float(options.get("onset", 5.0)), stop_file)
+    torch.manual_seed(0)
+    truth = torch.randn(64, 8)
+
+    class Regression(Dataset[tuple[Any, Any]]):
+        """A learnable task, so that the loss keeps falling; for ``slow_loader`` loading slows down after the
+        onset."""
+
+        def __init__(self) -> None:
+            self.x = torch.randn(1024, 64)
+            self.y = self.x @ truth
+
+        def __len__(self) -> int:
+            return len(self.x)
+
+        def __getitem__(self, i: int) -> tuple[Any, Any]:
+            if kind == "slow_loader" and run.fault():
+                time.sleep(DEVICE * 2 / BATCH)  # decoding from a slow store: twice the device time per batch
+            return self.x[i], self.y[i]
+
+    slow = ddp and rank == options.get("slow_rank", -1)
+
+    class Device(torch.nn.Module):
+        """Time on the accelerator, here a sleep; the straggler's is ``factor`` times longer after the onset."""
+
+        def forward(self, x: Any) -> Any:
+            factor = float(options.get("factor", 1.3)) if slow and run.fault() else 1.0
+            time.sleep(DEVICE * factor)
+            return x
+
+    model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(64, 8), Device())
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=2e-2)
+    workers = {"slow_loader": 0, "workers": 3}.get(kind, 1)  # 3 workers on one CPU: ...too many
+    loader = DataLoader(Regression(), batch_size=BATCH, shuffle=True, num_workers=workers,
+                        persistent_workers=workers > 0)
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    steps = 0
+    while True:
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps += 1
+            if kind == "slow_loader":
+                run.fault()
+            if not ddp and run.stopped():
+                break
+        if ddp:  # the ranks agree to stop at an epoch's end (each has the same number of batches)
+            stop = torch.tensor([float(run.stopped())])
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item() > 0:
+                break
+        elif run.stopped():
+            break
+    otelprof.shutdown()
+    say("exit", steps=steps)
+    if ddp:
+        dist.destroy_process_group()
+
+
+LOOPS: dict[str, Callable[[str, str, dict[str, Any]], None]] = {
+    **{k: api_loop for k in ("steady", "slow_init", "nan", "stall", "plateau", "vanishing", "outliers", "leak",
+                             "overfit", "dies")},
+    **{k: torch_loop for k in ("ddp", "slow_loader", "workers")},
+}
 
 
 if __name__ == "__main__":
-    main()
+    LOOPS[sys.argv[1]](sys.argv[1], sys.argv[2], json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})

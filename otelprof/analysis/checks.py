@@ -559,8 +559,9 @@ class _Checks:
         lw = seconds(self.c.loss_window)
         out = []
         for r in self.ranks:
-            if t - r.process_start <= 2 * lw or not self.alive(r, t):
-                continue
+            first = self.first_steps[id(r)]
+            if first is None or t - first <= 2 * lw or not self.alive(r, t):
+                continue  # both windows inside training, as the live rule asks (time since the first step)
             losses = self._losses(r, self.c.train_phase)
             (i, j), (k, m) = losses.span(t - lw, t), losses.span(t - 2 * lw, t - lw)
             steps = self.steps[id(r)].phases.get(self.c.train_phase)

@@ -116,6 +116,9 @@ class Alert:
         return rule
 
 
+_NOT_OPERATOR_SPANS = f'{sc.prometheus_label(sc.LABEL_EXPORTER)}!="{sc.DROPPED_OPERATOR_SPANS}"'
+
+
 def _params(*pairs: tuple[str, object]) -> tuple[tuple[str, str], ...]:
     return tuple((name, str(value)) for name, value in pairs)
 
@@ -684,7 +687,8 @@ def _training(c: MixinConfig) -> list[Alert]:
     not_decreasing = Alert(
         "LossNotDecreasing", GROUP_TRAINING,
         f"{loss_now}\n> {loss_before} - {diff} * abs({loss_before})\n{steps_moving}\n"
-        f"{q.warmed_up(f'{2 * int(seconds(lw))}s')}",
+        # both windows inside training (from the first step on), so the earlier mean is not one early loss
+        f"and on ({JOB}, {RANK}) (time() - {q.sel(sc.STEP_FIRST_TIMESTAMP)}) > {2 * int(seconds(lw))}",
         "0s", "warning",
         "The training loss stopped decreasing.",
         f"{AT_RANK}: mean training loss over the last {lw} is {VAL}, not lower than over the {lw} before.",
@@ -697,7 +701,7 @@ def _training(c: MixinConfig) -> list[Alert]:
             thresholds=_params(("window", lw), ("diff_percent", f"{c.loss_diff_percent:g} %")),
             limit=f"A training loss whose {lw} mean falls by less than {c.loss_diff_percent:g} % per {lw}. A loss "
                   f"that stops falling fires at the latest {_human(2 * seconds(lw))} after it flattens (both windows "
-                  f"flat; no `for`), and never before the process has run {_human(2 * seconds(lw))}.",
+                  f"flat; no `for`), and never before training (the first step) has run {_human(2 * seconds(lw))}.",
             todo="Expected near convergence: then stop or lower the learning rate. Early in training it "
                  "points at a learning rate that is too high or too low, a data pipeline that repeats the "
                  "same batches, or frozen parameters. Check OtelprofVanishingGradients and the learning-rate "
@@ -913,7 +917,9 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
 
     dropped = Alert(
         "TelemetryDropped", GROUP_TELEMETRY,
-        f"{q.delta(sc.EXPORTER_DROPPED, c.dropped_window)} > 0",
+        # the operator-span cap per profiled step is a designed bound (the window's statistics count every
+        # operator), not lost telemetry
+        f"{q.delta(sc.EXPORTER_DROPPED, c.dropped_window, matchers=_NOT_OPERATOR_SPANS)} > 0",
         "0s", "info",
         "otelprof dropped telemetry instead of blocking training.",
         f"{AT_RANK}: {NUM} items dropped by the {{{{ $labels.exporter }}}} exporter in the last "

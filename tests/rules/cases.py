@@ -519,8 +519,8 @@ def training_groups() -> list[Group]:
     groups = []
     train_id, eval_id = {**ID, **TRAIN}, {**ID, "phase": "eval"}
 
-    def losses(name: str, values: str, steps: str = seq([(40, 60)])) -> Group:
-        g = Group(name, interval="1m").started(ID, 40)
+    def losses(name: str, values: str, steps: str = seq([(40, 60)]), minutes: int = 40, first: int = 0) -> Group:
+        g = Group(name, interval="1m").started(ID, minutes).gauge(sc.STEP_FIRST_TIMESTAMP, ID, const(first, minutes))
         return g.gauge(sc.LOSS, train_id, values).counter(sc.STEPS, train_id, steps)
 
     groups.append(losses("loss flat at 2.0", const(2.0, 40)).silent("LossNotDecreasing", "30m")  # two windows
@@ -532,11 +532,17 @@ def training_groups() -> list[Group]:
     groups.append(losses("loss decreasing steadily", "2-0.01x40").silent("LossNotDecreasing", "35m"))
     groups.append(losses("loss flat but no steps run", const(2.0, 40), const(100, 40))
                   .silent("LossNotDecreasing", "35m"))
+    groups.append(losses("training starts at 10 min, loss flat: both windows must lie in training", const(2.0, 50),
+                         f"{const(0, 10)} {seq([(40, 60)])}", 50, 600)
+                  .silent("LossNotDecreasing", "31m").silent("LossNotDecreasing", "40m")
+                  .fires("LossNotDecreasing", "41m", ({**train_id, **TARGET}, 2.0)))
     resumed = Group("training resumes after a 35-min stall: the loss gauge held still through it", interval="1m")
-    resumed.started(ID, 50).gauge(sc.LOSS, train_id, f"2-0.01x10 {const(1.9, 35)} 1.899 1.898 1.897 1.896")
+    resumed.started(ID, 50).gauge(sc.STEP_FIRST_TIMESTAMP, ID, const(0, 50))
+    resumed.gauge(sc.LOSS, train_id, f"2-0.01x10 {const(1.9, 35)} 1.899 1.898 1.897 1.896")
     resumed.counter(sc.STEPS, train_id, f"{seq([(10, 60)])} {const(600, 35)} 660 720 780 840")
     groups.append(resumed.silent("LossNotDecreasing", "46m").silent("LossNotDecreasing", "48m"))
     nan = Group("the loss turns NaN at 20 min: the gauge holds the last finite loss", interval="1m").started(ID, 55)
+    nan.gauge(sc.STEP_FIRST_TIMESTAMP, ID, const(0, 55))
     nan.gauge(sc.LOSS, train_id, f"2-0.01x20 {const(1.8, 34)}").counter(sc.STEPS, train_id, seq([(55, 60)]))
     nan.counter(sc.NONFINITE, {**train_id, "scalar": "loss"}, f"_x20 {seq([(34, 60)], 1)}")
     groups.append(nan.silent("LossNotDecreasing", "53m"))
@@ -636,6 +642,9 @@ def telemetry_groups() -> list[Group]:
                   .silent("TelemetryDropped", "16m"))
     g = Group("nothing dropped", interval="1m")
     groups.append(g.counter(sc.EXPORTER_DROPPED, queue, const(0, 20)).silent("TelemetryDropped", "15m"))
+    g = Group("operator spans over the per-step cap of a profiling window: a designed bound", interval="1m")
+    g.counter(sc.EXPORTER_DROPPED, {**ID, "exporter": sc.DROPPED_OPERATOR_SPANS}, f"{const(0, 4)} {const(543, 20)}")
+    groups.append(g.silent("TelemetryDropped", "5m").silent("TelemetryDropped", "10m"))
     return groups
 
 
