@@ -49,11 +49,12 @@ def catalog_markdown() -> str:
     """The metric catalog table of docs/catalog.md."""
     from otelprof import semconv
 
-    rows = ["| OTel name | Prometheus name | Kind | Unit | Labels (besides job_name, rank, local_rank, node) "
-            "| Meaning |", "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| OTel name | Prometheus name | Kind | OTel instrument | Unit "
+            "| Labels (besides job_name, rank, local_rank, node) | Meaning |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
     for m in semconv.METRICS:
         prom = m.prometheus_name + ("_total" if m.kind is semconv.Kind.COUNTER else "")
-        rows.append(f"| `{m.name}` | `{prom}` | {m.kind.value} | {m.unit or '-'} | "
+        rows.append(f"| `{m.name}` | `{prom}` | {m.kind.value} | {m.instrument} | {m.unit or '-'} | "
                     f"{', '.join(m.labels) or '-'} | {m.description} |")
     return "\n".join(rows)
 

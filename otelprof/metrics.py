@@ -119,6 +119,9 @@ class GaugeInstrument(_Instrument):
             NumberDataPoint(self._attributes(base, labels), start_ns, now_ns, value)
             for labels, value in self.values.items()
         ]
+        if self.spec.updown:
+            return Metric(self.spec.name, self.spec.description, self.spec.unit,
+                          Sum(points, AggregationTemporality.CUMULATIVE, is_monotonic=False))
         return Metric(self.spec.name, self.spec.description, self.spec.unit, Gauge(points))
 
 

@@ -89,6 +89,10 @@ ENDPOINT_ERROR_REASONS: tuple[str, ...] = (
 NO_PHASE = "none"
 """``phase`` of an annotation made outside any step (initialization, checkpointing)."""
 
+# ---------------------------------------------------------------- instrumentation scope
+SCOPE_NAME = "otelprof"
+"""The instrumentation scope of every span and metric otelprof emits; its version is ``otelprof.__version__``."""
+
 # ---------------------------------------------------------------- resource attributes
 SERVICE_NAME = "service.name"
 SERVICE_INSTANCE_ID = "service.instance.id"
@@ -302,6 +306,14 @@ class MetricSpec:
     description: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
+    updown: bool = False
+    """A gauge the semantic conventions define as an UpDownCounter (a level that adds up across series: memory
+    in use, threads): over OTLP a cumulative non-monotonic Sum, on ``/metrics`` a gauge, set like any gauge."""
+
+    @property
+    def instrument(self) -> str:
+        """The OTel instrument: Counter, UpDownCounter, Gauge or Histogram."""
+        return "UpDownCounter" if self.updown else self.kind.value.capitalize()
 
     @property
     def prometheus_name(self) -> str:
@@ -482,8 +494,8 @@ NODE_CPU_UTILIZATION = MetricSpec(
 CPU_AVAILABLE = MetricSpec(
     "otelprof.cpu.available", Kind.GAUGE, "{cpu}",
     "CPUs this container may use: the cgroup quota if set, else the CPUs in the affinity mask.")
-SYSTEM_MEMORY_USAGE = MetricSpec("system.memory.usage", Kind.GAUGE, "By", "Host memory in use.")
-SYSTEM_MEMORY_LIMIT = MetricSpec("system.memory.limit", Kind.GAUGE, "By", "Host memory in total.")
+SYSTEM_MEMORY_USAGE = MetricSpec("system.memory.usage", Kind.GAUGE, "By", "Host memory in use.", updown=True)
+SYSTEM_MEMORY_LIMIT = MetricSpec("system.memory.limit", Kind.GAUGE, "By", "Host memory in total.", updown=True)
 SYSTEM_MEMORY_UTILIZATION = MetricSpec("system.memory.utilization", Kind.GAUGE, "1", "Host memory in use, ratio.")
 SYSTEM_DISK_IO = MetricSpec(
     "system.disk.io", Kind.COUNTER, "By", "Bytes read from and written to all disks.", (LABEL_DISK_DIRECTION,))
@@ -514,8 +526,10 @@ PROCESS_CPU_TIME = MetricSpec(
 PROCESS_CPU_UTILIZATION = MetricSpec(
     "process.cpu.utilization", Kind.GAUGE, "1",
     "CPU used by this process over the last interval, divided by the CPUs available to the container.")
-PROCESS_MEMORY_USAGE = MetricSpec("process.memory.usage", Kind.GAUGE, "By", "Resident memory of this process.")
-PROCESS_THREAD_COUNT = MetricSpec("process.thread.count", Kind.GAUGE, "{thread}", "Threads of this process.")
+PROCESS_MEMORY_USAGE = MetricSpec(
+    "process.memory.usage", Kind.GAUGE, "By", "Resident memory of this process.", updown=True)
+PROCESS_THREAD_COUNT = MetricSpec(
+    "process.thread.count", Kind.GAUGE, "{thread}", "Threads of this process.", updown=True)
 PROCESS_GPU_MEMORY = MetricSpec(
     "otelprof.process.gpu.memory", Kind.GAUGE, "By", "GPU memory used by this process, per GPU (NVML).",
     GPU_LABELS)
@@ -529,8 +543,8 @@ GPU_UTILIZATION = MetricSpec(
 GPU_MEMORY_COPY_UTILIZATION = MetricSpec(
     "otelprof.gpu.memory_copy.utilization", Kind.GAUGE, "1", "Share of time GPU memory was read or written.",
     GPU_LABELS)
-GPU_MEMORY_USAGE = MetricSpec("hw.gpu.memory.usage", Kind.GAUGE, "By", "GPU memory in use.", GPU_LABELS)
-GPU_MEMORY_LIMIT = MetricSpec("hw.gpu.memory.limit", Kind.GAUGE, "By", "GPU memory in total.", GPU_LABELS)
+GPU_MEMORY_USAGE = MetricSpec("hw.gpu.memory.usage", Kind.GAUGE, "By", "GPU memory in use.", GPU_LABELS, updown=True)
+GPU_MEMORY_LIMIT = MetricSpec("hw.gpu.memory.limit", Kind.GAUGE, "By", "GPU memory in total.", GPU_LABELS, updown=True)
 GPU_MEMORY_UTILIZATION = MetricSpec(
     "hw.gpu.memory.utilization", Kind.GAUGE, "1", "GPU memory in use, ratio of total.", GPU_LABELS)
 GPU_POWER = MetricSpec("otelprof.gpu.power", Kind.GAUGE, "W", "GPU power draw.", GPU_LABELS)
@@ -678,8 +692,18 @@ def _unit_suffix(unit: str) -> str:
     return word
 
 
+PROMETHEUS_NAMES: dict[str, str] = {
+    # The mechanical mapping gives process_thread_count, but Prometheus reserves _count for the sample count of
+    # a histogram or summary (`promtool check metrics` rejects it on a gauge); Prometheus names a thread count
+    # without it (go_threads), as the semantic conventions once did (process.threads).
+    "process.thread.count": "process_threads",
+}
+"""OTel names whose Prometheus name is not the mechanical mapping: the mapped name breaks a Prometheus rule."""
+
 def prometheus_name(name: str, unit: str, kind: Kind) -> str:
     """Prometheus metric family name for an OTel metric (without the counter's ``_total``)."""
+    if name in PROMETHEUS_NAMES:
+        return PROMETHEUS_NAMES[name]
     base = re.sub(r"[^a-zA-Z0-9_:]", "_", name)
     base = re.sub(r"__+", "_", base)
     suffix = _unit_suffix(unit)

@@ -196,7 +196,7 @@ class Session:
 
     def metrics_data(self) -> MetricsData:
         """A snapshot of every metric (pending records processed first)."""
-        scope = InstrumentationScope("otelprof", __version__)
+        scope = InstrumentationScope(sc.SCOPE_NAME, __version__)
         metrics = self.registry.collect()
         return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(scope, metrics, "")], "")])
 

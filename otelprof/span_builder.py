@@ -17,17 +17,20 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
+from otelprof import semconv as sc
+from otelprof._version import __version__
+
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
 _DEFAULT_SAMPLER = ParentBased(ALWAYS_ON).get_description()  # type: ignore[no-untyped-call]
 
 
 class SpanBuilder:
-    """Makes ended spans under one provider's resource and the ``otelprof`` instrumentation scope."""
+    """Makes ended spans under one provider's resource and otelprof's versioned instrumentation scope."""
 
-    def __init__(self, provider: TracerProvider, scope: str = "otelprof") -> None:
+    def __init__(self, provider: TracerProvider) -> None:
         self.resource = provider.resource
-        self.scope = InstrumentationScope(scope)
+        self.scope = InstrumentationScope(sc.SCOPE_NAME, __version__)
         self._ids = provider.id_generator
         sampler = provider.sampler
         self._sampler = None if sampler.get_description() == _DEFAULT_SAMPLER else sampler  # type: ignore[no-untyped-call]

@@ -63,6 +63,7 @@ class ReceivedSpan:
     resource: Resource
     scope_name: str
     transport: str
+    scope_version: str = ""
 
     @property
     def name(self) -> str:
@@ -94,6 +95,8 @@ class ReceivedMetric:
     metric: Metric
     resource: Resource
     transport: str
+    scope_name: str = ""
+    scope_version: str = ""
 
     @property
     def name(self) -> str:
@@ -297,7 +300,8 @@ class OTLPReceiver:
             for resource_spans in request.resource_spans:
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
-                        out.append(ReceivedSpan(span, resource_spans.resource, scope_spans.scope.name, transport))
+                        out.append(ReceivedSpan(span, resource_spans.resource, scope_spans.scope.name, transport,
+                                                scope_spans.scope.version))
         return out
 
     def metrics(self) -> list[ReceivedMetric]:
@@ -310,7 +314,8 @@ class OTLPReceiver:
             for resource_metrics in request.resource_metrics:
                 for scope_metrics in resource_metrics.scope_metrics:
                     for metric in scope_metrics.metrics:
-                        out.append(ReceivedMetric(metric, resource_metrics.resource, transport))
+                        out.append(ReceivedMetric(metric, resource_metrics.resource, transport,
+                                                  scope_metrics.scope.name, scope_metrics.scope.version))
         return out
 
     def metric_names(self) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -10,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import otelprof
 from otelprof import semconv as sc
+from tests.servers import require_binary
 
 
 def _exercise_every_metric() -> None:
@@ -50,7 +52,12 @@ def test_metrics_endpoint_matches_catalog(record_dir: Path) -> None:
     assert isinstance(session, otelprof.Session)
     _exercise_every_metric()
     time.sleep(0.35)  # a few telemetry samples
-    families = {f.name: f for f in text_string_to_metric_families(_scrape(session))}
+    text = _scrape(session)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    # Prometheus' own linter finds nothing in the scrape (names, suffixes, HELP, TYPE)
+    lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=text, capture_output=True,
+                          text=True, timeout=60)
+    assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint.stdout + lint.stderr
 
     info = families.pop("target_info")
     [info_sample] = info.samples
@@ -119,3 +126,15 @@ def test_catalog_names_are_unique_and_documented() -> None:
 def test_a_scalar_is_a_gauge_or_a_counter_never_both() -> None:
     """The recorder feeds a scalar into one series: its gauge (last value) or its counter (a total)."""
     assert sc.SCALAR_GAUGES.keys().isdisjoint(sc.SCALAR_COUNTERS.keys())
+
+
+def test_prometheus_names_keep_the_suffix_rules() -> None:
+    """No family name ends in what Prometheus reserves for other types (promtool check metrics' naming lint)."""
+    reserved = {sc.Kind.COUNTER: ("_count", "_sum", "_bucket", "_created"),
+                sc.Kind.GAUGE: ("_count", "_sum", "_bucket", "_created", "_total"),
+                sc.Kind.HISTOGRAM: ("_count", "_sum", "_bucket", "_created", "_total")}
+    for spec in sc.METRICS:
+        assert not spec.prometheus_name.endswith(reserved[spec.kind]), spec.name
+    assert sc.PROCESS_THREAD_COUNT.name == "process.thread.count"  # the OTel name stays the semantic convention's
+    assert sc.PROCESS_THREAD_COUNT.prometheus_name == "process_threads"
+

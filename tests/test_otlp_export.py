@@ -147,7 +147,7 @@ def test_steps_annotations_and_metrics_arrive(
         assert res[sc.OTELPROF_LOCAL_RANK] == 1
         assert res[sc.OTELPROF_WORLD_SIZE] == 4
         assert res[sc.K8S_NODE_NAME] == NODE
-        assert span.scope_name == "otelprof"
+        assert (span.scope_name, span.scope_version) == (sc.SCOPE_NAME, otelprof.__version__)
 
     # ---------------------------------------------------------------- metrics
     names = receiver.metric_names()
@@ -156,6 +156,7 @@ def test_steps_annotations_and_metrics_arrive(
     duration = receiver.last_metric(sc.STEP_DURATION.name)
     assert duration is not None
     assert duration.metric.WhichOneof("data") == "histogram"
+    assert {(m.scope_name, m.scope_version) for m in receiver.metrics()} == {(sc.SCOPE_NAME, otelprof.__version__)}
     assert duration.metric.unit == "s"
     cumulative = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
     assert duration.metric.histogram.aggregation_temporality == cumulative
@@ -195,6 +196,17 @@ def test_steps_annotations_and_metrics_arrive(
             labels = attributes(p.attributes)
             for key in sc.IDENTITY_LABELS:
                 assert key in labels, f"{metric.name} lacks identity label {key}"
+
+    # each metric arrives as the instrument the catalog names: a level the semantic conventions define as an
+    # UpDownCounter (memory in use, threads) as a cumulative non-monotonic sum, not a gauge
+    catalog = {m.name: m for m in sc.METRICS}
+    instruments = {m.name: (m.metric.WhichOneof("data"), m.metric.sum.is_monotonic,
+                            m.metric.sum.aggregation_temporality) for m in receiver.metrics()}
+    expected = {"Counter": ("sum", True, cumulative), "UpDownCounter": ("sum", False, cumulative),
+                "Histogram": ("histogram", False, 0), "Gauge": ("gauge", False, 0)}
+    for name, got in instruments.items():
+        assert got == expected[catalog[name].instrument], name
+    assert {sc.PROCESS_MEMORY_USAGE.name, sc.PROCESS_THREAD_COUNT.name} <= set(instruments)
 
     # ---------------------------------------------------------------- the recording agrees
     recording = read_recording(tmp_path / RUN_ID)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -19,6 +20,7 @@ import otelprof
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
 from otelprof.integrations.torch_profiler import gpu_activity, kernel_precision
+from otelprof.recording import schema
 from otelprof.recording.reader import RankRecording, read_recording
 
 torch.set_num_threads(1)
@@ -483,6 +485,11 @@ def test_profile_window_records_top_operators_and_a_span(tmp_path: Path) -> None
     assert span.attributes[sc.ATTR_PROFILE_START] == 2
     steps = {s.number: s for s in rank.steps}
     assert span.start_ns <= steps[2].start_ns and span.end_ns >= steps[4].end_ns
+    # every span -- the profile window's from the SDK tracer, the others built -- under otelprof's versioned scope
+    scopes = {json.dumps(scope_spans["scope"], sort_keys=True)
+              for line in (rank.path / schema.SPANS).read_text().splitlines()
+              for resource_spans in json.loads(line)["resourceSpans"] for scope_spans in resource_spans["scopeSpans"]}
+    assert scopes == {json.dumps({"name": sc.SCOPE_NAME, "version": otelprof.__version__}, sort_keys=True)}
 
 
 def test_capture_endpoint_arms_a_profiler_window(tmp_path: Path) -> None:

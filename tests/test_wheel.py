@@ -1,10 +1,13 @@
 """The wheel: built from this checkout, it is tagged for this interpreter and platform, carries the C
-extension and the Python hooks beside it, and `otelprof doctor` run from it names the hook path -- C,
-or Python and why when the extension is gone or turned off."""
+extension and the Python hooks beside it and the PEP 561 marker, requires only what the package imports, and
+`otelprof doctor` run from it names the hook path -- C, or Python and why when the extension is gone or turned off."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -35,6 +38,40 @@ def test_wheel_is_tagged_for_this_interpreter_and_carries_both_hook_paths(wheel:
     assert [n for n in names if n.startswith(EXTENSION) and n.endswith(sysconfig.get_config_var("EXT_SUFFIX"))]
     assert "otelprof/integrations/torch.py" in names and "otelprof/integrations/native.py" in names
     assert not [n for n in names if n.startswith("tests/")]
+    assert "otelprof/py.typed" in names  # PEP 561: type checkers read the package's annotations
+
+
+def test_every_runtime_dependency_is_imported_by_the_package(wheel: Path) -> None:
+    """What `pip install otelprof` pulls in is what the package imports: no dependency only the tests use."""
+    with zipfile.ZipFile(wheel) as archive:
+        [metadata] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        requires = re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)[^;\n]*$", archive.read(metadata).decode(), re.M)
+    imported: set[str] = set()
+    for source in (ROOT / "otelprof").rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module)
+
+    def normal(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    def provides(dist: str) -> set[str]:
+        """The module paths a distribution installs (opentelemetry is a namespace that many share)."""
+        return {".".join(Path(str(f)).with_suffix("").parts).removesuffix(".__init__")
+                for f in importlib.metadata.files(dist) or [] if str(f).endswith(".py")}
+
+    def used(dist: str, depth: int = 0) -> bool:
+        if imported & provides(dist):
+            return True
+        # a meta-package (opentelemetry-exporter-otlp) is used through what it requires
+        nested = re.findall(r"^([A-Za-z0-9_.-]+)[^;]*$", "\n".join(importlib.metadata.requires(dist) or []), re.M)
+        return depth < 1 and any(used(n, depth + 1) for n in nested)
+
+    assert requires and "prometheus-client" not in {normal(r) for r in requires}
+    unused = sorted(r for r in requires if not used(r))
+    assert not unused, f"declared runtime dependencies the package never imports: {unused}"
 
 
 def _doctor(site: Path, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
