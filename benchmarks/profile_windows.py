@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch_integration import cnn_step
 
 import otelprof
 from otelprof.integrations import torch as otorch
@@ -37,23 +38,7 @@ WARMUP_STEPS = 10
 
 
 def _parts() -> tuple[Callable[[], None], nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Flatten(), nn.Linear(16 * 7 * 7, 10))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    batches = [(torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))) for _ in range(4)]
-    state = {"i": 0}
-
-    def step() -> None:
-        x, y = batches[state["i"] % len(batches)]
-        state["i"] += 1
-        loss = nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        optimizer.step()
-
-    return step, model, optimizer
+    return cnn_step()
 
 
 def _bare(steps: int) -> float:

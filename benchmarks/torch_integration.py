@@ -88,6 +88,20 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn
     optimizer.step()
 
 
+def cnn_step() -> tuple[Callable[[], None], torch.nn.Module, torch.optim.Optimizer]:
+    """One training step of the CNN as a call, cycling over 4 batches held in memory (no data loader)."""
+    model, optimizer, loader = make_cnn()
+    batches = [batch for batch, _ in zip(loader, range(4))]
+    state = {"i": 0}
+
+    def step() -> None:
+        x, y = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        train_step(model, optimizer, torch.nn.functional.cross_entropy, x, y)
+
+    return step, model, optimizer
+
+
 def run_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader[Any], steps: int,
              classify: bool) -> float:
     """Seconds for ``steps`` training steps."""

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch import nn
+from torch_integration import cnn_step
 
 from otelprof.integrations import flops
 
@@ -35,22 +35,7 @@ WARMUP_STEPS = 5
 
 
 def _parts() -> Callable[[], None]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Flatten(), nn.Linear(16 * 7 * 7, 10))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    batches = [(torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))) for _ in range(4)]
-    state = {"i": 0}
-
-    def step() -> None:
-        x, y = batches[state["i"] % len(batches)]
-        state["i"] += 1
-        loss = nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        optimizer.step()
-
+    step, _, _ = cnn_step()
     for _ in range(WARMUP_STEPS):
         step()
     return step
