@@ -184,7 +184,9 @@ def _check(prom: Prometheus, uuid0: str, uuid1: str) -> None:
         alerts = firing(name)
         assert set(alerts) == {"0"}, (name, alerts)
         assert alerts["0"]["metric"]["gpu"] == "0" and alerts["0"]["metric"]["hw_id"] == uuid0
-    assert not prom.query('ALERTS{alertname="OtelprofGPUTelemetryAbsent"}')  # every rank's GPU joined
+    # every rank's GPU joined (pending for a moment is allowed: a rank may be scraped an interval before the
+    # exporter, and `for` is there to ride that out)
+    assert not firing("GPUTelemetryAbsent")
     assert not prom.query('ALERTS{alertname="OtelprofGPUUtilizationFluctuating"}')
 
     # the dashboards' GPU panels in dcgm mode return the run's ranks' GPUs
