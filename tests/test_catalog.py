@@ -41,6 +41,8 @@ def _scrape(session: otelprof.Session) -> str:
     assert session.metrics_address is not None
     host, port = session.metrics_address
     session.flush()  # so the recording's byte counter has a value
+    if session.prometheus is not None:  # each test scrape sees the registry now, not a rendering reused for 1 s
+        session.prometheus.cache_interval = 0.0
     with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
         assert response.headers["Content-Type"].startswith("text/plain")
         return str(response.read().decode())
