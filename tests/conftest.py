@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,9 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.delenv(name, raising=False)
     yield
     otelprof.shutdown()
+    torch_integration = sys.modules.get("otelprof.integrations.torch")
+    if torch_integration is not None:  # a test that failed half-way leaves no hook for the next one
+        torch_integration.uninstrument()
 
 
 @pytest.fixture

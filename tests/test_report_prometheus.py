@@ -99,7 +99,8 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
     for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)
     session = otelprof.init(job_name="promreport", record_dir=str(tmp_path / "runs"),
-                            metrics_exporters=("prometheus",), prometheus_port=0)
+                            metrics_exporters=("prometheus",), prometheus_port=0,
+                            profile_every=0)  # the windows the test arms, not also a periodic one of a slow run
     assert isinstance(session, otelprof.Session) and session.metrics_address is not None
     host, port = session.metrics_address
     with prometheus(tmp_path, [f"{host}:{port}"], rule_files=[ALERT_RULES]) as prom:
