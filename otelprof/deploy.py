@@ -8,7 +8,7 @@ PrometheusRule — generated here from their one source, never edited by hand (a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +155,13 @@ def files(root: Path) -> dict[Path, str]:
 
 def generate(root: Path) -> list[Path]:
     """Write the generated Kubernetes files; return those that changed."""
+    return write_changed(root, files(root))
+
+
+def write_changed(root: Path, texts: Mapping[Path, str]) -> list[Path]:
+    """Write each text to its path under ``root`` where the file differs; return the files written."""
     changed = []
-    for relative, text in files(root).items():
+    for relative, text in texts.items():
         path = root / relative
         if path.exists() and path.read_text(encoding="utf-8") == text:
             continue

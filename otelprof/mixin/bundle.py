@@ -45,12 +45,6 @@ def render(config: MixinConfig) -> dict[Path, str]:
 
 def write(directory: Path, config: MixinConfig) -> list[Path]:
     """Write the bundle into ``directory``; return the files that changed."""
-    changed = []
-    for relative, text in render(config).items():
-        path = directory / relative
-        if path.exists() and path.read_text(encoding="utf-8") == text:
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        changed.append(path)
-    return changed
+    from otelprof.deploy import write_changed
+
+    return write_changed(directory, render(config))
