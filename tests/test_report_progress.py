@@ -28,8 +28,10 @@ from otelprof import semconv as sc
 from otelprof.analysis import environment as envmod
 from otelprof.analysis import framework as fw
 from otelprof.analysis import progress as prog
-from otelprof.analysis.prometheus_progress import grid, input_series
+from otelprof.analysis.prometheus import _Queries
+from otelprof.analysis.prometheus_progress import grid, input_series, progress
 from otelprof.analysis.report import build_report, load
+from otelprof.analysis.steps import StepAnalysis
 from otelprof.collectors import environment as detect
 from otelprof.collectors.gpu import GpuCollector
 from otelprof.collectors.nvml import NvmlCallError, cuda_version
@@ -321,3 +323,31 @@ def test_prometheus_alert_inputs_leave_out_the_warm_up_guard() -> None:
 def _section(html: str, anchor: str) -> str:
     start = html.index(f'<section id="{anchor}">')
     return html[start:html.index("</section>", start)]
+
+
+class _RangeAnswers:
+    """Answers the progress queries from fixed series: the steps counter, and a samples rate whose first
+    windows end before the first step (zero) and which pauses once mid-run (zero again)."""
+
+    def __init__(self, start: float) -> None:
+        self.times = [start + 10.0 * i for i in range(8)]
+        self.steps = [0.0, 0.0, 5.0, 10.0, 15.0, 15.0, 20.0, 25.0]
+        self.rates = [0.0, 0.0, 4.0, 4.0, 4.0, 0.0, 4.0, 4.0]
+
+    def query_range(self, promql: str, first: float, last: float, step: float
+                    ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        if promql.startswith(f"sum by (rank) ({sc.STEPS.prometheus_name}"):
+            return [({"rank": "0"}, list(zip(self.times, self.steps)))]
+        if promql.startswith(f"sum(rate({sc.SAMPLES.prometheus_name}"):
+            return [({}, list(zip(self.times, self.rates)))]
+        return []
+
+
+def test_prometheus_throughput_starts_at_the_first_samples_and_keeps_later_pauses() -> None:
+    """The rate windows before the first samples were counted are not a throughput of zero; a pause after
+    training started is."""
+    answers = _RangeAnswers(1000.0)
+    queries = _Queries(answers, "job", 1000.0, 1070.0)  # type: ignore[arg-type]
+    got = progress(queries, [("train", 25)], StepAnalysis(math.nan, (), ()), 1000.0)
+    [curve] = [c for c in got.curves if c.name == prog.SAMPLES_PER_SECOND]
+    assert curve.x == (5.0, 10.0, 15.0, 15.0, 20.0, 25.0) and curve.y == (4.0, 4.0, 4.0, 0.0, 4.0, 4.0)

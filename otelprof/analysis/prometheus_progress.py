@@ -167,7 +167,7 @@ def progress(qs: _Queries, steps_per_phase: Iterable[tuple[str, int]], steps: St
         for _, points in found:
             for t, v in points:
                 x = clocks.get(lowest, {}).get(_key(t))
-                if x is not None and math.isfinite(v):
+                if x is not None and math.isfinite(v) and (v > 0 or ys):  # not the windows before the first samples
                     xs.append(x)
                     ys.append(v)
         if any(ys):
