@@ -46,6 +46,7 @@ class Config:
     metric_export_interval: float = 10.0
     prometheus_host: str = "127.0.0.1"
     prometheus_port: int = 9464
+    exemplars: bool = True
     span_budget: float = 0.001
     span_first_steps: int = 10
     span_every: int = 0
@@ -237,6 +238,15 @@ def _parse_windows(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(windows)
 
 
+def _parse_exemplar_filter(text: str) -> bool:
+    """OTEL_METRICS_EXEMPLAR_FILTER: otelprof's exemplars always come from traced steps, so ``always_on`` is
+    ``trace_based``."""
+    value = text.strip().lower()
+    if value not in ("trace_based", "always_on", "always_off"):
+        raise ValueError("expected trace_based, always_on or always_off")
+    return value != "always_off"
+
+
 def _parse_protocol(text: str) -> str:
     value = text.strip().lower()
     if value == "http/json":
@@ -259,6 +269,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "otlp_protocol": _parse_protocol,
     "metric_export_interval": lambda t: _ranged(float, 1000, 600_000)(t) / 1000.0,
     "prometheus_port": _ranged(int, 0, 65535),
+    "exemplars": _parse_exemplar_filter,
     "span_budget": _ranged(float, 0.0, 1.0),
     "span_first_steps": _ranged(int, 0, 1_000_000),
     "span_every": _ranged(int, 0, 1_000_000_000),

@@ -35,6 +35,7 @@ OTEL_EXPORTER_OTLP_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT"
 OTEL_METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
 OTEL_EXPORTER_PROMETHEUS_HOST = "OTEL_EXPORTER_PROMETHEUS_HOST"
 OTEL_EXPORTER_PROMETHEUS_PORT = "OTEL_EXPORTER_PROMETHEUS_PORT"
+OTEL_METRICS_EXEMPLAR_FILTER = "OTEL_METRICS_EXEMPLAR_FILTER"
 
 OTELPROF_JOB_NAME = "OTELPROF_JOB_NAME"
 OTELPROF_RUN_ID = "OTELPROF_RUN_ID"
@@ -140,6 +141,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTEL_EXPORTER_PROMETHEUS_PORT, "prometheus_port", "9464",
            "Base port of `/metrics`; each process listens on base + `LOCAL_RANK`, so ranks in one pod "
            "never collide (0: any free port). A port in use gives one warning and no endpoint for that process."),
+    EnvVar(OTEL_METRICS_EXEMPLAR_FILTER, "exemplars", "trace_based",
+           "`trace_based` (or `always_on`): the step and region duration buckets carry a `trace_id` exemplar "
+           "of the last traced step in them, an outlier's first, on `/metrics` in OpenMetrics and over OTLP; "
+           "`always_off`: none."),
     EnvVar(OTELPROF_SPAN_BUDGET, "span_budget", "0.001",
            "Share of step time the background thread may spend building spans for sampled steps "
            "(0-1). First steps, every-Kth steps, windows and outliers are always traced."),

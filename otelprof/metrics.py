@@ -18,6 +18,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 
+from opentelemetry.sdk.metrics import Exemplar
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
@@ -55,7 +56,8 @@ class _Instrument:
             self._on_fold(self.spec.name)
         return tuple(sc.OTHER_LABEL_VALUE if i in self._named else v for i, v in enumerate(labels))
 
-    def data(self, base: Mapping[str, str], start_ns: int, now_ns: int) -> Metric | None:
+    def data(self, base: Mapping[str, str], start_ns: int, now_ns: int, exemplars: bool = False) -> Metric | None:
+        """The metric's points (None without any); ``exemplars``: with the histogram buckets' exemplars."""
         raise NotImplementedError
 
     def _attributes(self, base: Mapping[str, str], values: LabelValues) -> dict[str, str]:
@@ -84,7 +86,7 @@ class Counter(_Instrument):
             labels = self._admit(labels, self.values)
         self.values[labels] = total
 
-    def data(self, base: Mapping[str, str], start_ns: int, now_ns: int) -> Metric | None:
+    def data(self, base: Mapping[str, str], start_ns: int, now_ns: int, exemplars: bool = False) -> Metric | None:
         if not self.values:
             return None
         points = [
@@ -112,7 +114,7 @@ class GaugeInstrument(_Instrument):
         """Make the series absent (its source stopped answering): missing must never look healthy."""
         self.values.pop(labels, None)
 
-    def data(self, base: Mapping[str, str], start_ns: int, now_ns: int) -> Metric | None:
+    def data(self, base: Mapping[str, str], start_ns: int, now_ns: int, exemplars: bool = False) -> Metric | None:
         if not self.values:
             return None
         points = [
@@ -126,13 +128,23 @@ class GaugeInstrument(_Instrument):
 
 
 class _HistogramSeries:
-    __slots__ = ("counts", "sum", "min", "max")
+    __slots__ = ("counts", "sum", "min", "max", "exemplars")
 
     def __init__(self, size: int) -> None:
         self.counts = [0] * size
         self.sum = 0.0
         self.min = float("inf")
         self.max = float("-inf")
+        self.exemplars: list[_Exemplar | None] | None = None
+        """Per bucket, once one is set: the last traced observation in it."""
+
+
+_Exemplar = tuple[float, int, int, int, bool]
+"""(value, trace id, span id, Unix time in ns, held): an observation whose trace was kept."""
+
+EXEMPLAR_HOLD_NS = 60 * 10**9
+"""How long a held exemplar (an outlier step's) keeps its bucket against later, ordinary ones: at least one
+scrape, so Prometheus stores it."""
 
 
 class HistogramInstrument(_Instrument):
@@ -159,18 +171,42 @@ class HistogramInstrument(_Instrument):
         if value > series.max:
             series.max = value
 
-    def data(self, base: Mapping[str, str], start_ns: int, now_ns: int) -> Metric | None:
+    def exemplar(self, value: float, labels: LabelValues, trace_id: int, span_id: int, time_ns: int,
+                 hold: bool = False) -> None:
+        """Link the bucket of an observation already made to its trace (the last one per bucket, as the OTel
+        SDK's aligned-bucket reservoir keeps). A ``hold`` exemplar (an outlier's) is kept against ordinary
+        ones for :data:`EXEMPLAR_HOLD_NS`. Observations folded into ``other`` get none."""
+        series = self.series.get(labels)
+        if series is None:
+            return
+        slots = series.exemplars
+        if slots is None:
+            slots = series.exemplars = [None] * len(series.counts)
+        index = bisect_left(self.bounds, value)
+        current = slots[index]
+        if current is not None and current[4] and not hold and time_ns - current[3] < EXEMPLAR_HOLD_NS:
+            return
+        slots[index] = (value, trace_id, span_id, time_ns, hold)
+
+    def data(self, base: Mapping[str, str], start_ns: int, now_ns: int, exemplars: bool = False) -> Metric | None:
         if not self.series:
             return None
         points = [
             HistogramDataPoint(
                 self._attributes(base, labels), start_ns, now_ns, sum(s.counts), s.sum,
                 list(s.counts), list(self.bounds), s.min, s.max,
+                _exemplars(s.exemplars) if exemplars and s.exemplars else [],
             )
             for labels, s in self.series.items()
         ]
         return Metric(self.spec.name, self.spec.description, self.spec.unit,
                       Histogram(points, AggregationTemporality.CUMULATIVE))
+
+
+def _exemplars(slots: list[_Exemplar | None]) -> list[Exemplar]:
+    """In bucket order (exporters find each one's bucket from its value)."""
+    return [Exemplar({}, value, time_ns, span_id, trace_id)
+            for value, trace_id, span_id, time_ns, _ in filter(None, slots)]
 
 
 class MetricRegistry:
@@ -225,13 +261,14 @@ class MetricRegistry:
         """Run ``callback`` before each snapshot (e.g. drain pending step records)."""
         self._before_collect.append(callback)
 
-    def collect(self) -> list[Metric]:
-        """A consistent snapshot of every instrument with data, as OTel ``Metric`` objects."""
+    def collect(self, exemplars: bool = False) -> list[Metric]:
+        """A consistent snapshot of every instrument with data, as OTel ``Metric`` objects; ``exemplars``: with
+        the histograms' exemplars (for the exporters that carry them)."""
         for callback in self._before_collect:
             callback()
         now = time.time_ns()
         with self.lock:
-            metrics = [i.data(self.identity, self.start_time_ns, now) for i in self._instruments.values()]
+            metrics = [i.data(self.identity, self.start_time_ns, now, exemplars) for i in self._instruments.values()]
         return [m for m in metrics if m is not None]
 
 

@@ -135,6 +135,9 @@ class Recorder:
         tracer_provider.add_span_processor(_CollectSpans(self._collected))
         self._spans = SpanBuilder(tracer_provider)
         self._selector = SpanSelector.from_config(config)
+        self._exemplars = config.exemplars and bool(self._span_sinks)
+        """Traced steps give the duration histograms' buckets exemplars (OTEL_METRICS_EXEMPLAR_FILTER), when their
+        spans go somewhere."""
         self._span_seconds = 0.0  # build + export time of spans not yet settled with the selector
         self._json_names = _Encoded("{}")
         self._json_keys = _Encoded("{}:")
@@ -382,7 +385,7 @@ class Recorder:
                                                           values, error))
         reason = self._selector.select(seen, number, duration, outlier, 1 + len(annotations))
         if reason is not None:
-            self._build_step_spans(reason, phase, number, start_ns, end_ns, annotations, values, error, outlier)
+            self._build_step_spans(reason, phase, number, start_ns, end_ns, annotations, values, error, outlier, label)
 
     def _first_step(self, start_unix: int) -> None:
         self.lifecycle["first_step_start"] = start_unix / 1e9
@@ -487,7 +490,8 @@ class Recorder:
 
     def _annotation(self, name: str, phase: str | None, start_ns: int, end_ns: int, error: str | None) -> None:
         label = self._phase_label(phase) if phase is not None else sc.NO_PHASE
-        self.annotation_duration.observe((end_ns - start_ns) / 1e9, (label, self._annotation_label(name)))
+        labels = (label, self._annotation_label(name))
+        self.annotation_duration.observe((end_ns - start_ns) / 1e9, labels)
         name = _arguments.clean_name(name)
         if self.writer is not None:
             self.writer.add_json(schema.STEPS, {"k": schema.KIND_ANNOTATION, "name": name, "ph": phase,
@@ -501,6 +505,9 @@ class Recorder:
             self._collected.append(self._spans.span(name, context, None, self._unix_ns(start_ns),
                                                     self._unix_ns(end_ns), attributes))
             self.spans_built.add(1, ("annotation",))
+            if self._exemplars:
+                self.annotation_duration.exemplar((end_ns - start_ns) / 1e9, labels, context.trace_id,
+                                                  context.span_id, self._unix_ns(end_ns))
         self._span_seconds += time.perf_counter() - began
 
     def _build_step_spans(
@@ -514,6 +521,7 @@ class Recorder:
         values: dict[str, float] | None,
         error: str | None,
         outlier: bool,
+        label: str,
     ) -> None:
         began = time.perf_counter()
         attributes: dict[str, Any] = {sc.ATTR_STEP_NUMBER: number, sc.ATTR_STEP_PHASE: phase,
@@ -529,6 +537,7 @@ class Recorder:
             return
         unix = self.offset_ns
         collected = self._collected
+        exemplars = self._exemplars
         child_attributes = {sc.ATTR_ANNOTATION: True}
         # Nesting: an annotation's parent is the innermost enclosing annotation one level up.
         parents: list[Any] = [root]
@@ -540,7 +549,14 @@ class Recorder:
                                           {**child_attributes, sc.ATTR_ERROR: a_error} if a_error
                                           else child_attributes))
             parents.append(context)
+            key = self._annotation_keys.get((label, name)) if exemplars else None
+            if key is not None:
+                self.annotation_duration.exemplar((a_end - a_start) / 1e9, key, context.trace_id, context.span_id,
+                                                  a_end + unix, outlier)
         collected.append(builder.span(sc.SPAN_STEP, root, None, start_ns + unix, end_ns + unix, attributes))
+        if exemplars:
+            self.step_duration.exemplar((end_ns - start_ns) / 1e9, (label,), root.trace_id, root.span_id,
+                                        end_ns + unix, outlier)
         if self._selector.windows and self._selector.in_window(number):
             spans = self._window_spans
             spans[(phase, number)] = StepSpan(root, number, start_ns + unix, end_ns + unix)

@@ -93,6 +93,13 @@ NO_PHASE = "none"
 SCOPE_NAME = "otelprof"
 """The instrumentation scope of every span and metric otelprof emits; its version is ``otelprof.__version__``."""
 
+# ---------------------------------------------------------------- exemplars
+EXEMPLAR_TRACE_ID = "trace_id"
+"""Exemplar label of the trace a histogram bucket's exemplar belongs to (32 hex digits), on ``/metrics`` in
+OpenMetrics; the name Grafana's Prometheus data source links to Tempo (``exemplarTraceIdDestinations``)."""
+EXEMPLAR_SPAN_ID = "span_id"
+"""Exemplar label of the exemplar's span (16 hex digits): the step's root span, or the region's."""
+
 # ---------------------------------------------------------------- resource attributes
 SERVICE_NAME = "service.name"
 SERVICE_INSTANCE_ID = "service.instance.id"

@@ -194,14 +194,14 @@ class Session:
             except Exception:
                 logger.exception("otelprof: internal error in the background thread")
 
-    def metrics_data(self) -> MetricsData:
-        """A snapshot of every metric (pending records processed first)."""
+    def metrics_data(self, exemplars: bool = False) -> MetricsData:
+        """A snapshot of every metric (pending records processed first); ``exemplars``: with the histograms'."""
         scope = InstrumentationScope(sc.SCOPE_NAME, __version__)
-        metrics = self.registry.collect()
+        metrics = self.registry.collect(exemplars)
         return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(scope, metrics, "")], "")])
 
     def _export_metrics(self) -> None:
-        data = self.metrics_data()
+        data = self.metrics_data(bool(self._metric_exporters))  # the recording leaves the exemplars out
         for exporter in self._metric_exporters:
             exporter.offer([data])
         if self.writer is not None:

@@ -49,6 +49,15 @@ class Prometheus:
         assert body["status"] == "success", body
         return list(body["data"]["result"])
 
+    def exemplars(self, promql: str, start: float, end: float) -> list[dict[str, Any]]:
+        """``/api/v1/query_exemplars``: per series of ``promql``, its stored exemplars in [start, end]."""
+        params = {"query": promql, "start": repr(start), "end": repr(end)}
+        url = f"{self.url}/api/v1/query_exemplars?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        return list(body["data"] or [])
+
     def wait_for(self, promql: str, timeout: float = 30.0) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -61,7 +70,8 @@ class Prometheus:
 
 @contextmanager
 def prometheus(tmp_path: Path, targets: list[str], scrape_interval: str = "1s",
-               rule_files: Sequence[Path] = ()) -> Iterator[Prometheus]:
+               rule_files: Sequence[Path] = (), features: Sequence[str] = ()) -> Iterator[Prometheus]:
+    """A Prometheus scraping ``targets`` as job ``training``; ``features``: its ``--enable-feature`` flags."""
     binary = require_binary("prometheus")
     port = free_port()
     config = tmp_path / "prometheus.yml"
@@ -73,7 +83,7 @@ def prometheus(tmp_path: Path, targets: list[str], scrape_interval: str = "1s",
     log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115
     process = subprocess.Popen(
         [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
+         f"--web.listen-address=127.0.0.1:{port}", *(f"--enable-feature={f}" for f in features)],
         stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"

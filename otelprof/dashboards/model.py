@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from otelprof import semconv as sc
 from otelprof.dashboards.ids import VAR_JOB
+from otelprof.mixin.promql import series_name
 
 Json = dict[str, Any]
 
@@ -64,7 +66,14 @@ class Prom:
         }
         if self.interval:
             target["interval"] = self.interval
+        if not self.instant and any(series in self.expr for series in EXEMPLAR_SERIES):
+            target["exemplar"] = True  # a slow bucket's dot opens its trace
         return target
+
+
+EXEMPLAR_SERIES = tuple(series_name(spec, "bucket") for spec in (sc.STEP_DURATION, sc.ANNOTATION_DURATION))
+"""The histogram buckets whose exemplars link traced steps and regions (``/metrics`` in OpenMetrics): a range
+query over them shows its exemplars."""
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ def datasources(*, prometheus: bool = True, prometheus_url: str = PROMETHEUS_URL
         "jsonData": {
             "httpMethod": "POST",
             "timeInterval": SCRAPE_INTERVAL,
-            "exemplarTraceIdDestinations": [{"name": "trace_id", "datasourceUid": TEMPO_UID}],
+            "exemplarTraceIdDestinations": [{"name": sc.EXEMPLAR_TRACE_ID, "datasourceUid": TEMPO_UID}],
         },
     }
     def ratio(numerator: str, denominator: str) -> str:

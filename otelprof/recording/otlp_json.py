@@ -255,8 +255,17 @@ def spans_to_json_via_protobuf(spans: Sequence[ReadableSpan]) -> str:
 
 
 def metrics_to_json(data: MetricsData) -> str:
-    """One ExportMetricsServiceRequest as a JSON line (no newline)."""
-    return _dumps(encode_metrics(data))
+    """One ExportMetricsServiceRequest as a JSON line (no newline), without exemplars: the recording holds the
+    traced steps' spans themselves."""
+    message = encode_metrics(data)
+    for resource in message.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.HasField("histogram"):
+                    for point in metric.histogram.data_points:
+                        if point.exemplars:
+                            point.ClearField("exemplars")
+    return _dumps(message)
 
 
 def parse_traces(line: str) -> ExportTraceServiceRequest:
