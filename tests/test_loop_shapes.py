@@ -35,6 +35,7 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "nanogpt": ("nanogpt", {}),
     "nanogpt-compiled": ("nanogpt", {"compile": True}),
     "amp": ("amp", {}),
+    "sharded-scaler": ("sharded_scaler", {}),
     "iterable": ("iterable", {}),
     "gan": ("gan", {}),
     "evaluation-loader": ("evaluation_loader", {}),

@@ -622,13 +622,25 @@ def test_the_loss_of_an_evaluation_forward_output(tmp_path: Path) -> None:
 
 
 def test_grad_scaler_is_patched_while_instrumented() -> None:
+    """The base class's ``__init__``, ``scale`` and ``step``; subclasses with their own ``scale`` (FSDP's
+    ``ShardedGradScaler``, one defined after instrumenting) too; all restored."""
     from torch.amp.grad_scaler import GradScaler
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    scale, step = GradScaler.scale, GradScaler.step
+    init, scale, step, sharded = GradScaler.__init__, GradScaler.scale, GradScaler.step, ShardedGradScaler.scale
     otorch.instrument()
-    assert GradScaler.scale is not scale and GradScaler.step is not step
+
+    class Later(GradScaler):
+        def scale(self, outputs: Any) -> Any:  # type: ignore[override]
+            return super().scale(outputs)
+
+    own = Later.scale
+    assert GradScaler.scale is not scale and GradScaler.step is not step and ShardedGradScaler.scale is not sharded
+    Later("cpu")
+    assert Later.scale is not own
     otorch.uninstrument()
-    assert GradScaler.scale is scale and GradScaler.step is step and otorch._scaled == [None]
+    assert (GradScaler.__init__, GradScaler.scale, GradScaler.step) == (init, scale, step)
+    assert ShardedGradScaler.scale is sharded and Later.scale is own and otorch._scaled == [None]
 
 
 def test_a_steps_loss_parts_are_added_up_off_the_hot_path(tmp_path: Path) -> None:

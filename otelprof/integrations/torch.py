@@ -1285,25 +1285,16 @@ def _unpatch_backward() -> None:
 
 
 _original_scaler: tuple[type, Callable[..., Any], Callable[..., Any]] | None = None
-"""``GradScaler`` and its own ``scale`` and ``step`` while patched."""
+"""``GradScaler`` and its own ``__init__`` and ``step`` while patched."""
+_original_scales: dict[type, Callable[..., Any]] = {}
+"""Each scaler class with its own ``scale()`` (``GradScaler``, FSDP's ``ShardedGradScaler``, a user's) and that
+``scale`` while patched."""
 
 
-def _patch_grad_scaler() -> None:
-    """``torch.amp.GradScaler`` (the base of ``torch.cuda.amp.GradScaler``): ``scale()`` notes the loss it was given,
-    so that ``backward()`` on the scaled tensor records that loss (see ``_scaled``), and ``step()`` ends the step
-    even when it skipped ``optimizer.step()`` (inf/NaN gradients): the iteration ends there all the same."""
-    global _original_scaler
-    try:
-        from torch.amp.grad_scaler import GradScaler
-    except ImportError:  # an older torch: the loss is recorded scaled, a skipped update does not end the step
-        return
-    if _original_scaler is not None:
-        return
-    original_scale, original_step = GradScaler.scale, GradScaler.step
-
-    @functools.wraps(original_scale)
+def _wrap_scale(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
     def scale(self: Any, outputs: Any) -> Any:
-        scaled = original_scale(self, outputs)
+        scaled = original(self, outputs)
         if scaled is not outputs and isinstance(outputs, _Tensor) and isinstance(scaled, _Tensor) and _active:
             try:
                 if outputs.numel() == 1:
@@ -1311,6 +1302,40 @@ def _patch_grad_scaler() -> None:
             except Exception:  # a tensor subclass without weak references: the loss stays scaled
                 pass
         return scaled
+
+    return scale
+
+
+def _patch_scales(cls: type, base: type) -> None:
+    """Wrap the ``scale()`` of ``cls`` and of the classes between it and ``base`` that define their own."""
+    for klass in cls.__mro__:
+        own = klass.__dict__.get("scale")
+        if own is not None and klass not in _original_scales and callable(own) and issubclass(klass, base):
+            _original_scales[klass] = own
+            klass.scale = _wrap_scale(own)  # type: ignore[attr-defined]
+
+
+def _patch_grad_scaler() -> None:
+    """``torch.amp.GradScaler`` (the base of ``torch.cuda.amp.GradScaler`` and FSDP's ``ShardedGradScaler``):
+    ``scale()`` notes the loss it was given, so that ``backward()`` on the scaled tensor records that loss (see
+    ``_scaled``), and ``step()`` ends the step even when it skipped ``optimizer.step()`` (inf/NaN gradients): the
+    iteration ends there all the same. Subclasses with their own ``scale()`` are wrapped too: those imported
+    already now, the others when their first instance is made."""
+    global _original_scaler
+    try:
+        from torch.amp.grad_scaler import GradScaler
+    except ImportError:  # an older torch: the loss is recorded scaled, a skipped update does not end the step
+        return
+    if _original_scaler is not None:
+        return
+    original_init, original_step = GradScaler.__init__, GradScaler.step
+
+    @functools.wraps(original_init)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if type(self) not in _original_scales:
+            with contextlib.suppress(Exception):
+                _patch_scales(type(self), GradScaler)
 
     @functools.wraps(original_step)
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -1320,17 +1345,25 @@ def _patch_grad_scaler() -> None:
             inst.guarded("optimizer", inst.scaler_stepped, optimizer)
         return result
 
-    GradScaler.scale = scale  # type: ignore[method-assign]
+    pending = [GradScaler]
+    while pending:
+        cls = pending.pop()
+        _patch_scales(cls, GradScaler)
+        pending.extend(cls.__subclasses__())
+    GradScaler.__init__ = init  # type: ignore[method-assign]
     GradScaler.step = step  # type: ignore[method-assign]
-    _original_scaler = (GradScaler, original_scale, original_step)
+    _original_scaler = (GradScaler, original_init, original_step)
 
 
 def _unpatch_grad_scaler() -> None:
     global _original_scaler
     if _original_scaler is not None:
-        cls, original_scale, original_step = _original_scaler
-        cls.scale = original_scale  # type: ignore[attr-defined]
+        cls, original_init, original_step = _original_scaler
+        cls.__init__ = original_init  # type: ignore[misc]
         cls.step = original_step  # type: ignore[attr-defined]
+        for klass, original in _original_scales.items():
+            klass.scale = original  # type: ignore[attr-defined]
+        _original_scales.clear()
         _original_scaler = None
 
 
