@@ -74,6 +74,7 @@ class Config:
     gpu_metrics: bool = True
     gpu_sampling: bool = True
     torch_native: bool = True
+    ddp_collectives: bool = True
     cpu_high_threshold: float = thresholds.CPU_HIGH
     gpu_low_threshold: float = thresholds.GPU_LOW
     iowait_high_threshold: float = thresholds.IOWAIT_HIGH
@@ -297,6 +298,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "gpu_metrics": _parse_bool,
     "gpu_sampling": _parse_bool,
     "torch_native": _parse_bool,
+    "ddp_collectives": _parse_bool,
     "sample_interval": lambda t: _ranged(float, 100, 60_000)(t) / 1000.0,
     "node_sampler_local_rank": _ranged(int, -1, 65535),
     "cpu_high_threshold": _ranged(float, 0.0, 1.0),

@@ -72,6 +72,7 @@ OTELPROF_NODE_SAMPLER_LOCAL_RANK = "OTELPROF_NODE_SAMPLER_LOCAL_RANK"
 OTELPROF_GPU_METRICS = "OTELPROF_GPU_METRICS"
 OTELPROF_GPU_SAMPLING = "OTELPROF_GPU_SAMPLING"
 OTELPROF_TORCH_NATIVE = "OTELPROF_TORCH_NATIVE"
+OTELPROF_DDP_COLLECTIVES = "OTELPROF_DDP_COLLECTIVES"
 OTELPROF_CPU_HIGH_THRESHOLD = "OTELPROF_CPU_HIGH_THRESHOLD"
 OTELPROF_GPU_LOW_THRESHOLD = "OTELPROF_GPU_LOW_THRESHOLD"
 OTELPROF_IOWAIT_HIGH_THRESHOLD = "OTELPROF_IOWAIT_HIGH_THRESHOLD"
@@ -219,6 +220,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_TORCH_NATIVE, "torch_native", "true",
            "The PyTorch integration's per-step hooks in C where the extension was built (false: the same hooks "
            "in Python, e.g. to compare). Read when `instrument()` is first called."),
+    EnvVar(OTELPROF_DDP_COLLECTIVES, "ddp_collectives", "true",
+           "Time DDP's gradient all-reduce per bucket (`collective` regions: communication time, stragglers, "
+           "overlap) with a communication hook. false: DDP keeps its built-in C++ reduction and the C step hooks, "
+           "at the price of no collective regions (see the performance page for the cost)."),
     EnvVar(OTELPROF_CPU_HIGH_THRESHOLD, "cpu_high_threshold", "0.9",
            "A CPU busier than this ratio counts as high in the CPU-bottleneck coincidence counter."),
     EnvVar(OTELPROF_GPU_LOW_THRESHOLD, "gpu_low_threshold", "0.1",

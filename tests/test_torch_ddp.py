@@ -264,3 +264,26 @@ def test_models_built_before_or_after_the_global_hooks(one_process_group: Path) 
     otorch.uninstrument()
     assert ddp.__init__ is original
     assert _collectives(one_process_group) == [0, 0, 1, 1]
+
+
+def test_collectives_off_leaves_ddp_its_own_reduction(tmp_path: Path) -> None:
+    """``OTELPROF_DDP_COLLECTIVES=false``: no communication hook on any DDP model (DDP's C++ all-reduce runs), the
+    steps and losses are recorded as before, without collective regions."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, ddp_collectives=False)
+    assert isinstance(session, otelprof.Session) and session.run_dir is not None
+    try:
+        otorch.auto_instrument()
+        built_after = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+        otorch.instrument(model=built_after)
+        losses = _ddp_steps(built_after)
+        assert not built_after._comm_hooks and "comm_hook" not in built_after._get_ddp_logging_data()
+        otorch.uninstrument()
+        otelprof.shutdown()
+        [rank] = read_recording(session.run_dir).ranks
+        assert [s.scalars["loss"] for s in rank.steps] == pytest.approx(losses)
+        assert [[a.name for a in s.annotations].count(sc.REGION_COLLECTIVE) for s in rank.steps] == [0] * 4
+    finally:
+        otorch.uninstrument()
+        otelprof.shutdown()
+        dist.destroy_process_group()

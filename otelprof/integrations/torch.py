@@ -875,7 +875,8 @@ class TorchInstrumentation:
         """Time a DDP model's gradient all-reduce (:func:`_hook_ddp`); the C hot path then leaves steps to Python,
         where the collective regions go."""
         ddp = _ddp_class()
-        if ddp is None or not isinstance(model, ddp):
+        if ddp is None or not isinstance(model, ddp) or not getattr(getattr(_session(), "config", None),
+                                                                    "ddp_collectives", True):
             return
         self._comm_hooked = True
         _hook_ddp(model)
