@@ -310,8 +310,9 @@ class Session:
 
     def note_signal(self, name: str) -> None:
         """Write in the manifest when the process got signal ``name`` (the first time only)."""
-        if self.writer is not None and name.lower() not in self.writer.manifest:
-            self.writer.update_manifest(**{name.lower(): time.time()})
+        key = schema.SIGTERM if name == "SIGTERM" else name.lower()
+        if self.writer is not None and key not in self.writer.manifest:
+            self.writer.update_manifest(**{key: time.time()})
 
     def flush(self, timeout: float | None = None) -> None:
         """Process pending records, write the recording and push queued exports (bounded wait)."""

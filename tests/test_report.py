@@ -122,6 +122,21 @@ def test_killed_run_without_shutdown(tmp_path: Path) -> None:
     assert "never recorded a clean shutdown" in render(report)
 
 
+def test_a_rank_that_got_sigterm_is_named_with_the_time(tmp_path: Path) -> None:
+    """The manifest's SIGTERM time (a pod evicted or deleted) reaches the summary and the report; a value that is
+    not a time is ignored."""
+    run = tmp_path / "run"
+    life = {"process_start": T0, "init": T0, "first_step_start": None, "last_step_end": None, "shutdown": T0 + 31}
+    for rank, value in ((0, T0 + 30.5), (1, "soon"), (2, float("inf")), (3, True)):
+        write_rank(run, rank, {**manifest(rank, world=4, lifecycle=life), schema.SIGTERM: value},
+                   small_steps_for_kill())
+    report = build_report(load(run))
+    assert report.summary.terminated == ((0, T0 + 30.5),)
+    assert [r.sigterm for r in report.summary.ranks] == [T0 + 30.5, None, None, None]
+    html = render(report)
+    assert re.search(r"Rank\(s\) 0 at [^<]*received SIGTERM", html) is not None
+
+
 def small_steps_for_kill() -> list[dict[str, object]]:
     from tests.test_report_fixtures import step_line
 

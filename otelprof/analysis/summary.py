@@ -8,6 +8,7 @@ training loop at the *start* of the last step, the loop here includes the last s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from otelprof.analysis.run import RunView
@@ -31,6 +32,8 @@ class RankSummary:
     """Records the training process dropped instead of blocking (by exporter), from the manifest."""
     status_basis: str = ""
     """What the status rests on, or why it is unknown (from Prometheus: the process's last scrape)."""
+    sigterm: float | None = None
+    """When the process got SIGTERM (Unix seconds; the recording's manifest), if it did."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ class JobSummary:
     """Truncated or corrupt lines the reader skipped."""
     missing: tuple[str, ...]
     """What this recording lacks that some section needs (no steps, no system samples, ...)."""
+    terminated: tuple[tuple[int, float], ...] = ()
+    """(rank, Unix seconds) of the ranks that got SIGTERM: evicted, preempted, deleted or stopped."""
 
 
 def job_summary(view: RunView) -> JobSummary:
@@ -71,11 +76,14 @@ def job_summary(view: RunView) -> JobSummary:
         for phase, durations in view.durations(index).items():
             steps_per_phase[phase] = steps_per_phase.get(phase, 0) + len(durations)
         dropped = rank.manifest.get("dropped") or {}
+        sigterm = rank.manifest.get(schema.SIGTERM)
         ranks.append(RankSummary(
             rank.rank, info.local_rank, info.node, info.status, life.get("process_start"),
             life.get("first_step_start"), life.get("last_step_end"), life.get("shutdown"),
             len(rank.step_columns), rank.skipped_lines,
-            tuple(sorted((str(k), float(v)) for k, v in dropped.items() if isinstance(v, (int, float))))))
+            tuple(sorted((str(k), float(v)) for k, v in dropped.items() if isinstance(v, (int, float)))), "",
+            float(sigterm) if isinstance(sigterm, (int, float)) and not isinstance(sigterm, bool)
+            and math.isfinite(sigterm) else None))
     start, end = view.first_time(), view.last_time()
     firsts = [r.first_step_start for r in ranks if r.first_step_start is not None]
     lasts = [r.last_step_end for r in ranks if r.last_step_end is not None]
@@ -108,4 +116,5 @@ def job_summary(view: RunView) -> JobSummary:
         training_end, training, init, final,
         max(share(init or 0.0, whole), 0.0), max(share(training or 0.0, whole), 0.0),
         max(share(final or 0.0, whole), 0.0), tuple(sorted(steps_per_phase.items())), killed,
-        view.recording.skipped_lines, tuple(missing))
+        view.recording.skipped_lines, tuple(missing),
+        tuple((r.rank, r.sigterm) for r in ranks if r.sigterm is not None))

@@ -49,6 +49,9 @@ KIND_DEVICE = "d"
 STATUS_RUNNING = "running"
 STATUS_FINISHED = "finished"
 
+SIGTERM = "sigterm"
+"""Manifest key: Unix seconds at which the process got SIGTERM (absent if it never did)."""
+
 LIFECYCLE_EVENTS = ("process_start", "init", "first_step_start", "last_step_end", "shutdown")
 """Keys of ``manifest["lifecycle"]``: Unix times in seconds (null until they happen)."""
 

@@ -194,6 +194,10 @@ def _summary(r: Report) -> str:
         out.append(note("Rank(s) " + ", ".join(map(str, s.killed_ranks)) + " never recorded a clean shutdown: the "
                         "process was killed or is still running, so the job's end is the last thing it recorded.",
                         "warn"))
+    if s.terminated:
+        out.append(note("Rank(s) " + ", ".join(f"{rank} at {when(at)}" for rank, at in s.terminated) + " received "
+                        "SIGTERM (pod eviction or preemption, a deleted job, a stop request, a timeout): otelprof "
+                        "flushed the recording then; what followed depended on the program's own handler.", "warn"))
     rows = [
         ("Job", s.job or DASH), ("Run id", s.run_id or DASH),
         ("Ranks (world size)", f"{len(s.ranks)} ({s.world_size})"),
