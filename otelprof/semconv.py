@@ -2,8 +2,8 @@
 
 Rules, dashboards, the report, the docs and the tests take names from here and
 nowhere else. OpenTelemetry semantic conventions are used where they exist
-(``service.*``, ``host.*``, ``k8s.*``, ``process.*``); training concepts live
-under ``otelprof.*``. Units are base units (seconds, bytes, ratio 0-1).
+(``service.*``, ``host.*``, ``k8s.*``, ``process.*``, ``system.*``, ``container.*``, ``hw.*``); training
+concepts live under ``otelprof.*``. Units are base units (seconds, bytes, ratio 0-1).
 :func:`prometheus_name` gives the name each metric has on ``/metrics``,
 following the OpenTelemetry-to-Prometheus compatibility rules.
 """
@@ -37,6 +37,10 @@ LABEL_EXPORTER = "exporter"
 LABEL_REASON = "reason"
 LABEL_GPU = "gpu"
 LABEL_HW_ID = "hw.id"
+LABEL_HW_TYPE = "hw.type"
+HW_TYPE_GPU = "gpu"
+"""The one value of ``hw.type``: the semantic conventions' generic ``hw.*`` metrics (``hw.power``, ``hw.energy``,
+``hw.errors``) serve any hardware component and require it to say which; otelprof reports GPUs only."""
 LABEL_CPU = "cpu.logical_number"
 LABEL_CPU_MODE = "cpu.mode"
 LABEL_DISK_DIRECTION = "disk.io.direction"
@@ -52,6 +56,8 @@ LABEL_PRECISION = "precision"
 OPERATOR_CATEGORIES: tuple[str, ...] = ("matmul", "convolution", "attention", "normalization", "elementwise",
                                         "memory_copy", "communication", "other")
 GPU_LABELS: tuple[str, ...] = (LABEL_GPU, LABEL_HW_ID)
+HW_GPU_LABELS: tuple[str, ...] = (*GPU_LABELS, LABEL_HW_TYPE)
+"""Labels of a GPU's series under a generic ``hw.*`` name: ``hw.type`` is always ``gpu`` (:data:`HW_TYPE_GPU`)."""
 SCRAPE_LABEL_POD_IP = "pod_ip"
 """Not emitted by otelprof: the PodMonitor / scrape config add the pod IP under this label, so an
 alert names the pod the webhook must reach."""
@@ -276,6 +282,8 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
                   "on otelprof.gpu.throttle the clock-event reason."),
     AttributeSpec(LABEL_GPU, "metric", "GPU index as NVML numbers them in the container."),
     AttributeSpec(LABEL_HW_ID, "metric", "GPU UUID (OTel hw.id)."),
+    AttributeSpec(LABEL_HW_TYPE, "metric", "`gpu`, on the generic hardware metrics (hw.power, hw.energy, "
+                  "hw.errors), as the semantic conventions require."),
     AttributeSpec(LABEL_CPU, "metric", "Logical CPU number (0-based)."),
     AttributeSpec(LABEL_CPU_MODE, "metric", "user, nice, system, idle, iowait, interrupt, steal."),
     AttributeSpec(LABEL_DISK_DIRECTION, "metric", "read or write."),
@@ -554,9 +562,13 @@ GPU_MEMORY_USAGE = MetricSpec("hw.gpu.memory.usage", Kind.GAUGE, "By", "GPU memo
 GPU_MEMORY_LIMIT = MetricSpec("hw.gpu.memory.limit", Kind.GAUGE, "By", "GPU memory in total.", GPU_LABELS, updown=True)
 GPU_MEMORY_UTILIZATION = MetricSpec(
     "hw.gpu.memory.utilization", Kind.GAUGE, "1", "GPU memory in use, ratio of total.", GPU_LABELS)
-GPU_POWER = MetricSpec("otelprof.gpu.power", Kind.GAUGE, "W", "GPU power draw.", GPU_LABELS)
+GPU_POWER = MetricSpec("hw.power", Kind.GAUGE, "W", "GPU power draw (NVML).", HW_GPU_LABELS)
+GPU_ENERGY = MetricSpec(
+    "hw.energy", Kind.COUNTER, "J", "Energy the GPU consumed since the driver loaded (NVML, Volta and newer).",
+    HW_GPU_LABELS)
 GPU_POWER_LIMIT = MetricSpec("otelprof.gpu.power.limit", Kind.GAUGE, "W", "GPU enforced power limit.", GPU_LABELS)
-GPU_TEMPERATURE = MetricSpec("otelprof.gpu.temperature", Kind.GAUGE, "Cel", "GPU core temperature.", GPU_LABELS)
+GPU_TEMPERATURE = MetricSpec(
+    "hw.temperature", Kind.GAUGE, "Cel", "GPU core temperature (NVML).", GPU_LABELS)
 GPU_SM_CLOCK = MetricSpec("otelprof.gpu.sm.clock", Kind.GAUGE, "Hz", "GPU SM clock.", GPU_LABELS)
 GPU_PCIE_THROUGHPUT = MetricSpec(
     "otelprof.gpu.pcie.throughput", Kind.GAUGE, "By/s", "PCIe traffic of the GPU.",
@@ -566,7 +578,7 @@ GPU_THROTTLE = MetricSpec(
     (*GPU_LABELS, LABEL_REASON))
 GPU_ERRORS = MetricSpec(
     "hw.errors", Kind.COUNTER, "{error}", "GPU ECC memory errors since the driver loaded (volatile).",
-    (*GPU_LABELS, LABEL_ERROR_TYPE))
+    (*HW_GPU_LABELS, LABEL_ERROR_TYPE))
 GPU_SM_ACTIVE = MetricSpec(
     "otelprof.gpu.sm.active", Kind.GAUGE, "1", "Share of SMs busy (NVML GPM, Hopper and newer).", GPU_LABELS)
 GPU_SM_OCCUPANCY = MetricSpec(
@@ -608,11 +620,11 @@ SYSTEM_METRICS: tuple[MetricSpec, ...] = (
     CONTAINER_CPU_TIME, CONTAINER_CPU_PERIODS, CONTAINER_CPU_THROTTLED_PERIODS, CONTAINER_CPU_THROTTLED_TIME,
     CONTAINER_MEMORY_LIMIT, CONTAINER_MEMORY_USAGE, CONTAINER_MEMORY_WORKING_SET, PROCESS_CPU_TIME,
     PROCESS_CPU_UTILIZATION, PROCESS_MEMORY_USAGE, PROCESS_THREAD_COUNT, PROCESS_GPU_MEMORY, GPU_INFO, GPU_UTILIZATION,
-    GPU_MEMORY_COPY_UTILIZATION, GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT, GPU_MEMORY_UTILIZATION, GPU_POWER, GPU_POWER_LIMIT,
-    GPU_TEMPERATURE, GPU_SM_CLOCK, GPU_PCIE_THROUGHPUT, GPU_THROTTLE, GPU_ERRORS, GPU_SM_ACTIVE, GPU_SM_OCCUPANCY,
-    GPU_TENSOR_ACTIVE, GPU_UTILIZATION_DISTRIBUTION, GPU_MEMORY_UTILIZATION_DISTRIBUTION, SAMPLER_SAMPLES,
-    SAMPLER_HIGH_CPU, SAMPLER_LOW_GPU, SAMPLER_CPU_BOTTLENECK, SAMPLER_IO_BOTTLENECK, SAMPLER_ERRORS, SAMPLER_OVERRUNS,
-    SAMPLER_TIME,
+    GPU_MEMORY_COPY_UTILIZATION, GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT, GPU_MEMORY_UTILIZATION, GPU_POWER, GPU_ENERGY,
+    GPU_POWER_LIMIT, GPU_TEMPERATURE, GPU_SM_CLOCK, GPU_PCIE_THROUGHPUT, GPU_THROTTLE, GPU_ERRORS, GPU_SM_ACTIVE,
+    GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVE, GPU_UTILIZATION_DISTRIBUTION, GPU_MEMORY_UTILIZATION_DISTRIBUTION,
+    SAMPLER_SAMPLES, SAMPLER_HIGH_CPU, SAMPLER_LOW_GPU, SAMPLER_CPU_BOTTLENECK, SAMPLER_IO_BOTTLENECK, SAMPLER_ERRORS,
+    SAMPLER_OVERRUNS, SAMPLER_TIME,
 )
 
 STEP_METRICS: tuple[MetricSpec, ...] = (

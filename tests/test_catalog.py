@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import otelprof
+import otelprof.session
 from otelprof import semconv as sc
+from otelprof.collectors.sampler import Sampler
+from tests.fake_nvml import FakeNvml
 from tests.servers import require_binary
 
 
@@ -104,6 +109,94 @@ def test_metrics_endpoint_matches_catalog(record_dir: Path) -> None:
     assert value("otelprof_annotation_duration_seconds", phase="none", annotation="checkpoint") == 1
     assert value("otelprof_step_number", phase="train") == 40
     assert value("otelprof_recording_bytes") > 0
+
+
+# The OpenTelemetry hardware semantic conventions (v1.44.0, model/hardware/*.yaml), transcribed for every hw.* metric
+# otelprof might emit: name -> (instrument, unit, required attributes, attributes whose value they fix).
+# hw.power, hw.energy and hw.errors are the generic metrics of any component: hw.type is required, and the GPU
+# refinement of hw.errors says it MUST be "gpu". The hw.gpu.* metrics imply the type; hw.temperature is a
+# temperature sensor's metric (hw.id required, hw.type not asked for).
+SEMCONV_HW: dict[str, tuple[str, str, frozenset[str], dict[str, str]]] = {
+    "hw.power": ("Gauge", "W", frozenset({"hw.id", "hw.type"}), {"hw.type": "gpu"}),
+    "hw.energy": ("Counter", "J", frozenset({"hw.id", "hw.type"}), {"hw.type": "gpu"}),
+    "hw.errors": ("Counter", "{error}", frozenset({"hw.id", "hw.type"}), {"hw.type": "gpu"}),
+    "hw.temperature": ("Gauge", "Cel", frozenset({"hw.id"}), {}),
+    "hw.gpu.utilization": ("Gauge", "1", frozenset({"hw.id"}), {}),
+    "hw.gpu.memory.usage": ("UpDownCounter", "By", frozenset({"hw.id"}), {}),
+    "hw.gpu.memory.limit": ("UpDownCounter", "By", frozenset({"hw.id"}), {}),
+    "hw.gpu.memory.utilization": ("Gauge", "1", frozenset({"hw.id"}), {}),
+    "hw.gpu.io": ("Counter", "By", frozenset({"hw.id", "network.io.direction"}), {}),
+}
+# otelprof.* GPU metrics whose reading the conventions name, kept apart on purpose (docs/catalog.md says why).
+NOT_SEMCONV = {"otelprof.gpu.pcie.throughput": "hw.gpu.io"}
+
+
+def test_hw_metrics_are_the_semantic_conventions() -> None:
+    """Every hw.* name in the catalog is one the conventions define, with their instrument, unit and required
+    attributes; and the GPU readings they define are under their hw.* name, not an otelprof.* one."""
+    hw = [m for m in sc.METRICS if m.name.startswith("hw.")]
+    assert {m.name for m in hw} == set(SEMCONV_HW) - set(NOT_SEMCONV.values())
+    for spec in hw:
+        instrument, unit, required, fixed = SEMCONV_HW[spec.name]
+        assert (spec.instrument, spec.unit) == (instrument, unit), spec.name
+        assert required <= set(spec.labels), (spec.name, required - set(spec.labels))
+        assert set(fixed) <= set(spec.labels), spec.name
+        if sc.LABEL_HW_TYPE in spec.labels:
+            assert fixed == {sc.LABEL_HW_TYPE: sc.HW_TYPE_GPU}, spec.name  # no hw.type where none is asked for
+    for name, semconv_name in NOT_SEMCONV.items():
+        [spec] = [m for m in sc.METRICS if m.name == name]
+        assert spec.instrument != SEMCONV_HW[semconv_name][0]  # a different instrument: no rename
+
+
+def test_gpu_series_on_metrics_carry_what_the_semantic_conventions_require(
+        record_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real /metrics of a process sampling two GPUs (the NVML seam's fake): every GPU family of the catalog
+    is there with the catalog's labels, hw_id is each GPU's UUID, hw_type is "gpu" wherever the conventions fix it,
+    values are the readings, and promtool finds nothing to lint."""
+    for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    fakes: list[FakeNvml] = []
+
+    def factory() -> FakeNvml:
+        fakes.append(FakeNvml())
+        return fakes[-1]
+
+    monkeypatch.setattr(otelprof.session, "Sampler", functools.partial(Sampler, nvml_factory=factory))
+    session = otelprof.init(job_name="catalog", record_dir=str(record_dir), metrics_exporters=("prometheus",),
+                            prometheus_port=0, sample_interval=0.1)
+    assert isinstance(session, otelprof.Session)
+    with otelprof.step():
+        pass
+    time.sleep(0.35)  # a few telemetry samples
+    text = _scrape(session)
+    lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=text, capture_output=True,
+                          text=True, timeout=60)
+    assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint.stdout + lint.stderr
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    [fake] = fakes
+    uuids = {str(i): d["uuid"] for i, d in enumerate(fake.data["devices"])}
+    reading = fake.data["ticks"][0]  # the fake stays at tick 0
+    gpm = {sc.GPU_SM_ACTIVE, sc.GPU_SM_OCCUPANCY, sc.GPU_TENSOR_ACTIVE}  # the fixture's GPUs have no GPM
+    gpu_specs = [m for m in sc.METRICS if sc.LABEL_HW_ID in m.labels and m not in gpm]
+    assert sc.GPU_POWER in gpu_specs and sc.GPU_ENERGY in gpu_specs and sc.GPU_TEMPERATURE in gpu_specs
+    for spec in gpu_specs:
+        family = families[spec.prometheus_name]
+        samples = [s for s in family.samples if not s.name.endswith("_created")]
+        assert samples, spec.name
+        fixed = SEMCONV_HW.get(spec.name, ("", "", frozenset(), {}))[3]
+        for sample in samples:
+            assert set(sample.labels) - {"le"} == set(spec.prometheus_labels), (spec.name, sample.labels)
+            assert sample.labels["hw_id"] == uuids[sample.labels["gpu"]]
+            for key, value in fixed.items():
+                assert sample.labels[sc.prometheus_label(key)] == value, (spec.name, sample.labels)
+    readings = {(sc.GPU_POWER, "power"), (sc.GPU_ENERGY, "energy"), (sc.GPU_TEMPERATURE, "temperature")}
+    for spec, field in readings:
+        got = {s.labels["gpu"]: s.value for s in families[spec.prometheus_name].samples
+               if not s.name.endswith("_created")}
+        assert got == {gpu: reading[gpu][field] for gpu in uuids}, spec.name
+    errors = {(s.labels["gpu"], s.labels["error_type"]) for s in families[sc.GPU_ERRORS.prometheus_name].samples
+              if s.name.endswith("_total")}
+    assert errors == {(gpu, kind) for gpu in uuids for kind in ("corrected", "uncorrected")}
 
 
 def test_prometheus_names_follow_otel_translation() -> None:

@@ -172,6 +172,14 @@ def _check(prom: Prometheus, uuid0: str, uuid1: str) -> None:
     assert abs(float(ratio["0"]["value"][1]) - 39000 / 39960) < 1e-9
     clock = _both_ranks(prom, "otelprof:otelprof_gpu_sm_clock_hertz:dcgm")
     assert float(clock["1"]["value"][1]) == 1.41e9
+    # power and temperature under their hw.* names, with the labels otelprof's own series have (hw_type="gpu"
+    # on the generic hw.power), so a panel reads the record in place of the series
+    for spec, dcgm_values in ((sc.GPU_POWER, {"0": 92.5, "1": 305.25}), (sc.GPU_TEMPERATURE, {"0": 61, "1": 55})):
+        record = _both_ranks(prom, f"otelprof:{spec.prometheus_name}:dcgm")
+        assert {r: float(s["value"][1]) for r, s in record.items()} == dcgm_values, spec.name
+        assert all(set(s["metric"]) - {"__name__"} == set(spec.prometheus_labels) for s in record.values()), record
+    power = _both_ranks(prom, "otelprof:hw_power_watts:dcgm")
+    assert {s["metric"]["hw_type"] for s in power.values()} == {"gpu"}
 
     # the alerts: rank 0's GPU idles and is nearly full; rank 1's is busy and half full
     def firing(name: str) -> dict[str, dict[str, Any]]:

@@ -253,11 +253,17 @@ def test_sampler_series_histograms_and_coincidences_with_two_gpus(tmp_path: Path
     assert _values(registry, sc.GPU_UTILIZATION_DISTRIBUTION) == {("0", uuid0): 11, ("1", uuid1): 11}
     memory = _values(registry, sc.GPU_MEMORY_UTILIZATION)
     assert memory[("1", uuid1)] == pytest.approx(29 / 40)
-    assert _values(registry, sc.GPU_POWER)[("0", uuid0)] == pytest.approx(301.5)
+    last = fake.data["ticks"][9]
+    assert _values(registry, sc.GPU_POWER)[("0", uuid0, "gpu")] == pytest.approx(301.5)
+    assert _values(registry, sc.GPU_TEMPERATURE) == {("0", uuid0): last["0"]["temperature"],
+                                                     ("1", uuid1): last["1"]["temperature"]}
+    # hw.energy mirrors NVML's total since the driver loaded (the last reading)
+    assert _values(registry, sc.GPU_ENERGY) == {("0", uuid0, "gpu"): last["0"]["energy"],
+                                                ("1", uuid1, "gpu"): last["1"]["energy"]}
     throttle = _values(registry, sc.GPU_THROTTLE)
     assert throttle[("1", uuid1, "gpu_idle")] == 1 and throttle[("1", uuid1, "sw_power_cap")] == 0
     assert _values(registry, sc.GPU_PCIE_THROUGHPUT)[("0", uuid0, "receive")] == pytest.approx(2.1e9 * 0.97)
-    assert _values(registry, sc.GPU_ERRORS)[("0", uuid0, "uncorrected")] == 0
+    assert _values(registry, sc.GPU_ERRORS)[("0", uuid0, "gpu", "uncorrected")] == 0
     assert _values(registry, sc.PROCESS_GPU_MEMORY) == {("0", uuid0): 30 * 1024**3}
     assert _values(registry, sc.GPU_SM_ACTIVE) == {}  # GPM not supported: absent, not zero
     # coincidences: GPU 1 is below 10 % on odd ticks, so 5 of the 10 samples after the baseline
@@ -287,6 +293,23 @@ def test_every_gpu_series_in_the_catalog_is_produced_through_the_seam(tmp_path: 
     gpu_specs = {m.name for m in sc.SYSTEM_METRICS if sc.LABEL_GPU in m.labels}
     assert gpu_specs <= produced
     assert _values(registry, sc.GPU_TENSOR_ACTIVE)[("0", fake.data["devices"][0]["uuid"])] == 0.3
+
+
+def test_a_lost_gpus_gauges_go_absent_and_the_others_stay(tmp_path: Path) -> None:
+    """Also the gauges under a generic hw.* name, whose series carry hw.type besides the GPU's labels."""
+    fake = FakeNvml()
+    sampler, registry, _ = _sampler(tmp_path, fake)
+    uuid0, uuid1 = (d["uuid"] for d in fake.data["devices"])
+    gauges = (sc.GPU_POWER, sc.GPU_TEMPERATURE, sc.GPU_UTILIZATION, sc.GPU_MEMORY_UTILIZATION)
+    for _ in range(2):
+        sampler.sample()
+        for spec in gauges:
+            assert {k[:2] for k in _values(registry, spec)} == {("0", uuid0), ("1", uuid1)}, spec.name
+    assert _values(registry, sc.GPU_POWER)[("1", uuid1, "gpu")] == fake.data["ticks"][0]["1"]["power"]
+    fake.errors[(1, "*")] = "gpu_lost"
+    sampler.sample()
+    for spec in gauges:
+        assert {k[:2] for k in _values(registry, spec)} == {("0", uuid0)}, spec.name
 
 
 def test_gpu_info_names_the_ranks_gpu_and_sampling_off_reads_nothing_else(tmp_path: Path) -> None:

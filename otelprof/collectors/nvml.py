@@ -1,7 +1,7 @@
 """The NVML seam: the only code that calls nvidia-ml-py (``pynvml``).
 
 :class:`NvmlBackend` is the whole surface the GPU collector uses; every value is
-in base units (ratio 0-1, bytes, watts, Celsius, hertz, bytes/s). Errors become
+in base units (ratio 0-1, bytes, watts, joules, Celsius, hertz, bytes/s). Errors become
 :class:`NvmlCallError` with a short reason (``not_supported``, ``gpu_lost``, ...).
 Tests replace the backend with a fake that replays recorded readings.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 FIELDS: tuple[str, ...] = (
-    "utilization", "memory_copy_utilization", "memory_used", "memory_total", "power", "power_limit",
+    "utilization", "memory_copy_utilization", "memory_used", "memory_total", "power", "energy", "power_limit",
     "temperature", "sm_clock", "pcie_rx", "pcie_tx", "throttle_reasons", "ecc_corrected", "ecc_uncorrected",
 )
 GPM_FIELDS: tuple[str, ...] = ("sm_active", "sm_occupancy", "tensor_active")
@@ -132,6 +132,8 @@ class PynvmlBackend:
             return float(self._call(n.nvmlDeviceGetMemoryInfo, h).total)
         if field == "power":
             return float(self._call(n.nvmlDeviceGetPowerUsage, h)) / 1000.0
+        if field == "energy":  # millijoules since the driver loaded (Volta and newer)
+            return float(self._call(n.nvmlDeviceGetTotalEnergyConsumption, h)) / 1000.0
         if field == "power_limit":
             return float(self._call(n.nvmlDeviceGetEnforcedPowerLimit, h)) / 1000.0
         if field == "temperature":

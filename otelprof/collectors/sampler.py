@@ -209,17 +209,19 @@ class Sampler:
         seen = {_gpu_labels(g) for g in gpus}
         for spec in (*_GPU_GAUGES.values(), sc.GPU_MEMORY_UTILIZATION):
             gauge = r.gauge(spec)
-            for labels in [k for k in gauge.values if k not in seen]:  # a lost GPU's series go absent
+            lost = [k for k in gauge.values if k[:len(sc.GPU_LABELS)] not in seen]
+            for labels in lost:  # a lost GPU's series go absent
                 gauge.remove(labels)
         for reading in gpus:
             labels = _gpu_labels(reading)
             values = reading.values
             for name, spec in _GPU_GAUGES.items():
                 gauge = r.gauge(spec)
+                point = _hw_labels(spec, labels)
                 if name in values:
-                    gauge.set(values[name], labels)
+                    gauge.set(values[name], point)
                 else:
-                    gauge.remove(labels)
+                    gauge.remove(point)
             if "utilization" in values:
                 r.histogram(sc.GPU_UTILIZATION_DISTRIBUTION).observe(values["utilization"], labels)
             memory = r.gauge(sc.GPU_MEMORY_UTILIZATION)
@@ -238,10 +240,12 @@ class Sampler:
                 throttle = r.gauge(sc.GPU_THROTTLE)
                 for bit, reason in THROTTLE_REASONS.items():
                     throttle.set(1 if mask & bit else 0, (*labels, reason))
+            if "energy" in values:
+                r.counter(sc.GPU_ENERGY).set_total(values["energy"], _hw_labels(sc.GPU_ENERGY, labels))
             errors = r.counter(sc.GPU_ERRORS)
             for key, kind in (("ecc_corrected", "corrected"), ("ecc_uncorrected", "uncorrected")):
                 if key in values:
-                    errors.set_total(values[key], (*labels, kind))
+                    errors.set_total(values[key], (*_hw_labels(sc.GPU_ERRORS, labels), kind))
 
     def _update_coincidences(self, host: HostReading, gpus: list[GpuReading]) -> None:
         r = self.registry
@@ -270,6 +274,11 @@ def _set_or_remove(gauge: object, value: float | int | None) -> None:
 
 def _gpu_labels(reading: GpuReading) -> tuple[str, str]:
     return (str(reading.device.index), reading.device.uuid)
+
+
+def _hw_labels(spec: sc.MetricSpec, labels: tuple[str, ...]) -> tuple[str, ...]:
+    """A GPU's label values for ``spec``: the generic ``hw.*`` metrics also say ``hw.type`` = gpu."""
+    return (*labels, sc.HW_TYPE_GPU) if sc.LABEL_HW_TYPE in spec.labels else labels
 
 
 def _available_cpus(cgroup: CgroupReading | None) -> float:

@@ -2,7 +2,8 @@
 
 With ``gpu_source=dcgm`` the recording group ``otelprof-dcgm`` turns dcgm-exporter's ``DCGM_FI_DEV_*`` series into
 otelprof's GPU series in base units (ratio 0-1, bytes, hertz), named ``otelprof:<otelprof series>:dcgm`` and
-carrying the training job's identity labels. They are joined to the ranks through the pod and the GPU UUID
+carrying the training job's identity labels and the otelprof series' own (``hw_type="gpu"`` on the generic ``hw.*``
+metrics). They are joined to the ranks through the pod and the GPU UUID
 (``otelprof_gpu_info{hw_id}`` = dcgm's ``UUID``), never through ``gpu``, whose index differs between the container
 and the host; ``gpu`` on the result is the index in the training container, as on otelprof's own series.
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from otelprof import semconv as sc
 from otelprof.mixin.config import GPU_SOURCE_DCGM, MixinConfig
-from otelprof.mixin.promql import GPU, HW_ID, IDENTITY, Q, by, series_name
+from otelprof.mixin.promql import GPU, HW_ID, HW_TYPE, IDENTITY, Q, by, series_name
 from otelprof.semconv import MetricSpec
 
 GROUP = "otelprof-dcgm"
@@ -80,12 +81,19 @@ def joined(c: MixinConfig, expr: str) -> str:
             f"  max by ({by(*keys, *copied)}) ({info})\n)")
 
 
+def _hw_type(spec: MetricSpec, expr: str) -> str:
+    """``expr`` with ``hw_type="gpu"`` when otelprof's series of ``spec`` carries it (``hw.power``, ...)."""
+    if sc.LABEL_HW_TYPE not in spec.labels:
+        return expr
+    return f'label_replace({expr}, "{HW_TYPE}", "{sc.HW_TYPE_GPU}", "", "")'
+
+
 def dcgm_rules(c: MixinConfig) -> list[dict[str, str]]:
     selector = c.dcgm_selector.strip()
     rules = []
     for record in DCGM_RECORDS:
         expr = record.expr.replace("{s}", f"{{{selector}}}" if selector else "")
-        rules.append({"record": record.name, "expr": joined(c, expr)})
+        rules.append({"record": record.name, "expr": _hw_type(record.spec, joined(c, expr))})
     return rules
 
 
