@@ -1465,7 +1465,21 @@ class _CommHook:
         """The user's hook is inside: a second registration fails as DDP's would."""
 
 
+def _average(process_group: Any, bucket: Any) -> Any:
+    """``default_hooks.allreduce_hook`` without its Python layers (``dist.all_reduce``'s checks, a second
+    ``then``): the bucket divided by the group's size, all-reduced on the group itself. Its future's value is
+    a list of the one tensor."""
+    group = process_group if process_group is not None else torch.distributed.group.WORLD
+    tensor = bucket.buffer()
+    tensor.div_(group.size())
+    return group.allreduce([tensor]).get_future()
+
+
 def _timed_comm_hook(inner: _CommHook) -> Callable[[Any, Any], Any]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    default = default_hooks.allreduce_hook
+
     def otelprof_collective(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations: none here
         hook, hook_state = inner.hook, inner.state
         step: hot.StepContext | None = None
@@ -1476,17 +1490,27 @@ def _timed_comm_hook(inner: _CommHook) -> Callable[[Any, Any], Any]:
             start = perf_counter_ns()
         except Exception:
             step = None
-        future = hook(hook_state, bucket)
-        if step is None:
-            return future
-        opened: hot.StepContext = step
+        if hook is not default:  # the user's hook, timed
+            future = hook(hook_state, bucket)
+            if step is None:
+                return future
+            opened: hot.StepContext = step
 
-        def done(fut):  # type: ignore[no-untyped-def]
-            if not opened.closed and len(opened.annotations) < hot.MAX_STEP_ANNOTATIONS:
-                opened.annotations.append((sc.REGION_COLLECTIVE, start, perf_counter_ns(), 1, None))
-            return fut.value()
+            def done(fut):  # type: ignore[no-untyped-def]
+                if not opened.closed and len(opened.annotations) < hot.MAX_STEP_ANNOTATIONS:
+                    opened.annotations.append((sc.REGION_COLLECTIVE, start, perf_counter_ns(), 1, None))
+                return fut.value()
 
-        return future.then(done)
+            return future.then(done)
+        future = _average(hook_state, bucket)  # DDP's own reduction: one callback unwraps the value and times it
+        closing = step
+
+        def averaged(fut):  # type: ignore[no-untyped-def]
+            if closing is not None and not closing.closed and len(closing.annotations) < hot.MAX_STEP_ANNOTATIONS:
+                closing.annotations.append((sc.REGION_COLLECTIVE, start, perf_counter_ns(), 1, None))
+            return fut.value()[0]
+
+        return future.then(averaged)
 
     return otelprof_collective
 
