@@ -1469,7 +1469,7 @@ def _average(process_group: Any, bucket: Any) -> Any:
     """``default_hooks.allreduce_hook`` without its Python layers (``dist.all_reduce``'s checks, a second
     ``then``): the bucket divided by the group's size, all-reduced on the group itself. Its future's value is
     a list of the one tensor."""
-    group = process_group if process_group is not None else torch.distributed.group.WORLD
+    group: Any = process_group if process_group is not None else torch.distributed.group.WORLD
     tensor = bucket.buffer()
     tensor.div_(group.size())
     return group.allreduce([tensor]).get_future()
