@@ -82,6 +82,7 @@ OTELPROF_CONTROL_TOKEN = "OTELPROF_CONTROL_TOKEN"
 OTELPROF_STOP_RAISES = "OTELPROF_STOP_RAISES"
 OTELPROF_QUIET = "OTELPROF_QUIET"
 OTELPROF_RUN_LAUNCH_ID = "OTELPROF_RUN_LAUNCH_ID"
+OTELPROF_RUN_SPAWNER = "OTELPROF_RUN_SPAWNER"
 OTELPROF_WEBHOOK_TOKEN = "OTELPROF_WEBHOOK_TOKEN"
 OTELPROF_POD_NAME = "OTELPROF_POD_NAME"
 OTELPROF_POD_NAMESPACE = "OTELPROF_POD_NAMESPACE"
@@ -249,6 +250,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Set under `otelprof run` by a launcher (torchrun, `accelerate launch`, ...) for the processes it "
            "starts: their run id when neither `OTELPROF_RUN_ID` nor torchrun's `TORCHELASTIC_RUN_ID` gives one, so "
            "all ranks of `otelprof run -- torchrun ...` share one run."),
+    EnvVar(OTELPROF_RUN_SPAWNER, None, "",
+           "Set under `otelprof run` by the process it starts, when no launcher gave that one a rank, for its "
+           "multiprocessing children (JSON: its pid, run id, recording directory, job name, handover path): a child "
+           "that calls `init_process_group` (`mp.spawn` DDP scripts) becomes that rank of its run."),
     EnvVar(OTELPROF_WEBHOOK_TOKEN, None, "",
            "`otelprof webhook` only: the bearer token Alertmanager must send (or `--token-file`); required. "
            "`otelprof env` shows it as `(set, hidden)`.",

@@ -4,13 +4,15 @@
   that is a launcher (torchrun, ``python -m torch.distributed.run``, ``accelerate launch``, DeepSpeed's),
   the processes the launcher starts, which share one run id (:func:`name_run`). Python processes those
   start in turn (``torch.compile``'s compile workers, data-loader workers, helpers) are not instrumented:
-  they would record runs of their own.
+  they would record runs of their own — except the ranks a process starts itself with multiprocessing
+  (``mp.spawn``): a child that calls ``init_process_group`` records as that rank in its run, and the process
+  that started it stands down (:mod:`otelprof.spawned_ranks`).
 * **What.** ``otelprof.init()``; with PyTorch importable, its global hooks
   (:func:`otelprof.integrations.torch.auto_instrument`) and the trainer callbacks
   (:mod:`otelprof.integrations.autoattach`).
-* **What it says.** On rank 0 only, one line to stderr at the start (the run id and where the recording
-  goes) and one at the exit (the report command); nothing with ``OTELPROF_QUIET=true`` (``otelprof run
-  --quiet``).
+* **What it says.** On rank 0 only (for ranks started with multiprocessing: the process that started them),
+  one line to stderr at the start (the run id and where the recording goes) and one at the exit (the report
+  command); nothing with ``OTELPROF_QUIET=true`` (``otelprof run --quiet``).
 
 Never stops the program: a failure is one line on stderr and the program runs uninstrumented.
 """
@@ -21,6 +23,7 @@ import atexit
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 RUN_TORCH = "OTELPROF_RUN_TORCH"
 RUN_GRAD_NORM = "OTELPROF_RUN_GRAD_NORM"
@@ -39,25 +42,44 @@ def name_run() -> None:
         os.environ[ev.OTELPROF_RUN_LAUNCH_ID] = new_run_id()
 
 
-def start() -> None:
-    """Start otelprof and hook PyTorch and the trainers. Never raises."""
+def start(spawned: bool = False, **overrides: Any) -> None:
+    """Start otelprof (``overrides`` go to ``init()``) and hook PyTorch and the trainers. Never raises.
+    ``spawned``: this is a rank its spawner started (:mod:`otelprof.spawned_ranks`), which speaks for the run."""
     try:
         import otelprof
 
-        atexit.register(_say_exit)  # before init(): runs after the session's shutdown
-        _announce(otelprof.init())
+        if not spawned:
+            atexit.register(_say_exit)  # before init(): runs after the session's shutdown
+        session = otelprof.init(**overrides)
+        if not spawned:
+            _announce(session)
         if os.environ.get(RUN_TORCH, "1") != "0":
             try:
                 import torch  # noqa: F401
             except ImportError:
                 return
+            from otelprof import spawned_ranks
             from otelprof.integrations import autoattach
             from otelprof.integrations.torch import auto_instrument
 
             auto_instrument(grad_norm=os.environ.get(RUN_GRAD_NORM) == "1")
             autoattach.install()
+            if not spawned:
+                spawned_ranks.offer(session)
     except Exception as exc:  # the training program must start regardless
         sys.stderr.write(f"otelprof: automatic instrumentation failed: {exc!r}\n")
+
+
+def finish() -> None:
+    """End the step still open and shut otelprof down (a multiprocessing child's last finalizer)."""
+    try:
+        import otelprof
+        from otelprof.integrations import torch as otorch
+
+        otorch._end_open_steps()
+        otelprof.shutdown()
+    except Exception as exc:
+        sys.stderr.write(f"otelprof: shutting down failed: {exc!r}\n")
 
 
 def shown(path: Path) -> str:
@@ -88,7 +110,7 @@ def _announce(session: object) -> None:
 
 
 def _say_exit() -> None:
-    if _exit is None or _exit[2] != os.getpid() or not _exit[1].is_dir():
+    if _exit is None or _exit[2] != os.getpid() or not any(_exit[1].glob("rank-*/manifest.json")):
         return
     try:
         sys.stderr.write(_exit[0])

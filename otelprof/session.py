@@ -370,6 +370,41 @@ class Session:
                 if _session is self:
                     _session = None
 
+    def discard(self) -> None:
+        """Stop without recording or exporting anything more and delete this process's local recording: other
+        processes record the run in its place (``otelprof run``: the ranks a process starts with
+        multiprocessing, :mod:`otelprof.spawned_ranks`). Its ports are free when this returns."""
+        global _session
+        if self._closed or os.getpid() != self._pid:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+        try:
+            hot._activate(None) if hot._active is self.recorder else None
+            if self.prometheus is not None:
+                self.prometheus.stop()
+            if self.control is not None:
+                self.control.stop()
+            if self._sigterm is not None:
+                _sigterm.uninstall(self._sigterm)  # on the main thread only; elsewhere it hands the signal on
+            self._stop.set()
+            self.profile_schedule.stop()
+            self.recorder.wake_up()
+            self._thread.join(1.0)
+            if self.sampler is not None:
+                self.sampler.stop(1.0)
+            if self.writer is not None:
+                self.writer.remove(self._pid)
+            deadline = time.monotonic() + self.config.shutdown_timeout
+            for exporter in self._span_exporters + self._metric_exporters:
+                exporter.shutdown(deadline)
+        except Exception:
+            logger.exception("otelprof: internal error while stopping")
+        finally:
+            with _session_lock:
+                if _session is self:
+                    _session = None
+
     def _dropped_summary(self) -> dict[str, float]:
         with self.registry.lock:
             return {labels[0]: value for labels, value in self.recorder.dropped.values.items()}

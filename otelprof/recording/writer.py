@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from otelprof import semconv as sc
 from otelprof._log import warn_once
 from otelprof.recording import schema
 
@@ -99,6 +101,26 @@ class RecordingWriter:
             json.dump(self.manifest, handle, indent=2, sort_keys=True, default=str)
             handle.write("\n")
         os.replace(tmp, path)
+
+    def remove(self, pid: int) -> None:
+        """Close without writing what is buffered and delete the directory — unless the manifest there now is
+        not the one of process ``pid`` (another process recording as the same rank took the directory over)."""
+        with self._lock:
+            for lines in self._buffers.values():
+                lines.clear()
+            for handle in self._files.values():
+                with contextlib.suppress(OSError):
+                    handle.close()
+            self._files.clear()
+            self._ok = False
+            try:
+                with open(self.directory / schema.MANIFEST, encoding="utf-8") as handle:
+                    manifest = json.load(handle)
+                if manifest.get("resource", {}).get(sc.PROCESS_PID) != pid:
+                    return
+            except (OSError, ValueError, AttributeError):
+                return
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def close(self) -> None:
         self.flush()
