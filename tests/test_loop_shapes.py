@@ -36,6 +36,7 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "nanogpt-compiled": ("nanogpt", {"compile": True}),
     "amp": ("amp", {}),
     "sharded-scaler": ("sharded_scaler", {}),
+    "peek-and-zip": ("peek_and_zip", {}),
     "iterable": ("iterable", {}),
     "gan": ("gan", {}),
     "evaluation-loader": ("evaluation_loader", {}),

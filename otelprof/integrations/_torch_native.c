@@ -87,6 +87,7 @@ typedef struct {
     PyObject *phase;
     long long number, start;
     int leader, saw_backward, saw_work, depth;
+    unsigned long long fetcher; /* the serial of the iterator whose fetch opened the step (0: not a fetch) */
     int regions, limit; /* limit: hotpath.MAX_STEP_ANNOTATIONS as the step opened, at most MAX_REGIONS */
     Region region[MAX_REGIONS];
     long long samples;
@@ -227,6 +228,7 @@ static int steps_ready(Steps *self, int kind) {
     self->thread = thread;
     self->leader = kind;
     self->saw_backward = self->saw_work = 0;
+    self->fetcher = 0;
     self->depth = 0;
     self->regions = 0;
     self->limit = limit < MAX_REGIONS ? (int)limit : MAX_REGIONS;
@@ -749,7 +751,10 @@ typedef struct {
     PyObject *original;
     PyObject *fallback;
     int variant; /* Timer: its region (FORWARD, BACKWARD); OptimizerHook: 1 for the post-hook */
+    unsigned long long serial; /* this hook's number, never reused (Iterator: which iterator a fetch came from) */
 } Hook;
+
+static unsigned long long hook_serial = 0;
 
 static int hook_traverse(PyObject *op, visitproc visit, void *arg) {
     Hook *self = (Hook *)op;
@@ -854,6 +859,7 @@ static PyObject *hook_new(PyTypeObject *type, PyObject *steps, PyObject *origina
     self->fallback = Py_NewRef(fallback);
     self->variant = variant;
     self->vectorcall = call;
+    self->serial = ++hook_serial;
     return (PyObject *)self;
 }
 
@@ -1130,14 +1136,16 @@ static PyObject *iterator_next(PyObject *op) {
     Hook *self = (Hook *)op;
     Steps *steps = self->steps;
     if (!steps->enabled) return Py_TYPE(self->fallback)->tp_iternext(self->fallback);
-    /* a fetch ends a step a fetch opened when no backward came (evaluation without eval mode) */
+    /* a fetch ends a step a fetch opened when no backward came (evaluation without eval mode); not a step that
+     * holds only another iterator's fetch: a batch peeked at before the loop, or a second loader zipped in */
     if (steps->open && PyThread_get_thread_ident() == steps->thread && steps->leader == FETCH
-        && !steps->saw_backward) {
+        && !steps->saw_backward && (steps->saw_work || steps->fetcher == 0 || steps->fetcher == self->serial)) {
         int closed = steps_close(steps, now_ns());
         if (closed == -2) return NULL;
         if (closed < 0) steps_fail(steps);
     }
     if (!steps_enter(steps, FETCH)) return iterator_fallback(self);
+    if (steps->leader == FETCH && steps->fetcher == 0 && steps->regions == 0) steps->fetcher = self->serial;
     unsigned long long generation = steps->generation;
     int depth = steps_begin_region(steps);
     long long start = now_ns();

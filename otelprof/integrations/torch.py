@@ -37,6 +37,7 @@ import atexit
 import contextlib
 import copyreg
 import functools
+import itertools
 import sys
 import threading
 import warnings
@@ -236,6 +237,8 @@ class _AutoSteps:
         self.saw_backward = False
         self.saw_work = False
         """A forward, backward or optimizer step (an epoch's last fetch alone opens a step that is dropped)."""
+        self.fetcher = 0
+        """The serial of the data-loader iterator whose fetch opened the step (0: not a fetch, or unknown)."""
         self.trained = False
         """Training work in the step: a training forward, a backward or an optimizer step."""
         self.eval_module: Any = None
@@ -261,10 +264,12 @@ class _AutoSteps:
     def _ours(self) -> bool:
         return self.current is not None and hot._tls.step is self.current
 
-    def begin(self, kind: str, step: hot.StepContext | None) -> hot.StepContext | None:
+    def begin(self, kind: str, step: hot.StepContext | None, fetcher: int = 0) -> hot.StepContext | None:
         """A fetch, backward or optimizer event, with ``step`` the step open on the thread (None, or ours): end
         ours when ``kind`` starts the next iteration, open one when none is; training work turns an eval step
-        back into a train step. Returns the step open afterwards."""
+        back into a train step. ``fetcher``: the serial of the iterator fetching (0: unknown); a step that holds
+        only another iterator's fetch goes on (a batch peeked at before the loop, a second loader zipped in).
+        Returns the step open afterwards."""
         if step is not None and step is self.current:
             if self.pending is not None:
                 if kind == OPTIMIZER:  # the next optimizer of the iteration
@@ -274,7 +279,8 @@ class _AutoSteps:
                     self.close()
                     step = hot._tls.step
             elif kind == FETCH:
-                if (kind == self.leader and (not self.by_optimizer or not self.saw_backward)) \
+                if (kind == self.leader and (not self.by_optimizer or not self.saw_backward)
+                        and (self.saw_work or not fetcher or not self.fetcher or fetcher == self.fetcher)) \
                         or self.eval_module is not None:
                     self.close()
                     step = hot._tls.step
@@ -285,7 +291,9 @@ class _AutoSteps:
                 step = hot._tls.step
         if step is not None or hot._active is None or not self.opens:
             return step
-        return self.open(kind)
+        step = self.open(kind)
+        self.fetcher = fetcher
+        return step
 
     def forward(self, step: hot.StepContext | None, module: Any, evaluating: bool) -> hot.StepContext | None:
         """A forward of ``module`` (``evaluating``: in eval mode or with gradients off), with ``step`` the step
@@ -331,6 +339,7 @@ class _AutoSteps:
         self.current, self.leader, self.saw_backward, self.saw_work, self.trained = step, kind, False, False, False
         self.eval_module = self.pending = self.retagged = self.stepped = None
         self.slow = False
+        self.fetcher = 0
         return step
 
     def close(self) -> None:
@@ -402,6 +411,10 @@ HOOK_NATIVE = "native"
 """``hook`` label of ``otelprof.integration.errors`` when the C hot path failed (the Python hooks carry on)."""
 
 
+_iterator_serials = itertools.count(1)
+"""Numbers of the timed data-loader iterators, never reused (an iterator's id() is, once it is freed)."""
+
+
 class _TimedIterator(IteratorProxy):
     """Wraps a data-loader iterator: each ``next()`` is a ``dataloader`` region."""
 
@@ -409,10 +422,10 @@ class _TimedIterator(IteratorProxy):
         super().__init__(iterator)
         # Owner and iterator in one attribute: with IteratorProxy's __getattr__ every attribute read on this
         # class takes the slow path (~450 machine instructions), so __next__ makes one.
-        self._state = (owner, iterator)
+        self._state = (owner, iterator, next(_iterator_serials))
 
     def __next__(self) -> Any:
-        owner, iterator = self._state
+        owner, iterator, serial = self._state
         if hot._active is None or owner.closed:
             return next(iterator)
         # TorchInstrumentation.fetch_begin and fetch_end inline, not through guarded(): this runs every step,
@@ -428,8 +441,9 @@ class _TimedIterator(IteratorProxy):
                     False, False
                 auto.eval_module = auto.pending = auto.retagged = auto.stepped = None
                 auto.slow = False
+                auto.fetcher = serial
             elif step is auto.current and (auto.leader == FETCH or auto.slow):
-                step = auto.begin(FETCH, step)
+                step = auto.begin(FETCH, step, serial)
             if step is not None:
                 depth = step.depth
                 step.depth = depth + 1
