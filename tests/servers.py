@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -30,10 +31,42 @@ def require_binary(name: str) -> str:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to ``bind(0)`` and outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_given: set[int] = set()
+"""Ports already handed to a test in this session (a picked port is not bound until its process starts)."""
+
+
+def free_port(span: int = 1) -> int:
+    """A port p with p .. p + span - 1 free, below the kernel's ephemeral range and never given before in this
+    session: a port picked now is bound later by a process the test starts, and meanwhile neither the kernel
+    (gloo's sockets, a Prometheus' connections: ephemeral ports) nor another pick may take it."""
+    high = _ephemeral_low() - span
+    for _ in range(1000):
+        base = random.randint(max(high - 12_000, 1024), high)
+        wanted = range(base, base + span)
+        if any(p in _given for p in wanted):
+            continue
+        sockets: list[socket.socket] = []
+        try:
+            for port in wanted:
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+        _given.update(wanted)
+        return base
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class Prometheus:

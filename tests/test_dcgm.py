@@ -34,7 +34,6 @@ from tests.fake_nvml import FIXTURES, FakeNvml
 from tests.servers import Prometheus, free_port, require_binary
 from tests.test_dashboards_prometheus import JOB as DASHBOARD_JOB
 from tests.test_dashboards_prometheus import substitute
-from tests.test_deploy_ranks import _consecutive_free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPOSITION = FIXTURES / "dcgm_exporter_a100x3.prom"
@@ -82,7 +81,7 @@ def test_dcgm_mode_rules_and_panels_join_dcgm_exporter_to_the_ranks(tmp_path: Pa
     (tmp_path / "alerts.yaml").write_text(render_alerts(CONFIG))
     (tmp_path / "rules.yaml").write_text(render_rules(CONFIG))
     uuid0, uuid1 = (d["uuid"] for d in FakeNvml().data["devices"])
-    base = _consecutive_free_ports(2)
+    base = free_port(2)  # the ranks listen on base + LOCAL_RANK
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                                                                       "CUDA_VISIBLE", "NVIDIA_VISIBLE"))}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)

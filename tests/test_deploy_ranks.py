@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -39,25 +38,6 @@ otelprof.shutdown()
 POD_IP = "10.0.0.7"
 
 
-def _consecutive_free_ports(count: int) -> int:
-    """A base port with ``count`` free ports after it (the ranks listen on base + LOCAL_RANK)."""
-    for _ in range(50):
-        base = free_port()
-        if base + count > 65535:
-            continue
-        sockets = []
-        try:
-            for offset in range(count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError("no run of free ports")
 
 
 def _pod_targets(pod: dict[str, Any], address: dict[int, str]) -> list[dict[str, Any]]:
@@ -98,7 +78,7 @@ def test_a_pod_with_8_local_ranks_yields_8_ranks_scraped(tmp_path: Path) -> None
     [plain] = yaml.safe_load(config_map["data"]["prometheus.yml"])["scrape_configs"]
     ranks = 8
 
-    base = _consecutive_free_ports(ranks)
+    base = free_port(ranks)  # the ranks listen on base + LOCAL_RANK
     address = {p["containerPort"]: f"127.0.0.1:{free_port()}" for c in pod["spec"]["containers"] for p in c["ports"]}
     for rank in range(ranks):  # the pod's metrics-N port (9464 + N) is where local rank N listens here
         address[9464 + rank] = f"127.0.0.1:{base + rank}"

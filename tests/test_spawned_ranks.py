@@ -115,16 +115,6 @@ if __name__ == "__main__":
 """
 
 
-def _two_free_ports() -> int:
-    """A port p with p + 1 free too (the ranks' /metrics: base + local rank)."""
-    while True:
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
 
 
 def _run(tmp_path: Path, script: str, *args: str, env: dict[str, str] | None = None) -> tuple[Path, str]:
@@ -146,7 +136,7 @@ def _run(tmp_path: Path, script: str, *args: str, env: dict[str, str] | None = N
 
 @pytest.mark.parametrize("shape", ["mp.spawn", "spawn", "forkserver"])
 def test_ranks_started_with_multiprocessing(tmp_path: Path, shape: str) -> None:
-    metrics_port = _two_free_ports()
+    metrics_port = free_port(2)  # the ranks' /metrics: base + local rank
     run, _ = _run(tmp_path, SCRIPT, shape, str(free_port()), str(metrics_port),
                   env={"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_PORT": str(metrics_port)})
     parent = json.loads((tmp_path / "parent.json").read_text())["pid"]

@@ -180,7 +180,7 @@ def _env(job: Job, rank: int, port: int, master_port: int, records: Path) -> dic
         "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(job.ranks),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
         # fewer wake-ups: 1 s samples, and no periodic metric snapshots of two dozen processes at once
-        "OTELPROF_SAMPLE_INTERVAL_MS": "1000", "OTEL_METRIC_EXPORT_INTERVAL": "3600000",
+        "OTELPROF_SAMPLE_INTERVAL_MS": "1000", "OTEL_METRIC_EXPORT_INTERVAL": "600000",
     })
     env.update(job.env)
     if env["OTEL_TRACES_EXPORTER"] == "otlp":
