@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 import otelprof
@@ -197,6 +198,11 @@ def test_gpu_series_on_metrics_carry_what_the_semantic_conventions_require(
     errors = {(s.labels["gpu"], s.labels["error_type"]) for s in families[sc.GPU_ERRORS.prometheus_name].samples
               if s.name.endswith("_total")}
     assert errors == {(gpu, kind) for gpu in uuids for kind in ("corrected", "uncorrected")}
+    # the OpenMetrics exposition (what Prometheus asks for) of the same process: the strict parser takes it, and
+    # it holds the GPU series the text format holds
+    assert session.prometheus is not None
+    strict = list(openmetrics_families(session.prometheus.render(openmetrics=True)))
+    assert {spec.prometheus_name for spec in gpu_specs} <= {f.name for f in strict if f.samples}
 
 
 def test_prometheus_names_follow_otel_translation() -> None:
