@@ -33,6 +33,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from typing_extensions import Self
 
 TRACES_PATH = "/v1/traces"
 METRICS_PATH = "/v1/metrics"
@@ -349,20 +350,39 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class BlackHole:
-    """A TCP listener that accepts connections, reads everything and never answers."""
+class _Listener:
+    """A TCP listener on 127.0.0.1 whose thread runs :meth:`_run` between ``with`` and its end."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self._sock.listen(64)
         self._sock.settimeout(0.1)
         self.port = int(self._sock.getsockname()[1])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self._sock.close()
+
+
+class BlackHole(_Listener):
+    """A TCP listener that accepts connections, reads everything and never answers."""
+
+    def __init__(self) -> None:
+        super().__init__("otlp-black-hole")
         self.accepted = 0
         self._conns: list[socket.socket] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="otlp-black-hole", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -378,33 +398,20 @@ class BlackHole:
                 with contextlib.suppress(BlockingIOError, OSError):
                     conn.recv(65536)  # swallow, never reply
 
-    def __enter__(self) -> BlackHole:
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(2)
+        super().__exit__(*exc)
         for conn in self._conns:
             conn.close()
-        self._sock.close()
 
 
-class Garbage:
+class Garbage(_Listener):
     """A TCP listener that reads each request and answers with random bytes and terminal escapes, then hangs up."""
 
     MARKER = b"\x1b[2J\x1b]0;pwned\x07GARBAGE"
 
     def __init__(self) -> None:
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(64)
-        self._sock.settimeout(0.1)
-        self.port = int(self._sock.getsockname()[1])
+        super().__init__("otlp-garbage")
         self.answered = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="otlp-garbage", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -417,12 +424,3 @@ class Garbage:
                 conn.recv(65536)
                 conn.sendall(os.urandom(300) + self.MARKER + os.urandom(100))
                 self.answered += 1
-
-    def __enter__(self) -> Garbage:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self._sock.close()

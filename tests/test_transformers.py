@@ -41,6 +41,7 @@ from otelprof import semconv as sc  # noqa: E402
 from otelprof.integrations import torch as otorch  # noqa: E402
 from otelprof.integrations.transformers import OtelprofCallback  # noqa: E402
 from otelprof.recording.reader import RankRecording, read_recording  # noqa: E402
+from tests.trainer_loops import Sentences  # noqa: E402
 
 torch.set_num_threads(1)
 _BACKWARD = torch.Tensor.backward
@@ -51,19 +52,6 @@ TRAIN_REGIONS = [sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER]
 def _uninstrument() -> Iterator[None]:
     yield
     otorch.uninstrument()
-
-
-class Pairs(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
-    def __init__(self, n: int, seed: int = 0) -> None:
-        generator = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(1, 50, (n, 12), generator=generator)
-        self.labels = (self.ids[:, 0] > 25).long()
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "attention_mask": torch.ones(12, dtype=torch.long), "labels": self.labels[i]}
 
 
 def _model() -> BertForSequenceClassification:
@@ -96,8 +84,8 @@ def _trainer(tmp_path: Path, callback: OtelprofCallback, n: int = 64, model: tor
                                "disable_tqdm": True, "dataloader_num_workers": 0}
     options.update(kwargs)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), **options)
-    return Trainer(model=model if model is not None else _model(), args=args, train_dataset=Pairs(n),
-                   eval_dataset=Pairs(24, seed=1), callbacks=[callback])
+    return Trainer(model=model if model is not None else _model(), args=args, train_dataset=Sentences(n),
+                   eval_dataset=Sentences(24, seed=1), callbacks=[callback])
 
 
 def _only_run(record_dir: Path) -> RankRecording:

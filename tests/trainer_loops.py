@@ -34,8 +34,10 @@ def _labelled(n: int, features: int, seed: int) -> TensorDataset:
 
 
 # ---------------------------------------------------------------------- Hugging Face Trainer
-class _Sentences(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
-    def __init__(self, n: int, seed: int) -> None:
+class Sentences(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """``n`` token sequences of 12 with a label from their first token (for the sequence classifiers)."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
         generator = torch.Generator().manual_seed(seed)
         self.ids = torch.randint(1, 50, (n, 12), generator=generator)
         self.labels = (self.ids[:, 0] > 25).long()
@@ -61,8 +63,8 @@ def hf_trainer(out_dir: str, callbacks: list[Any]) -> dict[str, Any]:
         gradient_accumulation_steps=HF_ACCUMULATION, num_train_epochs=1, learning_rate=1e-3,
         lr_scheduler_type="constant", logging_steps=1, eval_strategy="epoch", save_strategy="no", report_to=[],
         use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=args, train_dataset=_Sentences(HF_TRAIN, 0),
-                      eval_dataset=_Sentences(HF_EVAL, 1), callbacks=callbacks)
+    trainer = Trainer(model=model, args=args, train_dataset=Sentences(HF_TRAIN, 0),
+                      eval_dataset=Sentences(HF_EVAL, 1), callbacks=callbacks)
     trainer.train()
     final = trainer.evaluate()
     return {"global_step": trainer.state.global_step, "log_history": trainer.state.log_history,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import warn_once
 
-__all__ = ["patch_backward", "patch_loaders"]
+__all__ = ["after_init", "patch_backward", "patch_loaders"]
 
 HOOK = "accelerate"
 """``hook`` label of ``otelprof.integration.errors`` when a patch below failed."""
@@ -105,9 +106,10 @@ def patch_backward(accelerator_class: type) -> None:
     accelerator_class.backward = backward  # type: ignore[attr-defined]
 
 
-def patch_loaders(adapter_class: type) -> None:
-    """Every prepared data loader built from now on is timed as the loop's loader, its base loader not."""
-    original = adapter_class.__init__  # type: ignore[misc]
+def after_init(cls: type, then: Callable[[Any], None], failed: Callable[[Exception], None]) -> None:
+    """Run ``then(instance)`` at the end of ``cls.__init__`` (a subclass's ``__init__`` calls it), once however
+    often it is patched; an exception there goes to ``failed`` and the instance is made all the same."""
+    original = cls.__init__  # type: ignore[misc]
     if getattr(original, MARK, False):
         return
 
@@ -115,12 +117,17 @@ def patch_loaders(adapter_class: type) -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         try:
-            _time_prepared(self)
+            then(self)
         except Exception as exc:
-            _failed(exc)
+            failed(exc)
 
     setattr(__init__, MARK, True)
-    adapter_class.__init__ = __init__  # type: ignore[misc]
+    cls.__init__ = __init__  # type: ignore[misc]
+
+
+def patch_loaders(adapter_class: type) -> None:
+    """Every prepared data loader built from now on is timed as the loop's loader, its base loader not."""
+    after_init(adapter_class, _time_prepared, _failed)
 
 
 def _time_prepared(loader: Any) -> None:

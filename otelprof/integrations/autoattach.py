@@ -18,7 +18,6 @@ the program imports it. A patch that fails is warned about once; the program goe
 
 from __future__ import annotations
 
-import functools
 import importlib.abc
 import importlib.machinery
 import sys
@@ -27,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from otelprof._log import info_once, warn_once
-from otelprof.integrations.accelerate import MARK
+from otelprof.integrations import accelerate
 
 __all__ = ["install", "uninstall"]
 
@@ -66,22 +65,14 @@ def _attach_lightning(trainer: Any) -> None:
 
 
 def _after_init(cls: type, attach: Callable[[Any], None], name: str) -> None:
-    """Run ``attach(trainer)`` at the end of ``cls.__init__`` (a subclass's ``__init__`` calls it)."""
-    original = cls.__init__  # type: ignore[misc]
-    if getattr(original, MARK, False):
-        return
+    """Run ``attach(trainer)`` at the end of ``cls.__init__``; if it fails, the trainer runs as it would without
+    otelprof's callback."""
 
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        try:
-            attach(self)
-        except Exception as exc:  # the trainer runs as it would without otelprof's callback
-            warn_once(f"autoattach:{name}:attach", "otelprof: cannot attach its callback to the %s Trainer (%r); "
-                      "steps are detected by the global PyTorch hooks instead", name, exc)
+    def failed(exc: Exception) -> None:
+        warn_once(f"autoattach:{name}:attach", "otelprof: cannot attach its callback to the %s Trainer (%r); "
+                  "steps are detected by the global PyTorch hooks instead", name, exc)
 
-    setattr(__init__, MARK, True)
-    cls.__init__ = __init__  # type: ignore[misc]
+    accelerate.after_init(cls, attach, failed)
 
 
 def _patch_transformers(module: ModuleType) -> None:
@@ -93,14 +84,10 @@ def _patch_lightning(module: ModuleType) -> None:
 
 
 def _patch_accelerator(module: ModuleType) -> None:
-    from otelprof.integrations import accelerate
-
     accelerate.patch_backward(module.Accelerator)
 
 
 def _patch_data_loader(module: ModuleType) -> None:
-    from otelprof.integrations import accelerate
-
     accelerate.patch_loaders(module.DataLoaderAdapter)
 
 
@@ -196,5 +183,5 @@ def uninstall() -> None:
         for class_name, method in methods:
             cls = getattr(module, class_name, None)
             patched = vars(cls).get(method) if isinstance(cls, type) else None
-            if getattr(patched, MARK, False):
+            if getattr(patched, accelerate.MARK, False):
                 setattr(cls, method, patched.__wrapped__)  # type: ignore[union-attr]
