@@ -1504,27 +1504,20 @@ def _timed_comm_hook(inner: _CommHook) -> Callable[[Any, Any], Any]:
             start = perf_counter_ns()
         except Exception:
             step = None
-        if hook is not default:  # the user's hook, timed
-            future = hook(hook_state, bucket)
+        if hook is default:  # DDP's own reduction, done here: the callback unwraps its value (a list of one)
+            future, unwrap = _average(hook_state, bucket), True
+        else:  # the user's hook, timed
+            future, unwrap = hook(hook_state, bucket), False
             if step is None:
                 return future
-            opened: hot.StepContext = step
 
-            def done(fut):  # type: ignore[no-untyped-def]
-                if not opened.closed and len(opened.annotations) < hot.MAX_STEP_ANNOTATIONS:
-                    opened.annotations.append((sc.REGION_COLLECTIVE, start, perf_counter_ns(), 1, None))
-                return fut.value()
+        def done(fut):  # type: ignore[no-untyped-def]
+            if step is not None and not step.closed and len(step.annotations) < hot.MAX_STEP_ANNOTATIONS:
+                step.annotations.append((sc.REGION_COLLECTIVE, start, perf_counter_ns(), 1, None))
+            value = fut.value()
+            return value[0] if unwrap else value
 
-            return future.then(done)
-        future = _average(hook_state, bucket)  # DDP's own reduction: one callback unwraps the value and times it
-        closing = step
-
-        def averaged(fut):  # type: ignore[no-untyped-def]
-            if closing is not None and not closing.closed and len(closing.annotations) < hot.MAX_STEP_ANNOTATIONS:
-                closing.annotations.append((sc.REGION_COLLECTIVE, start, perf_counter_ns(), 1, None))
-            return fut.value()[0]
-
-        return future.then(averaged)
+        return future.then(done)
 
     return otelprof_collective
 
