@@ -93,11 +93,16 @@ class ActionQueue:
         self._threads: list[threading.Thread] = []
         self._stopping = False
         self._batch_ids = itertools.count(1)
+        self._turns = itertools.count(1)
+        self._served: dict[int, int] = {}
+        """When each payload last had an action taken: the least recently served goes next (new ones first)."""
         self.outcomes: Counter[tuple[str, str]] = Counter()
         """Finished actions by (action, outcome), plus duplicates."""
         self.dropped: Counter[str] = Counter()
         """Actions not queued (or pushed out), by cause."""
         self._warned: set[str] = set()
+        self._failing = 0
+        """Times a target started failing (logged at the 1st, 10th, 100th, ...)."""
 
     # ------------------------------------------------------------------ taking actions
     def new_batch(self) -> int:
@@ -196,7 +201,7 @@ class ActionQueue:
         """The next action to send (its target marked busy), taking payloads in turn; None if none may go now.
         Called with the lock held."""
         now = self._clock()
-        for batch in list(self._batches):
+        for batch in sorted(self._batches, key=lambda b: self._served.get(b, 0)):  # stable: then by arrival
             for name in self._batches[batch]:
                 target = self._targets[name]
                 if target.busy or target.retry_at > now:
@@ -205,9 +210,9 @@ class ActionQueue:
                 target.queue.remove(action)
                 target.busy = True
                 self._unqueue(action, name)
-                self._batches[batch] = self._batches.pop(batch, {})  # this payload goes to the back of the turn
-                if not self._batches[batch]:
-                    del self._batches[batch]
+                self._served[batch] = next(self._turns)  # this payload goes to the back of the turn
+                if len(self._served) > 4 * self.total:
+                    self._served = {b: n for b, n in self._served.items() if b in self._batches}
                 self._in_flight += 1
                 return action
         return None
@@ -254,10 +259,13 @@ class ActionQueue:
                 wait = min(self.max_backoff, self.backoff * 2 ** min(target.failures - 1, 30))
                 target.retry_at = self._clock() + wait
                 if target.failures == 1:
-                    log.warning("%s: %s; its target's actions wait %.0f s, then are retried", action.what, detail,
-                                wait)
+                    self._failing += 1
+                    if self._failing == 10 ** (len(str(self._failing)) - 1):  # 1st, 10th, 100th, ...
+                        log.warning("%s: %s; its target's actions wait %.0f s, then are retried (%d targets failed "
+                                    "so far)", action.what, detail, wait, self._failing)
                 again = action.retry and self._clock() - action.created + wait < self.retry_for
                 if again:  # first in its target's queue again, in its payload's turn
+                    self._in_flight -= 1
                     target.queue.appendleft(action)
                     counts = self._batches.setdefault(action.batch, {})
                     counts[action.target] = counts.get(action.target, 0) + 1
@@ -267,10 +275,11 @@ class ActionQueue:
                 if not target.queue and not target.busy and not target.failures:
                     del self._targets[action.target]  # forget healthy idle targets (the map stays bounded)
             self._cond.notify_all()
-        if not again:
-            if outcome == FAILED and action.attempts > 1:
-                detail = f"{detail}; gave up after {action.attempts} attempts"
-            self._finish(action, outcome, detail)  # still in flight: what it queues is seen by join()
+        if again:
+            return
+        if outcome == FAILED and action.attempts > 1:
+            detail = f"{detail}; gave up after {action.attempts} attempts"
+        self._finish(action, outcome, detail)  # still in flight: what it queues is seen by join()
         with self._cond:
             self._in_flight -= 1
             self._cond.notify_all()
@@ -325,14 +334,16 @@ class ActionQueue:
                 self._cond.wait(min(left, 0.1))
             return True
 
-    def stop(self) -> None:
-        """Stop the workers after their current request; what is queued is dropped."""
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the workers after their current request (waiting at most ``timeout`` seconds in all: they are
+        daemon threads); what is queued is dropped."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
             threads = list(self._threads)
+        deadline = time.monotonic() + timeout
         for thread in threads:
-            thread.join(1.0)
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _one_line(exc: BaseException) -> str:

@@ -571,7 +571,7 @@ class WebhookReceiver:
             fallback = _StopFallback(self, labels, batch, len(urls))
         results = [self._send(item, action, url, fallback, batch) for url in urls]
         return "; ".join(f"{url}: {result}" for url, result in zip(urls, results)), \
-            sum(result.endswith("queued") for result in results)
+            sum(result == f"{action} queued" for result in results)
 
     def _kubernetes_names(self, labels: Mapping[str, str]) -> None:
         namespace, job = labels.get(sc.SCRAPE_LABEL_NAMESPACE), labels.get(self.job_label)
