@@ -566,12 +566,26 @@ class WebhookReceiver:
         urls = self.targets.resolve(labels, self.job_label, self.rank_label, targets)
         if not urls:
             return "ignored: no control endpoint known for this job/rank", 0
-        fallback = None
+        fallback, note = None, ""
         if action == "stop" and self.kubernetes is not None and not self.dry_run:
-            fallback = _StopFallback(self, labels, batch, len(urls))
+            try:
+                self._kubernetes_job(labels)
+                fallback = _StopFallback(self, labels, batch, len(urls))
+            except LabelError as exc:  # the stop is still sent (and retried) without the fallback
+                self.rejected.add(exc.cause, f"not suspending: {exc}")
+                note = f"; not suspending the Job if it fails: {exc}"
         results = [self._send(item, action, url, fallback, batch) for url in urls]
-        return "; ".join(f"{url}: {result}" for url, result in zip(urls, results)), \
+        return "; ".join(f"{url}: {result}" for url, result in zip(urls, results)) + note, \
             sum(result == f"{action} queued" for result in results)
+
+    def _kubernetes_job(self, labels: Mapping[str, str]) -> tuple[str, str]:
+        """(namespace, Job name) of the alert, both Kubernetes names (they go into the API's URL path)."""
+        namespace, job = labels.get(sc.SCRAPE_LABEL_NAMESPACE), labels.get(self.job_label)
+        if not namespace:
+            raise LabelError(sc.SCRAPE_LABEL_NAMESPACE, "k8s", "")
+        self._kubernetes_names(labels)
+        assert job is not None  # resolved targets need it
+        return namespace, job
 
     def _kubernetes_names(self, labels: Mapping[str, str]) -> None:
         namespace, job = labels.get(sc.SCRAPE_LABEL_NAMESPACE), labels.get(self.job_label)
@@ -627,15 +641,7 @@ class WebhookReceiver:
         """Queue the suspension of the Job an alert names (a stop reached none of its processes)."""
         assert self.kubernetes is not None
         kubernetes = self.kubernetes
-        namespace, job = labels.get(sc.SCRAPE_LABEL_NAMESPACE), labels.get(self.job_label)
-        if not namespace or not job:
-            self.unsuccessful.add("suspend impossible", "the alert has no namespace or job_name label")
-            return
-        try:  # they go into the API's URL path
-            self._kubernetes_names(labels)
-        except LabelError as exc:
-            self.rejected.add(exc.cause, f"not suspending: {exc}")
-            return
+        namespace, job = self._kubernetes_job(labels)  # checked when the stop was queued
         what = f"suspend Job {namespace}/{job}"
 
         def on_done(outcome: str, detail: str) -> None:
