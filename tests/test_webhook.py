@@ -373,3 +373,26 @@ def test_kubernetes_fallback_suspends_the_job_and_control_port_template() -> Non
                      {"spec": {"suspend": True}})]
     assert status == 202 and answer["decisions"][0]["result"] == "http://10.0.0.7:9566: stop queued"
     assert receiver.queue.outcomes == {("stop", "failed"): 1, ("suspend", "sent"): 1}
+
+
+def test_the_webhook_process_serves_its_series_from_the_catalog(tmp_path: Path) -> None:
+    """`otelprof webhook` as a process: GET /metrics holds exactly the catalog's webhook series, zero at first."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from otelprof import semconv as sc
+    from tests.endpoints import WebhookProcess
+
+    process = WebhookProcess.start(tmp_path, ["train-a=http://127.0.0.1:9"])
+    try:
+        with urllib.request.urlopen(process.url + actions.METRICS_PATH, timeout=10) as response:
+            assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+        assert set(families) == {m.prometheus_name for m in sc.WEBHOOK_METRICS}
+        for spec in sc.WEBHOOK_METRICS:
+            family = families[spec.prometheus_name]
+            assert family.type == spec.kind.value and family.documentation == spec.description
+            assert all(set(s.labels) == set(spec.labels) and s.value == 0 for s in family.samples)
+        outcomes = {(s.labels["action"], s.labels["outcome"]) for s in families["otelprof_webhook_actions"].samples}
+        assert outcomes == {(a, o) for a in ("stop", "capture", "suspend") for o in sc.WEBHOOK_OUTCOMES}
+    finally:
+        assert "Traceback" not in process.stop()
