@@ -87,7 +87,9 @@ class ActionQueue:
         self._pending: dict[tuple[str, ...], Action] = {}
         """Queued or in flight, by key."""
         self._batches: dict[int, dict[str, int]] = {}
-        """Per payload: its queued actions per target, payloads in arrival order (the round robin's turn)."""
+        """Per payload: its queued actions per target, payloads in arrival order."""
+        self._sizes: Counter[int] = Counter()
+        """Per payload: its queued actions."""
         self._queued = 0
         self._in_flight = 0
         self._threads: list[threading.Thread] = []
@@ -126,16 +128,14 @@ class ActionQueue:
             target = self._targets.setdefault(action.target, _Target())
             if len(target.queue) >= self.per_target:
                 return self._drop(action, TARGET_FULL)
-            if self._queued >= self.total:
+            if self._queued + self._in_flight >= self.total:
                 evicted = self._evict(batch)
                 if evicted is None:
                     return self._drop(action, QUEUE_FULL)
             action.batch, action.created = batch, self._clock()
             target.queue.append(action)
             self._pending[action.key] = action
-            counts = self._batches.setdefault(batch, {})
-            counts[action.target] = counts.get(action.target, 0) + 1
-            self._queued += 1
+            self._count_in(action)
             self._start_worker()
             self._cond.notify()
         if evicted is not None:
@@ -163,11 +163,10 @@ class ActionQueue:
     def _evict(self, batch: int) -> Action | None:
         """At the total cap: take back the newest action of the payload with the most queued actions, if it holds
         more than ``batch`` would with the new one (so one payload cannot crowd out others)."""
-        sizes = {b: sum(counts.values()) for b, counts in self._batches.items()}
-        if not sizes:
+        if not self._sizes:
             return None
-        largest = max(sizes, key=lambda b: sizes[b])
-        if sizes[largest] <= sizes.get(batch, 0) + 1:
+        largest = max(self._sizes, key=lambda b: self._sizes[b])
+        if self._sizes[largest] <= self._sizes[batch] + 1:
             return None
         for name in reversed(self._batches[largest]):
             queue = self._targets[name].queue
@@ -180,7 +179,16 @@ class ActionQueue:
                     return action
         return None
 
+    def _count_in(self, action: Action) -> None:
+        counts = self._batches.setdefault(action.batch, {})
+        counts[action.target] = counts.get(action.target, 0) + 1
+        self._sizes[action.batch] += 1
+        self._queued += 1
+
     def _unqueue(self, action: Action, name: str) -> None:
+        self._sizes[action.batch] -= 1
+        if not self._sizes[action.batch]:
+            del self._sizes[action.batch]
         counts = self._batches[action.batch]
         counts[name] -= 1
         if not counts[name]:
@@ -267,9 +275,7 @@ class ActionQueue:
                 if again:  # first in its target's queue again, in its payload's turn
                     self._in_flight -= 1
                     target.queue.appendleft(action)
-                    counts = self._batches.setdefault(action.batch, {})
-                    counts[action.target] = counts.get(action.target, 0) + 1
-                    self._queued += 1
+                    self._count_in(action)
             if not again:
                 self._pending.pop(action.key, None)
                 if not target.queue and not target.busy and not target.failures:

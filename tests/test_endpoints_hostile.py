@@ -310,6 +310,7 @@ def test_a_valid_alert_still_reaches_its_own_target(victim: Victim) -> None:
         {"job_name": "train-a", "rank": "3", "pod_ip": "127.0.0.1", "local_rank": "1"}))))
     assert status == 202, answer
     assert receiver.queue.join(30)
+    receiver.queue.stop()
     assert len(victim.stops) == 1
 
 

@@ -210,6 +210,26 @@ def test_a_storm_to_hanging_targets_does_not_hold_up_a_stop_for_a_healthy_job(de
         healthy.server.stop()
 
 
+def test_at_the_total_cap_a_flood_gives_way_to_a_stop(dead: DeadTargets) -> None:
+    """A 5,000-alert payload fills the queue to its total; a later stop takes the place of the flood's newest
+    action instead of being dropped."""
+    healthy = HealthyProcess()
+    hanging = dead_targets(dead, 8)
+    webhook = Webhook([f"healthy={healthy.url}", DEAD_TEMPLATE], queue=ActionQueue(total=100))
+    queue = webhook.receiver.queue
+    try:
+        status, flood = webhook.post(payload(storm_alerts("flood", 5000, hanging)))
+        assert status == 202 and flood["queued"] == 100
+        assert queue.dropped == {QUEUE_FULL: 4900}
+        status, answer = webhook.post(payload([alert("healthy", "legit")]))
+        assert status == 202 and answer["queued"] == 1
+        assert queue.dropped == {QUEUE_FULL: 4901}  # the flood's newest action made room
+        assert healthy.stopped.wait(DEADLINE), "the healthy job's stop was not sent"
+    finally:
+        webhook.stop()
+        healthy.server.stop()
+
+
 def test_repeated_storms_to_one_dead_target_keep_one_action_queued(dead: DeadTargets) -> None:
     """Alertmanager re-sending the same alerts: identical pending actions are one; the dead target holds one
     worker and its queue never grows."""
@@ -335,7 +355,7 @@ def test_queue_caps_eviction_and_turns() -> None:
     payloads in turn."""
     order: list[str] = []
     gate = Blocked(order)
-    queue = ActionQueue(workers=1, per_target=2, total=3)
+    queue = ActionQueue(workers=1, per_target=2, total=4)
     done: list[tuple[str, str]] = []
 
     def action(name: str, target: str) -> Action:
@@ -348,7 +368,7 @@ def test_queue_caps_eviction_and_turns() -> None:
         while order != ["a1"]:  # the one worker took it and is blocked in it
             time.sleep(0.01)
         assert [queue.submit(action(n, "a:1"), storm) for n in ("a2", "a3", "a4")] == [QUEUED, QUEUED, TARGET_FULL]
-        assert queue.submit(action("b1", "b:1"), other) == QUEUED  # 3 queued: the total cap
+        assert queue.submit(action("b1", "b:1"), other) == QUEUED  # 1 in flight and 3 queued: the total cap
         assert queue.submit(action("c1", "c:1"), late) == QUEUED  # takes the storm's newest one's place
         assert ("a3", QUEUE_FULL) in done
         assert queue.submit(action("c2", "c:2"), late) == QUEUE_FULL  # no payload holds more than late would
