@@ -38,6 +38,11 @@ QUEUED = "queued"
 TARGET_FULL, QUEUE_FULL = sc.WEBHOOK_DROP_TARGET_FULL, sc.WEBHOOK_DROP_QUEUE_FULL
 
 
+MAX_SHARED = 16
+"""Duplicates whose ``on_done`` an action keeps (more are counted, not told): the same alert re-sent while its
+target is down costs no memory."""
+
+
 def retryable(status: int) -> bool:
     """Statuses worth another attempt: the target is overloaded or broken, not refusing this request."""
     return status >= 500 or status == 429
@@ -120,7 +125,7 @@ class ActionQueue:
                 return QUEUE_FULL
             same = self._pending.get(action.key)
             if same is not None:
-                same.on_done.extend(action.on_done)
+                same.on_done.extend(action.on_done[:max(0, MAX_SHARED - len(same.on_done))])
                 self.outcomes[(action.action, DUPLICATE)] += 1
                 return DUPLICATE
             if len(self._targets) > 2 * self.total:
