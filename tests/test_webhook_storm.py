@@ -118,6 +118,13 @@ def payload(alerts: list[dict[str, Any]]) -> bytes:
                        "alerts": alerts}).encode()
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 class Webhook:
     def __init__(self, targets: list[str], **options: Any) -> None:
         parsed = actions.TargetMap([actions.parse_target(t) for t in targets])
@@ -195,6 +202,7 @@ def test_a_storm_to_hanging_targets_does_not_hold_up_a_stop_for_a_healthy_job(de
             + control.LIMITS.workers  # the healthy endpoint's
 
         # /metrics: what happened, in the catalog's names; Prometheus' linter accepts it
+        wait_until(lambda: queue.outcomes[("stop", "sent")] == 1)  # counted once the process's answer is read
         text = webhook.get(actions.METRICS_PATH).decode()
         lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=text, capture_output=True,
                               text=True, timeout=60)
