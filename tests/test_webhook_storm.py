@@ -23,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from otelprof import actions, control
+from otelprof._http import BackgroundServer, Limits, QuietHandler
 from otelprof.action_queue import MAX_SHARED, QUEUE_FULL, QUEUED, TARGET_FULL, Action, ActionQueue
 from otelprof.control import ControlServer
 from tests.servers import free_port, require_binary
@@ -198,8 +199,8 @@ def test_a_storm_to_hanging_targets_does_not_hold_up_a_stop_for_a_healthy_job(de
         assert queue.depth() <= min(queue.total, len(hanging) * (queue.per_target + 1))
         workers = [t for t in threading.enumerate() if t.name.startswith("otelprof-webhook-action")]
         assert len(workers) == queue.workers
-        assert threading.active_count() <= threads_before + queue.workers + actions.LIMITS.workers \
-            + control.LIMITS.workers  # the healthy endpoint's
+        assert threading.active_count() <= threads_before + queue.workers + actions.LIMITS.workers + 1 \
+            + control.LIMITS.workers  # the webhook's server, its worker kept for probes, the healthy endpoint's
 
         # /metrics: what happened, in the catalog's names; Prometheus' linter accepts it
         wait_until(lambda: queue.outcomes[("stop", "sent")] == 1)  # counted once the process's answer is read
@@ -467,3 +468,40 @@ def test_health_and_metrics_are_answered_while_targets_hang(dead: DeadTargets) -
         assert info.value.code == 400
     finally:
         webhook.stop()
+
+
+def test_probes_go_before_requests_waiting_for_a_busy_worker() -> None:
+    """With its one worker held by a request and more waiting, the server still answers GET /healthz (a server
+    with priority paths keeps a worker for them); without priority paths the probe would wait its turn."""
+    release, entered = threading.Event(), threading.Event()
+
+    class Handler(QuietHandler):
+        def do_POST(self) -> None:
+            entered.set()
+            release.wait(30)
+            self.send_json(200, {})
+
+        def do_GET(self) -> None:
+            self.send_json(200, {"ok": True})
+
+    server = BackgroundServer(Limits(workers=1, priority_paths=("/healthz",)))
+    host, port = server.start("127.0.0.1", 0, Handler, "probe-test")
+    posts = [socket.create_connection((host, port), timeout=DEADLINE) for _ in range(3)]
+    try:
+        posts[0].sendall(b"POST /x HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        assert entered.wait(DEADLINE)
+        for sock in posts[1:]:
+            sock.sendall(b"POST /x HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        for _ in range(3):
+            with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=DEADLINE) as response:
+                assert json.load(response) == {"ok": True}
+        with pytest.raises(OSError):  # another path is no probe: it waits for the worker
+            urllib.request.urlopen(f"http://{host}:{port}/healthzz", timeout=1)
+        release.set()
+        for sock in posts:
+            assert sock.recv(100).startswith(b"HTTP/1.0 200")
+    finally:
+        release.set()
+        for sock in posts:
+            sock.close()
+        server.stop()
