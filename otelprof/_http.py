@@ -79,8 +79,9 @@ class Limits:
     max_body: int = 0
     """Largest body read before a worker is involved; a longer one is refused (or read) by the handler."""
     priority_paths: tuple[str, ...] = ()
-    """Paths whose ``GET`` requests (cheap ones: health, metrics) go before every other waiting request and may
-    take one worker beyond :attr:`workers`, so a probe is never queued behind slow requests. None by default."""
+    """Paths whose ``GET`` requests (cheap ones: health, metrics) go before the other waiting requests (one such
+    request at a time) and may take one worker beyond :attr:`workers`, so a probe is never queued behind slow
+    requests. None by default."""
 
 
 class QuietHandler(BaseHTTPRequestHandler):
@@ -356,8 +357,9 @@ class BackgroundServer:
                         if state != "wait":
                             del receiving[key.fd]
                             selector.unregister(connection.sock)
-                            if state == "ready" and self._priority(connection):
-                                ready.appendleft(connection)
+                            if state == "ready" and self._priority(connection) and not (
+                                    ready and self._priority(ready[0])):  # one at a time: a flood of probes
+                                ready.appendleft(connection)  # waits its turn like any request
                             elif state == "ready":
                                 ready.append(connection)
                             else:
