@@ -8,8 +8,11 @@ here; what happens to them is logged and counted (``otelprof.webhook.*`` in the 
   the total the newest action of the payload holding the most actions is dropped (which may be the new one),
   so a storm cannot crowd out a payload of one alert. Drops are counted by cause and warned about once.
 * **One request in flight per target**, :attr:`ActionQueue.workers` in all: a target that hangs holds one
-  worker, never more. Workers serve the pending payloads in turn (round robin), so a stop for a healthy job
-  is sent next to, not behind, a storm of actions for dead ones.
+  worker, never more. Workers serve the pending payloads in turn (the least recently served first, so a new
+  payload goes next), so a stop for a healthy job is sent next to, not behind, a storm of actions for dead
+  ones. (Many payloads of one alert each for distinct dead targets are still tried in arrival order.)
+* **Bounded attempts**: :func:`otelprof.actions.post_json` connects within a second and ends within the
+  webhook's ``--timeout``, whatever the target does.
 * **A circuit breaker per target**: after a failed attempt (unreachable, timed out, or answered 5xx / 429)
   its actions wait ``backoff`` seconds (doubling up to :attr:`ActionQueue.max_backoff`) and are retried until
   they are :attr:`ActionQueue.retry_for` seconds old; then they are given up (``failed``).
