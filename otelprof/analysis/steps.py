@@ -42,6 +42,8 @@ class PhaseSteps:
     (``durations.min`` is then NaN)."""
     max_bucket: Bucket | None = None
     """Likewise the bucket holding the slowest step."""
+    outlier_excess: float = math.nan
+    """Seconds the outlier steps took beyond the median step, all of them (NaN when the steps are not known)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
             numbers = list(compress(c.number, c.phase_mask(phase)))
             numbers = [n for n, d in zip(numbers, durations) if d > limit]
             kept = [d for d in durations if d <= limit]
+            median = quantile(sorted(durations), 0.5) if durations else math.nan
+            excess = math.fsum(d - median for d in durations if d > limit)
             busy = math.fsum(durations)
             phase_samples = finite(compress(samples, map(code.__eq__, map(c.phase.__getitem__, samples_at))))
             phase_tokens = finite(compress(tokens, map(code.__eq__, map(c.phase.__getitem__, tokens_at))))
@@ -108,5 +112,5 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
                 info.rank, info.node, phase, Distribution.of(durations), limit, len(numbers),
                 tuple(numbers[:MAX_LISTED_OUTLIERS]), Histogram.of(kept, bins),
                 quantile(sorted(phase_samples), 0.5) if phase_samples else None, per_second,
-                math.fsum(phase_tokens) / busy if phase_tokens and busy > 0 else None))
+                math.fsum(phase_tokens) / busy if phase_tokens and busy > 0 else None, outlier_excess=excess))
     return StepAnalysis(sigma, tuple(rows), tuple(sorted(throughput.items())))

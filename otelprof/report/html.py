@@ -14,6 +14,7 @@ from html import escape
 
 from otelprof import semconv as sc
 from otelprof._version import __version__
+from otelprof.analysis import diagnosis as dg
 from otelprof.analysis import environment as envmod
 from otelprof.analysis import framework as fw
 from otelprof.analysis import progress as prog
@@ -31,6 +32,7 @@ UNCOVERED_WARN = 0.2
 """A phase whose steps spend more than this share in no region gets a note."""
 
 SECTIONS: tuple[tuple[str, str], ...] = (
+    ("diagnosis", "Diagnosis"),
     ("summary", "Job summary"),
     ("environment", "Environment"),
     ("training", "Training progress"),
@@ -176,6 +178,48 @@ def charts(*figures: str) -> str:
 
 def section(anchor: str, title: str, body: str) -> str:
     return f'<section id="{anchor}"><h2>{escape(title)}</h2>{body}</section>'
+
+
+FOLD_BADGES = {dg.STATUS_OK: ("ok", "nothing found"), dg.STATUS_NO_DATA: ("nodata", "no data"),
+               dg.STATUS_MINOR: ("ok", "minor")}
+
+
+def fold(html: str, verdict: dg.SectionVerdict | None) -> str:
+    """A section whose checks found nothing, as one line (its verdict) that opens to the whole section."""
+    if verdict is None or verdict.status not in FOLD_BADGES:
+        return html
+    head_end = html.index("</h2>") + len("</h2>")
+    open_tag = html.index(">") + 1
+    heading = html[open_tag:head_end]
+    body = html[head_end:-len("</section>")]
+    cls, label = FOLD_BADGES[verdict.status]
+    return (f'{html[:open_tag]}<details class="fold"><summary>{heading}<span class="badge {cls}">{label}</span> '
+            f'<span class="foldline">{escape(verdict.line)}</span></summary>{body}</details></section>')
+
+
+def _diagnosis(r: Report) -> str:
+    d = r.diagnosis
+    out = [f'<p class="headline {"good" if d.healthy else "warn"}">{escape(d.headline)}</p>']
+    if d.time_split:
+        out.append(f'<p class="split"><b>Where the step time goes:</b> {escape(d.time_split)}</p>')
+    if d.findings:
+        items = []
+        for i, f in enumerate(d.findings):
+            checks = "".join(f'<span class="badge fired">{escape(c)}</span> ' for c in f.checks)
+            items.append(
+                f'<li class="finding" id="finding-{i + 1}"><div class="cost"><b>{escape(f.title)}</b>: '
+                f'{escape(f.cost_text)} {checks}<span class="muted">({escape(f.kind)}, {escape(f.severity)})</span>'
+                f'</div><div class="action">What to do: {escape(f.action)}</div>'
+                f'<div class="evidence muted">{escape(f.evidence)}. <a href="#{escape(f.section)}">Details</a></div>'
+                "</li>")
+        out.append(f'<ol class="findings">{"".join(items)}</ol>')
+    if d.minor:
+        out.append(p("Minor (less than " + dg.pct(dg.MATERIAL) + " of the step time each): "
+                     + "; ".join(f"{f.title.lower()}: {f.cost_text}" for f in d.minor) + "."))
+    if _from_prometheus(r):
+        out.append(p("From Prometheus: the same diagnosis from the metrics; figures only a recording holds (outlier "
+                     f"step time, operator tables) are in {IN_RECORDING}."))
+    return section("diagnosis", "Diagnosis", "".join(out))
 
 
 # ---------------------------------------------------------------------------------------- sections
@@ -1153,12 +1197,16 @@ def _memory(r: Report) -> str:
 
 def render(report: Report) -> str:
     s = report.summary
+    d = report.diagnosis
     sections = [
-        _summary(report), _environment(report), _training(report), _system(report), _framework(report),
-        _rules(report),
+        _diagnosis(report), _summary(report), _environment(report), fold(_training(report), d.section("training")),
+        _system(report), _framework(report), _rules(report),
         '<h2 class="muted">Analyzing the training loop</h2>',
-        _steps(report), _gpu(report), _device(report), _balance(report), _dataloader(report), _batch(report),
-        _bottleneck(report, io=False), _bottleneck(report, io=True), _memory(report),
+        *(fold(html, d.section(anchor)) for anchor, html in (
+            ("steps", _steps(report)), ("gpu", _gpu(report)), ("device", _device(report)),
+            ("balance", _balance(report)), ("dataloader", _dataloader(report)), ("batch", _batch(report)),
+            ("cpu-bottleneck", _bottleneck(report, io=False)), ("io-bottleneck", _bottleneck(report, io=True)),
+            ("gpu-memory", _memory(report)))),
     ]
     if report.notes:
         sections.append(section("notes", "Notes", "".join(note(n) for n in report.notes)))
