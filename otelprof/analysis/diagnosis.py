@@ -235,7 +235,7 @@ def _input_bound(rules: RulesSummary, framework: FrameworkSummary, loader: DataL
                 f"{secs(worst.wait.p50)}, p95 {secs(worst.wait.p95)} per step; {worst.input_bound_steps:,} of "
                 f"{worst.steps:,} steps waited more than {pct(loader.input_bound_threshold)} of their time")
     return Finding("input-bound", "Waiting for data", cost,
-                   f"{pct(cost)} of {phase} step time ({secs(wait)} of {secs(step_time)}) waiting for data",
+                   f"{pct(cost)} of {phase} step time ({secs(wait)} of {secs(step_time)})",
                    evidence, _loader_action(config, ranks_on_node, bool(gpus.gpus), io_share), CAUSE, "warning",
                    checks, "dataloader")
 
