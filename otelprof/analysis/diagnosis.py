@@ -460,7 +460,7 @@ def diagnose(rules: RulesSummary, summary: JobSummary, framework: FrameworkSumma
     else:
         top = findings[0]
         count = "1 finding" if len(findings) == 1 else f"{len(findings)} findings"
-        headline = f"{count}. First: {top.title.lower()}: {top.cost_text}."
+        headline = f"{count}. {top.title}: {top.cost_text}."
     lines = _section_lines(framework, loader, gpus, system, steps)
     return Diagnosis(healthy, headline, split, tuple(findings), tuple(minor),
                      _sections(findings, minor, rules, lines))
