@@ -411,7 +411,17 @@ def _sections(findings: Sequence[Finding], minor: Sequence[Finding], rules: Rule
         extra = lines.get(anchor)
         out.append(SectionVerdict(anchor, status, f"{line}; {extra}" if extra and status != STATUS_FINDING
                                   else line))
+    if rules.rows and not rules.fired:
+        judged = len(rules.judged)
+        out.append(SectionVerdict("rules", STATUS_OK if judged else STATUS_NO_DATA,
+                                  f"{len(rules.rows)} checks, none fired: {judged} judged the run, "
+                                  f"{len(rules.no_data)} had no data"))
     return tuple(out)
+
+
+def check_order(d: Diagnosis) -> tuple[str, ...]:
+    """The fired checks in the order of the findings they back (causes first)."""
+    return tuple(dict.fromkeys(c for f in (*d.findings, *d.minor) for c in f.checks))
 
 
 def _section_lines(framework: FrameworkSummary, loader: DataLoaderAnalysis, gpus: GpuAnalysis,

@@ -707,14 +707,16 @@ def _rules(r: Report) -> str:
                      f"recording every {secs(rules.interval)} with the same windows, warm-up and thresholds. “Fired” "
                      "counts the evaluations at which the check was firing; datapoints are the samples or steps it "
                      "judged."))
-    judged, no_data = rules.judged, rules.no_data
-    fired = rules.fired
+    order = {name: i for i, name in enumerate(dg.check_order(r.diagnosis))}
+    judged = tuple(sorted(rules.judged, key=lambda row: (not row.triggered, order.get(row.alert, len(order)))))
+    no_data = rules.no_data
+    fired = [row for row in judged if row.triggered]
     if fired:
         top = fired[0]
-        out.append(note(f"{len(fired)} of {len(judged)} checks with data fired. The one firing most often was "
-                        f"{top.alert}: it judged {top.datapoints:,} datapoints and fired at {top.firing_evaluations} "
-                        f"of {top.evaluations} evaluations" + (f", first at {when(top.first_fired)}"
-                                                               if top.first_fired else "") + ".", "warn"))
+        out.append(note(f"{len(fired)} of {len(judged)} checks with data fired, in the diagnosis's order (causes "
+                        f"first): {', '.join(row.alert for row in fired)}. {top.alert} judged {top.datapoints:,} "
+                        f"datapoints and fired at {top.firing_evaluations} of {top.evaluations} evaluations"
+                        + (f", first at {when(top.first_fired)}" if top.first_fired else "") + ".", "warn"))
     elif judged:
         out.append(note(f"None of the {len(judged)} checks with data fired.", "good"))
     elif rules.rows:
@@ -1208,6 +1210,7 @@ def render(report: Report) -> str:
             ("cpu-bottleneck", _bottleneck(report, io=False)), ("io-bottleneck", _bottleneck(report, io=True)),
             ("gpu-memory", _memory(report)))),
     ]
+    sections[6] = fold(sections[6], d.section("rules"))
     if report.notes:
         sections.append(section("notes", "Notes", "".join(note(n) for n in report.notes)))
     nav = "".join(f'<a href="#{anchor}">{escape(title)}</a>' for anchor, title in SECTIONS)
