@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from otelprof.analysis.batch import BatchSize
 from otelprof.analysis.bottlenecks import Bottleneck
 from otelprof.analysis.dataloader import DataLoaderAnalysis, LoaderConfig
-from otelprof.analysis.framework import BETWEEN_STEPS, UNCOVERED, FrameworkSummary
+from otelprof.analysis.framework import BETWEEN_STEPS, FrameworkSummary
 from otelprof.analysis.gpu import GpuAnalysis
 from otelprof.analysis.loadbalance import LoadBalance
 from otelprof.analysis.rules import RuleRow, RulesSummary
@@ -412,9 +412,9 @@ def _sections(findings: Sequence[Finding], minor: Sequence[Finding], rules: Rule
         out.append(SectionVerdict(anchor, status, f"{line}; {extra}" if extra and status != STATUS_FINDING
                                   else line))
     if rules.rows and not rules.fired:
-        judged = len(rules.judged)
-        out.append(SectionVerdict("rules", STATUS_OK if judged else STATUS_NO_DATA,
-                                  f"{len(rules.rows)} checks, none fired: {judged} judged the run, "
+        count = len(rules.judged)
+        out.append(SectionVerdict("rules", STATUS_OK if count else STATUS_NO_DATA,
+                                  f"{len(rules.rows)} checks, none fired: {count} judged the run, "
                                   f"{len(rules.no_data)} had no data"))
     return tuple(out)
 

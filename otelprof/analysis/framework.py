@@ -284,7 +284,8 @@ def _window(rank: int, record: dict[str, Any], cpu: dict[str, list[float]], gpu:
         windows.append(ProfileWindow(rank, int(record.get("start_step", 0)), int(record.get("num_steps", 0)),
                                      int(record.get("t", 0)) / 1e9, int(record.get("d", 0)) / 1e9,
                                      str(record["trace_file"]) if record.get("trace_file") else None))
-        trace = record.get("operators") if isinstance(record.get("operators"), dict) else {}
+        found = record.get("operators")
+        trace: dict[str, Any] = found if isinstance(found, dict) else {}
         sources = (("cpu", record.get("cpu_ops") or trace.get("ops") or [], cpu),
                    ("gpu", record.get("gpu_ops") or trace.get("kernels") or [], gpu))
         for device, ops, acc in sources:
