@@ -15,10 +15,13 @@ from typing import Any
 
 import pytest
 
+from otelprof.analysis.dataloader import wait_histogram
 from otelprof.analysis.diagnosis import CAUSE, SYMPTOM, diagnosis_dict
 from otelprof.analysis.report import build_report, load
+from otelprof.analysis.stats import Histogram, quantile
+from otelprof.report import svg
 from otelprof.report.commands import resolve_run
-from otelprof.report.html import render
+from otelprof.report.html import render, size
 from tests.test_report import CHROMIUM_FLAGS, chromium, otelprof
 from tests.test_report_fixtures import T0, manifest, small_samples, step_line, write_rank
 
@@ -210,3 +213,27 @@ def test_findings_are_ranked_by_cost_causes_before_symptoms(tmp_path: Path) -> N
     median = 0.1
     assert outliers.cost == pytest.approx(12 * (1.24 - median) / sum(x for _, x in waits), rel=1e-6)
     assert "12 outlier steps" in outliers.cost_text and math.isfinite(outliers.cost or math.nan)
+
+
+def test_data_loader_wait_histogram_keeps_its_bulk_apart_from_a_few_stalls() -> None:
+    """1,000 waits of 10 to 20 ms and 5 stalls of 1 s: over the whole range every wait but the stalls falls in the
+    first of 50 bins (one bar); the histogram spans up to the 99th percentile instead, the stalls in its last bin."""
+    waits = [0.01 + 0.01 * (i % 100) / 100 for i in range(1000)] + [1.0] * 5
+    assert sum(1 for c in Histogram.of(waits, 50).counts if c) == 2  # the defect: one bar and the stalls
+    histogram, clipped = wait_histogram(waits)
+    assert clipped == 5 + sum(1 for w in waits if quantile(sorted(waits), 0.99) < w < 1.0)
+    assert histogram.total == len(waits) and sum(1 for c in histogram.counts if c) > 40
+    assert histogram.edges[-1] == pytest.approx(quantile(sorted(waits), 0.99))
+    steady = [0.01 + 0.001 * i for i in range(100)]  # no far tail: the whole range, nothing clipped
+    assert wait_histogram(steady) == (Histogram.of(steady, 50), 0)
+
+
+def test_an_axis_of_non_negative_values_has_no_negative_tick() -> None:
+    """Bytes held over a window (a flat curve, and one starting at 0) and step times: ticks from 0 up."""
+    for ys in ([4e6] * 5, [0.0, 1e6, 3e6, 2e6, 0.0], [0.2, 0.25, 0.21]):
+        xs = [float(i) for i in range(len(ys))]
+        chart = svg.xy([("rank 0", xs, ys, ys, ys)], "allocated", size, str)
+        ticks = re.findall(r'class="tick">([^<]*)<', chart)
+        assert ticks and not any(t.startswith("-") for t in ticks), ticks
+    chart = svg.xy([("loss", [0.0, 1.0], [-1.0, 2.0], [-1.0, 2.0], [-1.0, 2.0])], "loss", str, str)
+    assert any(t.startswith("-") for t in re.findall(r'class="tick">([^<]*)<', chart))  # negative data keeps them

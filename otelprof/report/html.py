@@ -956,7 +956,10 @@ def _dataloader(r: Report) -> str:
         figures = [figure(svg.histogram(x.histogram.edges, x.histogram.counts, f"Data-loader wait, rank {x.rank}",
                                         secs, width=460, markers=[("p25", x.wait_p25), ("p50", x.wait.p50),
                                                                   ("p95", x.wait.p95)]),
-                          f"Wait per step, rank {x.rank} {x.phase}.") for x in d.phases[:MAX_HISTOGRAMS]
+                          f"Wait per step, rank {x.rank} {x.phase}"
+                          + (f"; the last bin also holds the {x.histogram_clipped:,} longest waits (up to "
+                             f"{secs(x.wait.max)}), far beyond the rest." if x.histogram_clipped else "."))
+                   for x in d.phases[:MAX_HISTOGRAMS]
                    if x.histogram.counts]
         out.append(charts(*figures))
     for loader in d.loaders:
