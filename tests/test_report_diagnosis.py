@@ -19,6 +19,8 @@ from otelprof.analysis.dataloader import wait_histogram
 from otelprof.analysis.diagnosis import CAUSE, SYMPTOM, diagnosis_dict
 from otelprof.analysis.report import build_report, load
 from otelprof.analysis.stats import Histogram, quantile
+from otelprof.mixin import MixinConfig
+from otelprof.mixin.config import with_overrides
 from otelprof.report import svg
 from otelprof.report.commands import resolve_run
 from otelprof.report.html import render, size
@@ -204,7 +206,17 @@ def test_findings_are_ranked_by_cost_causes_before_symptoms(tmp_path: Path) -> N
         t += d
     life = {"process_start": T0, "first_step_start": T0 + 5, "last_step_end": t, "shutdown": t + 1}
     write_rank(run, 0, manifest(lifecycle=life, run_id="stalls"), steps, small_samples(T0 + 10, gpus=False))
-    d = build_report(load(run)).diagnosis
+    # windows short enough for this 43 s run: StepOutliers fires at more evaluations than InputBound
+    config = with_overrides(MixinConfig(), ["input_bound_window=20s", "input_bound_for=20s",
+                                            "step_outlier_n_outliers=2", "step_outlier_min_steps=50"])
+    report = build_report(load(run), config)
+    d = report.diagnosis
+    fired = [(r.alert, r.firing_evaluations) for r in report.rules.rows if r.triggered]
+    assert [a for a, _ in fired] == ["OtelprofStepOutliers", "OtelprofInputBound"], fired  # most often first
+    assert [f.checks for f in d.findings[:2]] == [("OtelprofInputBound",), ("OtelprofStepOutliers",)]
+    html = render(report)
+    assert "(causes first): OtelprofInputBound, OtelprofStepOutliers." in html
+    assert html.index("<b>OtelprofInputBound</b>") < html.index("<b>OtelprofStepOutliers</b>")  # the table too
     keys = [f.key for f in d.findings]
     assert keys[:2] == ["input-bound", "outliers"], keys
     share = sum(w for w, _ in waits) / sum(x for _, x in waits)
