@@ -14,6 +14,7 @@ Every text here is final: the HTML report, ``otelprof check`` and its JSON only 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from otelprof.analysis.batch import BatchSize
 from otelprof.analysis.bottlenecks import Bottleneck
 from otelprof.analysis.dataloader import DataLoaderAnalysis, LoaderConfig
+from otelprof.analysis.device import DeviceAnalysis
 from otelprof.analysis.framework import BETWEEN_STEPS, FrameworkSummary
 from otelprof.analysis.gpu import GpuAnalysis
 from otelprof.analysis.loadbalance import LoadBalance
@@ -348,7 +350,7 @@ def _gpu_idle(rules: RulesSummary, gpus: GpuAnalysis, batch: BatchSize) -> Findi
     idle = [g for g in gpus.gpus if g.underused or g.fluctuating]
     if not checks and not idle:
         return None
-    used = [g for g in gpus.gpus if g.utilization.count]
+    used = [g for g in gpus.gpus if g.utilization.count and math.isfinite(g.utilization.mean)]
     if not used:
         return None
     mean = math.fsum(g.utilization.mean for g in used) / len(used)
@@ -445,16 +447,21 @@ def _section_lines(framework: FrameworkSummary, loader: DataLoaderAnalysis, gpus
     return lines
 
 
+def _finite(f: Finding) -> Finding:
+    """A cost that is not a number (a figure Prometheus lacks) is no cost."""
+    return f if f.cost is None or math.isfinite(f.cost) else dataclasses.replace(f, cost=None)
+
+
 def diagnose(rules: RulesSummary, summary: JobSummary, framework: FrameworkSummary, steps: StepAnalysis,
              loader: DataLoaderAnalysis, load: LoadBalance, gpus: GpuAnalysis, system: SystemUsage,
-             cpu: Bottleneck, io: Bottleneck, batch: BatchSize) -> Diagnosis:
+             cpu: Bottleneck, io: Bottleneck, batch: BatchSize, device: DeviceAnalysis | None = None) -> Diagnosis:
     """The ranked findings of a run from its analyses and check results."""
     io_finding = _bottleneck(rules, io, loader, summary)
     candidates: Iterable[Finding | None] = (
         _input_bound(rules, framework, loader, summary, gpus, io), _straggler(rules, load),
         _bottleneck(rules, cpu, loader, summary), io_finding, _slow_start(rules, summary, framework),
         _between_steps(framework), _outliers(rules, steps, framework), _gpu_idle(rules, gpus, batch))
-    found = [f for f in candidates if f is not None]
+    found = [_finite(f) for f in candidates if f is not None]
     found += [_check_finding(r) for r in rules.rows if r.triggered and short(r.alert) not in MAPPED]
     minor = sorted((f for f in found if f.cost is not None and f.cost < MATERIAL and f.kind != RISK
                     and f.severity != "critical"), key=_rank)
@@ -472,8 +479,11 @@ def diagnose(rules: RulesSummary, summary: JobSummary, framework: FrameworkSumma
         count = "1 finding" if len(findings) == 1 else f"{len(findings)} findings"
         headline = f"{count}. {top.title}: {top.cost_text}."
     lines = _section_lines(framework, loader, gpus, system, steps)
-    return Diagnosis(healthy, headline, split, tuple(findings), tuple(minor),
-                     _sections(findings, minor, rules, lines))
+    sections = _sections(findings, minor, rules, lines)
+    if device is not None and device == DeviceAnalysis():
+        sections += (SectionVerdict("device", STATUS_NO_DATA, "no data: no profiling window counted FLOPs or saw "
+                                    "kernels or allocations, no CUDA-event device time, no CUDA allocator figures"),)
+    return Diagnosis(healthy, headline, split, tuple(findings), tuple(minor), sections)
 
 
 def diagnosis_dict(d: Diagnosis) -> dict[str, object]:

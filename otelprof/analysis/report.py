@@ -74,7 +74,8 @@ class Report:
         if not self.diagnosis.headline:
             object.__setattr__(self, "diagnosis", diagnose(
                 self.rules, self.summary, self.framework, self.steps, self.dataloader, self.load, self.gpus,
-                self.system, self.cpu_bottleneck, self.io_bottleneck, self.batch))
+                self.system, self.cpu_bottleneck, self.io_bottleneck, self.batch,
+                None if self.origin == ORIGIN_PROMETHEUS else self.device))
 
 
 def load(path: str | Path, progress: Callable[[str], None] | None = None) -> Recording:
