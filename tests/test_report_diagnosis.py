@@ -225,6 +225,10 @@ def test_findings_are_ranked_by_cost_causes_before_symptoms(tmp_path: Path) -> N
     median = 0.1
     assert outliers.cost == pytest.approx(12 * (1.24 - median) / sum(x for _, x in waits), rel=1e-6)
     assert "12 outlier steps" in outliers.cost_text and math.isfinite(outliers.cost or math.nan)
+    # its action from the outlier steps' own regions: the data loader took 1.14 s more in them
+    assert f"In the outlier steps dataloader took 1.14 s more than in the others, of the {1.24 - median:.3g} s " \
+           "each lost: the data loader stalls" in outliers.action
+    assert "--from-step 24 --to-step 24" in outliers.action
 
 
 def test_data_loader_wait_histogram_keeps_its_bulk_apart_from_a_few_stalls() -> None:

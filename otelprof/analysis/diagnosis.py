@@ -19,6 +19,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from otelprof import semconv as sc
 from otelprof.analysis.batch import BatchSize
 from otelprof.analysis.bottlenecks import Bottleneck
 from otelprof.analysis.dataloader import DataLoaderAnalysis, LoaderConfig
@@ -27,7 +28,7 @@ from otelprof.analysis.framework import BETWEEN_STEPS, FrameworkSummary
 from otelprof.analysis.gpu import GpuAnalysis
 from otelprof.analysis.loadbalance import LoadBalance
 from otelprof.analysis.rules import RuleRow, RulesSummary
-from otelprof.analysis.steps import StepAnalysis
+from otelprof.analysis.steps import PhaseSteps, StepAnalysis
 from otelprof.analysis.summary import JobSummary
 from otelprof.analysis.system import SystemUsage
 from otelprof.mixin.config import ALERT_PREFIX
@@ -340,9 +341,32 @@ def _outliers(rules: RulesSummary, steps: StepAnalysis, framework: FrameworkSumm
          if cost is not None else f"{count:,} outlier steps"),
         f"rank {worst.rank} {worst.phase}: {worst.outliers:,} steps slower than {secs(worst.threshold)} (median "
         f"{secs(worst.durations.p50)}, slowest {secs(worst.durations.max)})" + (f"; steps {listed}" if listed else ""),
-        "Open those steps on the timeline (otelprof timeline) and see which region grew; when it is the data "
-        "loader, the data-loading finding is the cause.",
-        SYMPTOM, "warning", checks, "steps")
+        _outlier_action(worst), SYMPTOM, "warning", checks, "steps")
+
+
+def _outlier_action(row: PhaseSteps) -> str:
+    """What the outlier steps' own regions say: the region that grew most, against the time they lost."""
+    per_step = row.outlier_excess / row.outliers if row.outliers and math.isfinite(row.outlier_excess) else None
+    first = row.outlier_steps[0] if row.outlier_steps else None
+    where = (f" Open them on the timeline: otelprof timeline RUN_DIR --phase {row.phase} --from-step {first} "
+             f"--to-step {first}." if first is not None else " Open them on the timeline (otelprof timeline).")
+    if not row.outlier_regions:
+        return ("No region grew in them: the time went outside every region (host syncs, logging, checkpointing "
+                "inside the step); annotate the loop (otelprof.annotate) to see where." + where)
+    name, more = row.outlier_regions[0]
+    share = f", of the {secs(per_step)} each lost" if per_step else ""
+    text = f"In the outlier steps {name} took {secs(more)} more than in the others{share}: "
+    if name == sc.REGION_DATALOADER:
+        text += ("the data loader stalls (a slow read, a worker restarting each epoch): more workers, "
+                 "prefetch_factor, persistent_workers=True, a faster store.")
+    elif name in (sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER):
+        text += ("the computation itself slowed — another process on the cores, garbage collection, or longer "
+                 "inputs (record tokens per step, so that a long batch is judged per token).")
+    else:
+        text += f"look at what {name} does at those steps."
+    if per_step and more < per_step / 2:
+        text += " Most of the rest is outside every region: annotate the loop (otelprof.annotate)."
+    return text + where
 
 
 def _gpu_idle(rules: RulesSummary, gpus: GpuAnalysis, batch: BatchSize) -> Finding | None:
