@@ -425,15 +425,14 @@ def _sections(findings: Sequence[Finding], minor: Sequence[Finding], rules: Rule
         if pointed:
             status, line = STATUS_FINDING, pointed[0].cost_text
         elif small:
-            status, line = STATUS_MINOR, f"minor: {small[0].cost_text}"
+            status, line = STATUS_MINOR, small[0].cost_text
         elif judged:
             status = STATUS_OK
-            line = "nothing found: " + ", ".join(f"{short(r.alert)} ok ({r.datapoints:,} datapoints)"
-                                                 for r in judged)
+            line = ", ".join(f"{short(r.alert)} ok ({r.datapoints:,} datapoints)" for r in judged)
         else:
             status = STATUS_NO_DATA
-            line = ("no data: " + ", ".join(short(r.alert) for r in rows) + " had nothing to judge") if rows else \
-                "no data"
+            line = (", ".join(short(r.alert) for r in rows) + " had nothing to judge") if rows else \
+                "nothing was recorded for it"
         extra = lines.get(anchor)
         out.append(SectionVerdict(anchor, status, f"{line}; {extra}" if extra and status != STATUS_FINDING
                                   else line))
@@ -505,7 +504,7 @@ def diagnose(rules: RulesSummary, summary: JobSummary, framework: FrameworkSumma
     lines = _section_lines(framework, loader, gpus, system, steps)
     sections = _sections(findings, minor, rules, lines)
     if device is not None and device == DeviceAnalysis():
-        sections += (SectionVerdict("device", STATUS_NO_DATA, "no data: no profiling window counted FLOPs or saw "
+        sections += (SectionVerdict("device", STATUS_NO_DATA, "no profiling window counted FLOPs or saw "
                                     "kernels or allocations, no CUDA-event device time, no CUDA allocator figures"),)
     return Diagnosis(healthy, headline, split, tuple(findings), tuple(minor), sections)
 
