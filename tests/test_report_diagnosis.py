@@ -162,6 +162,8 @@ def test_an_input_bound_run_leads_with_waiting_for_data_in_the_first_screen(tmp_
     assert seen["box"] is not None and seen["box"]["bottom"] <= FIRST_SCREEN, seen
     assert "Waiting for data" in seen["seen"] and f"num_workers={max(1, int(config.cpus_available))}" in seen["seen"]
     assert seen["last"] <= 1280 and seen["nav"] < 200, seen  # every navigation link inside the window
+    cli = otelprof("report", str(run), "-q", "-o", str(tmp_path / "cli.html"))
+    assert f"diagnosis: {d.headline}" in cli.stdout.splitlines()
     # check leads with the same diagnosis
     text = otelprof("check", str(run))
     assert text.stdout.startswith("DIAGNOSIS: ") and " 1. Waiting for data: " in text.stdout

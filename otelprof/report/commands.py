@@ -110,6 +110,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _err("report", f"cannot write {output}: {exc}")
     fired = [r.alert for r in report.rules.rows if r.triggered]
     print(f"wrote {output} ({len(text.encode()) / 1024:.0f} KiB)")
+    if report.diagnosis.headline:
+        print(f"diagnosis: {one_line(report.diagnosis.headline, 1000)}")
     if fired:
         print(f"checks that fired: {', '.join(fired)}")
     if report.rules.error:
