@@ -229,7 +229,8 @@ def _input_bound(rules: RulesSummary, framework: FrameworkSummary, loader: DataL
     cost = wait / step_time if step_time > 0 else 0.0
     if not checks and cost < MATERIAL:
         return None
-    worst = max(loader.phases, key=lambda x: x.wait_share)
+    worst = max((x for x in loader.phases if x.phase == phase), default=None, key=lambda x: x.wait_share) \
+        or max(loader.phases, key=lambda x: x.wait_share)
     node = next((r.node for r in summary.ranks if r.rank == worst.rank), "")
     ranks_on_node = sum(1 for r in summary.ranks if r.node == node) or 1
     config = next((x for x in loader.loaders if x.rank == worst.rank), None)
@@ -496,6 +497,13 @@ def diagnose(rules: RulesSummary, summary: JobSummary, framework: FrameworkSumma
                     + f" and nothing costs {pct(MATERIAL)} of the step time or more.")
         if not summary.steps_per_phase:
             headline = "Nothing to judge: no steps were recorded."
+            healthy = False
+        elif rules.skipped or rules.error:
+            headline = (f"Nothing costs {pct(MATERIAL)} of the step time or more; the checks were not evaluated, so "
+                        "this is the analyses' word alone.")
+        elif rules.rows and not rules.judged:
+            headline = (f"Nothing costs {pct(MATERIAL)} of the step time or more, but no check had data to judge "
+                        "(a run shorter than their warm-up, or no GPU): no verdict yet.")
             healthy = False
     else:
         top = findings[0]
