@@ -79,10 +79,11 @@ def one_round(rng: random.Random, record_dir: str, ending: str) -> dict[str, Any
     model, steps, every = Net(), rng.randint(3, 9), rng.randint(2, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     otorch.instrument(model, optimizer)
-    start = rng.randint(0, steps - 1)
-    length = steps - start if ending == "flops" else rng.randint(1, 6)
-    if ending == "flops":
-        length = max(length - 1, 1)  # the window ends before the last step, which counts FLOPs
+    if ending == "flops":  # the window ends a step before the last, which counts FLOPs
+        start = rng.randint(0, steps - 2)
+        length = steps - 1 - start
+    else:
+        start, length = rng.randint(0, steps - 1), rng.randint(1, 6)
     windows.arm(start, length, trigger="periodic", phase="train")
     if rng.random() < 0.3:
         session.capture(rng.randint(1, 3))

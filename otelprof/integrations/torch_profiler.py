@@ -156,10 +156,11 @@ class ProfileWindows:
             running, self._running = self._running, None
             after, self._after = self._after, None
             counting, self._counting = self._counting, None
-            for callbacks, callback in ((hot._step_begin, self._on_begin), (hot._step_boundary, self._on_end),
-                                        (hot._step_boundary, self._on_counted)):
-                while callback in callbacks:  # type: ignore[comparison-overlap]
-                    callbacks.remove(callback)  # type: ignore[arg-type]
+            while self._on_begin in hot._step_begin:
+                hot._step_begin.remove(self._on_begin)
+            for callback in (self._on_end, self._on_counted):
+                while callback in hot._step_boundary:
+                    hot._step_boundary.remove(callback)
             self._orphans += [window for window in (running, counting) if window is not None]
             threads, self._threads = self._threads, []
         for window in (after, counting):
