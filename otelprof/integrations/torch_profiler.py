@@ -25,11 +25,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.sdk.trace import Event
+
+from otelprof import _warnings
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import info_once, logger, warn_once
-from otelprof._version import __version__
 from otelprof.recording import schema
+from otelprof.span_builder import SpanBuilder
 
 _PRECISIONS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("fp8", re.compile(r"fp8|e4m3|e5m2", re.I)),
@@ -306,14 +309,15 @@ class ProfileWindows:
 
             current = _session()
             memory = bool(current is not None and current.config.profile_memory)
-            window.profiler = profile(activities=activities, record_shapes=False, with_stack=False,
-                                      profile_memory=memory)
-            window.thread = threading.get_ident()
-            _watch_thread_end()
-            with _quiet_stderr():
-                before = torch.empty(16) if memory else None
-                window.profiler.start()
-                del before  # see UNKNOWN_FREE_WARNING
+            with _warnings.untouched():  # the first start imports torch._inductor, whose imports add filters
+                window.profiler = profile(activities=activities, record_shapes=False, with_stack=False,
+                                          profile_memory=memory)
+                window.thread = threading.get_ident()
+                _watch_thread_end()
+                with _quiet_stderr():
+                    before = torch.empty(16) if memory else None
+                    window.profiler.start()
+                    del before  # see UNKNOWN_FREE_WARNING
         except Exception as exc:  # another profiler is active, or Kineto is unavailable
             window.thread = 0
             warn_once("profile:start", "otelprof: cannot start torch.profiler (%s); window skipped", exc)
@@ -333,7 +337,7 @@ class ProfileWindows:
         ended_ns = time.time_ns()
         window.thread = 0
         try:
-            with _quiet_stderr():
+            with _quiet_stderr(), _warnings.untouched():
                 window.profiler.stop()
         except Exception as exc:
             warn_once("profile:stop", "otelprof: torch.profiler failed to stop (%s)", exc)
@@ -348,7 +352,7 @@ def _stop_profiler(window: _Window) -> None:
     profiler, window.profiler, window.thread = window.profiler, None, 0
     window.measured.set()
     if profiler is not None:
-        with contextlib.suppress(Exception), _quiet_stderr():
+        with contextlib.suppress(Exception), _quiet_stderr(), _warnings.untouched():
             profiler.stop()
 
 
@@ -464,10 +468,24 @@ def _kineto_trace(window: _Window, keep: str | None) -> dict[str, Any] | None:
             os.unlink(path)
 
 
+def _profile_span(builder: SpanBuilder, window: _Window, summary: dict[str, Any], ended_ns: int) -> list[Any]:
+    """The window's ``otelprof.profile`` span, its top operators as events (none when the sampler drops it)."""
+    attributes = {sc.ATTR_PROFILE_START: window.start_step, sc.ATTR_PROFILE_STEPS: window.num_steps,
+                  sc.ATTR_PROFILE_TRIGGER: window.trigger}
+    context = builder.new_trace(sc.SPAN_PROFILE, attributes)
+    if context is None:
+        return []
+    events = [Event("operator", {sc.ATTR_OP_NAME: op["name"], sc.ATTR_OP_DEVICE: device, sc.ATTR_OP_CALLS: op["calls"],
+                                 sc.ATTR_OP_SELF_TIME: op["self_s"], sc.ATTR_OP_TOTAL_TIME: op["total_s"]}, ended_ns)
+              for device, ops in (("cpu", summary["cpu_ops"]), ("gpu", summary["gpu_ops"])) for op in ops]
+    return [builder.span(sc.SPAN_PROFILE, context, None, window.started_ns, ended_ns, attributes, events)]
+
+
 def _summarize(window: _Window, ended_ns: int) -> None:
     began = time.thread_time()
     try:
-        _process(window, ended_ns, began)
+        with _warnings.untouched():
+            _process(window, ended_ns, began)
     except Exception:
         logger.exception("otelprof: summarizing a profiling window failed")
         if window.on_finished is not None:
@@ -518,18 +536,7 @@ def _process(window: _Window, ended_ns: int, began: float) -> None:
     record["overhead_s"] = overhead
     if session.writer is not None:
         session.writer.add_json(schema.PROFILES, record)
-    tracer = session.tracer_provider.get_tracer(sc.SCOPE_NAME, __version__)
-    span = tracer.start_span(sc.SPAN_PROFILE, start_time=window.started_ns, attributes={
-        sc.ATTR_PROFILE_START: window.start_step, sc.ATTR_PROFILE_STEPS: window.num_steps,
-        sc.ATTR_PROFILE_TRIGGER: window.trigger})
-    for device, ops in (("cpu", summary["cpu_ops"]), ("gpu", summary["gpu_ops"])):
-        for op in ops:
-            span.add_event("operator", attributes={sc.ATTR_OP_NAME: op["name"], sc.ATTR_OP_DEVICE: device,
-                                                   sc.ATTR_OP_CALLS: op["calls"],
-                                                   sc.ATTR_OP_SELF_TIME: op["self_s"],
-                                                   sc.ATTR_OP_TOTAL_TIME: op["total_s"]},
-                           timestamp=ended_ns)
-    span.end(end_time=ended_ns)
+    recorder.add_spans(_profile_span(recorder.span_builder, window, summary, ended_ns), reason="window")
     with session.registry.lock:
         session.registry.counter(sc.PROFILE_WINDOWS).add(1)
         session.registry.counter(sc.PROFILE_OVERHEAD).add(overhead)
