@@ -218,11 +218,11 @@ class Recorder:
             found = (self._window_spans.get((phase, n)) for n in range(start_step, start_step + num_steps))
             return [s for s in found if s is not None]
 
-    def add_spans(self, spans: Sequence[ReadableSpan], dropped: int = 0) -> None:
+    def add_spans(self, spans: Sequence[ReadableSpan], dropped: int = 0, reason: str = "operator") -> None:
         """Operator spans built elsewhere (off the hot path): exported and recorded with the step spans."""
         self._collected.extend(spans)
         with self.registry.lock:
-            self.spans_built.add(len(spans), ("operator",))
+            self.spans_built.add(len(spans), (reason,))
             if dropped:
                 self.dropped.add(dropped, (sc.DROPPED_OPERATOR_SPANS,))
 

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from otelprof import _warnings
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import info_once, warn_once
@@ -1097,7 +1098,8 @@ class TorchInstrumentation:
         self._on_remove("collective", _unpatch_ddp_class)
         # torch warns at each call of a torch.compile'd module while global hooks exist that they fire for it too:
         # that is expected here (only top-level calls count), and the training job's stderr stays quiet.
-        warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
+        with _warnings.untouched():  # the warnings the job was already shown stay shown
+            warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
         self._on_remove("forward", _forget_compile_hooks_warning)
 
     def hand_over(self, framework: str) -> None:
