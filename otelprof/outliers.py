@@ -9,6 +9,7 @@ order, so the live rules and their offline twin judge the same steps the same wa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from otelprof import thresholds
@@ -30,18 +31,16 @@ class StepJudge:
         """Judge a step (seconds, its tokens or samples if recorded), then remember it; the seconds it lost
         when it is an outlier, else 0.0."""
         excess = self.time.excess(duration)
-        if units is not None and units > 0:
-            if not self.per_unit.excess(duration / units):
-                return 0.0
+        if units is not None and units > 0 and not self.per_unit.excess(duration / units):
+            return 0.0
         return excess
 
 
 def step_units(tokens: float | None, samples: float | None) -> float | None:
     """What a step's time is judged per: its tokens where recorded, else its samples, else nothing."""
-    if tokens is not None and tokens > 0:
-        return tokens
-    if samples is not None and samples > 0:
-        return samples
+    for units in (tokens, samples):
+        if units is not None and 0 < units < math.inf:
+            return units
     return None
 
 

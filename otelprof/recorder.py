@@ -26,9 +26,9 @@ from otelprof._log import describe_exception, logger, sanitize, warn_once
 from otelprof.config import Config
 from otelprof.integrations.operators import StepSpan
 from otelprof.metrics import MetricRegistry
+from otelprof.outliers import LossSpikes, StepJudge, in_windows, step_units
 from otelprof.recording import schema
 from otelprof.recording.writer import RecordingWriter
-from otelprof.outliers import LossSpikes, StepJudge, in_windows, step_units
 from otelprof.sampling import SpanSelector
 from otelprof.span_builder import SpanBuilder
 
