@@ -24,7 +24,7 @@ from otelprof.mixin.config import with_overrides
 from otelprof.mixin.generate import render_alerts
 from otelprof.mixin.promql import series_name
 from otelprof.recording.reader import read_recording
-from otelprof.sampling import flag_outliers
+from otelprof.outliers import LossSpikes, StepJudge
 from tests.servers import require_binary
 
 SCRAPE = 5.0
@@ -52,16 +52,19 @@ def _samples(cpu: Callable[[float], list[float]], gpus: Callable[[float], dict[s
 
 def _steps(duration: Callable[[float], float], wait: Callable[[float], float] = lambda t: 0.0,
            collective: Callable[[float], float] = lambda t: 0.0, loss: Callable[[float, int], float] | None = None,
-           start: float = 5.0) -> list[StepRecord]:
-    """Steps back to back; outliers flagged as the recorder flags them (its default settings)."""
+           start: float = 5.0, grad_norm: Callable[[float], float] | None = None) -> list[StepRecord]:
+    """Steps back to back; outliers flagged, and their cost, as the recorder's judge finds them (its default
+    settings)."""
     out, t, n = [], start, 0
     while t + duration(t) <= END:
         d = duration(t)
-        out.append(StepRecord("train", t, t + d, wait(t), collective(t), loss(t, n) if loss else None))
+        out.append(StepRecord("train", t, t + d, wait(t), collective(t), loss(t, n) if loss else None,
+                              grad_norm(t) if grad_norm else None))
         t += d
         n += 1
-    flags = flag_outliers([s.end - s.start for s in out], 3.0, 20)
-    return [dataclasses.replace(s, outlier=bool(f)) for s, f in zip(out, flags)]
+    judge = StepJudge(3.0, 20)
+    costs = [judge.observe(s.end - s.start) for s in out]
+    return [dataclasses.replace(s, outlier=c > 0, excess=c) for s, c in zip(out, costs)]
 
 
 def cpu_bound() -> list[RankData]:
@@ -139,7 +142,8 @@ def stalled_then_resumed() -> list[RankData]:
 
 def outliers() -> list[RankData]:
     """Steady 63.6 +- 1.9 ms steps with jitter spikes (+10-40 %) every 25 steps: 3-sigma "outliers" but not
-    materially slower, so quiet; from 600 s every 40th step stalls (3 x): a real outlier alert."""
+    materially slower, so quiet; from 600 s every 20th step stalls (5 x, 17 % of the step time): a real outlier
+    alert once the 10-minute window holds more than 5 % of cost."""
     import random
 
     rng = random.Random(11)
@@ -150,8 +154,8 @@ def outliers() -> list[RankData]:
         d = rng.gauss(0.0636, 0.0019)
         if count[0] % 25 == 0:
             d *= rng.uniform(1.1, 1.4)
-        if t > 600 and count[0] % 40 == 0:
-            d *= 3
+        if t > 600 and count[0] % 40 == 0:  # (two calls per step: every 20th step)
+            d *= 5
         return d
 
     return [RankData("jittery", 0, "n1", 0.0, END, [], _steps(duration))]
@@ -188,13 +192,13 @@ QUIET = {  # and what it must not show
     "loss_plateau_and_nan": {(720.0, "OtelprofLossNotDecreasing")},
     "stalled_then_resumed": {(720.0, "OtelprofLossNotDecreasing"), (720.0, "OtelprofTrainingStalled"),
                              (880.0, "OtelprofLossNotDecreasing")},
-    "outliers": {(420.0, "OtelprofStepOutliers"), (720.0, "OtelprofStepOutliers")},  # stalls under 1 %
+    "outliers": {(420.0, "OtelprofStepOutliers"), (720.0, "OtelprofStepOutliers")},  # stalls cost under 5 %
 }
 CONFIGS = {  # windows short enough for the 900-s scenarios
     "memory": with_overrides(CONFIG, ["patience=60s", "host_memory_increase_window=60s",
                                       "host_memory_increase_for=0s"]),
-    "loss_plateau_and_nan": with_overrides(CONFIG, ["loss_window=60s"]),
-    "stalled_then_resumed": with_overrides(CONFIG, ["loss_window=60s", "stalled_training_threshold=100s"]),
+    "loss_plateau_and_nan": with_overrides(CONFIG, ["loss_window=60s", "loss_for=0s"]),
+    "stalled_then_resumed": with_overrides(CONFIG, ["loss_window=60s", "loss_for=0s", "stalled_training_threshold=100s"]),
 }
 
 
@@ -251,9 +255,9 @@ def exposition(ranks: Sequence[RankData]) -> list[dict[str, str]]:
             if not done:
                 continue
             pl = {**ident, "phase": "train"}
-            outlier_count = sum(1 for s in done if s.outlier)
-            if outlier_count:  # the recorder creates the counter with the first outlier
-                out.put(series_name(sc.STEP_OUTLIERS) + _labels(**pl), i, outlier_count, n)
+            # the recorder creates the outlier counters with the first step
+            out.put(series_name(sc.STEP_OUTLIERS) + _labels(**pl), i, sum(1 for s in done if s.outlier), n)
+            out.put(series_name(sc.STEP_OUTLIER_EXCESS) + _labels(**pl), i, math.fsum(s.excess for s in done), n)
             out.put(series_name(sc.STEP_FIRST_TIMESTAMP) + _labels(**ident), i, r.steps[0].start, n)
             out.put(series_name(sc.STEPS) + _labels(**pl), i, len(done), n)
             out.put(series_name(sc.STEP_LAST_TIMESTAMP) + _labels(**pl), i, done[-1].end, n)
@@ -272,6 +276,15 @@ def exposition(ranks: Sequence[RankData]) -> list[dict[str, str]]:
             finite = [s.loss for s in done if s.loss is not None and math.isfinite(s.loss)]
             if finite:
                 out.put(series_name(sc.LOSS) + _labels(**pl), i, finite[-1], n)
+                out.put(series_name(sc.LOSS_SUMMED) + _labels(**pl), i, math.fsum(finite), n)
+                out.put(series_name(sc.LOSS_SQUARED) + _labels(**pl), i, math.fsum(v * v for v in finite), n)
+                out.put(series_name(sc.LOSS_RECORDED) + _labels(**pl), i, len(finite), n)
+                spikes = LossSpikes()
+                out.put(series_name(sc.LOSS_SPIKES) + _labels(**pl), i, sum(map(spikes.observe, finite)), n)
+            norms = [s.grad_norm for s in done if s.grad_norm is not None and math.isfinite(s.grad_norm)]
+            if norms:
+                out.put(series_name(sc.GRAD_NORM_SUMMED) + _labels(**pl), i, math.fsum(norms), n)
+                out.put(series_name(sc.GRAD_NORM_RECORDED) + _labels(**pl), i, len(norms), n)
     return [{"series": key, "values": " ".join(values)} for key, values in out.values.items()]
 
 
