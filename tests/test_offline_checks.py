@@ -23,8 +23,8 @@ from otelprof.mixin import MixinConfig, yamlout
 from otelprof.mixin.config import with_overrides
 from otelprof.mixin.generate import render_alerts
 from otelprof.mixin.promql import series_name
-from otelprof.recording.reader import read_recording
 from otelprof.outliers import LossSpikes, StepJudge
+from otelprof.recording.reader import read_recording
 from tests.servers import require_binary
 
 SCRAPE = 5.0
@@ -198,7 +198,8 @@ CONFIGS = {  # windows short enough for the 900-s scenarios
     "memory": with_overrides(CONFIG, ["patience=60s", "host_memory_increase_window=60s",
                                       "host_memory_increase_for=0s"]),
     "loss_plateau_and_nan": with_overrides(CONFIG, ["loss_window=60s", "loss_for=0s"]),
-    "stalled_then_resumed": with_overrides(CONFIG, ["loss_window=60s", "loss_for=0s", "stalled_training_threshold=100s"]),
+    "stalled_then_resumed": with_overrides(CONFIG, ["loss_window=60s", "loss_for=0s",
+                                                    "stalled_training_threshold=100s"]),
 }
 
 
