@@ -421,16 +421,17 @@ class Recorder:
         """A step's loss and gradient norm as sums and counts (the rules' per-step means), and loss spikes."""
         loss = values.get(sc.SCALAR_LOSS)
         if loss is not None and math.isfinite(loss):
-            total = self._loss_totals[labels[0]] = self._loss_totals.get(labels[0], 0.0) + loss
-            self.loss_summed.set(total, labels)
-            self.loss_squared.add(loss * loss, labels)
-            self.loss_recorded.add(1, labels)
             spikes = self._spikes.get(phase)
             if spikes is None:
                 spikes = self._spikes[phase] = LossSpikes()
                 self.loss_spikes.add(0, labels)  # present from the first loss: no spike is a count of 0
             if spikes.observe(loss):
-                self.loss_spikes.add(1, labels)
+                self.loss_spikes.add(1, labels)  # counted as a spike, kept out of the means (LossSpike speaks)
+            else:
+                total = self._loss_totals[labels[0]] = self._loss_totals.get(labels[0], 0.0) + loss
+                self.loss_summed.set(total, labels)
+                self.loss_squared.add(loss * loss, labels)
+                self.loss_recorded.add(1, labels)
         norm = values.get(sc.SCALAR_GRAD_NORM)
         if norm is not None and math.isfinite(norm) and norm >= 0:
             self.grad_norm_summed.add(norm, labels)

@@ -379,14 +379,15 @@ LOSS = MetricSpec("otelprof.loss", Kind.GAUGE, "", "Last recorded loss.", (LABEL
 LEARNING_RATE = MetricSpec("otelprof.learning_rate", Kind.GAUGE, "", "Last recorded learning rate.", (LABEL_PHASE,))
 GRAD_NORM = MetricSpec("otelprof.grad_norm", Kind.GAUGE, "", "Last recorded global gradient norm.", (LABEL_PHASE,))
 LOSS_SUMMED = MetricSpec(
-    "otelprof.loss.summed", Kind.GAUGE, "", "Sum of the finite losses recorded in steps (a running total that "
-    "falls with negative losses); its growth over a window divided by otelprof.loss.recorded's is the window's "
-    "mean loss per step.", (LABEL_PHASE,), updown=True)
+    "otelprof.loss.summed", Kind.GAUGE, "", "Sum of the finite losses recorded in steps, spikes left out (a "
+    "running total that falls with negative losses); its growth over a window divided by otelprof.loss.recorded's "
+    "is the window's mean loss per step.", (LABEL_PHASE,), updown=True)
 LOSS_SQUARED = MetricSpec(
-    "otelprof.loss.squared", Kind.COUNTER, "", "Sum of the squares of the finite losses recorded in steps (the "
-    "noise of a window's mean loss).", (LABEL_PHASE,))
+    "otelprof.loss.squared", Kind.COUNTER, "", "Sum of the squares of the finite losses recorded in steps, spikes "
+    "left out (the noise of a window's mean loss).", (LABEL_PHASE,))
 LOSS_RECORDED = MetricSpec(
-    "otelprof.loss.recorded", Kind.COUNTER, "{value}", "Finite losses recorded in steps.", (LABEL_PHASE,))
+    "otelprof.loss.recorded", Kind.COUNTER, "{value}", "Finite losses recorded in steps, spikes left out.",
+    (LABEL_PHASE,))
 LOSS_SPIKES = MetricSpec(
     "otelprof.loss.spikes", Kind.COUNTER, "{step}",
     "Steps whose loss jumped: above OTELPROF_LOSS_SPIKE_RATIO x the median and mean + OTELPROF_LOSS_SPIKE_SIGMA x "

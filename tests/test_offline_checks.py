@@ -161,7 +161,23 @@ def outliers() -> list[RankData]:
     return [RankData("jittery", 0, "n1", 0.0, END, [], _steps(duration))]
 
 
+def noisy_loss_with_a_spike() -> list[RankData]:
+    """A loss falling with 18 % noise per batch (one batch every 0.5 s), 10 times higher for 5 steps at 600 s:
+    a spike, and no plateau (the falling loss is measurably lower window after window, and the spike is left
+    out of the means)."""
+    import random
+
+    rng = random.Random(5)
+
+    def loss(t: float, n: int) -> float:
+        value = (0.2 + 2.0 * math.exp(-t / 300)) * rng.uniform(0.82, 1.18)
+        return value * 10 if 600 <= t < 602.5 else value
+
+    return [RankData("spiky", 0, "n1", 0.0, END, [], _steps(lambda t: 0.5, loss=loss))]
+
+
 SCENARIOS: dict[str, Callable[[], list[RankData]]] = {
+    "noisy_loss_with_a_spike": noisy_loss_with_a_spike,
     "cpu_bound": cpu_bound,
     "input_bound_then_nan": input_bound_then_nan,
     "straggler_and_imbalance": straggler_and_imbalance,
@@ -174,6 +190,7 @@ SCENARIOS: dict[str, Callable[[], list[RankData]]] = {
     "outliers": outliers,
 }
 EXPECTED = {  # sanity: what each scenario must show (both sides), so the comparison is never vacuous
+    "noisy_loss_with_a_spike": {(720.0, "OtelprofLossSpike"), (880.0, "OtelprofLossSpike")},  # 10-min window
     "cpu_bound": {(720.0, "OtelprofCPUBottleneck"), (880.0, "OtelprofBatchSizeTooSmall")},
     "input_bound_then_nan": {(720.0, "OtelprofInputBound"), (720.0, "OtelprofNonFiniteValues")},
     "straggler_and_imbalance": {(720.0, "OtelprofRankStraggler"), (880.0, "OtelprofGPULoadImbalance")},
@@ -187,6 +204,9 @@ EXPECTED = {  # sanity: what each scenario must show (both sides), so the compar
     "outliers": {(880.0, "OtelprofStepOutliers")},
 }
 QUIET = {  # and what it must not show
+    "noisy_loss_with_a_spike": {(420.0, "OtelprofLossSpike"),
+                                (420.0, "OtelprofLossNotDecreasing"), (720.0, "OtelprofLossNotDecreasing"),
+                                (880.0, "OtelprofLossNotDecreasing")},
     "memory": {(420.0, "OtelprofHostMemoryIncrease"), (720.0, "OtelprofHostMemoryNearLimit")},
     "host_memory_without_limit": {(420.0, "OtelprofHostMemoryNearLimit")},
     "loss_plateau_and_nan": {(720.0, "OtelprofLossNotDecreasing")},
@@ -195,6 +215,7 @@ QUIET = {  # and what it must not show
     "outliers": {(420.0, "OtelprofStepOutliers"), (720.0, "OtelprofStepOutliers")},  # stalls cost under 5 %
 }
 CONFIGS = {  # windows short enough for the 900-s scenarios
+    "noisy_loss_with_a_spike": with_overrides(CONFIG, ["loss_window=60s", "loss_for=30s"]),
     "memory": with_overrides(CONFIG, ["patience=60s", "host_memory_increase_window=60s",
                                       "host_memory_increase_for=0s"]),
     "loss_plateau_and_nan": with_overrides(CONFIG, ["loss_window=60s", "loss_for=0s"]),
@@ -277,11 +298,12 @@ def exposition(ranks: Sequence[RankData]) -> list[dict[str, str]]:
             finite = [s.loss for s in done if s.loss is not None and math.isfinite(s.loss)]
             if finite:
                 out.put(series_name(sc.LOSS) + _labels(**pl), i, finite[-1], n)
-                out.put(series_name(sc.LOSS_SUMMED) + _labels(**pl), i, math.fsum(finite), n)
-                out.put(series_name(sc.LOSS_SQUARED) + _labels(**pl), i, math.fsum(v * v for v in finite), n)
-                out.put(series_name(sc.LOSS_RECORDED) + _labels(**pl), i, len(finite), n)
-                spikes = LossSpikes()
-                out.put(series_name(sc.LOSS_SPIKES) + _labels(**pl), i, sum(map(spikes.observe, finite)), n)
+                spike = list(map(LossSpikes().observe, finite))  # spikes are counted, and left out of the sums
+                kept = [v for v, s in zip(finite, spike) if not s]
+                out.put(series_name(sc.LOSS_SUMMED) + _labels(**pl), i, math.fsum(kept), n)
+                out.put(series_name(sc.LOSS_SQUARED) + _labels(**pl), i, math.fsum(v * v for v in kept), n)
+                out.put(series_name(sc.LOSS_RECORDED) + _labels(**pl), i, len(kept), n)
+                out.put(series_name(sc.LOSS_SPIKES) + _labels(**pl), i, sum(spike), n)
             norms = [s.grad_norm for s in done if s.grad_norm is not None and math.isfinite(s.grad_norm)]
             if norms:
                 out.put(series_name(sc.GRAD_NORM_SUMMED) + _labels(**pl), i, math.fsum(norms), n)

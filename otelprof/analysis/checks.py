@@ -267,6 +267,8 @@ class PhaseSteps:
     """Running total of the step durations."""
     spikes: array[int]
     """Running count of loss spikes, by the index of the phase's finite losses (``losses``)."""
+    trend: _Series
+    """The finite losses without the spikes: what the loss means judge (as the live sums hold them)."""
     inputs: _Series
     """Share of the step spent waiting for data, for steps that waited."""
     losses: _Series
@@ -313,12 +315,14 @@ class StepTable:
             durations = list(map(operator.sub, ends, starts))
             compute = map(operator.sub, durations, compress(collective, mask))
             excess = outliers.get(code) or [0.0] * len(ends)
-            spikes = LossSpikes()
+            spike = list(map(LossSpikes().observe, loss_values.values))
+            kept = list(map(operator.not_, spike))
             phases[name] = PhaseSteps(
                 array("d", ends), array("d", compute),
                 array("q", accumulate(map((0.0).__lt__, excess), initial=0)),
                 array("d", accumulate(excess, initial=0.0)), array("d", accumulate(durations, initial=0.0)),
-                array("q", accumulate(map(spikes.observe, loss_values.values), initial=0)),
+                array("q", accumulate(spike, initial=0)),
+                _Series(compress(loss_values.times, kept), compress(loss_values.values, kept)),
                 _Series(compress(ends, waited), ratios), loss_values, norm_values, bad_losses, bad_norms)
         return StepTable(array("d", end), phases)
 
@@ -578,8 +582,9 @@ class _Checks:
 
     # ---------------------------------------------------------------- training
     def _losses(self, r: RankData, phase: str) -> _Series:
+        """A phase's finite losses without spikes, as the live rules' sums hold them."""
         steps = self.steps[id(r)].phases.get(phase)
-        return steps.losses if steps is not None else _EMPTY
+        return steps.trend if steps is not None else _EMPTY
 
     def loss_not_decreasing(self, t: float) -> list[Firing]:
         lw = seconds(self.c.loss_window)
