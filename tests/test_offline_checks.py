@@ -402,3 +402,57 @@ def test_bucket_quantile_matches_prometheus_cases() -> None:
     assert bucket_quantile(0.99, bounds, [0, 0, 0, 0, 10]) == 1.0  # rank in +Inf: second-highest bound
     assert bucket_quantile(0.5, bounds, [10, 10, 10, 10, 10]) == pytest.approx(0.025)
     assert math.isnan(bucket_quantile(0.5, bounds, [0, 0, 0, 0, 0]))
+
+
+def test_outliers_by_cost_per_token_and_never_steps_otelprof_slowed(tmp_path: Path) -> None:
+    """A real recorded run of variable-length batches (20 ms + 0.5 ms per token), every 30th batch a long
+    document of 512 tokens (7 x the median step, no slower per token), every 40th step a 300-ms loader stall, and
+    a real operator-profiling window whose steps and the two after it are 300 ms slower (as otelprof's profiler
+    and FLOP count make them). Delays are large beside a loaded machine's scheduling jitter. The recorder counts
+    the stalls, not the long documents nor the slowed steps; the offline twin finds exactly the same outliers and
+    costs from the recording."""
+    import random
+    import time
+
+    from otelprof.integrations import torch_profiler
+
+    rng = random.Random(3)
+    otelprof.init(job_name="outliers", record_dir=str(tmp_path), system_metrics=False, outlier_min_steps=20,
+                  profile_every=0)  # no periodic windows: only the one armed here
+    session = otelprof.get_session()
+    assert session is not None and session.run_dir is not None
+    window = (60, 3)
+    torch_profiler.windows.arm(*window)
+    stalls, long_documents, slowed = set(), set(), set(range(60, 60 + 3 + 2))
+    for n in range(200):
+        tokens = 512 if n % 30 == 29 else rng.randint(16, 64)
+        extra = 0.0
+        if n % 40 == 39 and tokens < 512:  # (a stall in a long document's step is no slower per token)
+            stalls.add(n)
+            extra = 0.3
+        if n in slowed:
+            extra = 0.3
+        if tokens == 512:
+            long_documents.add(n)
+        with otelprof.step():
+            time.sleep(0.02 + 0.0005 * tokens + extra)
+            otelprof.record("tokens", tokens)
+            otelprof.record("loss", 1.0)
+    deadline = time.monotonic() + 60
+    windows = session.registry.counter(sc.PROFILE_WINDOWS)
+    while not windows.values and time.monotonic() < deadline:  # the window's summary is written
+        time.sleep(0.1)
+    session.recorder.drain()
+    live_count = session.recorder.step_outliers.values[("train",)]
+    live_cost = session.recorder.step_outlier_excess.values[("train",)]
+    run_dir = session.run_dir.parent
+    otelprof.shutdown()
+
+    rank = read_recording(run_dir).ranks[0]
+    assert checks.profiled_windows(rank) == {"train": [window]}
+    costs = checks.outlier_costs(rank, checks.OutlierSettings.of(rank.manifest.get("config") or {}, CONFIG))
+    numbers = list(rank.step_columns.number)
+    flagged = {numbers[i] for i, cost in enumerate(costs[0]) if cost > 0}
+    assert {n for n in stalls if n >= 20} <= flagged  # every stall once 20 steps were seen
+    assert not flagged & long_documents and not flagged & slowed
+    assert len(flagged) == live_count and math.fsum(costs[0]) == pytest.approx(live_cost)
