@@ -414,6 +414,8 @@ def test_outliers_by_cost_per_token_and_never_steps_otelprof_slowed(tmp_path: Pa
     import random
     import time
 
+    from otelprof.analysis.run import RunView
+    from otelprof.analysis.steps import step_analysis
     from otelprof.integrations import torch_profiler
 
     rng = random.Random(3)
@@ -448,8 +450,11 @@ def test_outliers_by_cost_per_token_and_never_steps_otelprof_slowed(tmp_path: Pa
     run_dir = session.run_dir.parent
     otelprof.shutdown()
 
-    rank = read_recording(run_dir).ranks[0]
+    recording = read_recording(run_dir)
+    rank = recording.ranks[0]
     assert checks.profiled_windows(rank) == {"train": [window]}
+    listed = set(step_analysis(RunView(recording)).rows[0].outlier_steps)  # the report's list of outlier steps
+    assert {n for n in stalls if n >= 20} <= listed and not listed & slowed
     costs = checks.outlier_costs(rank, checks.OutlierSettings.of(rank.manifest.get("config") or {}, CONFIG))
     numbers = list(rank.step_columns.number)
     flagged = {numbers[i] for i, cost in enumerate(costs[0]) if cost > 0}

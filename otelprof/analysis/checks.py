@@ -28,6 +28,7 @@ from itertools import accumulate, compress, repeat
 from otelprof import semconv as sc
 from otelprof import thresholds
 from otelprof.analysis.histogram import bucket_quantile
+from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.alerts import Alert, alerts
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.outliers import LossSpikes, StepJudge, in_windows
@@ -909,16 +910,6 @@ def _step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
                            [w / 1e9 for w in columns.annotation_sums(sc.REGION_DATALOADER)],
                            [c / 1e9 for c in columns.annotation_sums(sc.REGION_COLLECTIVE)],
                            outlier_costs(rank, outlier), columns.scalar("loss"), columns.scalar("grad_norm"))
-
-
-def profiled_windows(rank: RankRecording) -> dict[str, list[tuple[int, int]]]:
-    """Per phase, the operator-profiling windows (first step, steps) of a rank: steps otelprof slowed."""
-    windows: dict[str, list[tuple[int, int]]] = {}
-    for record in rank.profiles():
-        phase = record.get("phase")
-        if isinstance(phase, str):
-            windows.setdefault(phase, []).append((int(record["start_step"]), int(record["num_steps"])))
-    return windows
 
 
 def outlier_costs(rank: RankRecording, outlier: OutlierSettings) -> dict[int, list[float]]:
