@@ -603,7 +603,7 @@ class _Checks:
             if j - i > 1 and m - k > 1:
                 self.judged.add("LossNotDecreasing")
                 (mean_now, se2_now), (mean_before, se2_before) = _mean_se2(losses, i, j), _mean_se2(losses, k, m)
-                margin = self.c.loss_diff_percent / 100 * abs(mean_before) + \
+                margin = self.c.loss_diff_percent / 100 * abs(mean_before) - \
                     self.c.loss_noise_sigmas * math.sqrt(se2_now + se2_before)
                 if mean_now > mean_before - margin:
                     out.append(Firing(f"{r.subject} {self.c.train_phase}", mean_now))  # the live alert's labels

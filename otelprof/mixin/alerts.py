@@ -716,31 +716,35 @@ def _training(c: MixinConfig) -> list[Alert]:
                     f"{q.delta(sc.NONFINITE, f'{2 * int(lws)}s', matchers=train)} > 0")
     not_decreasing = Alert(
         "LossNotDecreasing", GROUP_TRAINING,
-        f"{now.mean}\n> {before.mean}\n  - {diff} * abs({before.mean})\n  - {noise}\n{steps_moving}\n"
+        f"{now.mean}\n> {before.mean}\n  - {diff} * abs({before.mean})\n  + {noise}\n{steps_moving}\n"
         # both windows inside training (from the first step on), so the earlier mean is not one early loss
         f"and on ({JOB}, {RANK}) (time() - {q.sel(sc.STEP_FIRST_TIMESTAMP)}) > {2 * int(lws)}",
         c.loss_for, "warning",
         "The training loss stopped decreasing.",
-        f"{AT_RANK}: mean training loss per step over the last {lw} is {VAL}, not measurably lower than over the "
-        f"{lw} before. Training may have converged or stalled.",
+        f"{AT_RANK}: mean training loss per step over the last {lw} is {VAL}, clearly not {c.loss_diff_percent:g} % "
+        f"lower than over the {lw} before (beyond the noise of both means). Training has converged or stalled.",
         mc.DASHBOARD_TRAINING_REPORT, (*IDENTITY, PHASE, *c.target_labels),
         Runbook(
-            meaning=f"The mean of the training losses recorded in the steps of the last {lw} is not lower than "
-                    f"their mean over the {lw} before by at least {c.loss_diff_percent:g} % of it plus "
+            meaning=f"The mean of the training losses recorded in the steps of the last {lw} is higher than their "
+                    f"mean over the {lw} before less {c.loss_diff_percent:g} % of it, by more than "
                     f"{c.loss_noise_sigmas:g} standard errors of the difference (the noise of the two means, from "
-                    f"the steps' sums of squares), for {c.loss_for}, while losses were recorded in both windows "
-                    "and every loss was finite. Judged once training has run for two windows. The means are per "
-                    "step (from otelprof_loss_summed, _squared_total and _recorded_total), so a checkpoint or an "
-                    "evaluation pass (no training steps) does not weigh any loss more than another.",
+                    "the steps' sums of squares): the loss surely did not fall by that much. It holds for "
+                    f"{c.loss_for}, while losses were recorded in both windows and every loss was finite; judged "
+                    "once training has run for two windows. The means are per step (from otelprof_loss_summed, "
+                    "_squared_total and _recorded_total), so a checkpoint or an evaluation pass (no training "
+                    "steps) weighs no loss more than another, and loss spikes (OtelprofLossSpike) are left out.",
             thresholds=_params(("window", lw), ("diff_percent", f"{c.loss_diff_percent:g} %"),
                                ("noise_sigmas", f"{c.loss_noise_sigmas:g}"), ("for", c.loss_for)),
-            limit=f"A loss whose {lw} mean falls by less than {c.loss_diff_percent:g} % plus "
-                  f"{c.loss_noise_sigmas:g} standard errors per {lw}. With per-step noise s (relative standard "
-                  f"deviation) and n steps per window the standard error of the difference is s x sqrt(2 / n): "
-                  f"s = 10 % and n = 1000 need a fall of "
-                  f"{c.loss_diff_percent + c.loss_noise_sigmas * 10 * (2 / 1000) ** 0.5:.2g} % per {lw}. A loss "
-                  f"that stops falling fires at the latest "
-                  f"{_human(2 * lws + seconds(c.loss_for))} after it flattens (both windows flat, then `for` "
+            limit=f"A loss whose {lw} mean falls by less than {c.loss_diff_percent:g} % less "
+                  f"{c.loss_noise_sigmas:g} standard errors per {lw}, or rises. With per-step noise s (relative "
+                  f"standard deviation) and n steps per window the standard error of the difference is s x "
+                  f"sqrt(2 / n): a flat loss fires when {c.loss_noise_sigmas:g} s sqrt(2 / n) < "
+                  f"{c.loss_diff_percent:g} %, e.g. s = 1 % with n = 1000 "
+                  f"({c.loss_noise_sigmas * (2 / 1000) ** 0.5:.2g} %); a noisier loss only once it rises by "
+                  f"more than its noise (s = 10 %, n = 1000: "
+                  f"{c.loss_noise_sigmas * 10 * (2 / 1000) ** 0.5 - c.loss_diff_percent:.2g} %); raise "
+                  "diff_percent (or the window) to catch flat noisy losses. A loss that stops falling fires at the "
+                  f"latest {_human(2 * lws + seconds(c.loss_for))} after it flattens (both windows flat, then `for` "
                   f"{c.loss_for}), and never before training (the first step) has run {_human(2 * lws)}.",
             todo="Expected near convergence: then stop or lower the learning rate. Early in training it "
                  "points at a learning rate that is too high or too low, a data pipeline that repeats the "
@@ -748,10 +752,10 @@ def _training(c: MixinConfig) -> list[Alert]:
                  "panel.",
             deviations="The original compared the loss at step s with the loss at step s - num_steps (10), one "
                        f"value each. This compares the per-step means of the last {lw} and the {lw} before, and "
-                       "asks for a decrease beyond the noise of those means: a single noisy batch cannot make it "
-                       "fire or keep it quiet. (Scraped values of a last-loss gauge would weigh one batch per "
-                       "scrape, and the same batch 10-15 times through an evaluation pass or a checkpoint; such a "
-                       "rule fired on 38-40 of 40 scrape phasings of a healthy run.)",
+                       "fires only when the shortfall is beyond the noise of those means: a healthy loss that falls "
+                       "more slowly than its noise can show stays quiet (scraped values of a last-loss gauge "
+                       "weighed one batch per scrape, and the same batch 10-15 times through an evaluation pass or "
+                       "a checkpoint, and fired on 38-40 of 40 scrape phasings of a healthy run).",
             original="LossNotDecreasing"))
 
     sw = c.loss_spike_window

@@ -145,8 +145,9 @@ class MixinConfig:
     loss_diff_percent: float = 0.1
     """LossNotDecreasing: the mean loss must fall by at least this percentage per window..."""
     loss_noise_sigmas: float = 2.0
-    """...and by more than this many standard errors of the difference of the two windows' means (the noise of
-    the means, from the per-step sums of squares): a decrease within the noise is no decrease."""
+    """...and it fires only when the later mean exceeds that mark by more than this many standard errors of the
+    difference of the two windows' means (their noise, from the per-step sums of squares): a shortfall within
+    the noise is no evidence of a plateau."""
     loss_for: str = "5m"
     # ---- LossSpike: the training process flags a loss above ratio x the median and mean + sigma x stddev of
     # its phase's recent losses (otelprof.thresholds); the fields state those settings for the runbook.

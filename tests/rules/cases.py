@@ -546,11 +546,16 @@ def training_groups() -> list[Group]:
     groups.append(losses("loss decreasing steadily", [(15, 2.0), (15, 1.9), (15, 1.8)])
                   .silent("LossNotDecreasing", "40m"))
     # 10 % per-step noise, 900 steps a window: the difference of two window means has a standard error of 0.47 %
-    groups.append(losses("noisy loss falls 0.5 % per window: within the noise of the means",
-                         [(15, 1.0), (15, 0.995), (15, 0.99)], noise=0.1)
-                  .fires("LossNotDecreasing", "36m", ({**train_id, **TARGET}, (9 * 0.995 + 6 * 0.99) / 15)))
-    groups.append(losses("noisy loss falls 3 % per window: beyond the noise",
-                         [(15, 1.0), (15, 0.97), (15, 0.94)], noise=0.1).silent("LossNotDecreasing", "40m"))
+    groups.append(losses("noisy loss flat: within the noise of the means, no evidence of a plateau",
+                         [(45, 1.0)], noise=0.1).silent("LossNotDecreasing", "40m"))
+    groups.append(losses("noisy loss rising 1 % per window: beyond the noise", [(15, 1.0), (15, 1.01), (15, 1.02)],
+                         noise=0.1).fires("LossNotDecreasing", "36m", ({**train_id, **TARGET},
+                                                                        (9 * 1.01 + 6 * 1.02) / 15)))
+    # 1 % noise: a standard error of 0.047 %, so a flat loss is surely not 0.1 % lower
+    groups.append(losses("loss flat with 1 % noise", [(45, 1.0)], noise=0.01)
+                  .fires("LossNotDecreasing", "36m", ({**train_id, **TARGET}, 1.0)))
+    groups.append(losses("loss with 1 % noise falls 0.1 % per window: no sure shortfall",
+                         [(15, 1.0), (15, 0.999), (15, 0.998)], noise=0.01).silent("LossNotDecreasing", "40m"))
     groups.append(losses("loss flat but no losses recorded", [(45, 2.0)], per_minute=0)
                   .silent("LossNotDecreasing", "40m"))
     groups.append(losses("training starts at 10 min, loss flat: both windows must lie in training", [(55, 2.0)],
