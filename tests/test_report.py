@@ -185,7 +185,7 @@ def test_check_exits_1_when_a_check_fires(tmp_path: Path) -> None:
     run = small_run(tmp_path)
     ok = otelprof("check", str(run))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "0 of 19 checks fired" in ok.stdout and "OtelprofCPUBottleneck" in ok.stdout
+    assert "0 of 20 checks fired" in ok.stdout and "OtelprofCPUBottleneck" in ok.stdout
     fired = otelprof("check", str(run), "--set", "max_initialization_time=5s")
     assert fired.returncode == 1
     line = next(x for x in fired.stdout.splitlines() if x.startswith("OtelprofSlowInitialization"))
@@ -213,7 +213,8 @@ def test_check_says_no_data_for_checks_with_nothing_to_judge(tmp_path: Path) -> 
     others = ("RankStraggler",  # one rank: no peers
               "VanishingGradients",  # no gradient norm recorded
               "HostMemoryIncrease", "LossNotDecreasing",  # the run ends before their warm-up (10 min, 30 min)
-              "StepOutliers")  # never 100 steps in a window
+              "StepOutliers",  # never 100 steps in a window
+              "LossSpike")  # 20 training losses: the spike test judges from the 21st
     lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("Otelprof")}
     for short in (*gpu_checks, *others):
         assert lines["Otelprof" + short].split()[1:3] == ["no", "data"], lines["Otelprof" + short]

@@ -1,6 +1,7 @@
 """Step duration analysis: per rank and phase, the distribution of step times, the outlier steps
 (slower than mean + sigma x standard deviation of all steps of that rank and phase, one-sided, as
-in the original, and materially slower than their median, as the recorder and the alert judge), a
+in the original, and materially slower than their median, as the recorder and the alert judge; never
+the steps of an operator-profiling window or the few after it, which otelprof itself slowed), a
 histogram of the others, and the throughput from recorded samples/tokens."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from operator import mul, not_, sub
 from otelprof import thresholds
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Bucket, Distribution, Histogram, finite, quantile
+from otelprof.outliers import in_windows
+from otelprof.recording.reader import RankRecording
 
 MAX_LISTED_OUTLIERS = 50
 
@@ -79,13 +82,42 @@ def outlier_threshold(durations: Sequence[float], sigma: float, floor: tuple[flo
     return max(mean + sigma * std, median * ratio, median + excess)
 
 
+def profiled_windows(rank: RankRecording) -> dict[str, list[tuple[int, int]]]:
+    """Per phase, the operator-profiling windows (first step, steps) of a rank: steps otelprof slowed."""
+    windows: dict[str, list[tuple[int, int]]] = {}
+    for record in rank.profiles():
+        phase = record.get("phase")
+        if isinstance(phase, str):
+            windows.setdefault(phase, []).append((int(record["start_step"]), int(record["num_steps"])))
+    return windows
+
+
+def slowed_steps(rank: RankRecording) -> list[bool]:
+    """Per step (file order): did otelprof slow it (in a profiling window, or one of the steps after)."""
+    c = rank.step_columns
+    windows = profiled_windows(rank)
+    if not windows:
+        return [False] * len(c.phase)
+    by_code = [windows.get(name) for name in c.phase_names]
+    return [w is not None and in_windows(n, w) for p, n in zip(c.phase, c.number) for w in (by_code[p],)]
+
+
 def outlier_flags(view: RunView, index: int) -> list[bool]:
-    """Per step of rank ``index`` (file order): is it an outlier of its phase."""
+    """Per step of rank ``index`` (file order): is it an outlier of its phase (never a step otelprof slowed)."""
     c = view.ranks[index].step_columns
-    limits_by_phase = {name: outlier_threshold(d, view.outlier_sigma, view.outlier_floor)
+    slowed = slowed_steps(view.ranks[index])
+    limits_by_phase = {name: outlier_threshold(_kept(d, slowed, c.phase_mask(name)), view.outlier_sigma,
+                                               view.outlier_floor)
                        for name, d in view.durations(index).items()}
     limits = [limits_by_phase.get(name, math.inf) * 1e9 for name in c.phase_names]
-    return [d > limits[p] for p, d in zip(c.phase, c.duration_ns)]
+    return [d > limits[p] and not s for p, d, s in zip(c.phase, c.duration_ns, slowed)]
+
+
+def _kept(durations: list[float], slowed: list[bool], mask: Sequence[bool]) -> list[float]:
+    """A phase's durations without the steps otelprof slowed (``mask``: the phase's steps among all)."""
+    if not any(slowed):
+        return durations
+    return [d for d, s in zip(durations, compress(slowed, mask)) if not s]
 
 
 def _grown_regions(view: RunView, index: int, phase: str, flags: list[bool]) -> tuple[tuple[str, float], ...]:
@@ -113,13 +145,15 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
     for index, info in enumerate(view.info):
         view.say(f"step durations of rank {info.rank}")
         c = view.ranks[index].step_columns
+        slowed = slowed_steps(view.ranks[index])
         samples_at, samples = c.scalar("samples")
         tokens_at, tokens = c.scalar("tokens")
         for phase, durations in view.durations(index).items():
             code = c.phase_names.index(phase)
-            limit = outlier_threshold(durations, sigma, view.outlier_floor)
-            numbers = list(compress(c.number, c.phase_mask(phase)))
-            numbers = [n for n, d in zip(numbers, durations) if d > limit]
+            mask = c.phase_mask(phase)
+            limit = outlier_threshold(_kept(durations, slowed, mask), sigma, view.outlier_floor)
+            numbers = list(compress(c.number, mask))
+            numbers = [n for n, d, s in zip(numbers, durations, compress(slowed, mask)) if d > limit and not s]
             kept = [d for d in durations if d <= limit]
             median = quantile(sorted(durations), 0.5) if durations else math.nan
             excess = math.fsum(d - median for d in durations if d > limit)

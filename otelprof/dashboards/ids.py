@@ -99,6 +99,7 @@ ALERT_PANELS: dict[str, tuple[str, int]] = {
     "TooManyDataLoaderWorkers": (GPU_SYSTEM, SYSTEM_DATALOADER_WORKERS),
     "InputBound": (RANKS, RANKS_WAIT_RATIO),
     "LossNotDecreasing": (TRAINING_REPORT, REPORT_LOSS),
+    "LossSpike": (TRAINING_REPORT, REPORT_LOSS),
     "NonFiniteValues": (TRAINING_REPORT, REPORT_NONFINITE),
     "VanishingGradients": (TRAINING_REPORT, REPORT_GRAD_NORM),
     "TrainingStalled": (RANKS, RANKS_LAST_STEP),

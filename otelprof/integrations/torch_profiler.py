@@ -329,7 +329,8 @@ class ProfileWindows:
         recorder = getattr(session, "recorder", None)
         if recorder is not None:
             window.shift_ns = time.perf_counter_ns() + recorder.offset_ns - time.time_ns()
-            recorder.arm_window(window.start_step, window.num_steps)  # the window's steps are always traced
+            # the window's steps are always traced, and never judged as outliers (otelprof slows them)
+            recorder.arm_window(window.start_step, window.num_steps, slows=window.phase)
         self._running = window
         return True
 
