@@ -5,8 +5,8 @@ region: two records of the same time. The outer one counts (its count, total and
 an inner one of the same name inside it is not counted again, wherever the totals are made (the live
 region histogram, the report's region table and breakdown), so they all agree.
 
-A region's *self* time is its time less the time of the regions directly inside it (their union: regions
-timed on other threads, such as overlapping all-reduces, can overlap one another).
+A region's *self* time is its time less the time of the regions directly inside it (their union, should
+they overlap).
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ def repeats(annotations: Sequence[tuple[str, int, int, int, str | None]]) -> set
 
 
 def step_regions(codes: Sequence[int], offsets: Sequence[int], durations: Sequence[int],
-                 depths: Sequence[int]) -> tuple[list[bool], list[int]]:
+                 depths: Sequence[int], apart: int = -1) -> tuple[list[bool], list[int]]:
     """One step's annotations (name codes, offsets from the step start, durations, depths): per annotation,
     whether it counts (not inside one of the same name) and its self time in ns (0 for one that does not
-    count)."""
+    count). Regions of code ``apart`` (the all-reduces, timed on another thread beside the work of the region
+    they fall in) take nothing from their parent's self time."""
     n = len(codes)
     order = sorted(range(n), key=lambda j: (offsets[j], depths[j], -durations[j]))
     counts = [True] * n
@@ -57,7 +58,7 @@ def step_regions(codes: Sequence[int], offsets: Sequence[int], durations: Sequen
         code = codes[j]
         if any(codes[k] == code for k, _, _ in stack):
             counts[j] = False  # the same region again: its time is its ancestor's, its children too
-        else:
+        elif code != apart:
             parent = next((k for k, _, _ in reversed(stack) if counts[k]), None)
             if parent is not None:
                 child_start, child_end = max(start, last[parent]), min(end, offsets[parent] + durations[parent])

@@ -36,7 +36,8 @@ def _step_time() -> Row:
                    f"last {M.straggler_window} (recording rule). Click a line for the rank's traces.",
                    [Prom(pq.rule("step_mean", PROC, pq.TRAIN_M), RANK_LEGEND)], "s", min=0, links=[timeline]),
         timeseries(ids.RANKS_STRAGGLER, "Compute time per step vs the job's median", "Per rank: mean step time "
-                   f"less exposed collective (all-reduce) time over the last {M.straggler_window}, divided by the median "
+                   "less exposed collective (all-reduce) time over the last "
+                   f"{M.straggler_window}, divided by the median "
                    f"over the job's ranks. Above {M.straggler_ratio:g} the straggler alert fires: that rank holds "
                    "the others up at every all-reduce.",
                    [Prom(f"{compute} / on ({JOB}, {PHASE}) group_left() quantile by ({JOB}, {PHASE}) (0.5, {compute})",
