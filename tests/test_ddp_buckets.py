@@ -23,6 +23,7 @@ from otelprof.analysis.loadbalance import load_balance
 from otelprof.analysis.run import RunView
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.reader import Recording, read_recording
+from otelprof.timeline import ARG_COLLECTIVE, ARG_EXPOSED, build_timeline
 
 RANKS = 3
 STRAGGLER = 1
@@ -197,3 +198,16 @@ def test_live_metrics_hold_the_same_union_and_exposed_time(job: Job) -> None:
             point = metrics[spec.name].histogram.data_points[0]
             assert point.count == len(rank.steps)
             assert point.sum == pytest.approx(sum(values) / 1e9, rel=1e-9)
+
+
+def test_the_timeline_gives_each_step_its_collective_and_exposed_time(job: Job) -> None:
+    recording, _ = job
+    trace = build_timeline(recording, counters=False)
+    steps = [e for e in trace["traceEvents"] if e.get("cat") in ("step", "outlier step")]
+    assert len(steps) == RANKS * 100
+    for rank in recording.ranks:
+        union, exposed = collectives.of_columns(rank.step_columns)
+        mine = [e["args"] for e in steps if e["pid"] == rank.rank + 1]
+        assert [a[ARG_COLLECTIVE] for a in mine] == [u / 1e6 for u in union]
+        assert [a[ARG_EXPOSED] for a in mine] == [x / 1e6 for x in exposed]
+        assert all(a[ARG_EXPOSED] <= a[ARG_COLLECTIVE] for a in mine)
