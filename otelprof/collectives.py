@@ -66,13 +66,17 @@ def communication(step_start: int, step_end: int, collectives: Sequence[tuple[in
     (start, end) of its collective and backward regions."""
     if not collectives:
         return 0, 0
-    flight = merged((max(s, step_start), min(e, step_end)) for s, e in collectives)
-    union = sum(e - s for s, e in flight)
+    flight = merged([(s if s > step_start else step_start, e if e < step_end else step_end) for s, e in collectives])
+    union = 0
+    for s, e in flight:
+        union += e - s
+    if not backwards:
+        return union, union
     heads = []
     for start, end in backwards:
-        last = max((s for s, _ in collectives if start <= s <= end), default=end)
-        heads.append((start, last))
-    return union, (union - covered(flight, merged(heads)) if heads else union)
+        launches = [s for s, _ in collectives if start <= s <= end]
+        heads.append((start, max(launches) if launches else end))
+    return union, union - covered(flight, heads if len(heads) == 1 else merged(heads))
 
 
 def step_communication(start_ns: int, end_ns: int,

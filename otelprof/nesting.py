@@ -18,16 +18,14 @@ def repeats(annotations: Sequence[tuple[str, int, int, int, str | None]]) -> set
     """Indexes of the step record's annotations ``(name, start_ns, end_ns, depth, error)`` that lie inside
     an annotation of the same name at a smaller depth; None when there are none (the usual case, found
     without a loop over pairs: no name recurs at two depths)."""
-    if len(annotations) < 2:
+    deep = {a[0] for a in annotations if a[3]}
+    if not deep:  # nothing nested (the usual step without DDP)
         return None
     seen: dict[str, int] = {}
-    nested = False
     for name, _, _, depth, _ in annotations:
-        first = seen.setdefault(name, depth)
-        if first != depth:
-            nested = True
+        if name in deep and seen.setdefault(name, depth) != depth:
             break
-    if not nested:
+    else:  # each name nested at one depth only (DDP's all-reduces)
         return None
     out = set()
     for i, (name, start, end, depth, _) in enumerate(annotations):
