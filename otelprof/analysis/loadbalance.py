@@ -4,7 +4,8 @@
   histograms of each pair of GPUs (natural log, 0 .. 0.83; what the original LoadBalancing rule
   meant to compute), and the spread of mean utilization (what the alert judges).
 * Ranks: per phase, each rank's median step time and mean compute time (step time minus data-loader
-  wait and exposed communication, see :mod:`otelprof.collectives`) against the median over ranks; a rank
+  wait and exposed communication, see :mod:`otelprof.collectives`) against the median of its peers (the
+  other ranks, as the alert compares them); a rank
   well above it is a straggler — the other ranks show its delay as exposed communication. Collective time
   is the union of a step's all-reduces (gradient buckets in flight at once count once).
 """
@@ -18,6 +19,7 @@ from itertools import compress
 
 from otelprof import collectives
 from otelprof import semconv as sc
+from otelprof.analysis.checks import peers_median
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Histogram, finite, share
 from otelprof.analysis.system import gpu_order
@@ -53,7 +55,7 @@ class RankLoad:
     mean_collective: float
     """Seconds per step with at least one all-reduce in flight."""
     ratio: float
-    """mean_compute / median over ranks of mean_compute."""
+    """mean_compute / the median of the other ranks' mean_compute (as RankStraggler judges it; NaN alone)."""
     straggler: bool
     mean_exposed: float = math.nan
     """Seconds per step of collective time the backward pass did not overlap: waiting for the other ranks."""
@@ -124,9 +126,10 @@ def load_balance(view: RunView, config: MixinConfig | None = None, distance_thre
                     (info.rank, statistics.median(durations) / 1e9, compute / n / 1e9,
                      sum(compress(collective, mask)) / n / 1e9, sum(compress(exposed, mask)) / n / 1e9))
     for phase, rows in sorted(per_phase.items()):
-        middle = statistics.median(r[2] for r in rows)
+        computes = [r[2] for r in rows]
         for rank, median_step, mean_compute, mean_collective, mean_exposed in rows:
-            ratio = share(mean_compute, middle) if middle > 0 else math.nan
+            peers = peers_median(computes, mean_compute) if len(rows) > 1 else None
+            ratio = share(mean_compute, peers) if peers else math.nan
             ranks.append(RankLoad(phase, rank, median_step, mean_compute, mean_collective, ratio,
                                   len(rows) > 1 and ratio > config.straggler_ratio, mean_exposed))
     return LoadBalance(config.load_balancing_threshold, max(means) - min(means) if len(means) > 1 else None,

@@ -31,6 +31,7 @@ from otelprof import semconv as sc
 from otelprof.analysis import prometheus_progress
 from otelprof.analysis.batch import batch_size
 from otelprof.analysis.bottlenecks import Bottleneck, NodeBottleneck
+from otelprof.analysis.checks import peers_median
 from otelprof.analysis.dataloader import DataLoaderAnalysis, LoaderConfig, LoaderPhase
 from otelprof.analysis.framework import BETWEEN_STEPS, FrameworkSummary, Region
 from otelprof.analysis.gpu import GpuAnalysis, GpuUsage
@@ -701,11 +702,10 @@ def _load(qs: _Queries, config: MixinConfig, gpus: GpuAnalysis) -> LoadBalance:
                                                      coll.get(key, 0.0) / n, waited / n))
     ranks = []
     for phase, rows in sorted(per_phase.items()):
-        ordered = sorted(r[2] for r in rows)
-        middle = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1]
-                                                                       + ordered[len(ordered) // 2]) / 2
+        computes = [r[2] for r in rows]
         for rank, median, compute, collective, waited in sorted(rows):
-            ratio = compute / middle if middle > 0 else NAN
+            peers = peers_median(computes, compute) if len(rows) > 1 else None
+            ratio = compute / peers if peers else NAN
             ranks.append(RankLoad(phase, rank, median, compute, collective, ratio,
                                   len(rows) > 1 and ratio > config.straggler_ratio, waited))
     return LoadBalance(config.load_balancing_threshold, max(means) - min(means) if len(means) > 1 else None, 0.5,
