@@ -651,6 +651,42 @@ FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
 SELF_METRICS: tuple[MetricSpec, ...] = (ENDPOINT_ERRORS, SERIES_FOLDED)
 """About otelprof itself under hostile clients and runaway names: present once something was refused or folded."""
 
+# ---- `otelprof webhook`, a process of its own: on its GET /metrics, without the identity labels of a training
+# process (it serves every job).
+LABEL_ACTION = "action"
+LABEL_OUTCOME = "outcome"
+WEBHOOK_OUTCOME_SENT = "sent"
+"""The target answered 2xx."""
+WEBHOOK_OUTCOME_REFUSED = "refused"
+"""The target answered a status that another attempt would not change (4xx but 429): not retried."""
+WEBHOOK_OUTCOME_FAILED = "failed"
+"""Unreachable, timed out or answered 5xx / 429 until the retry window ended (or once, before a fallback)."""
+WEBHOOK_OUTCOME_DUPLICATE = "duplicate"
+"""The same action for the same target was already queued or in flight, or already sent for this alert."""
+WEBHOOK_OUTCOMES: tuple[str, ...] = (WEBHOOK_OUTCOME_SENT, WEBHOOK_OUTCOME_REFUSED, WEBHOOK_OUTCOME_FAILED,
+                                     WEBHOOK_OUTCOME_DUPLICATE)
+WEBHOOK_DROP_TARGET_FULL = "target_full"
+"""Not queued: its target's queue was full."""
+WEBHOOK_DROP_QUEUE_FULL = "queue_full"
+"""Not queued, or pushed out of the queue, at the total cap (the payload with the most queued actions loses one)."""
+WEBHOOK_DROP_REASONS: tuple[str, ...] = (WEBHOOK_DROP_TARGET_FULL, WEBHOOK_DROP_QUEUE_FULL)
+WEBHOOK_ACTIONS = MetricSpec(
+    "otelprof.webhook.actions", Kind.COUNTER, "{action}",
+    "Actions (stop, capture, suspend) the webhook finished, by outcome: " + ", ".join(WEBHOOK_OUTCOMES) + ".",
+    (LABEL_ACTION, LABEL_OUTCOME))
+WEBHOOK_DROPPED = MetricSpec(
+    "otelprof.webhook.dropped", Kind.COUNTER, "{action}",
+    "Actions the webhook dropped because a queue was full, by reason: " + ", ".join(WEBHOOK_DROP_REASONS) + ".",
+    (LABEL_REASON,))
+WEBHOOK_QUEUE_DEPTH = MetricSpec(
+    "otelprof.webhook.queue.depth", Kind.GAUGE, "{action}", "Actions the webhook holds: queued or in flight.")
+WEBHOOK_TARGETS_FAILING = MetricSpec(
+    "otelprof.webhook.targets.failing", Kind.GAUGE, "{target}",
+    "Targets (host:port) whose last attempt failed: their actions wait for a backoff before the next.")
+WEBHOOK_METRICS: tuple[MetricSpec, ...] = (WEBHOOK_ACTIONS, WEBHOOK_DROPPED, WEBHOOK_QUEUE_DEPTH,
+                                           WEBHOOK_TARGETS_FAILING)
+"""On the webhook's ``GET /metrics`` only, with no identity labels; not in :data:`METRICS` (a training process)."""
+
 METRICS: tuple[MetricSpec, ...] = (*STEP_METRICS, *FRAMEWORK_METRICS, *SELF_METRICS, *SYSTEM_METRICS)
 
 # record(name, value): names with a metric of their own. Other names go to spans and the recording only.

@@ -254,7 +254,7 @@ def _check(run: Path) -> tuple[int, list[dict[str, Any]], str]:
     sets = [arg for setting in SETTINGS for arg in ("--set", setting)]
     result = subprocess.run([sys.executable, "-m", "otelprof", "check", str(run), "--json", "--interval", "1", *sets],
                             capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    rows = json.loads(result.stdout) if result.stdout.strip() else []
+    rows = json.loads(result.stdout)["checks"] if result.stdout.strip() else []
     return result.returncode, rows, result.stderr
 
 

@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import mul, sub
+from operator import mul, not_, sub
 
 from otelprof import thresholds
 from otelprof.analysis.run import RunView
@@ -42,6 +42,11 @@ class PhaseSteps:
     (``durations.min`` is then NaN)."""
     max_bucket: Bucket | None = None
     """Likewise the bucket holding the slowest step."""
+    outlier_excess: float = math.nan
+    """Seconds the outlier steps took beyond the median step, all of them (NaN when the steps are not known)."""
+    outlier_regions: tuple[tuple[str, float], ...] = ()
+    """The regions that grew most in the outlier steps: (name, mean seconds per outlier step more than in the
+    other steps), largest first, at most three."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,24 @@ def outlier_flags(view: RunView, index: int) -> list[bool]:
     return [d > limits[p] for p, d in zip(c.phase, c.duration_ns)]
 
 
+def _grown_regions(view: RunView, index: int, phase: str, flags: list[bool]) -> tuple[tuple[str, float], ...]:
+    """Per region of rank ``index``'s ``phase`` steps: its mean time in the outlier steps (``flags``) minus its
+    mean in the others, seconds; the three that grew most."""
+    outliers = sum(flags)
+    others = len(flags) - outliers
+    if not outliers or not others:
+        return ()
+    c = view.ranks[index].step_columns
+    grown = []
+    for name in c.ann_names:
+        per_step = list(compress(view.region_sums(index, name), c.phase_mask(phase)))
+        more = (sum(compress(per_step, flags)) / outliers
+                - sum(compress(per_step, map(not_, flags))) / others) / 1e9
+        if more > 0:
+            grown.append((name, more))
+    return tuple(sorted(grown, key=lambda kv: -kv[1])[:3])
+
+
 def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
     sigma = view.outlier_sigma
     rows = []
@@ -98,6 +121,8 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
             numbers = list(compress(c.number, c.phase_mask(phase)))
             numbers = [n for n, d in zip(numbers, durations) if d > limit]
             kept = [d for d in durations if d <= limit]
+            median = quantile(sorted(durations), 0.5) if durations else math.nan
+            excess = math.fsum(d - median for d in durations if d > limit)
             busy = math.fsum(durations)
             phase_samples = finite(compress(samples, map(code.__eq__, map(c.phase.__getitem__, samples_at))))
             phase_tokens = finite(compress(tokens, map(code.__eq__, map(c.phase.__getitem__, tokens_at))))
@@ -108,5 +133,6 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
                 info.rank, info.node, phase, Distribution.of(durations), limit, len(numbers),
                 tuple(numbers[:MAX_LISTED_OUTLIERS]), Histogram.of(kept, bins),
                 quantile(sorted(phase_samples), 0.5) if phase_samples else None, per_second,
-                math.fsum(phase_tokens) / busy if phase_tokens and busy > 0 else None))
+                math.fsum(phase_tokens) / busy if phase_tokens and busy > 0 else None, outlier_excess=excess,
+                outlier_regions=_grown_regions(view, index, phase, [d > limit for d in durations])))
     return StepAnalysis(sigma, tuple(rows), tuple(sorted(throughput.items())))

@@ -675,12 +675,7 @@ class TorchInstrumentation:
             _set_class(loader, cls)
 
         self._on_remove("dataloader", restore)
-        workers = getattr(loader, "num_workers", None)
-        pin = getattr(loader, "pin_memory", None)
-        if isinstance(workers, int):
-            _with_registry(lambda r: r.gauge(sc.DATALOADER_WORKERS).set(workers))
-        if isinstance(pin, bool):
-            _with_registry(lambda r: r.gauge(sc.DATALOADER_PIN_MEMORY).set(1 if pin else 0))
+        _report_loader(loader)
 
     # ------------------------------------------------------------------ model
     def _forward_pre_hook(self, module: Any, args: Any) -> None:
@@ -1420,6 +1415,16 @@ def _unpatch_optimizer_class() -> None:
         _original_optimizer_init = None
 
 
+def _report_loader(loader: Any) -> None:
+    """The loader's worker count and pin_memory as gauges (the data-loading advice weighs them)."""
+    workers = getattr(loader, "num_workers", None)
+    pin = getattr(loader, "pin_memory", None)
+    if isinstance(workers, int):
+        _with_registry(lambda r: r.gauge(sc.DATALOADER_WORKERS).set(workers))
+    if isinstance(pin, bool):
+        _with_registry(lambda r: r.gauge(sc.DATALOADER_PIN_MEMORY).set(1 if pin else 0))
+
+
 def _patch_dataloader_class() -> None:
     global _original_dataloader_iter
     from torch.utils.data import DataLoader
@@ -1434,6 +1439,7 @@ def _patch_dataloader_class() -> None:
         owner = _active[-1] if _active else None
         if owner is None or getattr(self, "_otelprof_instrumented", False):
             return iterator  # an instrumented loader (or one whose wrapper is) times its own fetches
+        _report_loader(self)
         return _TimedIterator(iterator, owner)
 
     DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
