@@ -920,17 +920,17 @@ def _balance(r: Report) -> str:
     if b.ranks:
         out.append("<h3>Ranks</h3>")
         out.append(p("Per phase, each rank's mean compute time per step (step time minus data-loader wait and "
-                     "exposed communication) against the median over ranks. Collective time is the time at least "
-                     "one all-reduce was in flight (gradient buckets reduced at once count once); exposed, the part "
-                     "of it after the backward pass launched its last bucket, when the rank only waited. A straggler "
-                     "makes every other rank wait in its collectives, so it shows as the one rank with more compute "
-                     "and less exposed time."))
+                     "exposed communication) against the median of the other ranks'. Collective time is the time "
+                     "at least one all-reduce was in flight (gradient buckets reduced at once count once); "
+                     "exposed, the part of it after the backward pass launched its last bucket, when the rank "
+                     "only waited. A straggler makes every other rank wait in its collectives, so it shows as "
+                     "the one rank with more compute and less exposed time."))
         stragglers = [x for x in b.ranks if x.straggler]
         if stragglers:
-            out.append(note("Straggler(s): " + ", ".join(f"rank {x.rank} ({x.phase}, {x.ratio:.2f} times the median)"
-                                                         for x in stragglers) + ".", "warn"))
+            out.append(note("Straggler(s): " + ", ".join(f"rank {x.rank} ({x.phase}, {x.ratio:.2f} times its peers' "
+                                                         "median)" for x in stragglers) + ".", "warn"))
         out.append(table(("Phase", "Rank", "Median step", "Mean compute", "Mean collective", "Mean exposed",
-                          "Compute / median"),
+                          "Compute / peers' median"),
                          [(x.phase, x.rank, secs(x.median_step), secs(x.mean_compute), secs(x.mean_collective),
                            secs(x.mean_exposed) if _ok(x.mean_exposed) else DASH,
                            f"{x.ratio:.2f}" if _ok(x.ratio) else DASH) for x in b.ranks], 2,
