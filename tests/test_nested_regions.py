@@ -158,3 +158,33 @@ def test_profile_window_turns_no_hook_on(tmp_path: Path) -> None:
     [window] = list(rank.profiles())
     assert window["start_step"] == 1 and window["num_steps"] == 2
     assert not any(s.annotations for s in rank.steps)  # no forward/backward/optimizer regions of any hook
+
+
+def test_device_time_beside_the_backward_counted_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a (fake) GPU the hooks' backward has a device time; the host time beside it is the user's backward
+    around it, once per step, not the two records added up."""
+    from tests.test_cuda_timing import BACKWARD_MS, OPTIMIZER_MS, FakeGPU, _fake_cuda, _init, _parts
+
+    gpu = FakeGPU()
+    _fake_cuda(monkeypatch, gpu)
+    session = _init(tmp_path)
+    model, optimizer, loader = _parts(gpu)
+    otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        with otelprof.annotate(sc.REGION_BACKWARD):
+            loss.backward()
+        optimizer.step(lambda: gpu.kernel(OPTIMIZER_MS))
+        gpu.finish()
+    otorch.uninstrument()
+    run_dir = session.run_dir
+    otelprof.shutdown()
+    recording = read_recording(run_dir)
+    [rank] = recording.ranks
+    outer = [a.duration_ns for s in rank.steps for a in s.annotations if a.name == sc.REGION_BACKWARD and a.depth == 0]
+    report = build_report(recording, checks=False)
+    row = next(x for x in report.device.regions if x.region == sc.REGION_BACKWARD)
+    assert row.steps == len(outer) > 0
+    assert row.device_mean == pytest.approx(BACKWARD_MS / 1e3)
+    assert row.host_mean == pytest.approx(sum(outer) / len(outer) / 1e9)
