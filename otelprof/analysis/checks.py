@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate, compress, repeat
 
-from otelprof import collectives
+from otelprof import collectives, thresholds
 from otelprof import semconv as sc
-from otelprof import thresholds
 from otelprof.analysis.histogram import bucket_quantile
 from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.alerts import Alert, alerts
