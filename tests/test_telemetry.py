@@ -290,7 +290,7 @@ def test_every_gpu_series_in_the_catalog_is_produced_through_the_seam(tmp_path: 
     sampler.sample()
     sampler.sample()
     produced = {m.name for m in registry.collect()}
-    gpu_specs = {m.name for m in sc.SYSTEM_METRICS if sc.LABEL_GPU in m.labels}
+    gpu_specs = {m.name for m in sc.SYSTEM_METRICS if sc.LABEL_GPU in m.labels and m not in sc.DCGM_ONLY_METRICS}
     assert gpu_specs <= produced
     assert _values(registry, sc.GPU_TENSOR_ACTIVE)[("0", fake.data["devices"][0]["uuid"])] == 0.3
 
@@ -317,13 +317,15 @@ def test_gpu_info_names_the_ranks_gpu_and_sampling_off_reads_nothing_else(tmp_pa
     who the GPUs are, then shut down, and no GPU reading series appears."""
     uuid0, uuid1 = (d["uuid"] for d in FakeNvml().data["devices"])
     _, registry, _ = _sampler(tmp_path, FakeNvml(), local_rank=1, node_sampler_local_rank=0)
-    assert _values(registry, sc.GPU_INFO) == {("1", uuid1): 1}
+    assert _values(registry, sc.GPU_INFO) == {("1", uuid1, "", "", "", "", ""): 1}
+    assert _values(registry, sc.GPU_UNMAPPED) == {}
     _, registry, _ = _sampler(tmp_path, FakeNvml(), local_rank=3)  # more ranks than GPUs: cannot tell
     assert _values(registry, sc.GPU_INFO) == {}
+    assert _values(registry, sc.GPU_UNMAPPED) == {("ambiguous",): 1}
     fake = FakeNvml()
     with mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": "1"}):
         sampler, registry, _ = _sampler(tmp_path, fake, local_rank=5, gpu_sampling=False)
-    assert _values(registry, sc.GPU_INFO) == {("1", uuid1): 1}
+    assert _values(registry, sc.GPU_INFO) == {("1", uuid1, "", "", "", "", ""): 1}
     assert fake.shut_down and sampler.gpus is None
     sampler.sample()
     sampler.sample()
@@ -458,3 +460,86 @@ def test_session_runs_the_sampler_and_records_samples(tmp_path: Path) -> None:
     samples = list(read_recording(session.run_dir).ranks[0].samples())
     assert len(samples) >= 2
     assert samples[-1]["pid"] == os.getpid() and "cpu" in samples[-1]
+
+
+# ------------------------------------------------------------------ MIG instances
+
+MIG_A100, MIG_A100_HIDDEN, MIG_H100 = ("MIG-b7e2f4a1-6c3d-5e8f-9a0b-1c2d3e4f5a6b",
+                                       "MIG-0f1e2d3c-4b5a-5968-8776-a5b4c3d2e1f0",
+                                       "MIG-9e8d7c6b-5a49-5382-8170-f6e5d4c3b2a1")
+
+
+def test_mig_instances_are_the_visible_devices_numbered_as_cuda_numbers_them() -> None:
+    fake = FakeNvml("nvml_mig.json")
+    a100, h100 = (d["uuid"] for d in fake.data["devices"])
+    everything = _collector(fake, [])
+    assert [(d.uuid, d.gpu, d.parent_uuid, d.gpu_instance, d.profile) for d in everything.devices] == [
+        (MIG_A100, "0", a100, 2, "3g.20gb"), (MIG_H100, "1", h100, 13, "1g.10gb")]
+    given = _collector(FakeNvml("nvml_mig.json"), [], {"NVIDIA_VISIBLE_DEVICES": MIG_H100})
+    assert [(d.uuid, d.gpu) for d in given.devices] == [(MIG_H100, "0")]
+    # a MIG instance NVML does not enumerate under its GPU in this container is found by its UUID
+    hidden = _collector(FakeNvml("nvml_mig.json"), [], {"CUDA_VISIBLE_DEVICES": MIG_A100_HIDDEN})
+    assert [(d.uuid, d.gpu, d.gpu_instance, d.profile) for d in hidden.devices] == [
+        (MIG_A100_HIDDEN, "0", 9, "1g.5gb")]
+    assert [d.uuid for d in _collector(FakeNvml("nvml_mig.json"), [], {"CUDA_VISIBLE_DEVICES": "1"}).devices] == [
+        MIG_H100]
+
+
+def test_a_mig_instance_reads_its_memory_and_gpm_activity_and_nothing_it_cannot(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Per instance: memory from NVML, engine activity from GPM (Hopper); the GPU-wide fields are not asked, so
+    nothing is warned about and no error is counted."""
+    reset_warnings()
+    fake = FakeNvml("nvml_mig.json")
+    with caplog.at_level(logging.WARNING, logger="otelprof"):
+        sampler, registry, _ = _sampler(tmp_path, fake)
+        sampler.sample()
+        sampler.sample()
+    tick = fake.data["ticks"][0]
+    used = _values(registry, sc.GPU_MEMORY_USAGE)
+    assert used == {("0", MIG_A100): tick[MIG_A100]["memory_used"], ("1", MIG_H100): tick[MIG_H100]["memory_used"]}
+    assert _values(registry, sc.GPU_MEMORY_UTILIZATION)[("0", MIG_A100)] == pytest.approx(
+        tick[MIG_A100]["memory_used"] / tick[MIG_A100]["memory_total"])
+    # the A100 has no GPM: its instance has no utilization; the H100's comes from GPM's graphics activity
+    assert _values(registry, sc.GPU_UTILIZATION) == {("1", MIG_H100): 0.62}
+    assert _values(registry, sc.GPU_SM_OCCUPANCY) == {("1", MIG_H100): 0.31}
+    assert _values(registry, sc.PROCESS_GPU_MEMORY)[("0", MIG_A100)] == fake.data["process_memory"][MIG_A100]
+    asked = {field for _, field in fake.calls}
+    assert asked == {"memory_used", "memory_total", "process_memory", "gpm"}, asked
+    assert _values(registry, sc.SAMPLER_ERRORS) == {} and caplog.text == ""
+
+
+def test_gpu_info_names_the_mig_instance_and_the_pod(tmp_path: Path) -> None:
+    fake = FakeNvml("nvml_mig.json")
+    a100 = fake.data["devices"][0]["uuid"]
+    with mock.patch.dict(os.environ, {"NVIDIA_VISIBLE_DEVICES": MIG_A100}):
+        _, registry, _ = _sampler(tmp_path, fake, local_rank=0, pod_name="trainer-0", pod_namespace="ml")
+    assert _values(registry, sc.GPU_INFO) == {("0", MIG_A100, a100, "2", "3g.20gb", "trainer-0", "ml"): 1}
+    assert _values(registry, sc.GPU_UNMAPPED) == {}
+
+
+def test_a_gpu_the_process_was_given_but_nvml_does_not_list_is_unmapped_and_warned_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    reset_warnings()
+    unknown = "MIG-11111111-2222-5333-8444-555555555555"
+    with caplog.at_level(logging.WARNING, logger="otelprof"), \
+            mock.patch.dict(os.environ, {"NVIDIA_VISIBLE_DEVICES": unknown}):
+        for _ in range(2):
+            _, registry, _ = _sampler(tmp_path, FakeNvml("nvml_mig.json"))
+    assert _values(registry, sc.GPU_INFO) == {}
+    assert _values(registry, sc.GPU_UNMAPPED) == {("not_found",): 1}
+    assert caplog.text.count("cannot tell which it computes on (not_found)") == 1 and unknown in caplog.text
+    # NVML that cannot start while the runtime gave the process a GPU: unmapped with NVML's reason
+    def broken() -> FakeNvml:
+        raise NvmlUnavailable("no_permission", "fake: no permission")
+    with mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": MIG_A100}):
+        registry = MetricRegistry(IDENTITY)
+        Sampler(Config.from_env({}), registry, None, nvml_factory=broken)
+    assert _values(registry, sc.GPU_UNMAPPED) == {("no_permission",): 1}
+    # a CPU machine with CUDA_VISIBLE_DEVICES=0 and no NVIDIA library: nothing is missing
+    def absent() -> FakeNvml:
+        raise NvmlUnavailable("library_not_found", "fake: no libnvidia-ml")
+    with mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": "0"}):
+        registry = MetricRegistry(IDENTITY)
+        Sampler(Config.from_env({}), registry, None, nvml_factory=absent)
+    assert _values(registry, sc.GPU_UNMAPPED) == {}
