@@ -467,14 +467,15 @@ def test_session_runs_the_sampler_and_records_samples(tmp_path: Path) -> None:
 MIG_A100, MIG_A100_HIDDEN, MIG_H100 = ("MIG-b7e2f4a1-6c3d-5e8f-9a0b-1c2d3e4f5a6b",
                                        "MIG-0f1e2d3c-4b5a-5968-8776-a5b4c3d2e1f0",
                                        "MIG-9e8d7c6b-5a49-5382-8170-f6e5d4c3b2a1")
+WHOLE_H100 = "GPU-7d2c4e6f-8a1b-4c3d-9e5f-6a7b8c9d0e1f"
 
 
 def test_mig_instances_are_the_visible_devices_numbered_as_cuda_numbers_them() -> None:
     fake = FakeNvml("nvml_mig.json")
-    a100, h100 = (d["uuid"] for d in fake.data["devices"])
+    a100, h100, _ = (d["uuid"] for d in fake.data["devices"])
     everything = _collector(fake, [])
     assert [(d.uuid, d.gpu, d.parent_uuid, d.gpu_instance, d.profile) for d in everything.devices] == [
-        (MIG_A100, "0", a100, 2, "3g.20gb"), (MIG_H100, "1", h100, 13, "1g.10gb")]
+        (MIG_A100, "0", a100, 2, "3g.20gb"), (MIG_H100, "1", h100, 13, "1g.10gb"), (WHOLE_H100, "2", "", -1, "")]
     given = _collector(FakeNvml("nvml_mig.json"), [], {"NVIDIA_VISIBLE_DEVICES": MIG_H100})
     assert [(d.uuid, d.gpu) for d in given.devices] == [(MIG_H100, "0")]
     # a MIG instance NVML does not enumerate under its GPU in this container is found by its UUID
@@ -497,15 +498,18 @@ def test_a_mig_instance_reads_its_memory_and_gpm_activity_and_nothing_it_cannot(
         sampler.sample()
     tick = fake.data["ticks"][0]
     used = _values(registry, sc.GPU_MEMORY_USAGE)
-    assert used == {("0", MIG_A100): tick[MIG_A100]["memory_used"], ("1", MIG_H100): tick[MIG_H100]["memory_used"]}
+    assert used == {("0", MIG_A100): tick[MIG_A100]["memory_used"], ("1", MIG_H100): tick[MIG_H100]["memory_used"],
+                    ("2", WHOLE_H100): tick["2"]["memory_used"]}
     assert _values(registry, sc.GPU_MEMORY_UTILIZATION)[("0", MIG_A100)] == pytest.approx(
         tick[MIG_A100]["memory_used"] / tick[MIG_A100]["memory_total"])
     # the A100 has no GPM: its instance has no utilization; the H100's comes from GPM's graphics activity
-    assert _values(registry, sc.GPU_UTILIZATION) == {("1", MIG_H100): 0.62}
+    assert _values(registry, sc.GPU_UTILIZATION) == {("1", MIG_H100): 0.62, ("2", WHOLE_H100): 0.88}
     assert _values(registry, sc.GPU_SM_OCCUPANCY) == {("1", MIG_H100): 0.31}
     assert _values(registry, sc.PROCESS_GPU_MEMORY)[("0", MIG_A100)] == fake.data["process_memory"][MIG_A100]
-    asked = {field for _, field in fake.calls}
-    assert asked == {"memory_used", "memory_total", "process_memory", "gpm"}, asked
+    asked = {index: {f for i, f in fake.calls if i == index} for index, _ in fake.calls}
+    mig = {device.index for device in fake.mig.values()}
+    assert all(asked[i] == {"memory_used", "memory_total", "process_memory", "gpm"} for i in mig), asked
+    assert "utilization" in asked[2] and "power" in asked[2]  # the whole GPU is read in full
     assert _values(registry, sc.SAMPLER_ERRORS) == {} and caplog.text == ""
 
 
