@@ -282,7 +282,8 @@ def test_promtool_cases_of_the_dcgm_mode_alerts(tmp_path: Path) -> None:
 
 MIG_EXPOSITION = FIXTURES / "dcgm_exporter_mig.prom"
 SERVE_MIG = SERVE.replace("nvml_factory=FakeNvml", 'nvml_factory=functools.partial(FakeNvml, "nvml_mig.json")')
-MIG_A100, MIG_H100, WHOLE_H100 = ("MIG-b7e2f4a1-6c3d-5e8f-9a0b-1c2d3e4f5a6b", "MIG-9e8d7c6b-5a49-5382-8170-f6e5d4c3b2a1",
+MIG_A100, MIG_H100, WHOLE_H100 = ("MIG-b7e2f4a1-6c3d-5e8f-9a0b-1c2d3e4f5a6b",
+                                  "MIG-9e8d7c6b-5a49-5382-8170-f6e5d4c3b2a1",
                                   "GPU-7d2c4e6f-8a1b-4c3d-9e5f-6a7b8c9d0e1f")
 UNKNOWN_MIG = "MIG-11111111-2222-5333-8444-555555555555"
 
@@ -362,9 +363,10 @@ def _values_by_rank(prom: Prometheus, promql: str, ranks: set[str]) -> dict[str,
 def _check_mig(prom: Prometheus) -> None:
     mapped = {"0", "1", "3"}
     info = _ranks(prom, sc.GPU_INFO.prometheus_name, mapped)
+    # gpu: a MIG instance's CUDA index; a whole GPU's NVML index (the fake NVML lists the whole H100 third)
     assert {r: (s["metric"]["gpu"], s["metric"]["hw_id"], s["metric"].get("gpu_instance", ""),
                 s["metric"].get("gpu_profile", "")) for r, s in info.items()} == {
-        "0": ("0", MIG_A100, "2", "3g.20gb"), "1": ("0", MIG_H100, "13", "1g.10gb"), "3": ("2", WHOLE_H100, "", "")}  # NVML numbers the whole GPU 2 here
+        "0": ("0", MIG_A100, "2", "3g.20gb"), "1": ("0", MIG_H100, "13", "1g.10gb"), "3": ("2", WHOLE_H100, "", "")}
     assert info["3"]["metric"]["k8s_pod_name"] == "trainer-3" and "pod" not in info["3"]["metric"]
     unmapped = _ranks(prom, sc.GPU_UNMAPPED.prometheus_name, {"2"})
     assert unmapped["2"]["metric"]["reason"] == "not_found"
