@@ -409,7 +409,7 @@ def _process(window: _Window, ended_ns: int, began: float) -> None:
     record["overhead_s"] = overhead
     if session.writer is not None:
         session.writer.add_json(schema.PROFILES, record)
-    tracer = session.tracer_provider.get_tracer(sc.SCOPE_NAME, __version__)
+    tracer = session.tracer_provider.get_tracer(sc.SCOPE_NAME, __version__, sc.SCHEMA_URL)
     span = tracer.start_span(sc.SPAN_PROFILE, start_time=window.started_ns, attributes={
         sc.ATTR_PROFILE_START: window.start_step, sc.ATTR_PROFILE_STEPS: window.num_steps,
         sc.ATTR_PROFILE_TRIGGER: window.trigger})

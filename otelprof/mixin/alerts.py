@@ -951,6 +951,31 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
 
 
 
+NO_FOR: dict[str, str] = {
+    "GPUMemoryIncrease": "the expression already compares two whole windows of per-sample means; the jump it "
+                         "names is the fault, and a `for` as long as a window would hide a single jump for good.",
+    "GPUMemoryNearCapacity": "one evaluation judges the mean of every sample of the window: a checkpoint or eval "
+                             "spike moves it by its share of the window only, and a GPU that full is one "
+                             "allocation from an out-of-memory error.",
+    "HostMemoryNearLimit": "one evaluation judges the working set's mean over the window, and past the limit the "
+                           "kernel kills the process: a `for` would report it after the OOM kill.",
+    "StepOutliers": "one evaluation counts every outlier step in the window against every step in it (more than 10 "
+                    "and more than 1 %): the window is the `for`.",
+    "SlowInitialization": "the condition is itself a duration (no first step that long after start); a `for` "
+                          "would only add to it.",
+    "LossNotDecreasing": "one evaluation compares two whole windows of loss means, each averaging every scraped "
+                         "value: the windows are the `for`.",
+    "NonFiniteValues": "one NaN or infinite loss or gradient norm is conclusive: the run's weights are likely "
+                       "already corrupted.",
+    "VanishingGradients": "one evaluation takes the largest gradient norm of the whole window while steps run: "
+                          "the window is the `for`.",
+    "TrainingStalled": "the condition is itself a duration (no step ended for that long); a `for` would only "
+                       "add to it.",
+    "TelemetryDropped": "one dropped item is a fact, not a trend: reports and traces of the period are "
+                        "incomplete (severity info).",
+}
+"""Why an alert without ``for`` needs none: one evaluation is conclusive (stated in its runbook entry)."""
+
 UNMAPPED_GPU = "unmapped"
 """The ``gpu`` label of GPUTelemetryAbsent for a rank whose GPU cannot be told (``otelprof_gpu_unmapped``)."""
 
