@@ -6,9 +6,11 @@ import gc
 import json
 import logging
 import os
+import sys
 import time
 import tracemalloc
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -19,7 +21,7 @@ from otelprof import semconv as sc
 from otelprof._log import reset_warnings
 from otelprof.collectors.cgroup import CgroupReader
 from otelprof.collectors.gpu import GpuCollector, visible_selectors
-from otelprof.collectors.nvml import NvmlUnavailable, PynvmlBackend
+from otelprof.collectors.nvml import NvmlCallError, NvmlUnavailable, PynvmlBackend
 from otelprof.collectors.sampler import Sampler
 from otelprof.collectors.system import HostReading, SystemCollector
 from otelprof.config import Config
@@ -547,3 +549,135 @@ def test_a_gpu_the_process_was_given_but_nvml_does_not_list_is_unmapped_and_warn
         registry = MetricRegistry(IDENTITY)
         Sampler(Config.from_env({}), registry, None, nvml_factory=absent)
     assert _values(registry, sc.GPU_UNMAPPED) == {}
+
+
+class _NvmlApi:
+    """The part of nvidia-ml-py the seam calls for MIG, over two GPUs: GPU 0 in MIG mode with GPU instances 2 and
+    9 in slots 0 and 2 (slot 1 empty) and GPM, GPU 1 a whole GPU. Its names are checked against nvidia-ml-py."""
+
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_GRAPHICS_UTIL, NVML_GPM_METRIC_SM_UTIL, NVML_GPM_METRIC_SM_OCCUPANCY = 1, 2, 3
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_NotFound(NVMLError):
+        pass
+
+    GPUS = {0: "GPU-aaaaaaaa-0000-4000-8000-000000000000", 1: "GPU-bbbbbbbb-0000-4000-8000-000000000000"}
+    MIGS = {(0, 0): ("MIG-cccccccc-0000-5000-8000-000000000000", 2, "3g.20gb"),
+            (0, 2): ("MIG-dddddddd-0000-5000-8000-000000000000", 9, "1g.5gb")}
+    ACTIVITY = {2: (30.0, 12.0, 8.0, 40.0), 9: (70.0, 35.0, 20.0, 90.0)}  # sm, occupancy, tensor, graphics
+
+    def __init__(self) -> None:
+        self.mig_samples: list[tuple[Any, int]] = []
+
+    def __iter__(self) -> Any:  # the names the seam may call, for the check against nvidia-ml-py
+        return iter(n for n in dir(self) if n.startswith(("nvml", "NVML", "c_nvml")))
+
+    def nvmlInit(self) -> None: ...
+
+    def nvmlShutdown(self) -> None: ...
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> tuple[Any, ...]:
+        return ("gpu", index)
+
+    def nvmlDeviceGetIndex(self, handle: tuple[Any, ...]) -> int:
+        return int(handle[1])
+
+    def nvmlDeviceGetUUID(self, handle: tuple[Any, ...]) -> str:
+        return self.GPUS[handle[1]] if handle[0] == "gpu" else self.MIGS[handle[1], handle[2]][0]
+
+    def nvmlDeviceGetName(self, handle: tuple[Any, ...]) -> bytes:
+        if handle[0] == "gpu":
+            return b"NVIDIA H100 80GB HBM3"
+        return f"NVIDIA H100 80GB HBM3 MIG {self.MIGS[handle[1], handle[2]][2]}".encode()
+
+    def nvmlDeviceGetMigMode(self, handle: tuple[Any, ...]) -> list[int]:
+        return [1, 1] if handle == ("gpu", 0) else [0, 0]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: tuple[Any, ...]) -> int:
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: tuple[Any, ...], slot: int) -> tuple[Any, ...]:
+        if (handle[1], slot) not in self.MIGS:
+            raise self.NVMLError_NotFound()
+        return ("mig", handle[1], slot)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: tuple[Any, ...]) -> int:
+        return self.MIGS[handle[1], handle[2]][1]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> tuple[Any, ...]:
+        for (gpu, slot), (known, _, _) in self.MIGS.items():
+            if known == uuid:
+                return ("mig", gpu, slot)
+        raise self.NVMLError_NotFound()
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: tuple[Any, ...]) -> bool:
+        return handle[0] == "mig"
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: tuple[Any, ...]) -> tuple[Any, ...]:
+        return ("gpu", handle[1])
+
+    def nvmlDeviceGetMemoryInfo(self, handle: tuple[Any, ...]) -> Any:
+        used = 1000 * (self.nvmlDeviceGetGpuInstanceId(handle) if handle[0] == "mig" else 1)
+        return SimpleNamespace(used=used, total=10_000)
+
+    def nvmlGpmQueryDeviceSupport(self, handle: tuple[Any, ...]) -> Any:
+        assert handle[0] == "gpu", "GPM support is asked of the GPU"
+        return SimpleNamespace(isSupportedDevice=1)
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        return SimpleNamespace(instance=None)
+
+    def nvmlGpmMigSampleGet(self, handle: tuple[Any, ...], instance: int, sample: Any) -> Any:
+        self.mig_samples.append((handle, instance))
+        sample.instance = instance
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None: ...
+
+    def c_nvmlGpmMetricsGet_t(self) -> Any:
+        return SimpleNamespace(metrics=[SimpleNamespace(metricId=0, value=0.0) for _ in range(210)])
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        assert request.sample1.instance == request.sample2.instance
+        sm, occupancy, tensor, graphics = self.ACTIVITY[request.sample2.instance]
+        by_id = {self.NVML_GPM_METRIC_SM_UTIL: sm, self.NVML_GPM_METRIC_SM_OCCUPANCY: occupancy,
+                 self.NVML_GPM_METRIC_ANY_TENSOR_UTIL: tensor, self.NVML_GPM_METRIC_GRAPHICS_UTIL: graphics}
+        for metric in request.metrics[:request.numMetrics]:
+            metric.value = by_id[metric.metricId]
+        return request
+
+
+def test_the_nvml_seam_lists_mig_instances_reads_them_and_samples_gpm_per_gpu_instance() -> None:
+    import pynvml
+
+    api = _NvmlApi()
+    missing = [name for name in api if not hasattr(pynvml, name)]
+    assert not missing, missing  # the fake calls nvidia-ml-py's own names
+    module = ModuleType("pynvml")
+    for name in dir(api):
+        if not name.startswith("_"):
+            setattr(module, name, getattr(api, name))
+    with mock.patch.dict(sys.modules, {"pynvml": module}):
+        backend = PynvmlBackend()
+        collector = GpuCollector(lambda s, r: None, lambda: backend, env={})
+        assert [(d.gpu, d.uuid, d.gpu_instance, d.profile, d.parent_uuid) for d in collector.devices] == [
+            ("0", api.MIGS[0, 0][0], 2, "3g.20gb", api.GPUS[0]), ("1", api.MIGS[0, 2][0], 9, "1g.5gb", api.GPUS[0]),
+            ("1", api.GPUS[1], -1, "", "")]
+        small = collector.devices[1]
+        assert backend.read(small.index, "memory_used") == 9000.0
+        with pytest.raises(NvmlCallError) as first:
+            backend.read_gpm(small.index)
+        assert first.value.reason == "warming_up"
+        assert backend.read_gpm(small.index) == {"sm_active": 0.7, "sm_occupancy": 0.35, "tensor_active": 0.2,
+                                                 "utilization": 0.9}
+        assert api.mig_samples == [(("gpu", 0), 9), (("gpu", 0), 9)]  # sampled on its GPU, by GPU instance
+        by_uuid = PynvmlBackend().device_by_uuid(api.MIGS[0, 2][0])
+        assert (by_uuid.gpu_instance, by_uuid.parent_uuid, by_uuid.profile) == (9, api.GPUS[0], "1g.5gb")
