@@ -512,6 +512,11 @@ def test_a_mig_instance_reads_its_memory_and_gpm_activity_and_nothing_it_cannot(
     mig = {device.index for device in fake.mig.values()}
     assert all(asked[i] == {"memory_used", "memory_total", "process_memory", "gpm"} for i in mig), asked
     assert "utilization" in asked[2] and "power" in asked[2]  # the whole GPU is read in full
+    sampler.writer.flush()  # type: ignore[union-attr]
+    last = json.loads((tmp_path / schema.SAMPLES).read_text().splitlines()[-1])["gpu"]  # keyed like the series
+    assert {gpu: sorted(entry) for gpu, entry in last.items()} == {
+        "0": ["mt", "mu", "pm"], "1": ["mt", "mu", "occ", "pm", "sm", "tc", "u"], "2": sorted(last["2"])}
+    assert last["1"]["u"] == 0.62 and "p" in last["2"]
     assert _values(registry, sc.SAMPLER_ERRORS) == {} and caplog.text == ""
 
 

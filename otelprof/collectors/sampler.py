@@ -330,7 +330,7 @@ def _raw_sample(now: float, host: HostReading | None, process: ProcessReading, g
                                        if k in GPU_SAMPLE_KEYS}
             if reading.process_memory is not None:
                 entry["pm"] = reading.process_memory
-            gpu_lines[str(reading.device.index)] = entry
+            gpu_lines[reading.device.gpu] = entry
         if gpu_lines:
             line["gpu"] = gpu_lines
     return line
