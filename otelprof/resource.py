@@ -39,13 +39,16 @@ def build_resource(config: Config, extra: dict[str, str | int] | None = None) ->
         (sc.K8S_NAMESPACE_NAME, config.pod_namespace),
         (sc.K8S_NODE_NAME, config.node_name),
         (sc.K8S_CONTAINER_NAME, config.container_name),
+        (sc.K8S_POD_UID, config.pod_uid),
+        (sc.K8S_JOB_NAME, config.k8s_job_name),
+        (sc.SERVICE_NAMESPACE, config.pod_namespace),  # service.namespace + service.name: the job, uniquely
     ):
         if value:
             detected[key] = value
     from_env = OTELResourceDetector().detect()
-    resource = Resource.create({}).merge(Resource(detected)).merge(from_env)
+    resource = Resource.create({}).merge(Resource(detected, sc.SCHEMA_URL)).merge(from_env)
     # OTELPROF_JOB_NAME is the most explicit job name there is.
-    return resource.merge(Resource({sc.SERVICE_NAME: config.job_name}))
+    return resource.merge(Resource({sc.SERVICE_NAME: config.job_name}, sc.SCHEMA_URL))
 
 
 def identity_labels(resource: Resource) -> dict[str, str]:
