@@ -1038,12 +1038,14 @@ NO_FOR: dict[str, str] = {
                              "allocation from an out-of-memory error.",
     "HostMemoryNearLimit": "one evaluation judges the working set's mean over the window, and past the limit the "
                            "kernel kills the process: a `for` would report it after the OOM kill.",
-    "StepOutliers": "one evaluation counts every outlier step in the window against every step in it (more than 10 "
-                    "and more than 1 %): the window is the `for`.",
+    "StepOutliers": "one evaluation weighs every outlier step of the window by its time above the median "
+                    "against all the window's step time (a share, over more than 10 outliers): the window "
+                    "is the `for`.",
     "SlowInitialization": "the condition is itself a duration (no first step that long after start); a `for` "
                           "would only add to it.",
-    "LossNotDecreasing": "one evaluation compares two whole windows of loss means, each averaging every scraped "
-                         "value: the windows are the `for`.",
+    "LossSpike": "each counted spike was already judged in the training process against the recent "
+                 "losses (ratio to the median and sigma): one is the fault, and a `for` would let "
+                 "a transient jump expire unseen.",
     "NonFiniteValues": "one NaN or infinite loss or gradient norm is conclusive: the run's weights are likely "
                        "already corrupted.",
     "VanishingGradients": "one evaluation takes the largest gradient norm of the whole window while steps run: "
