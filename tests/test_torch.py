@@ -658,3 +658,37 @@ def test_a_steps_loss_parts_are_added_up_off_the_hot_path(tmp_path: Path) -> Non
         otelprof.record("samples", 4)
     rank = _recording(session)
     assert [s.scalars.get("loss") for s in rank.steps] == [1.75, 1.5, None]
+
+
+def test_record_keeps_the_value_at_the_call_of_a_tensor_changed_in_place_later(tmp_path: Path) -> None:
+    """A running-loss accumulator recorded and then reset in place: each step (and a scalar outside steps) keeps
+    the value it had when it was recorded, not the one the recorder would read later on its thread."""
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    running, expected = torch.zeros(()), []
+    for i in range(6):
+        with otelprof.step():
+            running += float(i + 1)
+            otelprof.record("running_loss", running)
+            otelprof.record("parts", [running, torch.ones(()) * i])
+            expected.append((float(running), float(running) + i))
+            if i % 2 == 1:
+                running.zero_()
+    running.fill_(7.0)
+    otelprof.record("after", running)
+    running.zero_()
+    rank = _recording(session)
+    assert [(s.scalars["running_loss"], s.scalars["parts"]) for s in rank.steps] == expected
+    assert [(name, value) for _, _, name, value in rank.scalars] == [("after", 7.0)]
+
+
+def test_record_copies_a_tensor_on_a_device_and_leaves_other_values_alone() -> None:
+    """Off the CPU a one-element tensor is copied (on its device's stream, never read on the training thread);
+    a tensor of several elements and values that are no tensors are kept as given (the recorder judges them)."""
+    from otelprof import hotpath
+
+    on_device = torch.zeros((), device="meta", requires_grad=True)
+    copy = hotpath._value_now(on_device)
+    assert copy is not on_device and copy.device.type == "meta" and not copy.requires_grad
+    several = torch.zeros(3)
+    assert hotpath._value_now(several) is several and hotpath._value_now("x") == "x"
+    assert hotpath._value_now([torch.tensor(0.5), 2]) == [0.5, 2]
