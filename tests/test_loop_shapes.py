@@ -43,6 +43,7 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "evaluation-inline": ("evaluation_inline", {}),
     "manual-sgd": ("manual_sgd", {}),
     "seq2seq": ("seq2seq", {}),
+    "loader-error": ("loader_error", {}),
 }
 """Shape id: (module in tests/loop_shapes, options for its main())."""
 PYTHON_ONLY = {"nanogpt-compiled", "manual-sgd", "gan", "seq2seq"}
@@ -124,7 +125,22 @@ def explicit_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str,
     otorch.uninstrument()
     run_dir = session.run_dir
     otelprof.shutdown()
-    return read_recording(run_dir).ranks[0], account.dump()
+    return read_recording(run_dir).ranks[0], json.loads(json.dumps(account.dump()))  # as a subprocess's
+
+
+_bare: dict[str, dict[str, Any]] = {}
+
+
+def bare_facts(module: str, options: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """The facts the loop gives without otelprof: ``python -m tests.loop_shapes.<module>`` alone (once per module)."""
+    if module not in _bare:
+        out = tmp_path / "bare.json"
+        env = {**os.environ, "LOOP_SHAPE_OUT": str(out), "LOOP_SHAPE_OPTIONS": json.dumps(options)}
+        result = subprocess.run([sys.executable, "-m", f"tests.loop_shapes.{module}"], env=env, cwd=REPO,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
+        _bare[module] = json.loads(out.read_text())["facts"]
+    return _bare[module]
 
 
 def _cases() -> list[tuple[str, str, str]]:
@@ -151,6 +167,8 @@ def test_the_recording_holds_the_loops_own_steps(tmp_path: Path, monkeypatch: py
         rank, account = explicit_shape(tmp_path, monkeypatch, module, options, path,
                                        c_holds_steps=path == "native" and shape not in PYTHON_ONLY)
     check(rank, account, mode)
+    if account["facts"]:
+        assert account["facts"] == bare_facts(module, options, tmp_path)
 
 
 TORCHRUN = (str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2")

@@ -1152,8 +1152,8 @@ static PyObject *iterator_next(PyObject *op) {
     PyObject *batch = Py_TYPE(self->original)->tp_iternext(self->original);
     steps_end_region(steps, FETCH, start, now_ns(), depth, generation);
     if (batch == NULL) {
-        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_StopIteration)) return NULL;
-        /* the epoch ended: drop a step that only saw this fetch */
+        /* the epoch ended, or the loader raised (the error goes on as it came): drop a step that only saw this
+         * fetch */
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         if (steps->open && steps->generation == generation && !steps->saw_work && steps_cancel(steps) < 0)

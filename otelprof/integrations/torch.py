@@ -415,6 +415,16 @@ _iterator_serials = itertools.count(1)
 """Numbers of the timed data-loader iterators, never reused (an iterator's id() is, once it is freed)."""
 
 
+def _raise_as_caller(exc: BaseException) -> None:
+    """Before a bare ``raise`` of ``exc`` in the ``except`` block of the function that called what raised it:
+    drop that function's frame from the traceback, so that the user's traceback is the one without otelprof
+    (the loop's line, then the data loader's own frames). Python 3.11 and later re-raise the exception's
+    ``__traceback__``; 3.10 keeps the frame."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_next is not None and tb.tb_frame is sys._getframe(1):
+        exc.__traceback__ = tb.tb_next
+
+
 class _TimedIterator(IteratorProxy):
     """Wraps a data-loader iterator: each ``next()`` is a ``dataloader`` region."""
 
@@ -427,7 +437,11 @@ class _TimedIterator(IteratorProxy):
     def __next__(self) -> Any:
         owner, iterator, serial = self._state
         if hot._active is None or owner.closed:
-            return next(iterator)
+            try:
+                return next(iterator)
+            except BaseException as exc:
+                _raise_as_caller(exc)
+                raise
         # TorchInstrumentation.fetch_begin and fetch_end inline, not through guarded(): this runs every step,
         # and on the training thread each call is paid in cold caches (see the note above fetch_begin).
         step: hot.StepContext | None = None
@@ -452,11 +466,16 @@ class _TimedIterator(IteratorProxy):
             raise
         except Exception as exc:
             owner.failed("dataloader", exc)
-            return next(iterator)
+            try:
+                return next(iterator)
+            except BaseException as error:
+                _raise_as_caller(error)
+                raise
         try:
             batch = next(iterator)
-        except StopIteration:
+        except BaseException as exc:  # the epoch's end, or the loader's error: the user's, as bare PyTorch shows it
             owner.guarded("dataloader", owner.fetch_end, (start, step, depth), None, True)
+            _raise_as_caller(exc)
             raise
         try:
             end = perf_counter_ns()  # hot._end_region inline
@@ -659,7 +678,11 @@ class TorchInstrumentation:
         original_iter = cls.__iter__
 
         def __iter__(this: Any) -> Any:
-            iterator = original_iter(this)
+            try:
+                iterator = original_iter(this)
+            except BaseException as exc:  # the loader's own error, as without otelprof
+                _raise_as_caller(exc)
+                raise
             proxy = _TimedIterator(iterator, owner)
             native = owner.native
             return proxy if native is None else _native.Iterator(native, iterator, proxy)
@@ -1430,7 +1453,11 @@ def _patch_dataloader_class() -> None:
     _original_dataloader_iter = original
 
     def __iter__(self: Any) -> Any:
-        iterator = original(self)
+        try:
+            iterator = original(self)
+        except BaseException as exc:  # the loader's own error, as without otelprof
+            _raise_as_caller(exc)
+            raise
         owner = _active[-1] if _active else None
         if owner is None or getattr(self, "_otelprof_instrumented", False):
             return iterator  # an instrumented loader (or one whose wrapper is) times its own fetches

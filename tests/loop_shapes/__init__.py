@@ -34,6 +34,8 @@ class Account:
         self.steps: list[dict[str, Any]] = []
         self.outside: list[str] = []
         """Regions that stand outside steps."""
+        self.facts: dict[str, Any] = {}
+        """What else the loop saw that must not depend on otelprof (compared with the loop run without it)."""
 
     def step(self, phase: str) -> None:
         """A step of ``phase`` begins."""
@@ -62,7 +64,7 @@ class Account:
 
     def dump(self) -> dict[str, Any]:
         return {"steps": [{k: v for k, v in s.items() if k != "losses"} for s in self.steps],
-                "outside": sorted(self.outside)}
+                "outside": sorted(self.outside), "facts": self.facts}
 
 
 def run_as_script(main: Callable[..., Account]) -> None:
