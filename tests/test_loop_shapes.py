@@ -44,11 +44,14 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "manual-sgd": ("manual_sgd", {}),
     "seq2seq": ("seq2seq", {}),
     "loader-error": ("loader_error", {}),
+    "lbfgs": ("lbfgs", {}),
+    "sgd-closure": ("sgd_closure", {}),
 }
 """Shape id: (module in tests/loop_shapes, options for its main())."""
-PYTHON_ONLY = {"nanogpt-compiled", "manual-sgd", "gan", "seq2seq"}
-"""Shapes the C hooks leave to the Python ones: a torch.compile'd model is timed by module hooks, and the C hooks
-keep steps ended by the step() of one optimizer only."""
+PYTHON_ONLY = {"nanogpt-compiled", "manual-sgd", "gan", "seq2seq", "lbfgs"}
+"""Shapes the C hooks leave to the Python ones: a torch.compile'd model is timed by module hooks, the C hooks
+keep steps ended by the step() of one optimizer only, and an evaluation step open in Python is ended there (the
+L-BFGS loop's train steps after the first)."""
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +99,7 @@ def launch(tmp_path: Path, module: str, options: dict[str, Any], env: dict[str, 
     out = tmp_path / "account.json"
     env = {**os.environ, "OTELPROF_RECORD_DIR": str(tmp_path / "runs"), "OTELPROF_RUN_ID": "shape",
            "OTELPROF_SYSTEM_METRICS": "false", "LOOP_SHAPE_OUT": str(out), "LOOP_SHAPE_OPTIONS": json.dumps(options),
-           **env}
+           "OTELPROF_PROFILE_EVERY": "0", **env}  # no periodic window: whether one starts depends on the machine's pace
     python = () if launcher and "--no-python" not in launcher else (sys.executable,)
     command = [*launcher, *python, "-m", f"tests.loop_shapes.{module}"]
     if under_run:
@@ -116,7 +119,7 @@ def explicit_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str,
                    path: str, c_holds_steps: bool) -> tuple[RankRecording, dict[str, Any]]:
     """The loop in this process, its objects given to ``otelprof.torch.instrument``."""
     monkeypatch.setenv("OTELPROF_TORCH_NATIVE", "true" if path == "native" else "false")
-    session = otelprof.init(record_dir=str(tmp_path / "runs"), system_metrics=False)
+    session = otelprof.init(record_dir=str(tmp_path / "runs"), system_metrics=False, profile_every=0)
     shape = importlib.import_module(f"tests.loop_shapes.{module}")
     account = shape.main(otorch.instrument, **options)
     inst = otorch._active[-1]

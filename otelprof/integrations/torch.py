@@ -284,8 +284,12 @@ class _AutoSteps:
                         or self.eval_module is not None:
                     self.close()
                     step = hot._tls.step
-            elif self.eval_module is not None:  # backward or optimizer step in an eval step: training after all
-                self.untag()
+            elif self.eval_module is not None:
+                if kind == OPTIMIZER and not self.trained:  # step(closure) after an evaluation: the closure is the
+                    self.close()                             # next iteration's training, a step of its own
+                    step = hot._tls.step
+                else:  # backward or optimizer step in an eval step: training after all
+                    self.untag()
             elif kind == self.leader and not self.by_optimizer:
                 self.close()
                 step = hot._tls.step
@@ -526,6 +530,9 @@ class TorchInstrumentation:
         self._forward_regions: deque[_OpenRegion] = deque()
         self._optimizer_region: _OpenRegion | None = None
         self._optimizer_depth = 0
+        self._closure_evaluated = False
+        """A ``backward()`` ran inside the current ``optimizer.step(closure)``: the closure's first evaluation, whose
+        loss is what ``step()`` returns, gave the step's loss; the line search's further evaluations give none."""
         self.backward_off = False
         """The backward hook failed: ``Tensor.backward`` stays patched (other instrumentations may share it)
         but this one no longer times it."""
@@ -620,7 +627,8 @@ class TorchInstrumentation:
         auto.eval_module = auto.retagged = auto.pending = None
         auto.slow = False
         if optimizer is not None:  # inside optimizer.step(): the post-hook ends the region
-            optimizer_start, optimizer_depth, self._optimizer_depth = optimizer
+            optimizer_start, optimizer_depth, self._optimizer_depth, closure_evaluated = optimizer
+            self._closure_evaluated = bool(closure_evaluated)
             self._optimizer_region = (optimizer_start, step, optimizer_depth)
         native.adopt(step)
 
@@ -930,6 +938,7 @@ class TorchInstrumentation:
             self._optimizer_depth += 1
             if self._optimizer_depth > 1:
                 return  # a subclass's step() calling super().step(): both are wrapped, time the outer one
+            self._closure_evaluated = False
             auto = self.auto
             auto.by_optimizer = True  # (already, unless otelprof run's hooks met an optimizer made before them)
             step = hot._tls.step
@@ -1241,7 +1250,11 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             if step is None or (step is auto.current and (auto.leader == BACKWARD or auto.slow)):
                 step = auto.begin(BACKWARD, step)
             auto.saw_work = auto.saw_backward = auto.trained = True
-            if inst.loss and self.numel() == 1:
+            counted = inst.loss
+            if counted and inst._optimizer_depth:  # inside optimizer.step(closure): its first evaluation's loss only
+                counted = not inst._closure_evaluated
+                inst._closure_evaluated = True
+            if counted and self.numel() == 1:
                 tensor = self
                 if (scaled := _scaled[0]) is not None and scaled[0]() is self:  # GradScaler.scale(loss): loss
                     tensor = scaled[1]

@@ -81,7 +81,7 @@ def run_as_script(main: Callable[..., Account]) -> None:
 
         native = os.environ.get("RANK", "0") in os.environ.get("LOOP_SHAPE_NATIVE_RANKS", "").split(",")
         os.environ["OTELPROF_TORCH_NATIVE"] = "true" if native else "false"
-        otelprof.init(system_metrics=False)
+        otelprof.init(system_metrics=False, profile_every=0)
         account = main(otorch.instrument, **options)
         otelprof.shutdown()
     else:
