@@ -44,19 +44,20 @@ def main(instrument: Instrument | None = None) -> Account:
     if instrument is not None:
         instrument(model=seq, optimizer=optimizer)
     account = Account()
+    evaluations: list[float] = []  # the current step's
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        out = seq(train_input)
+        loss = criterion(out, train_target)
+        evaluations.append(loss.item())
+        loss.backward()
+        account.did("forward", OTHER_FORWARD, "backward")
+        return loss
+
     for _ in range(STEPS):
         account.step("train")
-        evaluations: list[float] = []
-
-        def closure() -> torch.Tensor:
-            optimizer.zero_grad()
-            out = seq(train_input)
-            loss = criterion(out, train_target)
-            evaluations.append(loss.item())
-            loss.backward()
-            account.did("forward", OTHER_FORWARD, "backward")
-            return loss
-
+        evaluations.clear()
         returned = optimizer.step(closure)
         account.did("optimizer")
         assert returned.item() == evaluations[0] and len(evaluations) > 1  # L-BFGS returns its first evaluation

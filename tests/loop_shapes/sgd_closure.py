@@ -23,11 +23,12 @@ def main(instrument: Instrument | None = None) -> Account:
         for data, target in loader:  # 6 batches an epoch, the last of 4
             account.step("train")
             account.samples(len(data))
-            evaluations = []
+            evaluations: list[torch.Tensor] = []
 
-            def closure() -> torch.Tensor:
+            def closure(data: torch.Tensor = data, target: torch.Tensor = target,
+                        evaluations: list[torch.Tensor] = evaluations) -> torch.Tensor:
                 optimizer.zero_grad()
-                loss = F.cross_entropy(model(data), target)  # noqa: B023  (called right away, by step())
+                loss = F.cross_entropy(model(data), target)
                 loss.backward()
                 evaluations.append(loss)
                 return loss
