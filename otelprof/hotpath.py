@@ -192,6 +192,23 @@ def _begin_step(previous: StepContext | None) -> StepContext:
     return step
 
 
+def _end_step(step: StepContext, end_ns: int) -> None:
+    """``step.__exit__(None, None, None)`` with the step ending at ``end_ns``, not now: for an automatic step whose
+    end an integration learns afterwards (the last of several optimizers' updates in an iteration, seen from the
+    next iteration's first event). Keep it in line with ``__exit__``."""
+    step.closed = True
+    _tls.step = step._previous
+    recorder = _active
+    if recorder is not None:
+        queue = recorder.queue
+        if len(queue) < recorder.capacity:
+            queue.append((STEP, step.phase, step.number, step.start_ns, end_ns, step.annotations, step.scalars, None))
+        else:
+            recorder.queue_dropped += 1
+    if _step_boundary and step._previous is None:
+        run_step_boundary()
+
+
 def run_step_boundary() -> None:
     """Run the pending step-boundary callbacks (each at most once). A callback may raise on purpose
     (``StopTraining`` when the user asked for it); other errors are logged, never raised."""

@@ -6,6 +6,7 @@ regions each step holds, its samples and its loss (the loop's own combination of
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import subprocess
@@ -89,6 +90,14 @@ def check(rank: RankRecording, account: dict[str, Any], mode: str) -> None:
             assert sc.SCALAR_SAMPLES not in step.scalars, where
         else:
             assert step.scalars.get(sc.SCALAR_SAMPLES) == expected["samples"], where
+        updates = {sc.optimizer_loss(int(index)): value for index, value in expected.get("updates", {}).items()}
+        assert {name for name in step.scalars if name.startswith(sc.optimizer_loss(0)[:-1])} == set(updates), where
+        for name, value in updates.items():
+            assert step.scalars[name] == pytest.approx(value, rel=1e-6), (where, name)
+        assert all(step.start_ns <= a.start_ns and a.start_ns + a.duration_ns <= step.end_ns
+                   for a in step.annotations), where  # also a step that ended before the event that ended it
+    for step, after in itertools.pairwise(steps):
+        assert step.end_ns <= after.start_ns, f"{step.phase} step {step.number} ends after the next one starts"
 
 
 def launch(tmp_path: Path, module: str, options: dict[str, Any], env: dict[str, str], *, under_run: bool,

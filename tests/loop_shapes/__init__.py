@@ -28,7 +28,7 @@ OTHER_FORWARD = "forward*"
 
 
 class Account:
-    """What the loop did, step by step (a step: one optimizer update, or one evaluation batch)."""
+    """What the loop did, step by step (a step: one iteration's optimizer updates, or one evaluation batch)."""
 
     def __init__(self) -> None:
         self.steps: list[dict[str, Any]] = []
@@ -48,10 +48,15 @@ class Account:
         current = self.steps[-1]
         current["samples"] = (current["samples"] or 0) + count
 
-    def backward_loss(self, loss: torch.Tensor) -> None:
-        """The loss a backward() of this step was given (a train step's loss is their sum)."""
+    def backward_loss(self, loss: torch.Tensor, update: int | None = None) -> None:
+        """The loss a backward() of this step was given (a train step's loss is their sum); ``update``: in a loop
+        with several optimizers, the number of the optimizer whose update it is for (numbered in the order they
+        first step; that optimizer's own loss in the step is the sum of its update's)."""
         current = self.steps[-1]
         current["loss"] = (current["loss"] or 0.0) + float(loss.detach())
+        if update is not None:
+            own = current.setdefault("updates", {})
+            own[str(update)] = own.get(str(update), 0.0) + float(loss.detach())
 
     def eval_loss(self, loss: torch.Tensor, module: str = "forward") -> None:
         """The loss an evaluation forward returned (an eval step's loss is their mean); ``module``
