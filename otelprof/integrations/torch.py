@@ -17,10 +17,12 @@ On CPU there is no timer at all (one attribute check per hook).
 
 Steps: when the user marks none, a train step runs from the first event of an iteration (batch fetch,
 forward) to the end of ``optimizer.step()`` — with gradient accumulation, one step per optimizer
-update — and each evaluation batch (forwards in eval mode or without gradients) is an eval step
-(:class:`_AutoSteps`; docs/pytorch.md has the rules per loop shape). Scalars: the loss (a train step's: the
-sum of the scalar tensors given to ``backward()``, a ``GradScaler``'s scale undone; an eval step's: the mean
-of the scalar losses its forwards returned), the learning rate, optionally the global gradient norm,
+update; with several optimizers, one step per iteration (a GAN's two updates per batch) — and each evaluation
+batch (forwards in eval mode or without gradients) is an eval step (:class:`_AutoSteps`; docs/pytorch.md has
+the rules per loop shape). Scalars: the loss (a train step's: the sum of the scalar tensors given to
+``backward()``, a ``GradScaler``'s scale undone, only the first evaluation's inside ``step(closure)``, and with
+several optimizers each update's also under its optimizer's name; an eval step's: the mean of the scalar losses
+its forwards returned), the learning rate, optionally the global gradient norm,
 samples per step (the first dimension of the batch), CUDA memory when CUDA is used.
 
 A hook that raises is removed and counted (``otelprof_integration_errors_total``); training goes on.
