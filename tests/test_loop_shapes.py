@@ -47,6 +47,7 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "loader-error": ("loader_error", {}),
     "lbfgs": ("lbfgs", {}),
     "sgd-closure": ("sgd_closure", {}),
+    "running-loss": ("running_loss", {}),
 }
 """Shape id: (module in tests/loop_shapes, options for its main())."""
 PYTHON_ONLY = {"nanogpt-compiled", "manual-sgd", "gan", "seq2seq", "lbfgs"}
@@ -92,7 +93,7 @@ def check(rank: RankRecording, account: dict[str, Any], mode: str) -> None:
             assert step.scalars.get(sc.SCALAR_SAMPLES) == expected["samples"], where
         updates = {sc.optimizer_loss(int(index)): value for index, value in expected.get("updates", {}).items()}
         assert {name for name in step.scalars if name.startswith(sc.optimizer_loss(0)[:-1])} == set(updates), where
-        for name, value in updates.items():
+        for name, value in [*updates.items(), *expected.get("recorded", {}).items()]:
             assert step.scalars[name] == pytest.approx(value, rel=1e-6), (where, name)
         assert all(step.start_ns <= a.start_ns and a.start_ns + a.duration_ns <= step.end_ns
                    for a in step.annotations), where  # also a step that ended before the event that ended it

@@ -58,6 +58,10 @@ class Account:
             own = current.setdefault("updates", {})
             own[str(update)] = own.get(str(update), 0.0) + float(loss.detach())
 
+    def recorded(self, name: str, value: torch.Tensor) -> None:
+        """The value the loop gave ``otelprof.record(name, ...)`` in this step, as it was then."""
+        self.steps[-1].setdefault("recorded", {})[name] = float(value)
+
     def eval_loss(self, loss: torch.Tensor, module: str = "forward") -> None:
         """The loss an evaluation forward returned (an eval step's loss is their mean); ``module``
         :data:`OTHER_FORWARD`: the output of a module the explicit API is not given (recorded under ``otelprof run``
