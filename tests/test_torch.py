@@ -692,3 +692,43 @@ def test_record_copies_a_tensor_on_a_device_and_leaves_other_values_alone() -> N
     several = torch.zeros(3)
     assert hotpath._value_now(several) is several and hotpath._value_now("x") == "x"
     assert hotpath._value_now([torch.tensor(0.5), 2]) == [0.5, 2]
+
+
+def test_a_critic_updated_every_batch_and_a_generator_every_third_make_one_step_per_batch(tmp_path: Path) -> None:
+    """A WGAN-style loop: per fetched batch the critic's update, and every third batch the generator's too. Each
+    batch is one step holding its updates, its loss all of them and each optimizer's its own; a step whose last
+    update was the critic's (which also comes before the generator's) ends at that update's end, not at the next
+    fetch, nor, for the last batch, at the end of the loop."""
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    torch.manual_seed(0)
+    critic, generator = torch.nn.Linear(4, 1), torch.nn.Linear(2, 4)
+    optimizer_c = torch.optim.RMSprop(critic.parameters(), lr=5e-5)
+    optimizer_g = torch.optim.RMSprop(generator.parameters(), lr=5e-5)
+    loader = DataLoader(TensorDataset(torch.randn(56, 4)), batch_size=8)
+    otorch.instrument(model=critic, optimizer=optimizer_c, dataloader=loader)
+    otorch.instrument(model=generator, optimizer=optimizer_g)
+    expected, ended = [], []
+    for i, (real,) in enumerate(loader):
+        optimizer_c.zero_grad()
+        loss_c = critic(generator(torch.randn(8, 2)).detach()).mean() - critic(real).mean()
+        loss_c.backward()
+        optimizer_c.step()
+        losses = {0: float(loss_c.detach())}
+        if i % 3 == 0:
+            optimizer_g.zero_grad()
+            loss_g = -critic(generator(torch.randn(8, 2))).mean()
+            loss_g.backward()
+            optimizer_g.step()
+            losses[1] = float(loss_g.detach())
+        ended.append(time.perf_counter_ns())
+        expected.append(losses)
+    otorch.uninstrument()
+    offset = session.recorder.offset_ns  # the recording's Unix times from perf_counter_ns()
+    rank = _recording(session)
+    assert [s.number for s in rank.steps if s.phase == "train"] == list(range(7)) and len(rank.steps) == 7
+    for step, losses, end in zip(rank.steps, expected, ended):
+        assert step.scalars[sc.SCALAR_LOSS] == pytest.approx(sum(losses.values()), rel=1e-6)
+        assert {k: v for k, v in step.scalars.items() if k.startswith("loss_")} == pytest.approx(
+            {sc.optimizer_loss(n): v for n, v in losses.items()}, rel=1e-6)
+        assert [a.name for a in step.annotations].count(sc.REGION_OPTIMIZER) == len(losses)
+        assert step.annotations[-1].name == sc.REGION_OPTIMIZER and step.end_ns <= end + offset
