@@ -266,8 +266,9 @@ class _AutoSteps:
         """Optimizers whose update another update followed in an iteration: their ``step()`` leaves the step open."""
         self.last: weakref.WeakSet[Any] = weakref.WeakSet()
         """Optimizers whose update ended an iteration (and, not in ``not_last``, always has): theirs ends the step."""
-        self.stepped: Any = None
-        """The optimizer whose ``step()`` came last (a second one makes ``several``)."""
+        self.stepped = 0
+        """The ``id()`` of the optimizer whose ``step()`` came last (a second one makes ``several``); not the
+        optimizer itself, which the loop may drop (and its state with it)."""
         self.loss_step: hot.StepContext | None = None
         self.loss_mark = 0
         """In ``loss_step``, the loss parts (``backward()`` losses) given to updates' own names so far."""
@@ -980,7 +981,7 @@ class TorchInstrumentation:
             self._closure_evaluated = False
             auto = self.auto
             auto.by_optimizer = True  # (already, unless otelprof run's hooks met an optimizer made before them)
-            if auto.stepped is not optimizer and auto.stepped is not None and not auto.several:
+            if auto.stepped != id(optimizer) and auto.stepped and not auto.several:
                 auto.several = True  # a second optimizer steps (one made before otelprof run's hooks, say)
                 self.sync_native()
             step = hot._tls.step
@@ -1061,7 +1062,7 @@ class TorchInstrumentation:
                     self._updated(optimizer, step, perf_counter_ns())
                 else:  # _AutoSteps.close() inline (the pre-hook left no eval step, nothing pending)
                     auto.current = auto.eval_module = None
-                    auto.stepped = optimizer
+                    auto.stepped = id(optimizer)
                     if step is current:
                         current.__exit__(None, None, None)
         except hot.StopTraining:
@@ -1075,7 +1076,7 @@ class TorchInstrumentation:
         (``loss_optimizer_<n>``); the step ends here if this optimizer is known to end iterations, else waits."""
         auto = self.auto
         current = auto.current
-        auto.stepped = optimizer
+        auto.stepped = id(optimizer)
         scalars = current.scalars if current is not None else None
         if scalars is not None and type(total := scalars.get(_LOSS)) is _Sum:
             mark = auto.loss_mark if auto.loss_step is current else 0
