@@ -769,6 +769,18 @@ SCALAR_GAUGES: dict[str, MetricSpec] = {SCALAR_LOSS: LOSS, SCALAR_LEARNING_RATE:
                                         SCALAR_GRAD_NORM: GRAD_NORM}
 SCALAR_COUNTERS: dict[str, MetricSpec] = {SCALAR_SAMPLES: SAMPLES, SCALAR_TOKENS: TOKENS}
 NONFINITE_CHECKED: tuple[str, ...] = (SCALAR_LOSS, SCALAR_GRAD_NORM)
+SCALAR_OPTIMIZER_LOSS = "loss_optimizer_{index}"
+"""Per step of a loop with several optimizers (a GAN's discriminator and generator, updated once per batch): the
+losses given to ``backward()`` for the update of optimizer ``{index}`` (numbered from 0 in the order they first
+step); ``loss`` is the step's losses of all updates."""
+MAX_OPTIMIZER_LOSSES = 8
+"""Optimizers with a loss of their own (``SCALAR_OPTIMIZER_LOSS``); the others' count in ``loss`` only."""
+
+
+def optimizer_loss(index: int) -> str:
+    """The scalar name of optimizer ``index``'s loss (:data:`SCALAR_OPTIMIZER_LOSS`)."""
+    return SCALAR_OPTIMIZER_LOSS.format(index=index)
+
 
 # ---------------------------------------------------------------- dcgm-exporter's series (mixin gpu_source=dcgm)
 # NVIDIA dcgm-exporter's default counters (etc/default-counters.csv), read instead of otelprof's own GPU series.
