@@ -38,7 +38,7 @@ TRAINING_JOB = KUBERNETES / "base/training-job.yaml"
 PACKAGE_FILES = Path("otelprof/mixin/files")
 """Copies of deploy/ sources inside the package, for ``otelprof mixin -o DIR`` without a checkout."""
 PACKAGED = {"otel-collector-config.yaml": COLLECTOR_CONFIG, "podmonitor.yaml": PODMONITOR,
-            "training-job.yaml": TRAINING_JOB}
+            "training-job.yaml": TRAINING_JOB, "alertmanager.yml": ALERTMANAGER_CONFIG}
 STACK_ALERTMANAGER = KUBERNETES / "overlays/kube-prometheus-stack/alertmanager"
 """The AlertmanagerConfig, applied in Alertmanager's namespace (its own kustomization sets the namespace)."""
 
