@@ -45,9 +45,10 @@ def record_renames(config: MixinConfig) -> dict[str, str]:
 def render_all(config: MixinConfig | None = None) -> dict[str, str]:
     """Path under ``dashboards/`` -> content, for every generated file.
 
-    Panels read the recording rules ``config`` generates (:func:`record_renames`). With ``gpu_source=dcgm`` the panels read dcgm-exporter's GPU series (the ``otelprof-dcgm`` records)
-    instead of otelprof's own. ``config``'s ``selector`` goes into every raw series the dashboards read, its
-    ``prometheus_url`` and ``tempo_url`` into the data sources (the committed files use the defaults).
+    Panels read the recording rules ``config`` generates (:func:`record_renames`). With ``gpu_source=dcgm`` the
+    panels read dcgm-exporter's GPU series (the ``otelprof-dcgm`` records) instead of otelprof's own.
+    ``config``'s ``selector`` goes into every raw series the dashboards read, its ``prometheus_url`` and
+    ``tempo_url`` into the data sources (the committed files use the defaults).
     """
     config = config or MixinConfig()
     renames = dict(gpu_source.RECORD_BY_SERIES) if config.gpu_source == GPU_SOURCE_DCGM else {}

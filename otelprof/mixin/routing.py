@@ -1,4 +1,4 @@
-"""otelprof's Alertmanager routing as an ``AlertmanagerConfig`` (prometheus-operator, ``monitoring.coreos.com/v1alpha1``).
+"""otelprof's Alertmanager routing as a prometheus-operator ``AlertmanagerConfig`` (``monitoring.coreos.com/v1alpha1``).
 
 On kube-prometheus-stack the operator merges every selected ``AlertmanagerConfig`` into the cluster's
 Alertmanager config as one sub-route of its root, first in line and with ``continue: true``: the cluster's
