@@ -16,7 +16,6 @@ from otelprof.mixin import MixinConfig, routing
 from otelprof.mixin.alerts import alerts
 from otelprof.mixin.routing import alertmanager_config
 from tests.servers import require_binary
-from tests.test_deploy import _crd_schema
 
 CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "alertmanager" / "alertmanager.yml"
 
@@ -199,9 +198,3 @@ def test_without_the_matcher_strategy_the_operator_would_drop_whole_job_alerts(t
     assert selector.items() <= alertmanager_config(MixinConfig())["metadata"]["labels"].items()
     assert "configSecret" not in values
 
-
-def test_the_alertmanagerconfig_matches_its_crd() -> None:
-    import jsonschema
-
-    schema = _crd_schema("AlertmanagerConfig")
-    jsonschema.validators.validator_for(schema)(schema).validate(alertmanager_config(MixinConfig()))
