@@ -29,10 +29,16 @@ def _cmd_env(args: argparse.Namespace) -> int:
         elif var.secret:
             shown = "(set, hidden)" if current else "(empty)"
         else:
-            shown = f"= {current}"
+            shown = f"= {one_line(current)}"
         print(f"{var.name:<{width}}  {shown}")
         print(f"{'':<{width}}  default: {var.default or '(empty)'}")
         print(f"{'':<{width}}  {var.description}")
+    from otelprof.config import unknown_variables
+
+    for name in unknown_variables(os.environ):
+        close = ev.closest(name)
+        print(f"{one_line(name, 80)}  is not an otelprof setting: ignored"
+              + (f" (did you mean {close}?)" if close else ""))
     return 0
 
 
@@ -486,8 +492,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def one_line(text: str, limit: int = 300) -> str:
     """``text`` fit for a one-line message: control characters (newlines, terminal escapes) escaped, cut
     at ``limit`` characters."""
-    clean = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit + 1])
-    return clean if len(clean) <= limit else clean[:limit - 3] + "..."
+    from otelprof._log import escape
+
+    return escape(text, limit)
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ class ControlServer:
 
         try:
             self.address = self._server.start(host, port, Handler, "otelprof-control")
-        except OSError as exc:
+        except (OSError, OverflowError) as exc:  # OverflowError: a port above 65535
             warn_once("control:bind", "otelprof: cannot serve the control endpoint on %s:%d (%s)", host, port, exc)
             return False
         return True

@@ -22,6 +22,23 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+def _say(line: str) -> None:
+    """One line to stderr, escaped; never raises (stderr may be closed, full or a pipe nobody reads) and never
+    leaves the line in Python's buffer, where it would fail again at the exit."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line[:500]) + "\n"
+    stream = sys.stderr
+    if stream is None:  # fd 2 closed
+        return
+    try:
+        stream.flush()
+    except Exception:
+        pass
+    try:
+        os.write(stream.fileno(), text.encode("utf-8", "backslashreplace"))
+    except Exception:
+        pass
+
+
 LAUNCHERS = frozenset({
     "torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "accelerate.commands.launch",
     "accelerate.commands.accelerate_cli", "deepspeed", "deepspeed.launcher.runner", "deepspeed.launcher.launch",
@@ -96,7 +113,7 @@ def _wrap_init(module: Any) -> None:
 
                 spawned_ranks.become_rank()
             except Exception as exc:  # the rank trains regardless
-                sys.stderr.write(f"otelprof: automatic instrumentation failed: {exc!r}\n")
+                _say(f"otelprof: automatic instrumentation failed: {exc!r}")
         return result
 
     init_process_group._otelprof_rank = True  # type: ignore[attr-defined]
@@ -166,7 +183,7 @@ def _start(role: str) -> None:
         else:
             launch.name_run()
     except Exception as exc:  # the training program must start regardless
-        sys.stderr.write(f"otelprof: automatic instrumentation failed: {exc!r}\n")
+        _say(f"otelprof: automatic instrumentation failed: {exc!r}")
 
 
 def _chain() -> None:
@@ -184,7 +201,7 @@ def _chain() -> None:
                 try:
                     spec.loader.exec_module(importlib.util.module_from_spec(spec))
                 except Exception as exc:
-                    sys.stderr.write(f"otelprof: the original sitecustomize failed: {exc!r}\n")
+                    _say(f"otelprof: the original sitecustomize failed: {exc!r}")
             return
 
 
