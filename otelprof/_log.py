@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -67,14 +68,10 @@ def say(text: str) -> None:
         except Exception:
             pass
         return
-    try:
+    with contextlib.suppress(Exception):
         stream.flush()  # what the program wrote first comes first
-    except Exception:
-        pass
-    try:
+    with contextlib.suppress(Exception):
         os.write(fd, text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace"))
-    except Exception:
-        pass
 
 
 def describe_exception(exc: BaseException) -> str:

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import Iterator, Mapping
+from typing import Any
 from urllib import parse
 
 from opentelemetry.sdk.resources import Resource
@@ -76,7 +77,7 @@ def environment_attributes(env: Mapping[str, str]) -> dict[str, str]:
     return attributes
 
 
-def _encodable(value: object) -> object:
+def _encodable(value: Any) -> Any:
     if isinstance(value, str):
         return encodable(value)
     if isinstance(value, tuple) and any(isinstance(item, str) for item in value):

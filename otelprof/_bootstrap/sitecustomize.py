@@ -14,6 +14,7 @@ otelprof is imported."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -29,14 +30,10 @@ def _say(line: str) -> None:
     stream = sys.stderr
     if stream is None:  # fd 2 closed
         return
-    try:
+    with contextlib.suppress(Exception):
         stream.flush()
-    except Exception:
-        pass
-    try:
+    with contextlib.suppress(Exception):
         os.write(stream.fileno(), text.encode("utf-8", "backslashreplace"))
-    except Exception:
-        pass
 
 
 LAUNCHERS = frozenset({
