@@ -24,7 +24,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otelprof import _arguments, _sigterm
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
-from otelprof._log import logger, reset_warnings, warn_once
+from otelprof._log import escape, logger, reset_warnings, warn_once
 from otelprof._version import __version__
 from otelprof.collectors.environment import gpu_attributes
 from otelprof.collectors.sampler import Sampler
@@ -37,7 +37,7 @@ from otelprof.integrations.torch_profiler import windows as profile_windows
 from otelprof.metrics import MetricRegistry
 from otelprof.recorder import Recorder, SpanSink
 from otelprof.recording import otlp_json, schema
-from otelprof.recording.writer import RecordingWriter
+from otelprof.recording.writer import RecordingWriter, claim
 from otelprof.resource import build_resource, identity_labels
 
 _session: Session | None = None
@@ -64,6 +64,16 @@ class Session:
     def __init__(self, config: Config) -> None:
         if not config.run_id:
             config = dataclasses.replace(config, run_id=new_run_id())
+        # Resolved now: a script that changes directory (os.chdir, Hydra's job.chdir) still finishes its recording.
+        config = dataclasses.replace(config, record_dir=os.path.abspath(config.record_dir))
+        lock = None
+        if config.record:
+            run_id, lock = claim(Path(config.record_dir), config.run_id, config.rank, os.getpid())
+            if run_id != config.run_id:
+                warn_once("recording:collision", "otelprof: run %s rank %d is recorded in %s by another process "
+                          "(two jobs given one run id, or a restart); this process records it as run %s",
+                          escape(config.run_id), config.rank, escape(config.record_dir), escape(run_id))
+                config = dataclasses.replace(config, run_id=run_id)
         self.config = config
         self._pid = os.getpid()
         self._closed = False
@@ -77,7 +87,8 @@ class Session:
         self.writer: RecordingWriter | None = None
         if config.record:
             self.run_dir = Path(config.record_dir) / config.run_id / schema.rank_dir_name(config.rank)
-            self.writer = RecordingWriter(self.run_dir, self._manifest(), self._writer_dropped, self._writer_bytes)
+            self.writer = RecordingWriter(self.run_dir, self._manifest(), self._writer_dropped, self._writer_bytes,
+                                          lock)
         self.sampler: Sampler | None = None
         if config.system_metrics:
             self.sampler = Sampler(config, self.registry, self.writer)

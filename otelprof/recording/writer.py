@@ -17,6 +17,77 @@ from otelprof.recording import schema
 
 _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False, default=str).encode
 
+LOCK = ".lock"
+"""File in a rank directory that the process recording it holds an exclusive ``flock`` on while it runs."""
+MAX_ATTEMPTS = 100
+"""Run ids tried (``<run id>``, ``<run id>-2``, ...) before a process records where it was told to anyway."""
+_held: list[int] = []
+"""Lock descriptors this process holds; a forked child closes its copies (the parent keeps the locks)."""
+
+
+def claim(record_dir: Path, run_id: str, rank: int, pid: int) -> tuple[str, int | None]:
+    """The run id this process records rank ``rank`` under, and the locked descriptor that keeps it: ``run_id``,
+    unless another live process holds that rank's directory (two jobs given one run id: a fixed rendezvous id, a
+    reused job id) or an earlier process recorded it (a restart); then the first free ``<run_id>-<n>`` (n = 2, 3,
+    ...), so the ranks of one job that collides land together in the same new run. Never raises: when the
+    directory cannot be made, the writer says so."""
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        candidate = run_id if attempt == 1 else f"{run_id}-{attempt}"
+        directory = record_dir / candidate / schema.rank_dir_name(rank)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return run_id, None
+        if not _lock(fd) or _recorded_by_another(directory, pid):
+            os.close(fd)
+            continue
+        _held.append(fd)
+        return candidate, fd
+    return run_id, None
+
+
+def _lock(fd: int) -> bool:
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): the manifest check alone
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def _recorded_by_another(directory: Path, pid: int) -> bool:
+    """Whether ``directory`` holds the manifest of a process other than ``pid``."""
+    try:
+        with open(directory / schema.MANIFEST, encoding="utf-8") as handle:
+            manifest = json.load(handle)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+    return not isinstance(manifest, dict) or manifest.get("resource", {}).get(sc.PROCESS_PID) != pid
+
+
+def _release(fd: int | None) -> None:
+    if fd is not None and fd in _held:
+        _held.remove(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _forget_locks() -> None:
+    for fd in _held:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_locks)
+
 
 class RecordingWriter:
     """Buffers lines per file and appends them on :meth:`flush` (called every flush interval).
@@ -30,8 +101,11 @@ class RecordingWriter:
         manifest: dict[str, Any],
         on_dropped: Callable[[int], None],
         on_written: Callable[[int], None],
+        lock: int | None = None,
     ) -> None:
+        """``lock``: the descriptor :func:`claim` locked, released when the writer closes."""
         self.directory = directory
+        self._lock_fd = lock
         self.manifest = manifest
         self._on_dropped = on_dropped
         self._on_written = on_written
@@ -113,6 +187,8 @@ class RecordingWriter:
                     handle.close()
             self._files.clear()
             self._ok = False
+            _release(self._lock_fd)
+            self._lock_fd = None
             try:
                 with open(self.directory / schema.MANIFEST, encoding="utf-8") as handle:
                     manifest = json.load(handle)
@@ -130,3 +206,5 @@ class RecordingWriter:
                     handle.close()
             self._files.clear()
             self._ok = False
+            _release(self._lock_fd)
+            self._lock_fd = None
