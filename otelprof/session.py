@@ -245,7 +245,7 @@ class Session:
         if self._stop_reason is None:
             self._stop_reason = reason
             logger.warning("otelprof: stop requested (%s%s); stopping at the next step boundary",
-                           reason, f", alert {alert}" if alert else "")
+                           escape(reason), f", alert {escape(alert)}" if alert else "")
             if self.writer is not None:
                 self.writer.update_manifest(stop={"reason": reason, "alert": alert, "time": time.time()})
             hot._step_boundary.append(self._at_stop_boundary)

@@ -29,7 +29,7 @@ from otelprof import semconv as sc
 from otelprof.analysis.histogram import bucket_quantile
 from otelprof.mixin.alerts import Alert, alerts
 from otelprof.mixin.config import MixinConfig, seconds
-from otelprof.recording.reader import RankRecording, Recording
+from otelprof.recording.reader import RankRecording, Recording, group_indexes
 from otelprof.sampling import flag_outliers
 
 BUCKETS = sc.RATIO_BUCKETS
@@ -280,18 +280,20 @@ class StepTable:
         """From per-step columns (``phase`` codes into ``phase_names``), per-phase outlier flags in step
         order, and the sparse (step index, value) pairs of losses and gradient norms."""
         phases = {}
+        by_phase = group_indexes(phase)  # one pass for every phase: a phase per step costs no more
+        loss_by_phase, norm_by_phase = _by_phase(phase, losses[0]), _by_phase(phase, norms[0])
         for code, name in enumerate(phase_names):
-            mask = list(map(code.__eq__, phase))
-            if not any(mask):
+            mask = by_phase.get(code)  # the phase's steps
+            if not mask:
                 continue
-            starts, ends = list(compress(start, mask)), list(compress(end, mask))
-            waits = list(compress(wait, mask))
+            starts, ends = list(map(start.__getitem__, mask)), list(map(end.__getitem__, mask))
+            waits = list(map(wait.__getitem__, mask))
             waited = [w > 0 and e > s for s, e, w in zip(starts, ends, waits)]
             ratios = [min(w / (e - s), 1.0) for s, e, w in zip(compress(starts, waited), compress(ends, waited),
                                                                    compress(waits, waited))]
-            loss_values, bad_losses = _scalar_series(code, phase, end, *losses)
-            norm_values, bad_norms = _scalar_series(code, phase, end, *norms)
-            compute = map(operator.sub, map(operator.sub, ends, starts), compress(collective, mask))
+            loss_values, bad_losses = _scalar_series(loss_by_phase.get(code, ()), end, *losses)
+            norm_values, bad_norms = _scalar_series(norm_by_phase.get(code, ()), end, *norms)
+            compute = map(operator.sub, map(operator.sub, ends, starts), map(collective.__getitem__, mask))
             phases[name] = PhaseSteps(
                 array("d", ends), array("d", compute),
                 array("q", accumulate(outliers.get(code, bytes(len(ends))), initial=0)),
@@ -313,12 +315,17 @@ class StepTable:
                                ([i for i, _ in norms], [v for _, v in norms]))
 
 
-def _scalar_series(code: int, phase: Sequence[int], end: Sequence[float], index: Sequence[int],
+def _by_phase(phase: Sequence[int], index: Sequence[int]) -> dict[int, list[int]]:
+    """Per phase code: the positions in ``index`` (a scalar's step indexes) of its steps."""
+    return group_indexes(map(phase.__getitem__, index))
+
+
+def _scalar_series(mine: Sequence[int], end: Sequence[float], index: Sequence[int],
                    values: Sequence[float]) -> tuple[_Series, array[float]]:
-    """A scalar's finite values of one phase by step end time, and the end times of its non-finite values."""
-    mine = list(map(code.__eq__, map(phase.__getitem__, index)))
-    ends = list(map(end.__getitem__, compress(index, mine)))
-    mine_values = list(compress(values, mine))
+    """A scalar's finite values of one phase (``mine``: their positions in ``index``) by step end time, and the
+    end times of its non-finite values."""
+    ends = [end[index[k]] for k in mine]
+    mine_values = list(map(values.__getitem__, mine))
     finite = list(map(math.isfinite, mine_values))
     return (_Series(compress(ends, finite), compress(mine_values, finite)),
             array("d", compress(ends, map(operator.not_, finite))))
@@ -503,8 +510,11 @@ class _Checks:
                     continue
                 for phase, steps, i, j in self.phase_windows(r, t - width, t):
                     compute[(phase, r.rank)] = sum(steps.compute[i:j]) / (j - i)
-            for phase in sorted({p for p, _ in compute}):
-                values = {rank: v for (p, rank), v in compute.items() if p == phase}
+            by_phase: dict[str, dict[int, float]] = {}
+            for (p, rank), v in compute.items():
+                by_phase.setdefault(p, {})[rank] = v
+            for phase in sorted(by_phase):
+                values = by_phase[phase]
                 if len(values) > 1:
                     self.judged.add("RankStraggler")
                     for rank, value in sorted(values.items()):
@@ -732,7 +742,7 @@ def evaluate_ranks(ranks: list[RankData], config: MixinConfig | None = None, int
     if not ranks:
         return []
     start = min(r.process_start for r in ranks) if start is None else start
-    end = max(r.end for r in ranks) if end is None else end
+    end = max(max(r.end for r in ranks) if end is None else end, start)
     times = [start + i * interval for i in range(int((end - start) // interval) + 1)]
     if times[-1] < end:
         times.append(end)  # judge the recording's last data too
@@ -847,9 +857,8 @@ def _step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
     start = [t / 1e9 for t in columns.start_ns]
     end = [(t + d) / 1e9 for t, d in zip(columns.start_ns, columns.duration_ns)]
     outliers = {}
-    for code in set(columns.phase):
-        mask = map(code.__eq__, columns.phase)
-        outliers[code] = flag_outliers([d / 1e9 for d in compress(columns.duration_ns, mask)], outlier.sigma,
+    for code, mask in group_indexes(columns.phase).items():
+        outliers[code] = flag_outliers([columns.duration_ns[i] / 1e9 for i in mask], outlier.sigma,
                                        outlier.min_steps, min_ratio=outlier.min_ratio, min_excess=outlier.min_excess)
     return StepTable.build(columns.phase_names, columns.phase, start, end,
                            [w / 1e9 for w in columns.annotation_sums(sc.REGION_DATALOADER)],
@@ -870,6 +879,9 @@ def rank_data(rank: RankRecording, config: MixinConfig | None = None) -> RankDat
     last_sample = samples.times[-1] if samples.times else None
     times = [x for x in (life.get("shutdown"), life.get("last_step_end"), last_sample) if x is not None]
     start = float(life.get("process_start") or (first_start if first_start is not None else last_sample or 0.0))
+    first_sample = samples.times[0] if samples.times else None
+    # A clock stepped back between the process start and its data: the run starts at its first data.
+    start = min(x for x in (start, first_start, first_sample) if x is not None)
     return RankData(str(resource.get(sc.SERVICE_NAME, "")), rank.rank,
                     str(resource.get(sc.K8S_NODE_NAME) or resource.get(sc.HOST_NAME, "")), start,
                     max(times) if times else start, sample_table=samples, step_table=steps,

@@ -221,7 +221,7 @@ def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
         if not n:
             continue
         view.say(f"step time breakdown of rank {rank.rank}")
-        masks = {name: c.phase_mask(name) for name in c.phase_names} if len(c.phase_names) > 1 else None
+        masks = c.phase_steps() if len(c.phase_names) > 1 else None  # per phase: its steps
         covered = [0] * n
         top_counts = (Counter(compress(c.ann_name, map(not_, c.ann_depth))) if any(c.ann_depth)
                       else Counter(c.ann_name))  # instances directly inside their step, per name code
@@ -232,8 +232,8 @@ def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
             if top == count:  # all top-level: the per-step sums the reader keeps
                 sums = view.region_sums(index, name)
                 covered = list(map(add, covered, sums))
-                totals = ({phase: sum(compress(sums, mask)) for phase, mask in masks.items()} if masks is not None
-                          else {c.phase_names[0]: sum(sums)})
+                totals = ({phase: sum(map(sums.__getitem__, mask)) for phase, mask in masks.items()}
+                          if masks is not None else {c.phase_names[0]: sum(sums)})
             else:
                 totals = {}
                 at, durations, depths = view.region(index, name)
@@ -248,10 +248,10 @@ def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
                     found[name] = found.get(name, 0) + total
         left = list(map(sub, c.duration_ns, covered))
         for phase in c.phase_names:
-            mine = left if masks is None else list(compress(left, masks[phase]))
+            mine = left if masks is None else list(map(left.__getitem__, masks.get(phase, ())))
             steps[phase] = steps.get(phase, 0) + len(mine)
             step_ns[phase] = step_ns.get(phase, 0) + (sum(c.duration_ns) if masks is None
-                                                      else sum(compress(c.duration_ns, masks[phase])))
+                                                      else sum(map(c.duration_ns.__getitem__, masks.get(phase, ()))))
             uncovered[phase] = uncovered.get(phase, 0) + sum(x for x in mine if x > 0)
             overlap[phase] = overlap.get(phase, 0) - sum(x for x in mine if x < 0)
     out = [breakdown(phase, steps[phase], step_ns[phase] / 1e9, {k: v / 1e9 for k, v in regions.get(phase, {}).items()},

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from itertools import compress
 
 from otelprof import semconv as sc
 from otelprof.analysis.run import RunView
@@ -109,13 +108,12 @@ def load_balance(view: RunView, config: MixinConfig | None = None, distance_thre
             continue
         wait = view.region_sums(position, sc.REGION_DATALOADER)
         collective = view.region_sums(position, sc.REGION_COLLECTIVE)
-        for phase in columns.phase_names:
-            mask = columns.phase_mask(phase)
-            durations = list(compress(columns.duration_ns, mask))
+        for phase, mask in columns.phase_steps().items():  # mask: the phase's steps
+            durations = list(map(columns.duration_ns.__getitem__, mask))
             if durations:
                 n = len(durations)
-                coll = sum(compress(collective, mask))
-                compute = sum(durations) - sum(compress(wait, mask)) - coll
+                coll = sum(map(collective.__getitem__, mask))
+                compute = sum(durations) - sum(map(wait.__getitem__, mask)) - coll
                 per_phase.setdefault(phase, []).append(
                     (info.rank, statistics.median(durations) / 1e9, compute / n / 1e9, coll / n / 1e9))
     for phase, rows in sorted(per_phase.items()):

@@ -307,11 +307,11 @@ def _timelines(view: RunView, main: str, max_points: int) -> tuple[list[StepTime
 
 def _timeline(view: RunView, index: int, phase: str, origin: float, max_points: int) -> StepTimeline:
     c = view.ranks[index].step_columns
-    mask = c.phase_mask(phase)
-    starts = [t / 1e9 for t in compress(c.start_ns, mask)]
+    mask = c.phase_steps()[phase]  # the phase's steps
+    starts = [c.start_ns[i] / 1e9 for i in mask]
     durations = view.durations(index)[phase]
-    numbers = list(compress(c.number, mask))
-    flags = list(compress(outlier_flags(view, index), mask))
+    numbers = list(map(c.number.__getitem__, mask))
+    flags = list(map(outlier_flags(view, index).__getitem__, mask))
     series = Series.of(starts, durations, origin, max_points)
     marked = [(starts[i] - origin, durations[i], numbers[i]) for i, flag in enumerate(flags) if flag]
     slowest = sorted(sorted(marked, key=lambda m: -m[1])[:MAX_OUTLIER_MARKS])

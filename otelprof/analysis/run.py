@@ -8,7 +8,7 @@ import operator
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import repeat
 from typing import Any
 
 from otelprof import semconv as sc
@@ -105,9 +105,8 @@ class RunView:
         if found is None:
             c = self.ranks[index].step_columns
             found = {}
-            for name in c.phase_names:
-                durations = c.duration_ns if len(c.phase_names) == 1 else compress(c.duration_ns,
-                                                                                    c.phase_mask(name))
+            for name, steps in c.phase_steps().items():
+                durations = c.duration_ns if len(c.phase_names) == 1 else map(c.duration_ns.__getitem__, steps)
                 seconds = list(map(operator.truediv, durations, repeat(1e9)))
                 if seconds:
                     found[name] = seconds

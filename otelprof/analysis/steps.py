@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import repeat
 from operator import mul, sub
 
 from otelprof import thresholds
@@ -83,6 +83,14 @@ def outlier_flags(view: RunView, index: int) -> list[bool]:
     return [d > limits[p] for p, d in zip(c.phase, c.duration_ns)]
 
 
+def _by_phase(phase: Sequence[int], at: Sequence[int], values: Sequence[float]) -> dict[int, list[float]]:
+    """A scalar's values (recorded in steps ``at``) per phase code of their step, in one pass."""
+    found: dict[int, list[float]] = {}
+    for step, value in zip(at, values):
+        found.setdefault(phase[step], []).append(value)
+    return found
+
+
 def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
     sigma = view.outlier_sigma
     rows = []
@@ -90,17 +98,19 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
     for index, info in enumerate(view.info):
         view.say(f"step durations of rank {info.rank}")
         c = view.ranks[index].step_columns
-        samples_at, samples = c.scalar("samples")
-        tokens_at, tokens = c.scalar("tokens")
+        samples_by_phase = _by_phase(c.phase, *c.scalar("samples"))
+        tokens_by_phase = _by_phase(c.phase, *c.scalar("tokens"))
+        codes = {name: code for code, name in enumerate(c.phase_names)}
+        steps_of = c.phase_steps()
         for phase, durations in view.durations(index).items():
-            code = c.phase_names.index(phase)
+            code = codes[phase]
             limit = outlier_threshold(durations, sigma, view.outlier_floor)
-            numbers = list(compress(c.number, c.phase_mask(phase)))
+            numbers = list(map(c.number.__getitem__, steps_of[phase]))
             numbers = [n for n, d in zip(numbers, durations) if d > limit]
             kept = [d for d in durations if d <= limit]
             busy = math.fsum(durations)
-            phase_samples = finite(compress(samples, map(code.__eq__, map(c.phase.__getitem__, samples_at))))
-            phase_tokens = finite(compress(tokens, map(code.__eq__, map(c.phase.__getitem__, tokens_at))))
+            phase_samples = finite(samples_by_phase.get(code, ()))
+            phase_tokens = finite(tokens_by_phase.get(code, ()))
             per_second = math.fsum(phase_samples) / busy if phase_samples and busy > 0 else None
             if per_second is not None:
                 throughput[phase] = throughput.get(phase, 0.0) + per_second
