@@ -65,6 +65,8 @@ def dataloader_analysis(view: RunView, config: MixinConfig | None = None,
         if len(c) and region in c.ann_names:
             sums = view.region_sums(index, region)
             for phase, mask in c.phase_steps().items():  # mask: the phase's steps
+                if phase not in view.shown_phases():
+                    continue
                 waits_ns = list(map(sums.__getitem__, mask))
                 durations_ns = list(map(c.duration_ns.__getitem__, mask))
                 steps = len(durations_ns)

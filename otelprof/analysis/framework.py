@@ -21,7 +21,7 @@ from operator import add, not_, sub
 from typing import Any
 
 from otelprof import semconv as sc
-from otelprof.analysis.run import RunView
+from otelprof.analysis.run import MAX_PHASES, RunView
 from otelprof.analysis.stats import Bucket, share
 
 TOP = 20
@@ -186,6 +186,9 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
     in_steps = math.fsum(phase_time.values())
     between = max(loop_time - in_steps, 0.0)
     phases = [(p, t, share(t, loop_time)) for p, t in sorted(phase_time.items(), key=lambda kv: -kv[1])]
+    if len(phases) > MAX_PHASES:
+        rest = math.fsum(t for _, t, _ in phases[MAX_PHASES:])
+        phases[MAX_PHASES:] = [(f"{len(phases) - MAX_PHASES:,} other phases", rest, share(rest, loop_time))]
     if loop_time:
         phases.append((BETWEEN_STEPS, between, share(between, loop_time)))
     forward = inside.get(sc.REGION_FORWARD, [0, 0.0])[1]
@@ -209,7 +212,9 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
 
 
 def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
-    """Per phase, all ranks: step time split into its top-level regions and what none covers."""
+    """Per phase, all ranks: step time split into its top-level regions and what none covers (the phases of
+    :meth:`RunView.shown_phases`)."""
+    shown = view.shown_phases()
     steps: dict[str, int] = {}
     step_ns: dict[str, int] = {}
     regions: dict[str, dict[str, int]] = {}
@@ -255,7 +260,8 @@ def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
             uncovered[phase] = uncovered.get(phase, 0) + sum(x for x in mine if x > 0)
             overlap[phase] = overlap.get(phase, 0) - sum(x for x in mine if x < 0)
     out = [breakdown(phase, steps[phase], step_ns[phase] / 1e9, {k: v / 1e9 for k, v in regions.get(phase, {}).items()},
-                     uncovered[phase] / 1e9, overlap[phase] / 1e9) for phase in steps if steps[phase]]
+                     uncovered[phase] / 1e9, overlap[phase] / 1e9) for phase in steps
+           if steps[phase] and phase in shown]
     return tuple(sorted(out, key=lambda b: (-b.step_time, b.phase)))
 
 

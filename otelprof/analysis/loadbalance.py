@@ -102,6 +102,7 @@ def load_balance(view: RunView, config: MixinConfig | None = None, distance_thre
     means = [g.mean for g in gpus]
     ranks = []
     per_phase: dict[str, list[tuple[int, float, float, float]]] = {}
+    shown = view.shown_phases()
     for position, info in enumerate(view.info):
         columns = view.ranks[position].step_columns
         if not len(columns):
@@ -109,6 +110,8 @@ def load_balance(view: RunView, config: MixinConfig | None = None, distance_thre
         wait = view.region_sums(position, sc.REGION_DATALOADER)
         collective = view.region_sums(position, sc.REGION_COLLECTIVE)
         for phase, mask in columns.phase_steps().items():  # mask: the phase's steps
+            if phase not in shown:
+                continue
             durations = list(map(columns.duration_ns.__getitem__, mask))
             if durations:
                 n = len(durations)

@@ -15,6 +15,10 @@ from otelprof import semconv as sc
 from otelprof import thresholds
 from otelprof.recording.reader import RankRecording, Recording, SampleColumns
 
+MAX_PHASES = 20
+"""Phases a report section lists one by one: those with the most step time over all ranks (a run may name a phase
+per step); the framework summary adds up the others in one row."""
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -111,6 +115,19 @@ class RunView:
                 if seconds:
                     found[name] = seconds
             self._durations[index] = found
+        return found
+
+    def shown_phases(self) -> frozenset[str]:
+        """The :data:`MAX_PHASES` phases with the most step time over all ranks (all of them when there are no
+        more)."""
+        def compute() -> frozenset[str]:
+            totals: dict[str, float] = {}
+            for index in range(len(self.ranks)):
+                for name, seconds in self.durations(index).items():
+                    totals[name] = totals.get(name, 0.0) + math.fsum(seconds)
+            return frozenset(sorted(totals, key=lambda name: (-totals[name], name))[:MAX_PHASES])
+
+        found: frozenset[str] = self.memo("shown_phases", compute)
         return found
 
     def region(self, index: int, name: str) -> tuple[list[int], list[int], list[int]]:

@@ -95,6 +95,7 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
     sigma = view.outlier_sigma
     rows = []
     throughput: dict[str, float] = {}
+    shown = view.shown_phases()
     for index, info in enumerate(view.info):
         view.say(f"step durations of rank {info.rank}")
         c = view.ranks[index].step_columns
@@ -103,6 +104,8 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
         codes = {name: code for code, name in enumerate(c.phase_names)}
         steps_of = c.phase_steps()
         for phase, durations in view.durations(index).items():
+            if phase not in shown:
+                continue
             code = codes[phase]
             limit = outlier_threshold(durations, sigma, view.outlier_floor)
             numbers = list(map(c.number.__getitem__, steps_of[phase]))
