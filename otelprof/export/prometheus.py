@@ -24,7 +24,7 @@ from opentelemetry.sdk.metrics.export import Gauge, Histogram, Metric, Sum
 
 from otelprof._arguments import encodable
 from otelprof._http import BackgroundServer, Limits, QuietHandler
-from otelprof._log import warn_once
+from otelprof._log import escape, warn_once
 from otelprof.metrics import MetricRegistry, endpoint_counter
 from otelprof.semconv import (
     ENDPOINT_METRICS,
@@ -244,7 +244,7 @@ class PrometheusEndpoint:
             self.address = self._server.start(host, port, Handler, "otelprof-metrics")
         except (OSError, OverflowError) as exc:  # OverflowError: a port above 65535
             warn_once("prometheus:bind", "otelprof: cannot serve /metrics on %s:%d (%s); this process has no "
-                      "Prometheus endpoint (set OTEL_EXPORTER_PROMETHEUS_PORT)", host, port, exc)
+                      "Prometheus endpoint (set OTEL_EXPORTER_PROMETHEUS_PORT)", escape(host), port, escape(str(exc)))
             return False
         return True
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from otelprof import semconv as sc
-from otelprof._log import warn_once
+from otelprof._log import escape, warn_once
 from otelprof.recording import schema
 
 _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False, default=str).encode
@@ -124,7 +124,7 @@ class RecordingWriter:
             return True
         except OSError as exc:
             warn_once("recording:open", "otelprof: cannot write the run recording in %s (%s); "
-                      "training goes on without it", self.directory, exc)
+                      "training goes on without it", escape(str(self.directory)), escape(str(exc)))
             return False
 
     def add(self, file: str, line: str) -> None:
