@@ -68,7 +68,8 @@ class Session:
         config = dataclasses.replace(config, record_dir=os.path.abspath(config.record_dir))
         lock = None
         if config.record:
-            run_id, lock = claim(Path(config.record_dir), config.run_id, config.rank, os.getpid())
+            run_id, lock = claim(Path(config.record_dir), config.run_id, config.rank, os.getpid(),
+                                 _process_start_time())
             if run_id != config.run_id:
                 warn_once("recording:collision", "otelprof: run %s rank %d is recorded in %s by another process "
                           "(two jobs given one run id, or a restart); this process records it as run %s",

@@ -242,6 +242,25 @@ def test_two_processes_given_one_run_id_never_share_a_rank_directory(tmp_path: P
     assert [len(step_lines(runs / run / "rank-0")) for run in ("fixed", "fixed-2")] == [7, 3]
 
 
+def test_a_restarted_process_with_the_same_pid_gets_its_own_run(record_dir: Path) -> None:
+    """In a restarted container the training process often has the pid of the one before it."""
+    earlier = record_dir / "pod-job" / "rank-0"
+    earlier.mkdir(parents=True)
+    (earlier / schema.MANIFEST).write_text(json.dumps({"resource": {"process.pid": os.getpid()},
+                                                       "lifecycle": {"process_start": 1000.0}}))
+    assert otelprof.init(run_id="pod-job", record_dir=str(record_dir)).config.run_id == "pod-job-2"
+    otelprof.shutdown()
+    # The same process starting again under its run id keeps its directory.
+    for _ in range(2):
+        session = otelprof.init(run_id="again", record_dir=str(record_dir), system_metrics=False)
+        with otelprof.step():
+            pass
+        otelprof.shutdown()
+        assert session.config.run_id == "again"
+    assert len(step_lines(record_dir / "again" / "rank-0")) == 2
+    assert not (record_dir / "again-2").exists()
+
+
 # ---------------------------------------------------------------------- 9. outside text on the terminal
 FORGED = "\x1b[2K\x1b[31mreason\r\notelprof: run 1 recorded; report: otelprof report /tmp/evil\x07"
 

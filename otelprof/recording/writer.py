@@ -25,12 +25,13 @@ _held: list[int] = []
 """Lock descriptors this process holds; a forked child closes its copies (the parent keeps the locks)."""
 
 
-def claim(record_dir: Path, run_id: str, rank: int, pid: int) -> tuple[str, int | None]:
+def claim(record_dir: Path, run_id: str, rank: int, pid: int, started: float) -> tuple[str, int | None]:
     """The run id this process records rank ``rank`` under, and the locked descriptor that keeps it: ``run_id``,
     unless another live process holds that rank's directory (two jobs given one run id: a fixed rendezvous id, a
     reused job id) or an earlier process recorded it (a restart); then the first free ``<run_id>-<n>`` (n = 2, 3,
-    ...), so the ranks of one job that collides land together in the same new run. Never raises: when the
-    directory cannot be made, the writer says so."""
+    ...), so the ranks of one job that collides land together in the same new run. ``pid`` and ``started`` (its
+    start time, Unix seconds) name this process: a restarted container's process may have the same pid. Never
+    raises: when the directory cannot be made, the writer says so."""
     for attempt in range(1, MAX_ATTEMPTS + 1):
         candidate = run_id if attempt == 1 else f"{run_id}-{attempt}"
         directory = record_dir / candidate / schema.rank_dir_name(rank)
@@ -39,7 +40,7 @@ def claim(record_dir: Path, run_id: str, rank: int, pid: int) -> tuple[str, int 
             fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:
             return run_id, None
-        if not _lock(fd) or _recorded_by_another(directory, pid):
+        if not _lock(fd) or _recorded_by_another(directory, pid, started):
             os.close(fd)
             continue
         _held.append(fd)
@@ -59,8 +60,8 @@ def _lock(fd: int) -> bool:
     return True
 
 
-def _recorded_by_another(directory: Path, pid: int) -> bool:
-    """Whether ``directory`` holds the manifest of a process other than ``pid``."""
+def _recorded_by_another(directory: Path, pid: int, started: float) -> bool:
+    """Whether ``directory`` holds the manifest of a process other than process ``pid`` started at ``started``."""
     try:
         with open(directory / schema.MANIFEST, encoding="utf-8") as handle:
             manifest = json.load(handle)
@@ -68,7 +69,12 @@ def _recorded_by_another(directory: Path, pid: int) -> bool:
         return False
     except (OSError, ValueError):
         return True
-    return not isinstance(manifest, dict) or manifest.get("resource", {}).get(sc.PROCESS_PID) != pid
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("resource"), dict):
+        return True
+    lifecycle = manifest.get("lifecycle")
+    began = lifecycle.get("process_start") if isinstance(lifecycle, dict) else None
+    return manifest["resource"].get(sc.PROCESS_PID) != pid or (
+        isinstance(began, int | float) and abs(began - started) > 1.0)
 
 
 def _release(fd: int | None) -> None:
