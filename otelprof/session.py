@@ -7,6 +7,7 @@ Owns the background thread, the lifecycle times, and the process hooks
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -41,6 +42,8 @@ from otelprof.recording.writer import RecordingWriter, claim
 from otelprof.resource import build_resource, identity_labels
 
 _session: Session | None = None
+_starting: Session | None = None
+"""The session being built: what it began is undone when building it fails (:func:`_abandon`)."""
 _session_lock = threading.Lock()
 _fork_hook_installed = False
 
@@ -62,6 +65,8 @@ class Session:
     """A running otelprof session. Use ``otelprof.init()`` rather than building one directly."""
 
     def __init__(self, config: Config) -> None:
+        global _starting
+        _starting = self
         if not config.run_id:
             config = dataclasses.replace(config, run_id=new_run_id())
         # Resolved now: a script that changes directory (os.chdir, Hydra's job.chdir) still finishes its recording.
@@ -483,7 +488,7 @@ class _DisabledSession:
 
 def init(**overrides: Any) -> Session | _DisabledSession:
     """Start otelprof for this process (idempotent: a second call returns the running session)."""
-    global _session, _fork_hook_installed
+    global _session, _starting, _fork_hook_installed
     try:
         with _session_lock:
             if _session is not None:
@@ -494,7 +499,7 @@ def init(**overrides: Any) -> Session | _DisabledSession:
             if config.disabled:
                 return _DisabledSession(config)
             session = Session(config)
-            _session = session
+            _session, _starting = session, None
             if not _fork_hook_installed:
                 os.register_at_fork(after_in_child=_after_fork_in_child)
                 _fork_hook_installed = True
@@ -502,9 +507,32 @@ def init(**overrides: Any) -> Session | _DisabledSession:
             if config.handle_sigterm:
                 session._sigterm = _sigterm.install(session)
             return session
-    except Exception:
-        logger.exception("otelprof: init() failed; training goes on without otelprof")
+    except Exception as exc:
+        logger.warning("otelprof: init() failed (%s); training goes on without otelprof", escape(repr(exc)))
+        logger.debug("otelprof: init() failed", exc_info=True)
+        _abandon()
         return _DisabledSession(Config())
+
+
+def _abandon() -> None:
+    """Undo what a session that failed to start began: its endpoints, its sampler, its recording directory."""
+    global _starting
+    session, _starting = _starting, None
+    if session is None or session is _session:
+        return
+    for part in ("prometheus", "control"):
+        server = session.__dict__.get(part)
+        if server is not None:
+            with contextlib.suppress(Exception):
+                server.stop()
+    sampler = session.__dict__.get("sampler")
+    if sampler is not None:
+        with contextlib.suppress(Exception):
+            sampler.stop(1.0)
+    writer = session.__dict__.get("writer")
+    if writer is not None:
+        with contextlib.suppress(Exception):
+            writer.remove(os.getpid())
 
 
 def shutdown(timeout: float | None = None) -> None:

@@ -121,6 +121,36 @@ def test_a_port_past_65535_costs_the_endpoint_not_the_run(tmp_path: Path) -> Non
     assert len(step_lines(rank_dir)) == 200
 
 
+def test_an_init_that_fails_half_way_leaves_no_running_rank_directory(record_dir: Path, tmp_path: Path) -> None:
+    """Past the recording directory, /metrics and the control endpoint, the recorder thread cannot start: one
+    warning line, the job trains, and nothing is left behind (no directory marked running, no port held)."""
+    metrics_port, control_port = free_port(), free_port()
+    proc = python(f"""
+        import socket, threading
+        import otelprof
+        original = threading.Thread.start
+        def refuse(self):
+            if self.name == "otelprof-recorder":
+                raise RuntimeError("can't start new thread\x1b[31m")
+            original(self)
+        threading.Thread.start = refuse
+        session = otelprof.init(record_dir={str(record_dir)!r}, run_id="half", control_port={control_port},
+                                metrics_exporters=("prometheus",), prometheus_port={metrics_port})
+        threading.Thread.start = original
+        for i in range(10):
+            with otelprof.step():
+                pass
+        for port in ({metrics_port}, {control_port}):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))  # free again
+        print(type(session).__name__)
+    """, tmp_path, env_for())
+    assert proc.returncode == 0 and proc.stdout == "_DisabledSession\n", proc.stderr
+    assert proc.stderr.splitlines() == ["otelprof: init() failed (RuntimeError(\"can't start new thread\\x1b[31m\")); "
+                                        "training goes on without otelprof"]
+    assert not (record_dir / "half").exists() or not any((record_dir / "half").iterdir())
+
+
 # ---------------------------------------------------------------------- 4. names that are not UTF-8
 def test_a_job_name_that_is_not_utf8_is_scraped_recorded_and_reported(tmp_path: Path) -> None:
     # "caf\xe9" as bytes in the environment reaches Python as "caf\udce9"; so do the resource attributes.
