@@ -398,6 +398,8 @@ def _reads(record_dir: Path, phases: int) -> int:
     assert len(columns.phase_names) == phases
     for name in ("phase", "number", "start_ns", "duration_ns"):
         setattr(columns, name, _Counted(getattr(columns, name)))
+    scalar = columns.scalar  # a scalar's (step indexes, values): counted too
+    columns.scalar = lambda name: tuple(map(_Counted, scalar(name)))  # type: ignore[method-assign]
     _Counted.reads = 0
     report = build_report(recording, checks=False)
     evaluate(recording)
