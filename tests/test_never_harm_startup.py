@@ -15,6 +15,7 @@ offline tools: real processes, file descriptors, sockets and recordings.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -413,6 +414,37 @@ def test_analyses_read_the_steps_a_bounded_number_of_times_whatever_the_phase_co
     # Steps + phases: four times the phases read at most about four times as much (steps x phases: sixteen).
     assert large <= 4.5 * small, (small, large)
     assert large / 2400 < 100  # reads per step: a few dozen passes, not one per phase
+
+
+def test_many_phases_give_the_checks_the_same_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past a few phases the step checks look only at the phases with a step in each window: the same verdicts,
+    an outlier and a straggler included, with 60 short eval phases between the training steps."""
+    import otelprof.analysis.checks as checks
+    from otelprof.analysis.checks import RankData, StepRecord
+
+    def steps(slow_every: int, stretch: float) -> list[StepRecord]:
+        out, t, n = [], 5.0, 0
+        while t < 890.0:
+            d = 0.5 * (stretch if n % slow_every == slow_every - 1 and t > 600 else 1.0)
+            out.append(StepRecord("train", t, t + d, outlier=n % slow_every == slow_every - 1 and t > 600))
+            t, n = t + d, n + 1
+            if n % 30 == 0:  # an eval pass of its own phase every 30 steps
+                out.append(StepRecord(f"eval-{n // 30}", t, t + 0.1))
+                t += 0.1
+        return out
+
+    ranks = [RankData("many", 0, "n1", 0.0, 900.0, steps=steps(40, 4.0)),
+             RankData("many", 1, "n1", 0.0, 900.0, steps=[dataclasses.replace(s, end=s.start + 1.4 * (s.end - s.start))
+                                                          for s in steps(10**9, 1.0)])]
+    assert len({s.phase for s in ranks[0].steps}) > checks.FEW_PHASES * 3
+    verdicts = []
+    for few in (10**9, 0):  # every phase in every window; only the phases with a step in the window
+        monkeypatch.setattr(checks, "FEW_PHASES", few)
+        verdicts.append(checks.evaluate_ranks(ranks, interval=5.0))
+    assert verdicts[0] == verdicts[1]
+    fired = {r.alert: r.subjects for r in verdicts[1] if r.triggered}
+    assert "rank 0 train" in fired.get("OtelprofStepOutliers", ()), fired
+    assert "rank 1 train" in fired.get("OtelprofRankStraggler", ()), fired
 
 
 def test_twenty_thousand_phases_are_reported(record_dir: Path, tmp_path: Path) -> None:

@@ -331,6 +331,10 @@ def _scalar_series(mine: Sequence[int], end: Sequence[float], index: Sequence[in
             array("d", compress(ends, map(operator.not_, finite))))
 
 
+FEW_PHASES = 16
+"""Up to this many phases per rank, the step checks look at each phase's steps in every window."""
+
+
 class _Checks:
     def __init__(self, ranks: list[RankData], config: MixinConfig) -> None:
         self.ranks = ranks
@@ -343,6 +347,7 @@ class _Checks:
                             min((s.start for s in r.steps), default=None) for r in ranks}
         self.judged: set[str] = set()
         """Checks that compared something with their threshold at least once (past warm-up, with data)."""
+        self._phase_indexes: dict[int, tuple[list[float], list[int], list[tuple[str, PhaseSteps]]]] = {}
 
     def warm(self, rank: RankData, t: float) -> bool:
         return t - rank.process_start > self.patience
@@ -494,11 +499,29 @@ class _Checks:
 
     # ---------------------------------------------------------------- steps
     def phase_windows(self, rank: RankData, start: float, end: float) -> Iterable[tuple[str, PhaseSteps, int, int]]:
-        """Per phase with steps ending in the window: its columns and the window's index range."""
-        for phase, steps in self.steps[id(rank)].phases.items():
+        """Per phase with steps ending in the window: its columns and the window's index range. With many phases
+        (a run that names one per step) only those with a step in the window are looked at: the evaluations cost
+        the steps in their windows, not every phase each time."""
+        phases = self.steps[id(rank)].phases
+        if len(phases) <= FEW_PHASES:
+            candidates: Iterable[tuple[str, PhaseSteps]] = phases.items()
+        else:
+            ends, order, items = self._phase_index(rank)
+            found = order[bisect.bisect_right(ends, start):bisect.bisect_right(ends, end)]
+            candidates = map(items.__getitem__, sorted(set(found)))  # in the phases' order, as above
+        for phase, steps in candidates:
             i, j = steps.span(start, end)
             if j > i:
                 yield phase, steps, i, j
+
+    def _phase_index(self, rank: RankData) -> tuple[list[float], list[int], list[tuple[str, PhaseSteps]]]:
+        """Every step end of the rank in time order, the position of its phase, and the phases (built once)."""
+        found = self._phase_indexes.get(id(rank))
+        if found is None:
+            items = list(self.steps[id(rank)].phases.items())
+            pairs = sorted((e, k) for k, (_, steps) in enumerate(items) for e in steps.ends)
+            found = self._phase_indexes[id(rank)] = ([e for e, _ in pairs], [k for _, k in pairs], items)
+        return found
 
     def straggler(self, t: float) -> list[Firing]:
         width = seconds(self.c.straggler_window)
