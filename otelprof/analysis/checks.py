@@ -348,6 +348,7 @@ class _Checks:
         self.judged: set[str] = set()
         """Checks that compared something with their threshold at least once (past warm-up, with data)."""
         self._phase_indexes: dict[int, tuple[list[float], list[int], list[tuple[str, PhaseSteps]]]] = {}
+        self._nonfinite: dict[int, list[tuple[str, PhaseSteps]]] = {}
 
     def warm(self, rank: RankData, t: float) -> bool:
         return t - rank.process_start > self.patience
@@ -614,7 +615,10 @@ class _Checks:
         self.judged.add("NonFiniteValues")  # every recorded loss and gradient norm is judged (its datapoints)
         for r in self.ranks:
             counts: dict[str, int] = {}
-            for phase, steps in self.steps[id(r)].phases.items():
+            if id(r) not in self._nonfinite:  # the phases with a non-finite value at all (few; every time is T x P)
+                self._nonfinite[id(r)] = [(phase, steps) for phase, steps in self.steps[id(r)].phases.items()
+                                          if len(steps.bad_losses) or len(steps.bad_norms)]
+            for phase, steps in self._nonfinite[id(r)]:
                 for name, ends in (("loss", steps.bad_losses), ("grad_norm", steps.bad_norms)):
                     count = bisect.bisect_right(ends, t) - bisect.bisect_right(ends, t - width)
                     if count:
