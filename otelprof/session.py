@@ -447,7 +447,7 @@ def _make_exporter(factory: Any, kind: str, protocol: str, name: str) -> Any:
         return factory(kind, protocol)
     except Exception as exc:
         warn_once(f"exporter:{name}", "otelprof: cannot create the %s exporter (%s); it is off, the recording "
-                  "and the other exporters go on", name, exc)
+                  "and the other exporters go on", name, escape(str(exc)))
         return None
 
 

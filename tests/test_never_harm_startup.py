@@ -292,6 +292,26 @@ def test_a_restarted_process_with_the_same_pid_gets_its_own_run(record_dir: Path
     assert not (record_dir / "again-2").exists()
 
 
+def test_a_forked_child_does_not_keep_the_rank_directory_locked(tmp_path: Path) -> None:
+    """A DataLoader worker forked while the session runs may outlive its shutdown: it holds no copy of the lock,
+    so the process starting again under its run id keeps its directory."""
+    proc = python("""
+        import os, time
+        import otelprof
+        otelprof.init(run_id="forked", system_metrics=False)
+        child = os.fork()
+        if child == 0:
+            time.sleep(2.0)  # alive through the parent's shutdown and its next init()
+            os._exit(0)
+        otelprof.shutdown()
+        print(otelprof.init(run_id="forked", system_metrics=False).config.run_id)
+        otelprof.shutdown()
+        os.waitpid(child, 0)
+    """, tmp_path, env_for())
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout == "forked\n"
+
+
 # ---------------------------------------------------------------------- 9. outside text on the terminal
 FORGED = "\x1b[2K\x1b[31mreason\r\notelprof: run 1 recorded; report: otelprof report /tmp/evil\x07"
 

@@ -23,6 +23,7 @@ MAX_ATTEMPTS = 100
 """Run ids tried (``<run id>``, ``<run id>-2``, ...) before a process records where it was told to anyway."""
 _held: list[int] = []
 """Lock descriptors this process holds; a forked child closes its copies (the parent keeps the locks)."""
+_fork_hook: list[bool] = []
 
 
 def claim(record_dir: Path, run_id: str, rank: int, pid: int, started: float) -> tuple[str, int | None]:
@@ -43,6 +44,9 @@ def claim(record_dir: Path, run_id: str, rank: int, pid: int, started: float) ->
         if not _lock(fd) or _recorded_by_another(directory, pid, started):
             os.close(fd)
             continue
+        if not _fork_hook and hasattr(os, "register_at_fork"):  # installed at the first lock, not at import
+            os.register_at_fork(after_in_child=_forget_locks)
+            _fork_hook.append(True)
         _held.append(fd)
         return candidate, fd
     return run_id, None
@@ -90,9 +94,6 @@ def _forget_locks() -> None:
             os.close(fd)
     _held.clear()
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_locks)
 
 
 class RecordingWriter:
