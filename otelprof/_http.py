@@ -78,6 +78,10 @@ class Limits:
     """The listen backlog: connections the kernel queues while the limit is reached."""
     max_body: int = 0
     """Largest body read before a worker is involved; a longer one is refused (or read) by the handler."""
+    priority_paths: tuple[str, ...] = ()
+    """Paths whose ``GET`` requests (cheap ones: health, metrics) go before the other waiting requests (one such
+    request at a time) and may take one worker beyond :attr:`workers`, so a probe is never queued behind slow
+    requests. None by default."""
 
 
 class QuietHandler(BaseHTTPRequestHandler):
@@ -353,7 +357,10 @@ class BackgroundServer:
                         if state != "wait":
                             del receiving[key.fd]
                             selector.unregister(connection.sock)
-                            if state == "ready":
+                            if state == "ready" and self._priority(connection) and not (
+                                    ready and self._priority(ready[0])):  # one at a time: a flood of probes
+                                ready.appendleft(connection)  # waits its turn like any request
+                            elif state == "ready":
                                 ready.append(connection)
                             else:
                                 _close(connection.sock)
@@ -363,7 +370,7 @@ class BackgroundServer:
                 self._accepts = min(float(limits.max_connections),
                                     self._accepts + (now - last) * limits.connection_rate)
                 last = now
-                while ready and tokens >= 1.0 and self._busy() < limits.workers:
+                while ready and tokens >= 1.0 and self._busy() < limits.workers + self._reserve(ready[0]):
                     connection = ready.popleft()
                     tokens -= 1.0
                     server.give_prefix(connection.sock, bytes(connection.received))
@@ -388,6 +395,16 @@ class BackgroundServer:
             for connection in [*receiving.values(), *ready]:
                 _close(connection.sock)
             selector.close()
+
+    def _priority(self, connection: _Connection) -> bool:
+        """A ``GET`` of one of :attr:`Limits.priority_paths`."""
+        line = bytes(connection.received[:256])
+        return any(line.startswith(f"GET {path}".encode()) and line[4 + len(path):5 + len(path)] in (b" ", b"?")
+                   for path in self.limits.priority_paths)
+
+    def _reserve(self, connection: _Connection) -> int:
+        """The worker kept for priority requests: 1 for one of them."""
+        return 1 if self._priority(connection) else 0
 
     def _busy(self) -> int:
         with self._lock:
@@ -450,8 +467,9 @@ class BackgroundServer:
             selector.unregister(connection.sock)
             _close(connection.sock)
             self.count(REASON_TIMEOUT)
-        while ready and ready[0].deadline <= now:
-            _close(ready.popleft().sock)
+        for connection in [c for c in ready if c.deadline <= now]:  # a priority request may be ahead of older ones
+            ready.remove(connection)
+            _close(connection.sock)
             self.count(REASON_TIMEOUT)
         with self._lock:
             late = [c for c in self._in_flight.values() if c.deadline <= now and not c.cut]

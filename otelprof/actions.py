@@ -11,10 +11,13 @@ value can make the URL name another host, port or path: an alert with one that d
 (400), counted by cause and logged the first time.
 
 Requests need ``Authorization: Bearer <token>`` (401 otherwise); oversized bodies get 413, bodies
-that are not an Alertmanager payload of a known version 400 — and then nothing is done. Every
-decision is logged; refusals and rejections are counted (``GET /healthz``) and logged once per cause.
-When a control endpoint cannot be reached the answer is 502, so Alertmanager retries; actions that
-already succeeded are remembered and not repeated.
+that are not an Alertmanager payload of a known version 400 — and then nothing is done. A payload is
+answered as soon as its actions are queued (202), never after waiting for a target: the actions wait in
+per-target queues (:mod:`otelprof.action_queue`: bounded, one request in flight per target, retried with a
+backoff while a target is unreachable) and their outcomes are logged and counted on ``GET /metrics``
+(``otelprof.webhook.*``). Decisions are logged (the first ones of a big payload, then a summary);
+refusals and rejections are counted (``GET /healthz``) and logged once per cause. Actions that already
+succeeded for an alert are remembered and not repeated.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import json
 import logging
 import os
 import re
+import socket
 import ssl
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otelprof import action_queue
 from otelprof import semconv as sc
 from otelprof._http import BackgroundServer, Limits, QuietHandler
 
@@ -239,13 +245,15 @@ class TargetMap:
                           len(self._file_targets))
         return [*self.static, *self._file_targets]
 
-    def resolve(self, labels: Mapping[str, str], job_label: str, rank_label: str) -> list[str]:
-        """Control URLs of the process(es) the alert names: its rank only when it names one."""
+    def resolve(self, labels: Mapping[str, str], job_label: str, rank_label: str,
+                targets: list[Target] | None = None) -> list[str]:
+        """Control URLs of the process(es) the alert names: its rank only when it names one (among ``targets``,
+        read once per payload; by default :meth:`targets`)."""
         job = labels.get(job_label)
         if not job:
             return []
         rank = labels.get(rank_label)
-        candidates = [t for t in self.targets() if t.job in (job, "*")]
+        candidates = [t for t in (self.targets() if targets is None else targets) if t.job in (job, "*")]
         if rank is not None:
             exact = [t for t in candidates if t.rank == rank]
             chosen = exact or [t for t in candidates if t.rank is None]
@@ -310,16 +318,60 @@ def parse_payload(body: bytes) -> list[AlertItem]:
     return items
 
 
+CONNECT_TIMEOUT = 1.0
+"""Most seconds to connect to a target (a healthy control endpoint accepts at once; one whose listen backlog
+is full never does)."""
+MAX_ANSWER = 64 * 1024
+"""Most bytes of a target's answer read (its status line is all that counts)."""
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([0-9]{3})[ \r\n]")
+
+
 def post_json(url: str, body: dict[str, Any], token: str, timeout: float) -> int:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    """POST ``body`` as JSON to ``url``; its HTTP status. Connecting takes at most :data:`CONNECT_TIMEOUT`
+    seconds and the whole exchange at most ``timeout``, however the target behaves (OSError otherwise)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url[:200]!r}")
+    deadline = time.monotonic() + timeout
+    data = json.dumps(body).encode()
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    head = (f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n")
     if token:
-        request.add_header("Authorization", f"Bearer {token}")
+        head += f"Authorization: Bearer {token}\r\n"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    sock = socket.create_connection((parts.hostname, port), timeout=min(CONNECT_TIMEOUT, timeout))
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
+        sock.settimeout(_left(deadline))
+        if parts.scheme == "https":
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
+        sock.settimeout(_left(deadline))
+        sock.sendall(head.encode() + b"\r\n" + data)
+        answer = bytearray()
+        while len(answer) < MAX_ANSWER:  # to the end (the target closes), so it never sees a reset
+            try:
+                sock.settimeout(_left(deadline))
+                chunk = sock.recv(65536)
+            except OSError:
+                if _STATUS_LINE.match(answer):
+                    break  # the status came; the rest is not worth waiting for
+                raise
+            if not chunk:
+                break
+            answer += chunk
+    finally:
+        sock.close()
+    status = _STATUS_LINE.match(answer)
+    if status is None:
+        raise OSError(f"no HTTP answer from {parts.netloc}")
+    return int(status.group(1))
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
 
 
 class KubernetesJobs:
@@ -357,10 +409,47 @@ class KubernetesJobs:
             return int(exc.code)
 
 
-LIMITS = Limits(workers=8, max_connections=64, deadline=10.0, rate=100.0, connection_rate=200.0)
-"""The webhook's server: 8 workers (an action waits up to --timeout for a training process), 64 open
-connections (each buffers at most --max-body bytes), 10 s per connection, 100 requests and 200 new
-connections a second."""
+METRICS_PATH = "/metrics"
+LIMITS = Limits(workers=4, max_connections=64, deadline=10.0, rate=100.0, connection_rate=200.0,
+                priority_paths=(HEALTH_PATH, METRICS_PATH))
+"""The webhook's server: 4 workers (a request is answered once its actions are queued: it never waits for a
+target, and more threads would only share one interpreter), 64 open connections (each buffers at most
+--max-body bytes), 10 s per connection, 100 requests and 200 new connections a second; ``GET /healthz`` and
+``GET /metrics`` go before other waiting requests, with a fifth worker kept for them."""
+LOGGED_DECISIONS = 20
+"""Decisions of one payload logged one by one; the rest in one summary line (a storm never floods the log)."""
+ANSWERED_DECISIONS = 100
+"""Decisions of one payload in the answer; the counts cover them all."""
+
+
+def _netloc(url: str) -> str:
+    """The target an action's queue is keyed by: ``host:port`` of its URL."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        port = 0
+    return f"{parts.hostname or ''}:{port}"
+
+
+@dataclass(eq=False)
+class _StopFallback:
+    """A stop's requests to the processes one alert names: if none is sent, the Job is suspended."""
+
+    receiver: WebhookReceiver
+    labels: dict[str, str]
+    batch: int
+    remaining: int
+    sent: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def done(self, outcome: str) -> None:
+        with self._lock:
+            self.remaining -= 1
+            self.sent |= outcome == action_queue.SENT
+            last = self.remaining == 0
+        if last and not self.sent:
+            self.receiver.suspend(self.labels, self.batch)
 
 
 @dataclass
@@ -373,6 +462,7 @@ class WebhookReceiver:
     capture_steps: int = 20
     max_body: int = DEFAULT_MAX_BODY
     timeout: float = 3.0
+    """Seconds one request to a target may take (connecting: at most :data:`CONNECT_TIMEOUT`)."""
     job_label: str = sc.prometheus_label(sc.LABEL_JOB)
     rank_label: str = sc.prometheus_label(sc.LABEL_RANK)
     dry_run: bool = False
@@ -382,10 +472,15 @@ class WebhookReceiver:
     kubernetes: KubernetesJobs | None = None
     """When set, a stop that reaches no training process suspends the Job named by the alert's
     ``job_name`` in its ``namespace``."""
+    queue: action_queue.ActionQueue = field(default_factory=action_queue.ActionQueue)
+    """Where actions wait for their target; answers never wait for them."""
     refused: Tally = field(default_factory=lambda: Tally("refused a request:"))
     """Requests refused (401, 404, 405, 411, 413, 400) or lost (timeouts, disconnects), by cause."""
     rejected: Tally = field(default_factory=lambda: Tally("rejected an alert:"))
     """Alerts not acted on because a label value does not fit the target URL, by cause."""
+    unsuccessful: Tally = field(default_factory=lambda: Tally("an action was not sent:"))
+    """Actions refused by their target or given up, by action and outcome (each is logged at first, then at
+    the 10th, 100th, ...: a storm of dead targets never floods the log)."""
     _done: OrderedDict[tuple[str, ...], None] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -393,7 +488,8 @@ class WebhookReceiver:
         return hmac.compare_digest(authorization.encode(errors="replace"), f"Bearer {self.token}".encode())
 
     def health(self) -> dict[str, Any]:
-        return {"ok": True, "refused": self.refused.counts(), "rejected": self.rejected.counts()}
+        return {"ok": True, "refused": self.refused.counts(), "rejected": self.rejected.counts(),
+                "actions": self.queue.snapshot()}
 
     def handle(self, method: str, path: str, authorization: str, content_length: int | None,
                read: Callable[[int], bytes]) -> tuple[int, dict[str, Any]]:
@@ -402,7 +498,7 @@ class WebhookReceiver:
             return 200, self.health()
         if path != PATH:
             self.refused.add("not_found")
-            return 404, {"error": f"no such endpoint (POST {PATH}, GET {HEALTH_PATH})"}
+            return 404, {"error": f"no such endpoint (POST {PATH}, GET {HEALTH_PATH}, GET {METRICS_PATH})"}
         if method != "POST":
             self.refused.add("not_found")
             return 405, {"error": f"use POST {PATH}"}
@@ -423,17 +519,17 @@ class WebhookReceiver:
         return self.act(items)
 
     def act(self, items: list[AlertItem]) -> tuple[int, dict[str, Any]]:
-        """Act on each firing alert with an action label. 502 when a process could not be reached (Alertmanager
-        retries; what succeeded is remembered), else 400 when an alert was rejected, else 200."""
+        """Queue the action of each firing alert with an action label; answer at once: 400 when an alert was
+        rejected, else 202 when an action was queued, else 200. Outcomes are logged and counted later."""
         decisions: list[dict[str, Any]] = []
-        failed = rejected = False
-        sent: set[tuple[str, str]] = set()
+        counts: Counter[str] = Counter()
+        targets = self.targets.targets()
+        batch = self.queue.new_batch()
         for item in items:
             name = item.labels.get("alertname", "?")
             job, rank = item.labels.get(self.job_label), item.labels.get(self.rank_label)
             action = item.labels.get(ACTION_LABEL)
             decision: dict[str, Any] = {"alert": name, "job": job, "rank": rank, "action": action}
-            decisions.append(decision)
             if item.status != "firing":
                 decision["result"] = "ignored: resolved"
             elif action is None:
@@ -442,36 +538,56 @@ class WebhookReceiver:
                 decision["result"] = f"ignored: unknown action {action[:80]!r}"
             else:
                 try:
-                    decision["result"], failure = self._act(item, action, sent)
-                    failed |= failure
+                    decision["result"], queued = self._act(item, action, targets, batch)
+                    counts["queued"] += queued
                 except LabelError as exc:
-                    rejected = True
+                    counts["rejected"] += 1
                     decision["result"] = f"rejected: {exc}"
                     self.rejected.add(exc.cause, f"{_printable(name)} job={_printable(job or '-')}: {exc}")
-                    continue
-            log.info("%s job=%s rank=%s action=%s -> %s", _printable(name), _printable(job or "-"),
-                     _printable(rank or "-"), action if action in ACTIONS else "-", _printable(decision["result"], 500))
-        return (502 if failed else 400 if rejected else 200), {"decisions": decisions}
+            if len(decisions) < ANSWERED_DECISIONS:
+                decisions.append(decision)
+            if len(decisions) <= LOGGED_DECISIONS and not decision["result"].startswith("rejected"):
+                log.info("%s job=%s rank=%s action=%s -> %s", _printable(name), _printable(job or "-"),
+                         _printable(rank or "-"), action if action in ACTIONS else "-",
+                         _printable(decision["result"], 500))
+        if len(items) > LOGGED_DECISIONS:
+            log.info("a payload of %d alerts: %d actions queued, %d alerts rejected (the first %d decisions are "
+                     "logged)", len(items), counts["queued"], counts["rejected"], LOGGED_DECISIONS)
+        status = 400 if counts["rejected"] else 202 if counts["queued"] else 200
+        return status, {"alerts": len(items), "queued": counts["queued"], "rejected": counts["rejected"],
+                        "decisions": decisions}
 
-    def _act(self, item: AlertItem, action: str, sent: set[tuple[str, str]]) -> tuple[str, bool]:
-        """(result, whether to have Alertmanager retry) of one actionable alert; LabelError rejects it."""
+    def _act(self, item: AlertItem, action: str, targets: list[Target], batch: int) -> tuple[str, int]:
+        """(result, actions queued) of one actionable alert; LabelError rejects it."""
         labels = dict(item.labels)
         if self.control_port_base is not None:
             local_rank = labels.get(sc.prometheus_label(sc.LABEL_LOCAL_RANK), "0")
             if not _PORT.fullmatch(local_rank) or self.control_port_base + int(local_rank) > 65535:
                 raise LabelError(sc.prometheus_label(sc.LABEL_LOCAL_RANK), _PORT_POSITION, local_rank)
             labels["control_port"] = str(self.control_port_base + int(local_rank))
-        urls = self.targets.resolve(labels, self.job_label, self.rank_label)
-        outcomes = [(url, self._send(item, action, url, sent)) for url in urls]
-        results = [f"{url}: {outcome}" for url, outcome in outcomes]
-        reached = any(not outcome.startswith("failed") for _, outcome in outcomes)
-        if action == "stop" and not reached and self.kubernetes is not None:
-            suspended = self._suspend(labels)
-            results.append(suspended)
-            failed = suspended.startswith("failed")
-        else:  # any unreachable process: 502, so Alertmanager retries (done ones are remembered)
-            failed = any(outcome.startswith("failed") for _, outcome in outcomes)
-        return "; ".join(results) or "ignored: no control endpoint known for this job/rank", failed
+        urls = self.targets.resolve(labels, self.job_label, self.rank_label, targets)
+        if not urls:
+            return "ignored: no control endpoint known for this job/rank", 0
+        fallback, note = None, ""
+        if action == "stop" and self.kubernetes is not None and not self.dry_run:
+            try:
+                self._kubernetes_job(labels)
+                fallback = _StopFallback(self, labels, batch, len(urls))
+            except LabelError as exc:  # the stop is still sent (and retried) without the fallback
+                self.rejected.add(exc.cause, f"not suspending: {exc}")
+                note = f"; not suspending the Job if it fails: {exc}"
+        results = [self._send(item, action, url, fallback, batch) for url in urls]
+        return "; ".join(f"{url}: {result}" for url, result in zip(urls, results)) + note, \
+            sum(result == f"{action} queued" for result in results)
+
+    def _kubernetes_job(self, labels: Mapping[str, str]) -> tuple[str, str]:
+        """(namespace, Job name) of the alert, both Kubernetes names (they go into the API's URL path)."""
+        namespace, job = labels.get(sc.SCRAPE_LABEL_NAMESPACE), labels.get(self.job_label)
+        if not namespace:
+            raise LabelError(sc.SCRAPE_LABEL_NAMESPACE, "k8s", "")
+        self._kubernetes_names(labels)
+        assert job is not None  # resolved targets need it
+        return namespace, job
 
     def _kubernetes_names(self, labels: Mapping[str, str]) -> None:
         namespace, job = labels.get(sc.SCRAPE_LABEL_NAMESPACE), labels.get(self.job_label)
@@ -480,13 +596,15 @@ class WebhookReceiver:
         if job is not None and (len(job) > 253 or not all(_K8S_NAME.fullmatch(p) for p in job.split("."))):
             raise LabelError(self.job_label, "k8s", job)
 
-    def _send(self, item: AlertItem, action: str, url: str, sent: set[tuple[str, str]]) -> str:
+    def _send(self, item: AlertItem, action: str, url: str, fallback: _StopFallback | None, batch: int) -> str:
         key = (item.fingerprint or json.dumps(item.labels, sort_keys=True), item.starts_at, action, url)
         with self._lock:
-            if key in self._done:
-                return "already done"
-        if (url, action) in sent:
-            return "already sent in this payload"
+            done = key in self._done
+        if done:
+            self.queue.count(action, action_queue.DUPLICATE)
+            if fallback is not None:
+                fallback.done(action_queue.SENT)
+            return "already done"
         name = item.labels.get("alertname", "")
         if action == "stop":
             summary = item.annotations.get("summary", "")
@@ -496,38 +614,66 @@ class WebhookReceiver:
         endpoint = f"{url}/v1/{action}"
         if self.dry_run:
             return f"dry run, would POST {endpoint} {json.dumps(body)}"
-        try:
-            status = self.sender(endpoint, body, self.control_token, self.timeout)
-        except (OSError, ValueError) as exc:  # ValueError: a URL urllib cannot use
-            return f"failed: {endpoint} unreachable ({exc})"
-        if not 200 <= status < 300:
-            return f"failed: {endpoint} answered {status}"
-        sent.add((url, action))
-        with self._lock:
-            self._done[key] = None
-            while len(self._done) > _REMEMBERED:
-                self._done.popitem(last=False)
-        return f"{action} sent ({status})"
+        what = f"{_printable(name)} {action} {_printable(endpoint, 300)}"
 
-    def _suspend(self, labels: Mapping[str, str]) -> str:
+        def on_done(outcome: str, detail: str) -> None:
+            if outcome == action_queue.SENT:
+                with self._lock:
+                    self._done[key] = None
+                    while len(self._done) > _REMEMBERED:
+                        self._done.popitem(last=False)
+                log.info("%s: %s sent (%s)", what, action, detail)
+            else:
+                self.unsuccessful.add(f"{action} {outcome}", f"{what}: {detail}")
+            if fallback is not None:
+                fallback.done(outcome)
+
+        result = self.queue.submit(action_queue.Action(
+            action, _netloc(url), (action, url), lambda: self.sender(endpoint, body, self.control_token, self.timeout),
+            what, retry=fallback is None, on_done=[on_done]), batch)
+        if result == action_queue.QUEUED:
+            return f"{action} queued"
+        if result == action_queue.DUPLICATE:
+            return f"{action} already queued"
+        if fallback is not None:
+            fallback.done(result)
+        return f"dropped: {result.replace('_', ' ')}"
+
+    def suspend(self, labels: Mapping[str, str], batch: int = 0) -> None:
+        """Queue the suspension of the Job an alert names (a stop reached none of its processes)."""
         assert self.kubernetes is not None
-        namespace, job = labels.get(sc.SCRAPE_LABEL_NAMESPACE), labels.get(self.job_label)
-        if not namespace or not job:
-            return "failed: cannot suspend the Job: the alert has no namespace or job_name label"
-        try:  # they go into the API's URL path
-            self._kubernetes_names(labels)
-        except LabelError as exc:
-            self.rejected.add(exc.cause, f"not suspending: {exc}")
-            return f"failed: not suspending the Job: {exc}"
-        if self.dry_run:
-            return f"dry run, would suspend Job {namespace}/{job}"
-        try:
-            status = self.kubernetes.suspend(namespace, job)
-        except OSError as exc:
-            return f"failed: Kubernetes API unreachable ({exc})"
-        if not 200 <= status < 300:
-            return f"failed: suspending Job {namespace}/{job} answered {status}"
-        return f"Job {namespace}/{job} suspended ({status})"
+        kubernetes = self.kubernetes
+        namespace, job = self._kubernetes_job(labels)  # checked when the stop was queued
+        what = f"suspend Job {namespace}/{job}"
+
+        def on_done(outcome: str, detail: str) -> None:
+            if outcome == action_queue.SENT:
+                log.info("%s: no process reached, Job suspended (%s)", what, detail)
+            else:
+                self.unsuccessful.add(f"suspend {outcome}", f"{what}: {detail}")
+
+        self.queue.submit(action_queue.Action(
+            "suspend", _netloc(kubernetes.api_url), ("suspend", namespace, job),
+            lambda: kubernetes.suspend(namespace, job), what, on_done=[on_done]), batch)
+
+    def metrics_text(self) -> str:
+        """The webhook's own series (``otelprof.webhook.*``) in the Prometheus text format."""
+        outcomes, dropped, depth, failing = self.queue.metrics()
+        families: list[tuple[sc.MetricSpec, list[tuple[dict[str, str], float]]]] = [
+            (sc.WEBHOOK_ACTIONS, [({sc.LABEL_ACTION: a, sc.LABEL_OUTCOME: o}, outcomes.get((a, o), 0))
+                                  for a in (*ACTIONS, "suspend") for o in sc.WEBHOOK_OUTCOMES]),
+            (sc.WEBHOOK_DROPPED, [({sc.LABEL_REASON: r}, dropped.get(r, 0)) for r in sc.WEBHOOK_DROP_REASONS]),
+            (sc.WEBHOOK_QUEUE_DEPTH, [({}, depth)]),
+            (sc.WEBHOOK_TARGETS_FAILING, [({}, failing)]),
+        ]
+        lines = []
+        for spec, samples in families:
+            name = spec.prometheus_name + ("_total" if spec.kind is sc.Kind.COUNTER else "")
+            lines += [f"# HELP {name} {spec.description}", f"# TYPE {name} {spec.kind.value}"]
+            for labels, value in samples:
+                text = ",".join(f'{sc.prometheus_label(k)}="{v}"' for k, v in labels.items())
+                lines.append(f"{name}{{{text}}} {value}" if text else f"{name} {value}")
+        return "\n".join(lines) + "\n"
 
 
 class WebhookServer(BackgroundServer):
@@ -556,6 +702,9 @@ class WebhookServer(BackgroundServer):
                     consumed = True
                     return self.rfile.read(n)
 
+                if method == "GET" and self.path.split("?")[0] == METRICS_PATH:
+                    self.send_body(200, "text/plain; version=0.0.4; charset=utf-8", receiver.metrics_text().encode())
+                    return
                 try:
                     status, answer = receiver.handle(method, self.path.split("?")[0],
                                                      self.headers.get("Authorization", ""), length, read)
@@ -580,3 +729,8 @@ class WebhookServer(BackgroundServer):
 
     def start_background(self, host: str, port: int) -> tuple[str, int]:
         return self.start(host, port, self._handler(), "otelprof-webhook")
+
+    def stop(self) -> None:
+        """Stop serving, then the action workers (after their current request; queued actions are dropped)."""
+        super().stop()
+        self.receiver.queue.stop()

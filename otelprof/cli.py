@@ -349,8 +349,9 @@ job_name and rank labels to stop at its next step boundary (after its on_stop ca
 
 Requests need `Authorization: Bearer <token>` (OTELPROF_WEBHOOK_TOKEN or --token-file); oversized
 or malformed payloads and unknown payload versions are refused with 413/400 and change nothing.
-When a control endpoint cannot be reached the answer is 502 so Alertmanager retries; an action
-that already succeeded for an alert is not repeated. Every decision is logged.
+Alertmanager is answered at once (202): actions wait in bounded per-target queues and are retried
+while a control endpoint cannot be reached; an action that already succeeded for an alert is not
+repeated. Decisions are logged; outcomes are logged and counted on GET /metrics.
 
 Targets map jobs and ranks to control endpoints (OTELPROF_CONTROL_PORT of the training process):
   --target resnet=http://10.0.0.5:9470          every rank of job resnet (or its only process)

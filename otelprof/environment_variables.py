@@ -192,8 +192,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_OUTLIER_MIN_RATIO, "outlier_min_ratio", "1.5",
            "An outlier step also takes at least this many times the median of the recent steps of its phase "
            "(1-100): scheduler jitter on steady steps passes mean + 3 sigma but is no outlier."),
-    EnvVar(OTELPROF_OUTLIER_MIN_EXCESS_MS, "outlier_min_excess", "1",
-           "An outlier step also takes at least this many milliseconds more than that median."),
+    EnvVar(OTELPROF_OUTLIER_MIN_EXCESS_MS, "outlier_min_excess", "20",
+           "An outlier step also takes at least this many milliseconds more than that median (a loaded machine's "
+           "scheduler delays a thread by up to ~20 ms). Where a step records `tokens` (else `samples`), it must also "
+           "be an outlier per token; steps of a profiling window and the 2 after it are never judged."),
     EnvVar(OTELPROF_MAX_LABEL_VALUES, "max_label_values", "64",
            "Distinct phase / annotation names kept as metric labels; further names are counted as `other`."),
     EnvVar(OTELPROF_MAX_SERIES, "max_series", "500",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 DOC_BLOCKS: dict[str, tuple[str, ...]] = {
     "docs/configuration.md": ("env",),
-    "docs/catalog.md": ("catalog",),
+    "docs/catalog.md": ("catalog", "webhook_catalog"),
 }
 """Each Markdown file with generated blocks (path from the repository root), and the blocks it holds."""
 
@@ -22,7 +22,19 @@ DOC_BLOCKS: dict[str, tuple[str, ...]] = {
 def _renderers() -> dict[str, Callable[[], str]]:
     from otelprof.cli import catalog_markdown, env_markdown
 
-    return {"env": env_markdown, "catalog": catalog_markdown}
+    return {"env": env_markdown, "catalog": catalog_markdown, "webhook_catalog": webhook_catalog_markdown}
+
+
+def webhook_catalog_markdown() -> str:
+    """The table of ``otelprof webhook``'s own series (its ``GET /metrics``) in docs/catalog.md."""
+    from otelprof import semconv
+
+    rows = ["| OTel name | Prometheus name | Kind | Unit | Labels | Meaning |", "| --- | --- | --- | --- | --- | --- |"]
+    for m in semconv.WEBHOOK_METRICS:
+        prom = m.prometheus_name + ("_total" if m.kind is semconv.Kind.COUNTER else "")
+        rows.append(f"| `{m.name}` | `{prom}` | {m.kind.value} | {m.unit or '-'} | {', '.join(m.labels) or '-'} | "
+                    f"{m.description} |")
+    return "\n".join(rows)
 
 
 def render_blocks(text: str, names: tuple[str, ...]) -> str:

@@ -26,9 +26,10 @@ from otelprof._log import describe_exception, logger, sanitize, warn_once
 from otelprof.config import Config
 from otelprof.integrations.operators import StepSpan
 from otelprof.metrics import MetricRegistry
+from otelprof.outliers import LossSpikes, StepJudge, in_windows, step_units
 from otelprof.recording import schema
 from otelprof.recording.writer import RecordingWriter
-from otelprof.sampling import OutlierDetector, SpanSelector
+from otelprof.sampling import SpanSelector
 from otelprof.span_builder import SpanBuilder
 
 SpanSink = Callable[[Sequence[ReadableSpan]], None]
@@ -145,7 +146,12 @@ class Recorder:
         self._region_prefixes = _Encoded("[{},")
         self._latest: dict[str, tuple[int, int, int]] = {}
         """Per phase label, since the last _settle_steps: (steps, last end in perf ns, last number)."""
-        self._outliers: dict[str, OutlierDetector] = {}
+        self._outliers: dict[str, StepJudge] = {}
+        self._spikes: dict[str, LossSpikes] = {}
+        self._slowed: dict[str | None, list[tuple[int, int]]] = {}
+        """Per phase, the profiling windows (first step, steps) whose steps, and the few after, otelprof slowed."""
+        self._loss_totals: dict[str, float] = {}
+        """Per phase label: the running sum of finite step losses (otelprof_loss_summed)."""
         self._seen: dict[str, int] = {}
         self._phase_label = LabelCap(sc.LABEL_PHASE, config.max_label_values)
         self._annotation_label = LabelCap(sc.LABEL_ANNOTATION, config.max_label_values)
@@ -162,6 +168,13 @@ class Recorder:
         self.step_duration = r.histogram(sc.STEP_DURATION)
         self.steps = r.counter(sc.STEPS)
         self.step_outliers = r.counter(sc.STEP_OUTLIERS)
+        self.step_outlier_excess = r.counter(sc.STEP_OUTLIER_EXCESS)
+        self.loss_summed = r.gauge(sc.LOSS_SUMMED)
+        self.loss_squared = r.counter(sc.LOSS_SQUARED)
+        self.loss_recorded = r.counter(sc.LOSS_RECORDED)
+        self.loss_spikes = r.counter(sc.LOSS_SPIKES)
+        self.grad_norm_summed = r.counter(sc.GRAD_NORM_SUMMED)
+        self.grad_norm_recorded = r.counter(sc.GRAD_NORM_RECORDED)
         self.step_last = r.gauge(sc.STEP_LAST_TIMESTAMP)
         self.step_first = r.gauge(sc.STEP_FIRST_TIMESTAMP)
         self.step_number = r.gauge(sc.STEP_NUMBER)
@@ -201,9 +214,14 @@ class Recorder:
         """Background thread: sleep until :meth:`wake_up` or ``timeout``; True when woken."""
         return self._wake.acquire(timeout=timeout)
 
-    def arm_window(self, start_step: int, num_steps: int) -> None:
+    def arm_window(self, start_step: int, num_steps: int, slows: str | None = None) -> None:
         """Trace every step numbered ``start_step`` .. ``start_step + num_steps - 1`` (any phase); the windows
-        armed at run time (captures, periodic profiling) are the last ``MAX_WINDOWS`` ones."""
+        armed at run time (captures, periodic profiling) are the last ``MAX_WINDOWS`` ones. ``slows``: the phase
+        of an operator-profiling window, whose steps (and the few after) are then never judged as outliers."""
+        if slows is not None:  # no lock: called on the training thread, and list appends are atomic
+            windows = self._slowed.setdefault(slows, [])
+            windows.append((start_step, num_steps))
+            del windows[:-MAX_WINDOWS]
         configured = len(self.config.span_windows)
         armed = self._selector.windows[configured:][-(MAX_WINDOWS - 1):]
         self._selector.windows = (*self._selector.windows[:configured], *armed, (start_step, num_steps))
@@ -218,11 +236,11 @@ class Recorder:
             found = (self._window_spans.get((phase, n)) for n in range(start_step, start_step + num_steps))
             return [s for s in found if s is not None]
 
-    def add_spans(self, spans: Sequence[ReadableSpan], dropped: int = 0) -> None:
+    def add_spans(self, spans: Sequence[ReadableSpan], dropped: int = 0, reason: str = "operator") -> None:
         """Operator spans built elsewhere (off the hot path): exported and recorded with the step spans."""
         self._collected.extend(spans)
         with self.registry.lock:
-            self.spans_built.add(len(spans), ("operator",))
+            self.spans_built.add(len(spans), (reason,))
             if dropped:
                 self.dropped.add(dropped, (sc.DROPPED_OPERATOR_SPANS,))
 
@@ -372,12 +390,24 @@ class Recorder:
             if collective_ns:
                 self.collective_duration.observe(collective_ns / 1e9, labels)
         values = self._scalars(scalars, labels) if scalars else None
-        detector = self._outliers.get(phase)
-        if detector is None:
-            detector = self._outliers[phase] = OutlierDetector.from_config(self.config)
-        outlier = detector.observe(duration)
-        if outlier:
-            self.step_outliers.add(1, labels)
+        if values:
+            self._step_scalars(phase, values, labels)
+        outlier = False
+        slowed = self._slowed.get(phase)
+        if not slowed or not in_windows(number, slowed):  # a step otelprof slowed is never judged
+            judge = self._outliers.get(phase)
+            if judge is None:
+                c = self.config
+                judge = self._outliers[phase] = StepJudge(c.outlier_sigma, c.outlier_min_steps,
+                                                          c.outlier_min_ratio, c.outlier_min_excess)
+                self.step_outliers.add(0, labels)  # present from the first step: no outlier is a count of 0
+                self.step_outlier_excess.add(0, labels)
+            excess = judge.observe(duration, step_units(values.get(sc.SCALAR_TOKENS), values.get(sc.SCALAR_SAMPLES))
+                                   if values else None)
+            if excess > 0:
+                outlier = True
+                self.step_outliers.add(1, labels)
+                self.step_outlier_excess.add(excess, labels)
         seen = self._seen.get(phase, 0)
         self._seen[phase] = seen + 1
         if self.writer is not None:
@@ -386,6 +416,26 @@ class Recorder:
         reason = self._selector.select(seen, number, duration, outlier, 1 + len(annotations))
         if reason is not None:
             self._build_step_spans(reason, phase, number, start_ns, end_ns, annotations, values, error, outlier, label)
+
+    def _step_scalars(self, phase: str, values: dict[str, float], labels: tuple[str]) -> None:
+        """A step's loss and gradient norm as sums and counts (the rules' per-step means), and loss spikes."""
+        loss = values.get(sc.SCALAR_LOSS)
+        if loss is not None and math.isfinite(loss):
+            spikes = self._spikes.get(phase)
+            if spikes is None:
+                spikes = self._spikes[phase] = LossSpikes()
+                self.loss_spikes.add(0, labels)  # present from the first loss: no spike is a count of 0
+            if spikes.observe(loss):
+                self.loss_spikes.add(1, labels)  # counted as a spike, kept out of the means (LossSpike speaks)
+            else:
+                total = self._loss_totals[labels[0]] = self._loss_totals.get(labels[0], 0.0) + loss
+                self.loss_summed.set(total, labels)
+                self.loss_squared.add(loss * loss, labels)
+                self.loss_recorded.add(1, labels)
+        norm = values.get(sc.SCALAR_GRAD_NORM)
+        if norm is not None and math.isfinite(norm) and norm >= 0:
+            self.grad_norm_summed.add(norm, labels)
+            self.grad_norm_recorded.add(1, labels)
 
     def _first_step(self, start_unix: int) -> None:
         self.lifecycle["first_step_start"] = start_unix / 1e9

@@ -57,13 +57,20 @@ class OutlierDetector:
 
     def observe(self, duration: float) -> bool:
         """Judge ``duration`` against the steps before it, then add it; True if it is an outlier."""
+        return self.excess(duration) > 0
+
+    def excess(self, duration: float) -> float:
+        """Like :meth:`observe`: by how much an outlier exceeds the median of the steps before it (what it cost),
+        0.0 for a step that is no outlier."""
         n = len(self.window)
-        is_outlier = False
+        excess = 0.0
         if self.sigma > 0 and n >= self.min_steps:
             mean = self._sum / n
             variance = max(self._sumsq / n - mean * mean, 0.0)
-            is_outlier = (duration > mean + self.sigma * math.sqrt(variance)
-                          and duration > _floor(self.window, self.min_ratio, self.min_excess))
+            if duration > mean + self.sigma * math.sqrt(variance):
+                median = _median(self.window)
+                if duration > max(median * self.min_ratio, median + self.min_excess):
+                    excess = duration - median
         if n == self.window.maxlen:
             old = self.window[0]
             self._sum -= old
@@ -76,14 +83,18 @@ class OutlierDetector:
             self._sum = math.fsum(self.window)
             self._sumsq = math.fsum(d * d for d in self.window)
             self._since_resum = 0
-        return is_outlier
+        return excess
+
+
+def _median(recent: Iterable[float]) -> float:
+    ordered = sorted(recent)
+    n = len(ordered)
+    return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
 
 
 def _floor(recent: Iterable[float], min_ratio: float, min_excess: float) -> float:
     """The least duration a step must exceed to be materially slower than the median of ``recent``."""
-    ordered = sorted(recent)
-    n = len(ordered)
-    median = (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+    median = _median(recent)
     return max(median * min_ratio, median + min_excess)
 
 

@@ -348,7 +348,13 @@ STEPS = MetricSpec(
     "otelprof.steps", Kind.COUNTER, "{step}", "Steps finished.", (LABEL_PHASE,))
 STEP_OUTLIERS = MetricSpec(
     "otelprof.step.outliers", Kind.COUNTER, "{step}",
-    "Steps slower than mean + OTELPROF_OUTLIER_SIGMA x stddev of the recent steps of their phase.", (LABEL_PHASE,))
+    "Steps slower than mean + OTELPROF_OUTLIER_SIGMA x stddev of the recent steps of their phase (and materially "
+    "slower than their median, and per token or sample where recorded; steps a profiling window slowed are not "
+    "judged).", (LABEL_PHASE,))
+STEP_OUTLIER_EXCESS = MetricSpec(
+    "otelprof.step.outliers.excess", Kind.COUNTER, "s",
+    "Time outlier steps took beyond the median of their phase's recent steps: what the outliers cost.",
+    (LABEL_PHASE,))
 STEP_LAST_TIMESTAMP = MetricSpec(
     "otelprof.step.last_timestamp", Kind.GAUGE, "s", "Unix time the last step of the phase ended.", (LABEL_PHASE,))
 STEP_FIRST_TIMESTAMP = MetricSpec(
@@ -374,6 +380,26 @@ TOKENS = MetricSpec(
 LOSS = MetricSpec("otelprof.loss", Kind.GAUGE, "", "Last recorded loss.", (LABEL_PHASE,))
 LEARNING_RATE = MetricSpec("otelprof.learning_rate", Kind.GAUGE, "", "Last recorded learning rate.", (LABEL_PHASE,))
 GRAD_NORM = MetricSpec("otelprof.grad_norm", Kind.GAUGE, "", "Last recorded global gradient norm.", (LABEL_PHASE,))
+LOSS_SUMMED = MetricSpec(
+    "otelprof.loss.summed", Kind.GAUGE, "", "Sum of the finite losses recorded in steps, spikes left out (a "
+    "running total that falls with negative losses); its growth over a window divided by otelprof.loss.recorded's "
+    "is the window's mean loss per step.", (LABEL_PHASE,), updown=True)
+LOSS_SQUARED = MetricSpec(
+    "otelprof.loss.squared", Kind.COUNTER, "", "Sum of the squares of the finite losses recorded in steps, spikes "
+    "left out (the noise of a window's mean loss).", (LABEL_PHASE,))
+LOSS_RECORDED = MetricSpec(
+    "otelprof.loss.recorded", Kind.COUNTER, "{value}", "Finite losses recorded in steps, spikes left out.",
+    (LABEL_PHASE,))
+LOSS_SPIKES = MetricSpec(
+    "otelprof.loss.spikes", Kind.COUNTER, "{step}",
+    "Steps whose loss jumped: above OTELPROF_LOSS_SPIKE_RATIO x the median and mean + OTELPROF_LOSS_SPIKE_SIGMA x "
+    "stddev of the phase's recent losses.", (LABEL_PHASE,))
+GRAD_NORM_SUMMED = MetricSpec(
+    "otelprof.grad_norm.summed", Kind.COUNTER, "", "Sum of the finite gradient norms recorded in steps.",
+    (LABEL_PHASE,))
+GRAD_NORM_RECORDED = MetricSpec(
+    "otelprof.grad_norm.recorded", Kind.COUNTER, "{value}", "Finite gradient norms recorded in steps.",
+    (LABEL_PHASE,))
 NONFINITE = MetricSpec(
     "otelprof.nonfinite", Kind.COUNTER, "{value}", "Recorded loss or gradient-norm values that were NaN or infinite.",
     (LABEL_PHASE, LABEL_SCALAR))
@@ -632,6 +658,7 @@ STEP_METRICS: tuple[MetricSpec, ...] = (
     PROCESS_START_TIME, PHASE_ACTIVE, ANNOTATION_DURATION, SAMPLES, TOKENS, LOSS, LEARNING_RATE,
     GRAD_NORM, NONFINITE, DATALOADER_WAIT, DATALOADER_WAIT_RATIO, COLLECTIVE_DURATION,
     EXPORTER_DROPPED, SPANS_BUILT, SPAN_BUILD_TIME, RECORDING_BYTES,
+    STEP_OUTLIER_EXCESS, LOSS_SUMMED, LOSS_SQUARED, LOSS_RECORDED, LOSS_SPIKES, GRAD_NORM_SUMMED, GRAD_NORM_RECORDED,
 )
 """From the step/annotation API and the recorder: present whenever steps run."""
 FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
@@ -645,6 +672,42 @@ FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
 """Set by the PyTorch integration when it sees a data loader / CUDA."""
 SELF_METRICS: tuple[MetricSpec, ...] = (ENDPOINT_ERRORS, SERIES_FOLDED)
 """About otelprof itself under hostile clients and runaway names: present once something was refused or folded."""
+
+# ---- `otelprof webhook`, a process of its own: on its GET /metrics, without the identity labels of a training
+# process (it serves every job).
+LABEL_ACTION = "action"
+LABEL_OUTCOME = "outcome"
+WEBHOOK_OUTCOME_SENT = "sent"
+"""The target answered 2xx."""
+WEBHOOK_OUTCOME_REFUSED = "refused"
+"""The target answered a status that another attempt would not change (4xx but 429): not retried."""
+WEBHOOK_OUTCOME_FAILED = "failed"
+"""Unreachable, timed out or answered 5xx / 429 until the retry window ended (or once, before a fallback)."""
+WEBHOOK_OUTCOME_DUPLICATE = "duplicate"
+"""The same action for the same target was already queued or in flight, or already sent for this alert."""
+WEBHOOK_OUTCOMES: tuple[str, ...] = (WEBHOOK_OUTCOME_SENT, WEBHOOK_OUTCOME_REFUSED, WEBHOOK_OUTCOME_FAILED,
+                                     WEBHOOK_OUTCOME_DUPLICATE)
+WEBHOOK_DROP_TARGET_FULL = "target_full"
+"""Not queued: its target's queue was full."""
+WEBHOOK_DROP_QUEUE_FULL = "queue_full"
+"""Not queued, or pushed out of the queue, at the total cap (the payload with the most queued actions loses one)."""
+WEBHOOK_DROP_REASONS: tuple[str, ...] = (WEBHOOK_DROP_TARGET_FULL, WEBHOOK_DROP_QUEUE_FULL)
+WEBHOOK_ACTIONS = MetricSpec(
+    "otelprof.webhook.actions", Kind.COUNTER, "{action}",
+    "Actions (stop, capture, suspend) the webhook finished, by outcome: " + ", ".join(WEBHOOK_OUTCOMES) + ".",
+    (LABEL_ACTION, LABEL_OUTCOME))
+WEBHOOK_DROPPED = MetricSpec(
+    "otelprof.webhook.dropped", Kind.COUNTER, "{action}",
+    "Actions the webhook dropped because a queue was full, by reason: " + ", ".join(WEBHOOK_DROP_REASONS) + ".",
+    (LABEL_REASON,))
+WEBHOOK_QUEUE_DEPTH = MetricSpec(
+    "otelprof.webhook.queue.depth", Kind.GAUGE, "{action}", "Actions the webhook holds: queued or in flight.")
+WEBHOOK_TARGETS_FAILING = MetricSpec(
+    "otelprof.webhook.targets.failing", Kind.GAUGE, "{target}",
+    "Targets (host:port) whose last attempt failed: their actions wait for a backoff before the next.")
+WEBHOOK_METRICS: tuple[MetricSpec, ...] = (WEBHOOK_ACTIONS, WEBHOOK_DROPPED, WEBHOOK_QUEUE_DEPTH,
+                                           WEBHOOK_TARGETS_FAILING)
+"""On the webhook's ``GET /metrics`` only, with no identity labels; not in :data:`METRICS` (a training process)."""
 
 METRICS: tuple[MetricSpec, ...] = (*STEP_METRICS, *FRAMEWORK_METRICS, *SELF_METRICS, *SYSTEM_METRICS)
 

@@ -34,6 +34,7 @@ from otelprof.control import MAX_CAPTURE_STEPS, ControlServer
 from otelprof.export import otlp
 from otelprof.export.prometheus import PrometheusEndpoint
 from otelprof.integrations.profile_schedule import PeriodicWindows
+from otelprof.integrations.torch_profiler import CLOSE_WAIT
 from otelprof.integrations.torch_profiler import windows as profile_windows
 from otelprof.metrics import MetricRegistry
 from otelprof.recorder import Recorder, SpanSink
@@ -358,6 +359,7 @@ class Session:
             hot._activate(None) if hot._active is self.recorder else None
             self._stop.set()
             self.profile_schedule.stop()
+            profile_windows.close(max(min(CLOSE_WAIT, deadline - time.monotonic()), 0.0))  # before the writer closes
             self.recorder.wake_up()
             self._thread.join(max(min(1.0, deadline - time.monotonic()), 0.0))
             if self.sampler is not None:
@@ -406,6 +408,7 @@ class Session:
                 _sigterm.uninstall(self._sigterm)  # on the main thread only; elsewhere it hands the signal on
             self._stop.set()
             self.profile_schedule.stop()
+            profile_windows.close(0.0)
             self.recorder.wake_up()
             self._thread.join(1.0)
             if self.sampler is not None:

@@ -8,10 +8,10 @@ keep what the SDK would give them: the provider's resource, its id generator and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
@@ -48,7 +48,7 @@ class SpanBuilder:
         return SpanContext(parent.trace_id, self._ids.generate_span_id(), False, _SAMPLED)
 
     def span(self, name: str, context: SpanContext, parent: SpanContext | None, start_ns: int, end_ns: int,
-             attributes: Mapping[str, Any]) -> ReadableSpan:
+             attributes: Mapping[str, Any], events: Sequence[Event] = ()) -> ReadableSpan:
         """An ended INTERNAL span with status UNSET."""
-        return ReadableSpan(name, context, parent, self.resource, attributes, kind=SpanKind.INTERNAL, status=_UNSET,
-                            start_time=start_ns, end_time=end_ns, instrumentation_scope=self.scope)
+        return ReadableSpan(name, context, parent, self.resource, attributes, events, kind=SpanKind.INTERNAL,
+                            status=_UNSET, start_time=start_ns, end_time=end_ns, instrumentation_scope=self.scope)

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from otelprof.mixin import MixinConfig
 from otelprof.mixin.config import with_overrides
 from otelprof.mixin.generate import render_alerts
 from tests.servers import Prometheus, free_port, require_binary
+from tests.test_webhook_storm import DeadTargets, dead_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 WEBHOOK_TOKEN = "e2e-webhook-token"
@@ -167,7 +169,24 @@ def _events(output: str) -> dict[str, dict[str, Any]]:
     return events
 
 
+DEAD_RANKS = 120
+"""Ranks of a job whose control endpoints hang (half never accept, half never answer), each alerting a stop."""
+
+
+def push_storm(am_url: str, ranks: range) -> None:
+    """Stop alerts for the dead job's ``ranks``, straight into Alertmanager: the committed routing sends each
+    in a notification of its own."""
+    alerts = [{"labels": {"alertname": "OtelprofNonFiniteValues", "job_name": "dead", "rank": str(rank),
+                          "severity": "critical", "action": "stop"},
+               "annotations": {"summary": "storm"}} for rank in ranks]
+    request = urllib.request.Request(f"{am_url}/api/v2/alerts", data=json.dumps(alerts).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
 def test_alert_to_action_end_to_end(tmp_path: Path) -> None:
+    """With a storm of stop alerts for a job whose endpoints hang arriving before the NaN, and during it."""
     require_binary("prometheus")
     _alertmanager_binary()
     began = time.monotonic()
@@ -177,15 +196,25 @@ def test_alert_to_action_end_to_end(tmp_path: Path) -> None:
     }
     ports = {job: (free_port(), free_port()) for job in jobs}
     sender = Recorder()
+    dead = DeadTargets()
+    hanging = dead_targets(dead, 8)
+    storm_targets = [f"dead/{rank}=http://{hanging[rank % 8][0]}:{hanging[rank % 8][1]}/r{rank}"
+                     for rank in range(DEAD_RANKS)]
     targets = actions.TargetMap([actions.parse_target(f"{job}=http://127.0.0.1:{control}")
-                                 for job, (_, control) in ports.items()])
+                                 for job, (_, control) in ports.items()]
+                                + [actions.parse_target(t) for t in storm_targets])
     receiver = actions.WebhookReceiver(WEBHOOK_TOKEN, targets, CONTROL_TOKEN, capture_steps=5, sender=sender)
     webhook = actions.WebhookServer(receiver)
     _, webhook_port = webhook.start_background("127.0.0.1", 0)
     processes: dict[str, subprocess.Popen[str]] = {}
+    storm: threading.Timer | None = None
     try:
         with alertmanager(tmp_path, webhook_port) as am_url, \
                 prometheus_with_rules(tmp_path, [f"127.0.0.1:{m}" for m, _ in ports.values()], am_url) as prom:
+            push_storm(am_url, range(DEAD_RANKS // 2))
+            storm = threading.Timer(jobs["sick"]["nan_at"] - 1, push_storm, (am_url, range(DEAD_RANKS // 2,
+                                                                                             DEAD_RANKS)))
+            storm.start()
             for job, schedule in jobs.items():
                 metrics_port, control_port = ports[job]
                 env = {**os.environ, "OTELPROF_JOB_NAME": job, "OTEL_METRICS_EXPORTER": "prometheus",
@@ -197,11 +226,15 @@ def test_alert_to_action_end_to_end(tmp_path: Path) -> None:
                                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             outputs = {job: p.communicate(timeout=90) for job, p in processes.items()}
             fired = prom.query('count by (alertname, job_name) (max_over_time(ALERTS{alertstate="firing"}[5m]))')
+        storm_state = receiver.queue.snapshot()
     finally:
+        if storm is not None:
+            storm.cancel()
         for process in processes.values():
             if process.poll() is None:
                 process.kill()
         webhook.stop()
+        dead.close()
 
     sick_out, sick_err = outputs["sick"]
     healthy_out, healthy_err = outputs["healthy"]
@@ -209,9 +242,13 @@ def test_alert_to_action_end_to_end(tmp_path: Path) -> None:
     assert processes["sick"].returncode == 0, sick_err[-3000:]
     assert processes["healthy"].returncode == 0, healthy_err[-3000:]
 
+    # the storm: its stops were tried, found dead targets, and were kept (bounded) for retries
+    tried = {url for _, url, _ in sender.sent if "/r" in url}
+    assert tried and storm_state["targets_waiting"] == len(hanging), storm_state
+    assert 0 < storm_state["queued"] + storm_state["in_flight"] <= DEAD_RANKS, storm_state
     # the bottleneck: a capture reached the sick job's control endpoint, and only it
     captures = [(t, url) for t, url, _ in sender.sent if url.endswith("/v1/capture")]
-    stops = [(t, url) for t, url, _ in sender.sent if url.endswith("/v1/stop")]
+    stops = [(t, url) for t, url, _ in sender.sent if url.endswith("/v1/stop") and url not in tried]
     sick_url = f"http://127.0.0.1:{ports['sick'][1]}"
     assert captures and all(url.startswith(sick_url) for _, url in captures), (sender.sent, fired)
     assert "POST /v1/capture -> 202" in sick_err
@@ -232,5 +269,6 @@ def test_alert_to_action_end_to_end(tmp_path: Path) -> None:
     print(f"\nonset -> webhook: NaN loss -> stop sent {stop_latency:.2f} s (stopped at a step boundary "
           f"{stopped_latency:.2f} s after the NaN); data loader slowed -> capture sent {capture_latency:.2f} s "
           f"(window {E2E_CONFIG.input_bound_window}); alerts that fired: {sorted(names)}; "
-          f"test took {time.monotonic() - began:.0f} s")
+          f"test took {time.monotonic() - began:.0f} s; the storm's {DEAD_RANKS} stops for hanging endpoints: "
+          f"{len(tried)} URLs tried, then {storm_state}")
     assert stop_latency <= 3.0

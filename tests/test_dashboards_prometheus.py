@@ -23,6 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from otelprof.dashboards import ids
 from otelprof.dashboards.generate import dashboards
 from otelprof.dashboards.model import NEEDS, Prom
@@ -184,6 +186,17 @@ def _check_meaning(results: dict[tuple[str, int, int], list[dict[str, Any]]]) ->
     assert 0.5 < in_steps <= 1.01 and 0 <= between < 0.5, (in_steps, between)
     fired = {s["metric"]["alertname"] for s in results[(report, 402, 0)]}
     assert "OtelprofInputBound" in fired, fired
+    # The diagnosis row: the costs ranked largest first, waiting for data among them (the slowed loader), the
+    # input-bound alert among the causes, a verdict that is not "healthy", and the train step time split whole.
+    costs = [(s["metric"]["cost"], _last(s)) for s in results[(report, ids.REPORT_COSTS, 0)]]
+    assert [v for _, v in costs] == sorted((v for _, v in costs), reverse=True), costs
+    waiting = dict(costs)["waiting for data (share of train step time)"]
+    assert 0.05 < waiting < 1, costs
+    assert "OtelprofInputBound" in {s["metric"]["alertname"] for s in results[(report, ids.REPORT_CAUSES, 0)]}
+    assert "OtelprofInputBound" not in {s["metric"]["alertname"] for s in results[(report, ids.REPORT_SYMPTOMS, 0)]}
+    assert value(report, ids.REPORT_VERDICT) >= 1
+    split = {s["metric"]["cost"]: _last(s) for s in results[(report, ids.REPORT_WHERE_TIME_GOES, 0)]}
+    assert split["dataloader"] == pytest.approx(waiting) and 0.95 < sum(split.values()) < 1.05, split
     assert 0 < value(report, 201, 2, metric="CPU") <= 1  # p95 of the node's CPU
     assert value(report, 109) > 0  # samples per second
     # "Data wait share per rank" is a recording rule over the input-bound window (5m, longer than this run),

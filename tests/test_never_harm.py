@@ -647,3 +647,44 @@ def test_a_scraper_that_hangs_up_mid_answer_prints_nothing(capfd: pytest.Capture
     finally:
         server.stop()
     assert capfd.readouterr().err == ""
+
+
+# ---------------------------------------------------------------------- g. the job's own warnings
+
+WARN_EVERY_STEP = """
+    import json, sys, time, warnings
+    import torch
+    import otelprof
+    from otelprof.integrations import torch as otorch
+
+    record_dir = sys.argv[1]
+    session = otelprof.init(run_id="warn", record_dir=record_dir, system_metrics=False, profile_every=0,
+                            profile_flops=True)
+    otorch.profile_window(2, 1)  # the first window's start imports torch._inductor; its summary makes a span
+    otorch.profile_window(6, 2)
+
+    def work():
+        warnings.warn("the job's own warning")  # one location: Python shows it once
+
+    for _ in range(12):
+        with otelprof.step():
+            torch.mm(torch.randn(8, 8), torch.randn(8, 8))
+            work()
+        time.sleep(0.05)
+    otelprof.shutdown()  # the windows' summaries are done
+    work()
+    print(json.dumps({"windows": sum(1 for _ in open(f"{record_dir}/warn/rank-0/profiles.jsonl"))
+                      if session.run_dir is not None else 0}))
+"""
+
+
+@pytest.mark.parametrize("disabled", [True, False])
+def test_the_jobs_warning_prints_once_as_without_otelprof(tmp_path: Path, disabled: bool) -> None:
+    """A warning the job gives at one location every step prints once, with profiling windows as without
+    otelprof: nothing otelprof does (a window's start importing torch._inductor, which adds warning filters,
+    its span, the FLOP counter) makes Python forget which warnings it already showed."""
+    env = child_env(**({"OTEL_SDK_DISABLED": "true"} if disabled else {}))
+    proc, _ = run_child(WARN_EVERY_STEP, [str(tmp_path)], env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("UserWarning: the job's own warning") == 1, proc.stderr
+    assert last_json(proc.stdout) == {"windows": 0 if disabled else 2}

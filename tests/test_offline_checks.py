@@ -23,8 +23,8 @@ from otelprof.mixin import MixinConfig, yamlout
 from otelprof.mixin.config import with_overrides
 from otelprof.mixin.generate import render_alerts
 from otelprof.mixin.promql import series_name
+from otelprof.outliers import LossSpikes, StepJudge
 from otelprof.recording.reader import read_recording
-from otelprof.sampling import flag_outliers
 from tests.servers import require_binary
 
 SCRAPE = 5.0
@@ -52,16 +52,19 @@ def _samples(cpu: Callable[[float], list[float]], gpus: Callable[[float], dict[s
 
 def _steps(duration: Callable[[float], float], wait: Callable[[float], float] = lambda t: 0.0,
            collective: Callable[[float], float] = lambda t: 0.0, loss: Callable[[float, int], float] | None = None,
-           start: float = 5.0) -> list[StepRecord]:
-    """Steps back to back; outliers flagged as the recorder flags them (its default settings)."""
+           start: float = 5.0, grad_norm: Callable[[float], float] | None = None) -> list[StepRecord]:
+    """Steps back to back; outliers flagged, and their cost, as the recorder's judge finds them (its default
+    settings)."""
     out, t, n = [], start, 0
     while t + duration(t) <= END:
         d = duration(t)
-        out.append(StepRecord("train", t, t + d, wait(t), collective(t), loss(t, n) if loss else None))
+        out.append(StepRecord("train", t, t + d, wait(t), collective(t), loss(t, n) if loss else None,
+                              grad_norm(t) if grad_norm else None))
         t += d
         n += 1
-    flags = flag_outliers([s.end - s.start for s in out], 3.0, 20)
-    return [dataclasses.replace(s, outlier=bool(f)) for s, f in zip(out, flags)]
+    judge = StepJudge(3.0, 20)
+    costs = [judge.observe(s.end - s.start) for s in out]
+    return [dataclasses.replace(s, outlier=c > 0, excess=c) for s, c in zip(out, costs)]
 
 
 def cpu_bound() -> list[RankData]:
@@ -139,7 +142,8 @@ def stalled_then_resumed() -> list[RankData]:
 
 def outliers() -> list[RankData]:
     """Steady 63.6 +- 1.9 ms steps with jitter spikes (+10-40 %) every 25 steps: 3-sigma "outliers" but not
-    materially slower, so quiet; from 600 s every 40th step stalls (3 x): a real outlier alert."""
+    materially slower, so quiet; from 600 s every 20th step stalls (5 x, 17 % of the step time): a real outlier
+    alert once the 10-minute window holds more than 5 % of cost."""
     import random
 
     rng = random.Random(11)
@@ -150,14 +154,30 @@ def outliers() -> list[RankData]:
         d = rng.gauss(0.0636, 0.0019)
         if count[0] % 25 == 0:
             d *= rng.uniform(1.1, 1.4)
-        if t > 600 and count[0] % 40 == 0:
-            d *= 3
+        if t > 600 and count[0] % 40 == 0:  # (two calls per step: every 20th step)
+            d *= 5
         return d
 
     return [RankData("jittery", 0, "n1", 0.0, END, [], _steps(duration))]
 
 
+def noisy_loss_with_a_spike() -> list[RankData]:
+    """A loss falling with 18 % noise per batch (one batch every 0.5 s), 10 times higher for 5 steps at 600 s:
+    a spike, and no plateau (the falling loss is measurably lower window after window, and the spike is left
+    out of the means)."""
+    import random
+
+    rng = random.Random(5)
+
+    def loss(t: float, n: int) -> float:
+        value = (0.2 + 2.0 * math.exp(-t / 300)) * rng.uniform(0.82, 1.18)
+        return value * 10 if 600 <= t < 602.5 else value
+
+    return [RankData("spiky", 0, "n1", 0.0, END, [], _steps(lambda t: 0.5, loss=loss))]
+
+
 SCENARIOS: dict[str, Callable[[], list[RankData]]] = {
+    "noisy_loss_with_a_spike": noisy_loss_with_a_spike,
     "cpu_bound": cpu_bound,
     "input_bound_then_nan": input_bound_then_nan,
     "straggler_and_imbalance": straggler_and_imbalance,
@@ -170,6 +190,7 @@ SCENARIOS: dict[str, Callable[[], list[RankData]]] = {
     "outliers": outliers,
 }
 EXPECTED = {  # sanity: what each scenario must show (both sides), so the comparison is never vacuous
+    "noisy_loss_with_a_spike": {(720.0, "OtelprofLossSpike"), (880.0, "OtelprofLossSpike")},  # 10-min window
     "cpu_bound": {(720.0, "OtelprofCPUBottleneck"), (880.0, "OtelprofBatchSizeTooSmall")},
     "input_bound_then_nan": {(720.0, "OtelprofInputBound"), (720.0, "OtelprofNonFiniteValues")},
     "straggler_and_imbalance": {(720.0, "OtelprofRankStraggler"), (880.0, "OtelprofGPULoadImbalance")},
@@ -183,18 +204,23 @@ EXPECTED = {  # sanity: what each scenario must show (both sides), so the compar
     "outliers": {(880.0, "OtelprofStepOutliers")},
 }
 QUIET = {  # and what it must not show
+    "noisy_loss_with_a_spike": {(420.0, "OtelprofLossSpike"),
+                                (420.0, "OtelprofLossNotDecreasing"), (720.0, "OtelprofLossNotDecreasing"),
+                                (880.0, "OtelprofLossNotDecreasing")},
     "memory": {(420.0, "OtelprofHostMemoryIncrease"), (720.0, "OtelprofHostMemoryNearLimit")},
     "host_memory_without_limit": {(420.0, "OtelprofHostMemoryNearLimit")},
     "loss_plateau_and_nan": {(720.0, "OtelprofLossNotDecreasing")},
     "stalled_then_resumed": {(720.0, "OtelprofLossNotDecreasing"), (720.0, "OtelprofTrainingStalled"),
                              (880.0, "OtelprofLossNotDecreasing")},
-    "outliers": {(420.0, "OtelprofStepOutliers"), (720.0, "OtelprofStepOutliers")},  # stalls under 1 %
+    "outliers": {(420.0, "OtelprofStepOutliers"), (720.0, "OtelprofStepOutliers")},  # stalls cost under 5 %
 }
 CONFIGS = {  # windows short enough for the 900-s scenarios
+    "noisy_loss_with_a_spike": with_overrides(CONFIG, ["loss_window=60s", "loss_for=30s"]),
     "memory": with_overrides(CONFIG, ["patience=60s", "host_memory_increase_window=60s",
                                       "host_memory_increase_for=0s"]),
-    "loss_plateau_and_nan": with_overrides(CONFIG, ["loss_window=60s"]),
-    "stalled_then_resumed": with_overrides(CONFIG, ["loss_window=60s", "stalled_training_threshold=100s"]),
+    "loss_plateau_and_nan": with_overrides(CONFIG, ["loss_window=60s", "loss_for=0s"]),
+    "stalled_then_resumed": with_overrides(CONFIG, ["loss_window=60s", "loss_for=0s",
+                                                    "stalled_training_threshold=100s"]),
 }
 
 
@@ -251,9 +277,9 @@ def exposition(ranks: Sequence[RankData]) -> list[dict[str, str]]:
             if not done:
                 continue
             pl = {**ident, "phase": "train"}
-            outlier_count = sum(1 for s in done if s.outlier)
-            if outlier_count:  # the recorder creates the counter with the first outlier
-                out.put(series_name(sc.STEP_OUTLIERS) + _labels(**pl), i, outlier_count, n)
+            # the recorder creates the outlier counters with the first step
+            out.put(series_name(sc.STEP_OUTLIERS) + _labels(**pl), i, sum(1 for s in done if s.outlier), n)
+            out.put(series_name(sc.STEP_OUTLIER_EXCESS) + _labels(**pl), i, math.fsum(s.excess for s in done), n)
             out.put(series_name(sc.STEP_FIRST_TIMESTAMP) + _labels(**ident), i, r.steps[0].start, n)
             out.put(series_name(sc.STEPS) + _labels(**pl), i, len(done), n)
             out.put(series_name(sc.STEP_LAST_TIMESTAMP) + _labels(**pl), i, done[-1].end, n)
@@ -272,6 +298,16 @@ def exposition(ranks: Sequence[RankData]) -> list[dict[str, str]]:
             finite = [s.loss for s in done if s.loss is not None and math.isfinite(s.loss)]
             if finite:
                 out.put(series_name(sc.LOSS) + _labels(**pl), i, finite[-1], n)
+                spike = list(map(LossSpikes().observe, finite))  # spikes are counted, and left out of the sums
+                kept = [v for v, s in zip(finite, spike) if not s]
+                out.put(series_name(sc.LOSS_SUMMED) + _labels(**pl), i, math.fsum(kept), n)
+                out.put(series_name(sc.LOSS_SQUARED) + _labels(**pl), i, math.fsum(v * v for v in kept), n)
+                out.put(series_name(sc.LOSS_RECORDED) + _labels(**pl), i, len(kept), n)
+                out.put(series_name(sc.LOSS_SPIKES) + _labels(**pl), i, sum(spike), n)
+            norms = [s.grad_norm for s in done if s.grad_norm is not None and math.isfinite(s.grad_norm)]
+            if norms:
+                out.put(series_name(sc.GRAD_NORM_SUMMED) + _labels(**pl), i, math.fsum(norms), n)
+                out.put(series_name(sc.GRAD_NORM_RECORDED) + _labels(**pl), i, len(norms), n)
     return [{"series": key, "values": " ".join(values)} for key, values in out.values.items()]
 
 
@@ -366,3 +402,62 @@ def test_bucket_quantile_matches_prometheus_cases() -> None:
     assert bucket_quantile(0.99, bounds, [0, 0, 0, 0, 10]) == 1.0  # rank in +Inf: second-highest bound
     assert bucket_quantile(0.5, bounds, [10, 10, 10, 10, 10]) == pytest.approx(0.025)
     assert math.isnan(bucket_quantile(0.5, bounds, [0, 0, 0, 0, 0]))
+
+
+def test_outliers_by_cost_per_token_and_never_steps_otelprof_slowed(tmp_path: Path) -> None:
+    """A real recorded run of variable-length batches (20 ms + 0.5 ms per token), every 30th batch a long
+    document of 512 tokens (7 x the median step, no slower per token), every 40th step a 300-ms loader stall, and
+    a real operator-profiling window whose steps and the two after it are 300 ms slower (as otelprof's profiler
+    and FLOP count make them). Delays are large beside a loaded machine's scheduling jitter. The recorder counts
+    the stalls, not the long documents nor the slowed steps; the offline twin finds exactly the same outliers and
+    costs from the recording."""
+    import random
+    import time
+
+    from otelprof.analysis.run import RunView
+    from otelprof.analysis.steps import step_analysis
+    from otelprof.integrations import torch_profiler
+
+    rng = random.Random(3)
+    otelprof.init(job_name="outliers", record_dir=str(tmp_path), system_metrics=False, outlier_min_steps=20,
+                  profile_every=0)  # no periodic windows: only the one armed here
+    session = otelprof.get_session()
+    assert session is not None and session.run_dir is not None
+    window = (60, 3)
+    torch_profiler.windows.arm(*window)
+    stalls, long_documents, slowed = set(), set(), set(range(60, 60 + 3 + 2))
+    for n in range(200):
+        tokens = 512 if n % 30 == 29 else rng.randint(16, 64)
+        extra = 0.0
+        if n % 40 == 39 and tokens < 512:  # (a stall in a long document's step is no slower per token)
+            stalls.add(n)
+            extra = 0.3
+        if n in slowed:
+            extra = 0.3
+        if tokens == 512:
+            long_documents.add(n)
+        with otelprof.step():
+            time.sleep(0.02 + 0.0005 * tokens + extra)
+            otelprof.record("tokens", tokens)
+            otelprof.record("loss", 1.0)
+    deadline = time.monotonic() + 60
+    windows = session.registry.counter(sc.PROFILE_WINDOWS)
+    while not windows.values and time.monotonic() < deadline:  # the window's summary is written
+        time.sleep(0.1)
+    session.recorder.drain()
+    live_count = session.recorder.step_outliers.values[("train",)]
+    live_cost = session.recorder.step_outlier_excess.values[("train",)]
+    run_dir = session.run_dir.parent
+    otelprof.shutdown()
+
+    recording = read_recording(run_dir)
+    rank = recording.ranks[0]
+    assert checks.profiled_windows(rank) == {"train": [window]}
+    listed = set(step_analysis(RunView(recording)).rows[0].outlier_steps)  # the report's list of outlier steps
+    assert {n for n in stalls if n >= 20} <= listed and not listed & slowed
+    costs = checks.outlier_costs(rank, checks.OutlierSettings.of(rank.manifest.get("config") or {}, CONFIG))
+    numbers = list(rank.step_columns.number)
+    flagged = {numbers[i] for i, cost in enumerate(costs[0]) if cost > 0}
+    assert {n for n in stalls if n >= 20} <= flagged  # every stall once 20 steps were seen
+    assert not flagged & long_documents and not flagged & slowed
+    assert len(flagged) == live_count and math.fsum(costs[0]) == pytest.approx(live_cost)

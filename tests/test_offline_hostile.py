@@ -117,7 +117,7 @@ def test_zero_steps_report_has_a_rules_section_with_no_data(base_run: Path, tmp_
     rules = json.loads((tmp_path / "r.json").read_text())["rules"]
     assert rules["error"] is None and len(rules["rows"]) == len(report.rules.rows)
     assert cli.main(["check", "--json", str(run)]) == 0
-    verdicts = {r["alert"]: r["status"] for r in json.loads(capsys.readouterr().out)}
+    verdicts = {r["alert"]: r["status"] for r in json.loads(capsys.readouterr().out)["checks"]}
     assert verdicts["OtelprofStepOutliers"] == "no data"
 
 

@@ -185,18 +185,19 @@ def test_check_exits_1_when_a_check_fires(tmp_path: Path) -> None:
     run = small_run(tmp_path)
     ok = otelprof("check", str(run))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "0 of 19 checks fired" in ok.stdout and "OtelprofCPUBottleneck" in ok.stdout
+    assert "0 of 20 checks fired" in ok.stdout and "OtelprofCPUBottleneck" in ok.stdout
     fired = otelprof("check", str(run), "--set", "max_initialization_time=5s")
     assert fired.returncode == 1
     line = next(x for x in fired.stdout.splitlines() if x.startswith("OtelprofSlowInitialization"))
     assert "FIRED" in line and "rank 0" in line
     as_json = otelprof("check", str(run), "--json", "--set", "max_initialization_time=5s")
-    verdicts = {v["alert"]: v for v in json.loads(as_json.stdout)}
+    verdicts = {v["alert"]: v for v in json.loads(as_json.stdout)["checks"]}
     assert verdicts["OtelprofSlowInitialization"]["fired"] and as_json.returncode == 1
     assert verdicts["OtelprofSlowInitialization"]["status"] == "fired"
     # The GPU checks only judge after their warm-up (500 s), longer than this run: no data, not ok.
     assert verdicts["OtelprofGPUUnderutilized"]["status"] == "no data"
-    warm = {v["alert"]: v for v in json.loads(otelprof("check", str(run), "--json", "--set", "patience=5s").stdout)}
+    warm = {v["alert"]: v for v in json.loads(otelprof("check", str(run), "--json", "--set",
+                                                       "patience=5s").stdout)["checks"]}
     assert warm["OtelprofGPUUnderutilized"]["status"] == "ok" and warm["OtelprofGPUUnderutilized"]["datapoints"] > 0
 
 
@@ -212,14 +213,15 @@ def test_check_says_no_data_for_checks_with_nothing_to_judge(tmp_path: Path) -> 
     others = ("RankStraggler",  # one rank: no peers
               "VanishingGradients",  # no gradient norm recorded
               "HostMemoryIncrease", "LossNotDecreasing",  # the run ends before their warm-up (10 min, 30 min)
-              "StepOutliers")  # never 100 steps in a window
+              "StepOutliers",  # never 100 steps in a window
+              "LossSpike")  # 20 training losses: the spike test judges from the 21st
     lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("Otelprof")}
     for short in (*gpu_checks, *others):
         assert lines["Otelprof" + short].split()[1:3] == ["no", "data"], lines["Otelprof" + short]
     assert lines["OtelprofTrainingStalled"].split()[1] == "ok"  # it judged the steps
     assert f"{len(gpu_checks) + len(others)} had no data to judge" in result.stdout
     verdicts = {v["alert"]: v for v in json.loads(otelprof("check", str(run), "--json", "--set",
-                                                           "patience=5s").stdout)}
+                                                           "patience=5s").stdout)["checks"]}
     for short in gpu_checks:
         verdict = verdicts["Otelprof" + short]
         assert verdict["status"] == "no data" and verdict["datapoints"] == 0 and not verdict["fired"]

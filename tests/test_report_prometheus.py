@@ -154,6 +154,12 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
         assert [x.name for x in breakdown.parts] == [sc.REGION_DATALOADER, sc.REGION_FORWARD, fw.UNCOVERED]
         assert math.fsum(x.seconds for x in breakdown.parts) == pytest.approx(breakdown.step_time, rel=1e-12)
         assert breakdown.step_time == pytest.approx(row.durations.mean * STEPS)
+        # the diagnosis from the same figures: the data loader's share of the step time (a cause) ranks before
+        # the under-used fake GPU 0 (62 %, a symptom)
+        keys = [f.key for f in report.diagnosis.findings]
+        assert "input-bound" in keys and "gpu-idle" in keys[keys.index("input-bound") + 1:], keys
+        top = report.diagnosis.findings[keys.index("input-bound")]
+        assert top.cost == pytest.approx(breakdown.part(sc.REGION_DATALOADER) / breakdown.step_time)
         # alerts: the rules are loaded; an alert whose input series this job lacks judged nothing
         assert report.rules.error is None
         verdicts = {r.alert: r for r in report.rules.rows}
@@ -244,6 +250,8 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
         assert "<td>&gt; 300 ms, ≤ 500 ms</td>" in _section(html, "dataloader")
         assert "<td>&gt; 200 ms, ≤ 300 ms</td>" in framework_html  # the longest forward region
         assert "<td></td>" not in html and '<td class="l"></td>' not in html  # no blank cell anywhere
+        assert html.index('<section id="diagnosis">') < html.index('<section id="summary">')
+        assert f"Waiting for data</b>: {escape(top.cost_text)}" in _section(html, "diagnosis")
         summary_html = _section(html, "summary")
         assert f"<td class=\"l\">otelprof {otelprof.__version__}</td>" in summary_html and "schema" not in summary_html
         system_html = _section(html, "system")

@@ -196,7 +196,10 @@ def test_every_runbook_entry_states_its_detection_limit() -> None:
     assert "A rank more than 20 % slower than the median of its peers" in limits["RankStraggler"]
     assert "at the latest 7 min after the slowdown" in limits["RankStraggler"]  # 5m window + 2m for
     assert "fires 3 min 5 s after it starts" in limits["CPUBottleneck"]  # 250 s x 50 % + 1m
-    assert "at least 1.5 times the median step" in limits["StepOutliers"]
+    assert "a stall of 3 times the step every 40 steps" in limits["StepOutliers"]  # (3 - 1) / 40 = 5 %
+    assert "e.g. s = 1 % with n = 1000 (0.089 %)" in limits["LossNotDecreasing"]  # 2 x 1 % x sqrt(2 / 1000)
+    assert "at the latest 35 min after it flattens" in limits["LossNotDecreasing"]  # 2 x 15m + 5m for
+    assert "stays firing for 10m" in limits["LossSpike"]
     quick = {a.short: a.runbook.limit for a in alerts(with_overrides(
         MixinConfig(), ["straggler_window=1m", "straggler_for=30s", "straggler_ratio=1.5"]))}
     assert "A rank more than 50 % slower" in quick["RankStraggler"]

@@ -8,7 +8,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from otelprof import actions
+from otelprof.action_queue import ActionQueue
 from otelprof.cli import main
 from otelprof.control import ControlServer
 from tests.servers import free_port
@@ -32,6 +33,11 @@ class FakeProcess:
     stops: list[tuple[str, str]] = field(default_factory=list)
     captures: list[int] = field(default_factory=list)
     server: ControlServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None and self.server.address is not None
+        return f"http://127.0.0.1:{self.server.address[1]}"
 
     def start(self, port: int = 0) -> str:
         self.server = ControlServer(self._stop, self._capture, lambda: {}, CONTROL_TOKEN)
@@ -81,15 +87,18 @@ class Webhook:
 
     def post(self, body: bytes, token: str | None = TOKEN, path: str = actions.PATH,
              headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        """POST, then wait until the actions it queued are done (the answer comes before they are)."""
         request = urllib.request.Request(self.url + path, data=body, method="POST",
                                          headers={"Content-Type": "application/json", **(headers or {})})
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
-                return response.status, json.load(response)
+                answer = response.status, json.load(response)
         except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read() or b"{}")
+            answer = error.code, json.loads(error.read() or b"{}")
+        assert self.server.receiver.queue.join(30)
+        return answer
 
 
 @pytest.fixture
@@ -110,25 +119,25 @@ def test_stop_reaches_only_the_named_job_and_rank(webhook: Webhook, processes: d
                                                   caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="otelprof.webhook")
     status, answer = webhook.post(payload(alert("OtelprofNonFiniteValues", "train-a", rank="1")))
-    assert status == 200, answer
+    assert status == 202 and answer["queued"] == 1, answer
     assert processes["a1"].stops == [("alert OtelprofNonFiniteValues: The loss became NaN.",
                                       "OtelprofNonFiniteValues")]
     assert processes["a0"].stops == [] and processes["b0"].stops == []
     assert "OtelprofNonFiniteValues job=train-a rank=1 action=stop" in caplog.text
-    assert "stop sent (202)" in caplog.text
+    assert f"stop {processes['a1'].url}/v1/stop: stop sent (answered 202)" in caplog.text
 
 
 def test_capture_and_job_level_targets(webhook: Webhook, processes: dict[str, FakeProcess]) -> None:
     status, answer = webhook.post(payload(alert("OtelprofInputBound", "train-b", rank="3", action="capture")))
-    assert status == 200, answer
+    assert status == 202, answer
     assert processes["b0"].captures == [7]
     assert processes["a0"].captures == processes["a1"].captures == []
 
 
 def test_an_alert_without_rank_reaches_every_rank_of_its_job(webhook: Webhook,
                                                              processes: dict[str, FakeProcess]) -> None:
-    status, _ = webhook.post(payload(alert("OtelprofGPULoadImbalance", "train-a", rank=None, action="capture")))
-    assert status == 200
+    status, answer = webhook.post(payload(alert("OtelprofGPULoadImbalance", "train-a", rank=None, action="capture")))
+    assert status == 202 and answer["queued"] == 2
     assert processes["a0"].captures == [7] and processes["a1"].captures == [7]
     assert processes["b0"].captures == []
 
@@ -149,13 +158,13 @@ def test_nothing_is_done_for_resolved_unlabelled_unknown_or_unmapped_alerts(
 
 def test_repeated_notifications_act_once(webhook: Webhook, processes: dict[str, FakeProcess]) -> None:
     body = payload(alert("OtelprofNonFiniteValues", "train-a"))
-    assert webhook.post(body)[0] == 200
+    assert webhook.post(body)[0] == 202
     status, answer = webhook.post(body)
     assert status == 200 and "already done" in answer["decisions"][0]["result"]
     assert len(processes["a0"].stops) == 1
     # the same alert firing again later (new startsAt) is a new episode
     assert webhook.post(payload(alert("OtelprofNonFiniteValues", "train-a", starts_at="2026-01-02T00:00:00Z")))[0] \
-        == 200
+        == 202
     assert len(processes["a0"].stops) == 2
 
 
@@ -182,7 +191,7 @@ def test_malformed_payloads_are_refused_and_change_nothing(webhook: Webhook, pro
     assert status == 400, answer
     assert processes["a0"].stops == []
     # the receiver goes on working
-    assert webhook.post(payload(alert("OtelprofNonFiniteValues", "train-a")))[0] == 200
+    assert webhook.post(payload(alert("OtelprofNonFiniteValues", "train-a")))[0] == 202
     assert len(processes["a0"].stops) == 1
 
 
@@ -212,25 +221,50 @@ def test_paths_methods_and_health(webhook: Webhook) -> None:
     assert info.value.code == 405
 
 
-def test_unreachable_process_gives_502_so_alertmanager_retries(processes: dict[str, FakeProcess]) -> None:
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_an_unreachable_process_is_retried_until_it_answers(processes: dict[str, FakeProcess]) -> None:
+    """Answered at once; the stop waits for its target's backoff and is sent once the endpoint comes up."""
     port = free_port()
     receiver = actions.WebhookReceiver(TOKEN, actions.TargetMap([actions.parse_target(
-        f"train-a=http://127.0.0.1:{port}")]), CONTROL_TOKEN, timeout=1.0)
+        f"train-a=http://127.0.0.1:{port}")]), CONTROL_TOKEN, timeout=1.0, queue=ActionQueue(backoff=0.2))
     body = payload(alert("OtelprofNonFiniteValues", "train-a"))
-    status, answer = receiver.handle("POST", actions.PATH, f"Bearer {TOKEN}", len(body), lambda n: body)
-    assert status == 502 and "unreachable" in answer["decisions"][0]["result"]
-    processes["a0"].start(port)  # the process's endpoint comes up; Alertmanager's retry succeeds
-    status, answer = receiver.handle("POST", actions.PATH, f"Bearer {TOKEN}", len(body), lambda n: body)
-    assert status == 200 and processes["a0"].stops
+    try:
+        status, answer = receiver.handle("POST", actions.PATH, f"Bearer {TOKEN}", len(body), lambda n: body)
+        assert status == 202 and answer["decisions"][0]["result"] == f"http://127.0.0.1:{port}: stop queued"
+        wait_until(lambda: receiver.queue.waiting_targets() == 1)  # the first attempt was refused
+        assert receiver.queue.depth() == 1
+        processes["a0"].start(port)  # the process's endpoint comes up; a retry reaches it
+        assert receiver.queue.join(30)
+        assert len(processes["a0"].stops) == 1
+        assert receiver.queue.outcomes == {("stop", "sent"): 1} and receiver.queue.waiting_targets() == 0
+        # Alertmanager's repeat of the same alert changes nothing
+        assert receiver.handle("POST", actions.PATH, f"Bearer {TOKEN}", len(body), lambda n: body)[0] == 200
+        assert receiver.queue.join(30) and len(processes["a0"].stops) == 1
+    finally:
+        receiver.queue.stop()
 
 
-def test_wrong_control_token_is_a_failure(processes: dict[str, FakeProcess]) -> None:
+def test_wrong_control_token_is_refused_and_not_retried(processes: dict[str, FakeProcess],
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="otelprof.webhook")
     receiver = actions.WebhookReceiver(TOKEN, actions.TargetMap([actions.parse_target(
         f"train-a={processes['a0'].start()}")]), "not-the-token")
     body = payload(alert("OtelprofNonFiniteValues", "train-a"))
-    status, answer = receiver.handle("POST", actions.PATH, f"Bearer {TOKEN}", len(body), lambda n: body)
-    assert status == 502 and "answered 401" in answer["decisions"][0]["result"]
-    assert processes["a0"].stops == []
+    try:
+        status, _ = receiver.handle("POST", actions.PATH, f"Bearer {TOKEN}", len(body), lambda n: body)
+        assert status == 202
+        assert receiver.queue.join(30)
+        assert processes["a0"].stops == []
+        assert receiver.queue.outcomes == {("stop", "refused"): 1}
+        assert "an action was not sent: stop refused (1 so far)" in caplog.text and "answered 401" in caplog.text
+    finally:
+        receiver.queue.stop()
 
 
 def test_templated_targets_and_file_reload(tmp_path: Path) -> None:
@@ -247,13 +281,16 @@ def test_templated_targets_and_file_reload(tmp_path: Path) -> None:
     receiver.act(actions.parse_payload(payload(alert("A", "train-a", fingerprint="1"),
                                                alert("A", "train-z", rank="4", fingerprint="2"),
                                                alert("A", "train-q", rank=None, fingerprint="3"))))
-    assert sent == ["http://a-0:9470/v1/stop", "http://train-z-4.svc:9470/v1/stop"]
+    assert receiver.queue.join(30)
+    assert sorted(sent) == ["http://a-0:9470/v1/stop", "http://train-z-4.svc:9470/v1/stop"]
     time.sleep(0.01)
     targets_file.write_text("train-a/0: http://a-0-new:9470\n")
     import os
     os.utime(targets_file, (time.time() + 5, time.time() + 5))
     receiver.act(actions.parse_payload(payload(alert("A", "train-a", fingerprint="9"))))
+    assert receiver.queue.join(30)
     assert sent[-1] == "http://a-0-new:9470/v1/stop"
+    receiver.queue.stop()
 
 
 def test_target_parsing() -> None:
@@ -327,9 +364,35 @@ def test_kubernetes_fallback_suspends_the_job_and_control_port_template() -> Non
                                              "job_name": "bert", "rank": "3", "local_rank": "1", "pod_ip": "10.0.0.7",
                                              "namespace": "ml"}, {}, "", "fp")
         status, answer = receiver.act([item])
+        assert receiver.queue.join(30)
     finally:
         api.shutdown()
-    assert sent == ["http://10.0.0.7:9566/v1/stop"]
+        receiver.queue.stop()
+    assert sent == ["http://10.0.0.7:9566/v1/stop"]  # once: the fallback, not retries, follows a failed stop
     assert seen == [("/apis/batch/v1/namespaces/ml/jobs/bert", "Bearer sa-token", "application/merge-patch+json",
                      {"spec": {"suspend": True}})]
-    assert status == 200 and "Job ml/bert suspended" in answer["decisions"][0]["result"]
+    assert status == 202 and answer["decisions"][0]["result"] == "http://10.0.0.7:9566: stop queued"
+    assert receiver.queue.outcomes == {("stop", "failed"): 1, ("suspend", "sent"): 1}
+
+
+def test_the_webhook_process_serves_its_series_from_the_catalog(tmp_path: Path) -> None:
+    """`otelprof webhook` as a process: GET /metrics holds exactly the catalog's webhook series, zero at first."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from otelprof import semconv as sc
+    from tests.endpoints import WebhookProcess
+
+    process = WebhookProcess.start(tmp_path, ["train-a=http://127.0.0.1:9"])
+    try:
+        with urllib.request.urlopen(process.url + actions.METRICS_PATH, timeout=10) as response:
+            assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+        assert set(families) == {m.prometheus_name for m in sc.WEBHOOK_METRICS}
+        for spec in sc.WEBHOOK_METRICS:
+            family = families[spec.prometheus_name]
+            assert family.type == spec.kind.value and family.documentation == spec.description
+            assert all(set(s.labels) == set(spec.labels) and s.value == 0 for s in family.samples)
+        outcomes = {(s.labels["action"], s.labels["outcome"]) for s in families["otelprof_webhook_actions"].samples}
+        assert outcomes == {(a, o) for a in ("stop", "capture", "suspend") for o in sc.WEBHOOK_OUTCOMES}
+    finally:
+        assert "Traceback" not in process.stop()

@@ -89,9 +89,22 @@ def healthy_loss(elapsed: float) -> float:
     return trend(elapsed) * random.uniform(0.98, 1.02)
 
 
+def warmup_loss(elapsed: float) -> float:
+    """A loss under a learning-rate warm-up (it barely moves for the first 20 s, while the learning rate ramps
+    up, then falls), with 15 % noise per batch: healthy, if noisy."""
+    progress = elapsed * elapsed / 40.0 if elapsed < 20.0 else elapsed - 10.0
+    return (0.2 + 2.3 * math.exp(-progress / 100.0)) * random.uniform(0.85, 1.15)
+
+
+def batch_tokens(step: int) -> int:
+    """Variable-length batches: 16-64 tokens, and every 33rd batch a long document of 256 tokens."""
+    return 256 if step % 33 == 32 else random.randint(16, 64)
+
+
 # ---------------------------------------------------------------------------------------------- explicit API
 
-def api_step(step: float, loss: float, grad_norm: float = 1.0, extra: float = 0.0) -> None:
+def api_step(step: float, loss: float, grad_norm: float = 1.0, extra: float = 0.0, tokens: int | None = None,
+             checkpoint: float = 0.0) -> None:
     with otelprof.step():
         with otelprof.annotate("dataloader"):
             time.sleep(0.001)
@@ -102,12 +115,18 @@ def api_step(step: float, loss: float, grad_norm: float = 1.0, extra: float = 0.
             time.sleep(step * 0.5)
         with otelprof.annotate("optimizer"):
             time.sleep(0.001)
+        if checkpoint:  # saved at the end of the step, as many loops do
+            with otelprof.annotate("checkpoint"):
+                time.sleep(checkpoint)
         otelprof.record("loss", loss)
         otelprof.record("grad_norm", grad_norm)
         otelprof.record("samples", 32)
+        if tokens is not None:
+            otelprof.record("tokens", tokens)
 
 
 def eval_pass(step: float, loss: float, steps: int = 3) -> None:
+    """An evaluation pass of ``steps`` steps in the ``eval`` phase."""
     with otelprof.phase("eval"):
         for _ in range(steps):
             with otelprof.step():
@@ -129,9 +148,21 @@ def api_loop(kind: str, stop_file: str, options: dict[str, Any]) -> None:
     run = Run(float(options.get("onset", 5.0)), stop_file)
     leaked: list[bytearray] = []
     step = 0
+    spike_until = -1
     while not run.stopped():
-        loss = healthy_loss(run.elapsed())
-        grad_norm, extra = 1.0, 0.0
+        loss = warmup_loss(run.elapsed()) if kind == "lr_warmup" else healthy_loss(run.elapsed())
+        grad_norm, extra, checkpoint = 1.0, 0.0, 0.0
+        tokens = batch_tokens(step) if kind == "varlen" else None
+        if tokens is not None:  # a fixed cost and a cost per token: a long document's batch takes long
+            extra = 0.05 + 0.004 * tokens - 0.4 * step_time
+        if kind == "warmup" and step < 20:
+            extra = 2 * step_time  # the first steps compile and tune kernels: three times as long
+        if kind == "checkpoint" and step % 40 == 39:
+            checkpoint = 3.0  # a synchronous checkpoint every 40 steps
+        if kind == "spike" and spike_until < 0 and run.fault():
+            spike_until = step + 5
+        if step < spike_until:
+            loss *= 10  # a bad batch or an update too large: five steps with ten times the loss, then recovery
         if kind == "stall" and run.fault():
             with otelprof.step():  # stuck inside a step, as on a hung collective
                 with otelprof.annotate("collective"):
@@ -150,9 +181,11 @@ def api_loop(kind: str, stop_file: str, options: dict[str, Any]) -> None:
         if kind == "leak" and run.fault():
             while sum(map(len, leaked)) < LEAK_RATE * (run.elapsed() - run.onset_after):
                 leaked.append(bytearray(b"\x01") * 2**20)  # written, so resident
-        api_step(step_time, loss, grad_norm, extra)
+        api_step(step_time, loss, grad_norm, extra, tokens, checkpoint)
         step += 1
-        if step % 20 == 0:
+        if kind == "long_eval" and step % 40 == 0:
+            eval_pass(step_time, loss * 1.05, steps=40)  # an evaluation pass as long as the training between
+        elif step % 20 == 0:
             gap = 1.4 if kind == "overfit" and run.fault() else 1.02
             eval_pass(step_time, loss * gap)
     otelprof.shutdown()
@@ -243,7 +276,7 @@ def torch_loop(kind: str, stop_file: str, options: dict[str, Any]) -> None:
 
 LOOPS: dict[str, Callable[[str, str, dict[str, Any]], None]] = {
     **{k: api_loop for k in ("steady", "slow_init", "nan", "stall", "plateau", "vanishing", "outliers", "leak",
-                             "overfit", "dies")},
+                             "overfit", "dies", "checkpoint", "long_eval", "warmup", "lr_warmup", "varlen", "spike")},
     **{k: torch_loop for k in ("ddp", "slow_loader", "workers")},
 }
 

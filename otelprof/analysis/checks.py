@@ -26,11 +26,13 @@ from functools import partial
 from itertools import accumulate, compress, repeat
 
 from otelprof import semconv as sc
+from otelprof import thresholds
 from otelprof.analysis.histogram import bucket_quantile
+from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.alerts import Alert, alerts
 from otelprof.mixin.config import MixinConfig, seconds
+from otelprof.outliers import LossSpikes, StepJudge, in_windows
 from otelprof.recording.reader import RankRecording, Recording, group_indexes
-from otelprof.sampling import flag_outliers
 
 BUCKETS = sc.RATIO_BUCKETS
 
@@ -69,6 +71,8 @@ class StepRecord:
     loss: float | None = None
     grad_norm: float | None = None
     outlier: bool = False
+    excess: float = 0.0
+    """Seconds an outlier step took beyond the median of its phase's recent steps (what it cost)."""
 
 
 @dataclass
@@ -126,13 +130,15 @@ class _Series:
     For quantiles each value's ratio-bucket index is computed once (on first use), so a window's
     ``histogram_quantile`` counts bytes instead of re-bucketing every value."""
 
-    __slots__ = ("times", "values", "_buckets", "_positive")
+    __slots__ = ("times", "values", "_buckets", "_positive", "_sums", "_squares")
 
     def __init__(self, times: Iterable[float], values: Iterable[float]) -> None:
         self.times = array("d", times)
         self.values = array("d", values)
         self._buckets: bytes | None = None
         self._positive: array[int] | None = None
+        self._sums: array[float] | None = None
+        self._squares: array[float] | None = None
 
     def __len__(self) -> int:
         return len(self.times)
@@ -142,6 +148,13 @@ class _Series:
 
     def mean(self, i: int, j: int) -> float:
         return sum(self.values[i:j]) / (j - i)
+
+    def moments(self, i: int, j: int) -> tuple[int, float, float]:
+        """Count, sum and sum of squares of the window's values (running totals, as the live series are)."""
+        if self._sums is None or self._squares is None:
+            self._sums = array("d", accumulate(self.values, initial=0.0))
+            self._squares = array("d", accumulate(map(operator.mul, self.values, self.values), initial=0.0))
+        return j - i, self._sums[j] - self._sums[i], self._squares[j] - self._squares[i]
 
     def any_positive(self, i: int, j: int) -> bool:
         if self._positive is None:
@@ -248,7 +261,15 @@ class PhaseSteps:
     compute: array[float]
     """Step time minus the time gradient all-reduces were in flight."""
     outliers: array[int]
-    """1 for a step the recorder's outlier detector flagged."""
+    """Running count of the steps the recorder's outlier judge flagged (``outliers[i]`` = before step i)."""
+    excess: array[float]
+    """Running total of what those steps cost: seconds beyond the median step."""
+    busy: array[float]
+    """Running total of the step durations."""
+    spikes: array[int]
+    """Running count of loss spikes, by the index of the phase's finite losses (``losses``)."""
+    trend: _Series
+    """The finite losses without the spikes: what the loss means judge (as the live sums hold them)."""
     inputs: _Series
     """Share of the step spent waiting for data, for steps that waited."""
     losses: _Series
@@ -275,10 +296,11 @@ class StepTable:
 
     @staticmethod
     def build(phase_names: Sequence[str], phase: Sequence[int], start: Sequence[float], end: Sequence[float],
-              wait: Sequence[float], collective: Sequence[float], outliers: Mapping[int, Sequence[int]],
+              wait: Sequence[float], collective: Sequence[float], outliers: Mapping[int, Sequence[float]],
               losses: tuple[Sequence[int], Sequence[float]], norms: tuple[Sequence[int], Sequence[float]]) -> StepTable:
-        """From per-step columns (``phase`` codes into ``phase_names``), per-phase outlier flags in step
-        order, and the sparse (step index, value) pairs of losses and gradient norms."""
+        """From per-step columns (``phase`` codes into ``phase_names``), per-phase outlier costs in step order
+        (seconds beyond the median step, 0 for a step that is no outlier), and the sparse (step index, value)
+        pairs of losses and gradient norms."""
         phases = {}
         by_phase = group_indexes(phase)  # one pass for every phase: a phase per step costs no more
         loss_by_phase, norm_by_phase = _by_phase(phase, losses[0]), _by_phase(phase, norms[0])
@@ -293,10 +315,17 @@ class StepTable:
                                                                    compress(waits, waited))]
             loss_values, bad_losses = _scalar_series(loss_by_phase.get(code, ()), end, *losses)
             norm_values, bad_norms = _scalar_series(norm_by_phase.get(code, ()), end, *norms)
-            compute = map(operator.sub, map(operator.sub, ends, starts), map(collective.__getitem__, mask))
+            durations = list(map(operator.sub, ends, starts))
+            compute = map(operator.sub, durations, map(collective.__getitem__, mask))
+            excess = outliers.get(code) or [0.0] * len(ends)
+            spike = list(map(LossSpikes().observe, loss_values.values))
+            kept = list(map(operator.not_, spike))
             phases[name] = PhaseSteps(
                 array("d", ends), array("d", compute),
-                array("q", accumulate(outliers.get(code, bytes(len(ends))), initial=0)),
+                array("q", accumulate(map((0.0).__lt__, excess), initial=0)),
+                array("d", accumulate(excess, initial=0.0)), array("d", accumulate(durations, initial=0.0)),
+                array("q", accumulate(spike, initial=0)),
+                _Series(compress(loss_values.times, kept), compress(loss_values.values, kept)),
                 _Series(compress(ends, waited), ratios), loss_values, norm_values, bad_losses, bad_norms)
         return StepTable(array("d", end), phases)
 
@@ -304,9 +333,9 @@ class StepTable:
     def from_records(steps: Sequence[StepRecord]) -> StepTable:
         names = list(dict.fromkeys(s.phase for s in steps))
         codes = [names.index(s.phase) for s in steps]
-        outliers: dict[int, list[int]] = {}
+        outliers: dict[int, list[float]] = {}
         for code, s in zip(codes, steps):
-            outliers.setdefault(code, []).append(int(s.outlier))
+            outliers.setdefault(code, []).append(s.excess if s.outlier else 0.0)
         losses = [(i, s.loss) for i, s in enumerate(steps) if s.loss is not None]
         norms = [(i, s.grad_norm) for i, s in enumerate(steps) if s.grad_norm is not None]
         return StepTable.build(names, codes, [s.start for s in steps], [s.end for s in steps], [s.wait for s in steps],
@@ -552,12 +581,14 @@ class _Checks:
         out = []
         for r in self.ranks:
             for phase, steps, i, j in self.phase_windows(r, t - width, t):
+                if j - i <= self.c.step_outlier_min_steps:
+                    continue
+                self.judged.add("StepOutliers")
                 count = steps.outliers[j] - steps.outliers[i]
-                if j - i > self.c.step_outlier_min_steps:
-                    self.judged.add("StepOutliers")
-                if (count > self.c.step_outlier_n_outliers and j - i > self.c.step_outlier_min_steps
-                        and count > self.c.step_outlier_min_share * (j - i)):
-                    out.append(Firing(f"{r.subject} {phase}", count))
+                busy = steps.busy[j] - steps.busy[i]
+                cost = (steps.excess[j] - steps.excess[i]) / busy if busy > 0 else 0.0
+                if count > self.c.step_outlier_n_outliers and cost > self.c.step_outlier_min_cost:
+                    out.append(Firing(f"{r.subject} {phase}", cost))
         return out
 
     def slow_initialization(self, t: float) -> list[Firing]:
@@ -586,8 +617,9 @@ class _Checks:
 
     # ---------------------------------------------------------------- training
     def _losses(self, r: RankData, phase: str) -> _Series:
+        """A phase's finite losses without spikes, as the live rules' sums hold them."""
         steps = self.steps[id(r)].phases.get(phase)
-        return steps.losses if steps is not None else _EMPTY
+        return steps.trend if steps is not None else _EMPTY
 
     def loss_not_decreasing(self, t: float) -> list[Firing]:
         lw = seconds(self.c.loss_window)
@@ -602,11 +634,28 @@ class _Checks:
             if steps is not None and any(bisect.bisect_right(bad, t) > bisect.bisect_right(bad, t - 2 * lw)
                                          for bad in (steps.bad_losses, steps.bad_norms)):
                 continue  # a NaN in the windows: NonFiniteValues speaks, the held loss would look flat
-            if j > i and m > k:
+            if j - i > 1 and m - k > 1:
                 self.judged.add("LossNotDecreasing")
-                mean_now, mean_before = losses.mean(i, j), losses.mean(k, m)
-                if mean_now > mean_before - self.c.loss_diff_percent / 100 * abs(mean_before):
+                (mean_now, se2_now), (mean_before, se2_before) = _mean_se2(losses, i, j), _mean_se2(losses, k, m)
+                margin = self.c.loss_diff_percent / 100 * abs(mean_before) - \
+                    self.c.loss_noise_sigmas * math.sqrt(se2_now + se2_before)
+                if mean_now > mean_before - margin:
                     out.append(Firing(f"{r.subject} {self.c.train_phase}", mean_now))  # the live alert's labels
+        return out
+
+    def loss_spike(self, t: float) -> list[Firing]:
+        width = seconds(self.c.loss_spike_window)
+        out = []
+        for r in self.ranks:
+            steps = self.steps[id(r)].phases.get(self.c.train_phase)
+            if steps is None or len(steps.losses) <= thresholds.LOSS_SPIKE_MIN_STEPS:
+                continue
+            i, j = steps.losses.span(t - width, t)
+            if j > thresholds.LOSS_SPIKE_MIN_STEPS and self.alive(r, t):
+                self.judged.add("LossSpike")  # losses past the warm-up of the spike test in the window
+            count = steps.spikes[j] - steps.spikes[i]
+            if count > 0:
+                out.append(Firing(f"{r.subject} {self.c.train_phase}", count))
         return out
 
     def nonfinite(self, t: float) -> list[Firing]:
@@ -636,9 +685,9 @@ class _Checks:
             i, j = steps.norms.span(t - width, t)
             if j > i:
                 self.judged.add("VanishingGradients")
-                largest = max(steps.norms.values[i:j])
-                if largest < self.c.vanishing_gradient_threshold:
-                    out.append(Firing(f"{r.subject} {self.c.train_phase}", largest))
+                mean = steps.norms.mean(i, j)
+                if mean < self.c.vanishing_gradient_threshold:
+                    out.append(Firing(f"{r.subject} {self.c.train_phase}", mean))
         return out
 
     def stalled(self, t: float) -> list[Firing]:
@@ -653,13 +702,14 @@ class _Checks:
                 out.append(Firing(r.subject, t - ends[i - 1]))
         return out
 
-    def _held_mean(self, r: RankData, t: float, width: float, phase: str) -> float | None:
-        """Mean of a loss gauge over the window: the window's values, else the last one before (held)."""
+    def _window_mean(self, r: RankData, t: float, width: float, phase: str) -> float | None:
+        """Per-step mean of a phase's losses over the window (None: no loss in it), as the live rule's sums."""
         losses = self._losses(r, phase)
         i, j = losses.span(t - width, t)
         if j > i:
-            return losses.mean(i, j)
-        return losses.values[i - 1] if i else None
+            n, total, _ = losses.moments(i, j)
+            return total / n
+        return None
 
     def overfit(self, t: float) -> list[Firing]:
         width = seconds(self.c.overfit_window)
@@ -667,8 +717,8 @@ class _Checks:
         for r in self.ranks:
             if not self.alive(r, t):
                 continue
-            train = self._held_mean(r, t, width, self.c.train_phase)
-            evaluation = self._held_mean(r, t, width, self.c.eval_phase)
+            train = self._window_mean(r, t, width, self.c.train_phase)
+            evaluation = self._window_mean(r, t, width, self.c.eval_phase)
             if train and evaluation is not None and train > 0:
                 self.judged.add("Overfitting")
                 ratio = (evaluation - train) / train
@@ -726,6 +776,7 @@ class _Checks:
             "SlowInitialization": (self.slow_initialization, steps),
             "InputBound": (self.input_bound, phase_count(None, lambda p: p.inputs)),
             "LossNotDecreasing": (self.loss_not_decreasing, train_losses),
+            "LossSpike": (self.loss_spike, train_losses),
             "NonFiniteValues": (self.nonfinite, scalars),
             "VanishingGradients": (self.vanishing, phase_count(train, lambda p: p.norms)),
             "TrainingStalled": (self.stalled, steps),
@@ -736,8 +787,17 @@ class _Checks:
 OFFLINE_CHECKS = ("CPUBottleneck", "IOBottleneck", "GPUUnderutilized", "GPUUtilizationFluctuating", "BatchSizeTooSmall",
                   "GPUMemoryIncrease", "GPUMemoryNearCapacity", "HostMemoryIncrease", "HostMemoryNearLimit",
                   "GPULoadImbalance", "RankStraggler", "StepOutliers", "SlowInitialization", "InputBound",
-                  "LossNotDecreasing", "NonFiniteValues", "VanishingGradients", "TrainingStalled", "Overfitting")
+                  "LossNotDecreasing", "LossSpike", "NonFiniteValues", "VanishingGradients", "TrainingStalled",
+                  "Overfitting")
 """Alerts (names without the prefix) that have an offline twin."""
+
+
+def _mean_se2(values: _Series, i: int, j: int) -> tuple[float, float]:
+    """Mean of the window's values and its squared standard error (sample variance / n), as the live rule
+    computes them from the running sum, sum of squares and count (at least two values)."""
+    n, total, squares = values.moments(i, j)
+    variance = max((squares - total * total / n) / (n - 1), 0.0)
+    return total / n, variance / n
 
 
 def peers_median(values: Sequence[float], value: float) -> float | None:
@@ -883,14 +943,34 @@ def _step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
     columns = rank.step_columns
     start = [t / 1e9 for t in columns.start_ns]
     end = [(t + d) / 1e9 for t, d in zip(columns.start_ns, columns.duration_ns)]
-    outliers = {}
-    for code, mask in group_indexes(columns.phase).items():
-        outliers[code] = flag_outliers([columns.duration_ns[i] / 1e9 for i in mask], outlier.sigma,
-                                       outlier.min_steps, min_ratio=outlier.min_ratio, min_excess=outlier.min_excess)
     return StepTable.build(columns.phase_names, columns.phase, start, end,
                            [w / 1e9 for w in columns.annotation_sums(sc.REGION_DATALOADER)],
                            [c / 1e9 for c in columns.annotation_sums(sc.REGION_COLLECTIVE)],
-                           outliers, columns.scalar("loss"), columns.scalar("grad_norm"))
+                           outlier_costs(rank, outlier), columns.scalar("loss"), columns.scalar("grad_norm"))
+
+
+def outlier_costs(rank: RankRecording, outlier: OutlierSettings) -> dict[int, list[float]]:
+    """Per phase code, each step's cost as the recorder's outlier judge finds it (:class:`StepJudge`, fed the
+    same steps in the same order, per token or sample where recorded; 0.0: no outlier). Steps of a profiling
+    window and the few after it are not judged, as in the recorder."""
+    columns = rank.step_columns
+    units: dict[int, float] = {}
+    for name in (sc.SCALAR_SAMPLES, sc.SCALAR_TOKENS):  # tokens win over samples (written last)
+        at, values = columns.scalar(name)
+        units.update((i, v) for i, v in zip(at, values) if v > 0 and math.isfinite(v))
+    slowed = profiled_windows(rank)
+    judges: dict[int, StepJudge] = {}
+    costs: dict[int, list[float]] = {}
+    for index, (code, number, duration) in enumerate(zip(columns.phase, columns.number, columns.duration_ns)):
+        windows = slowed.get(columns.phase_names[code])
+        if windows and in_windows(number, windows):
+            costs.setdefault(code, []).append(0.0)
+            continue
+        judge = judges.get(code)
+        if judge is None:
+            judge = judges[code] = StepJudge(outlier.sigma, outlier.min_steps, outlier.min_ratio, outlier.min_excess)
+        costs.setdefault(code, []).append(judge.observe(duration / 1e9, units.get(index)))
+    return costs
 
 
 def rank_data(rank: RankRecording, config: MixinConfig | None = None) -> RankData:

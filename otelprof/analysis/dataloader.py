@@ -33,6 +33,8 @@ class LoaderPhase:
     max_bucket: Bucket | None = None
     """When only the wait histogram is known (Prometheus): the bucket holding the longest wait
     (``wait.max`` is then NaN)."""
+    histogram_clipped: int = 0
+    """Waits longer than the histogram's range (a few stalls far beyond the rest), counted in its last bin."""
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,11 @@ def dataloader_analysis(view: RunView, config: MixinConfig | None = None,
                 waits = [w / 1e9 for w, _ in pairs]
                 ratios = [min(w / d, 1.0) if d > 0 else 1.0 for w, d in pairs]
                 total_time = sum(durations_ns)
+                histogram, clipped = wait_histogram(waits)
                 phases.append(LoaderPhase(
                     info.rank, phase, steps, len(waits), Distribution.of(waits), quantile(sorted(waits), 0.25),
                     Distribution.of(ratios), sum(1 for r in ratios if r > config.input_bound_threshold),
-                    sum(waits_ns) / total_time if total_time else 0.0, Histogram.of(waits, 50)))
+                    sum(waits_ns) / total_time if total_time else 0.0, histogram, histogram_clipped=clipped))
         gauges = last_values(view.ranks[index])
         workers = _value(gauges, sc.DATALOADER_WORKERS.name)
         pin = _value(gauges, sc.DATALOADER_PIN_MEMORY.name)
@@ -91,6 +94,24 @@ def dataloader_analysis(view: RunView, config: MixinConfig | None = None,
                                         bool(pin) if pin is not None else None, cpus))
     return DataLoaderAnalysis(region, config.input_bound_threshold, config.dataloader_min_threshold,
                               config.dataloader_max_threshold, tuple(phases), tuple(loaders))
+
+
+TAIL_QUANTILE = 0.99
+TAIL_FACTOR = 3.0
+
+
+def wait_histogram(waits: list[float], bins: int = 50) -> tuple[Histogram, int]:
+    """The waits' histogram and how many waits it clips: when the longest waits lie far beyond the rest (the
+    maximum above TAIL_FACTOR times the 99th percentile: a few stalls), the bins span up to that percentile
+    and the longer waits count in the last bin, so that the bulk does not collapse into one bar."""
+    ordered = sorted(w for w in waits if math.isfinite(w))
+    if not ordered:
+        return Histogram.of((), bins), 0
+    high = quantile(ordered, TAIL_QUANTILE)
+    if high > 0 and ordered[-1] > TAIL_FACTOR * high:
+        clipped = sum(1 for w in ordered if w > high)
+        return Histogram.of([min(w, high) for w in ordered], bins, ordered[0], high), clipped
+    return Histogram.of(ordered, bins), 0
 
 
 def _value(gauges: dict[str, list[tuple[dict[str, object], float]]], name: str) -> float | None:

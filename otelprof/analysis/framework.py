@@ -156,8 +156,9 @@ def _regions(totals: dict[str, list[float]], step_time: float, top: int) -> tupl
     return tuple(sorted(rows, key=lambda r: -r.total)[:top])
 
 
-def _operators(acc: dict[str, list[float]], top: int) -> tuple[tuple[Operator, ...], float]:
-    total = math.fsum(v[1] for v in acc.values())
+def _operators(acc: dict[str, list[float]], top: int, rest: float = 0.0) -> tuple[tuple[Operator, ...], float]:
+    """The ``top`` operators by self time; shares of all of them plus ``rest`` (what windows summed as other)."""
+    total = math.fsum(v[1] for v in acc.values()) + rest
     rows = [Operator(name, int(calls), self_time, total_time, share(self_time, total))
             for name, (calls, self_time, total_time) in acc.items()]
     return tuple(sorted(rows, key=lambda o: -o.self_time)[:top]), total
@@ -187,8 +188,8 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
     between = max(loop_time - in_steps, 0.0)
     phases = [(p, t, share(t, loop_time)) for p, t in sorted(phase_time.items(), key=lambda kv: -kv[1])]
     if len(phases) > MAX_PHASES:
-        rest = math.fsum(t for _, t, _ in phases[MAX_PHASES:])
-        phases[MAX_PHASES:] = [(f"{len(phases) - MAX_PHASES:,} other phases", rest, share(rest, loop_time))]
+        others = math.fsum(t for _, t, _ in phases[MAX_PHASES:])
+        phases[MAX_PHASES:] = [(f"{len(phases) - MAX_PHASES:,} other phases", others, share(others, loop_time))]
     if loop_time:
         phases.append((BETWEEN_STEPS, between, share(between, loop_time)))
     forward = inside.get(sc.REGION_FORWARD, [0, 0.0])[1]
@@ -198,11 +199,12 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
     activity: dict[str, float] = {}
     precision: dict[str, float] = {}
     windows: list[ProfileWindow] = []
+    rest = {"cpu": 0.0, "gpu": 0.0}
     for rank in view.ranks:
         for record in rank.profiles():
-            _window(rank.rank, record, cpu, gpu, activity, precision, windows)
-    cpu_ops, cpu_total = _operators(cpu, top)
-    gpu_ops, gpu_total = _operators(gpu, top)
+            _window(rank.rank, record, cpu, gpu, activity, precision, windows, rest)
+    cpu_ops, cpu_total = _operators(cpu, top, rest["cpu"])
+    gpu_ops, gpu_total = _operators(gpu, top, rest["gpu"])
     return FrameworkSummary(
         tuple(phases), share(between, loop_time), forward, backward, share(forward, forward + backward),
         _regions(inside, step_time, 10 * top), _regions(outside, step_time, 10 * top), cpu_ops, gpu_ops,
@@ -277,19 +279,32 @@ def _add(acc: dict[str, list[float]], name: str, count: int, total: float, peak:
 
 
 def _window(rank: int, record: dict[str, Any], cpu: dict[str, list[float]], gpu: dict[str, list[float]],
-            activity: dict[str, float], precision: dict[str, float], windows: list[ProfileWindow]) -> None:
+            activity: dict[str, float], precision: dict[str, float], windows: list[ProfileWindow],
+            rest: dict[str, float] | None = None) -> None:
+    """Add one window record. The profiler's own tables (``cpu_ops``, ``gpu_ops``, the GPU mixes) come first;
+    where they are empty (the device times of the profiler's averages missing, as on the Kineto path), the
+    window's Kineto trace summary (``operators``: host operators, kernels/memcpys/memsets, the device-time mix
+    by kind and the kernel precision mix) stands in, so the tables agree with the timeline and the overlap."""
+    rest = rest if rest is not None else {"cpu": 0.0, "gpu": 0.0}
     try:
         windows.append(ProfileWindow(rank, int(record.get("start_step", 0)), int(record.get("num_steps", 0)),
                                      int(record.get("t", 0)) / 1e9, int(record.get("d", 0)) / 1e9,
                                      str(record["trace_file"]) if record.get("trace_file") else None))
-        for ops, acc in ((record.get("cpu_ops") or [], cpu), (record.get("gpu_ops") or [], gpu)):
+        found = record.get("operators")
+        trace: dict[str, Any] = found if isinstance(found, dict) else {}
+        sources = (("cpu", record.get("cpu_ops") or trace.get("ops") or [], cpu),
+                   ("gpu", record.get("gpu_ops") or trace.get("kernels") or [], gpu))
+        for device, ops, acc in sources:
             for op in ops:
+                if str(op["name"]) == sc.OTHER_LABEL_VALUE and "launches" in op:  # the trace summary's top-k rest
+                    rest[device] += float(op.get("self_s", 0.0))
+                    continue
                 entry = acc.setdefault(str(op["name"]), [0.0, 0.0, 0.0])
                 entry[0] += float(op.get("calls", 0))
                 entry[1] += float(op.get("self_s", 0.0))
                 entry[2] += float(op.get("total_s", 0.0))
-        for mix, acc2 in ((record.get("gpu_activity_s") or {}, activity),
-                          (record.get("kernel_precision_s") or {}, precision)):
+        for mix, acc2 in ((record.get("gpu_activity_s") or trace.get("device_kinds_s") or {}, activity),
+                          (record.get("kernel_precision_s") or trace.get("kernel_precision_s") or {}, precision)):
             for key, seconds in mix.items():
                 acc2[str(key)] = acc2.get(str(key), 0.0) + float(seconds)
     except (KeyError, TypeError, ValueError, AttributeError):

@@ -19,6 +19,7 @@ from otelprof.analysis.batch import BatchSize, batch_size
 from otelprof.analysis.bottlenecks import Bottleneck, bottleneck
 from otelprof.analysis.dataloader import DataLoaderAnalysis, dataloader_analysis
 from otelprof.analysis.device import DeviceAnalysis, device_analysis
+from otelprof.analysis.diagnosis import Diagnosis, diagnose, pending
 from otelprof.analysis.environment import Environment, recording_environment
 from otelprof.analysis.framework import FrameworkSummary, framework_summary
 from otelprof.analysis.gpu import GpuAnalysis, gpu_analysis
@@ -63,9 +64,18 @@ class Report:
     environment: Environment = dataclasses.field(default_factory=lambda: Environment((), ()))
     """Instance type, GPUs, driver, CUDA, PyTorch, Python, OS: per rank and node."""
     progress: Progress = dataclasses.field(default_factory=no_progress)
+    """Loss, learning rate and throughput over the steps; step time over the run."""
     device: DeviceAnalysis = dataclasses.field(default_factory=DeviceAnalysis)
     """Device (CUDA event) time beside host time, and model FLOPs / MFU (recordings only)."""
-    """Loss, learning rate and throughput over the steps; step time over the run."""
+    diagnosis: Diagnosis = dataclasses.field(default_factory=pending)
+    """The findings ranked by what they cost, from the sections above (made when the report is built)."""
+
+    def __post_init__(self) -> None:
+        if not self.diagnosis.headline:
+            object.__setattr__(self, "diagnosis", diagnose(
+                self.rules, self.summary, self.framework, self.steps, self.dataloader, self.load, self.gpus,
+                self.system, self.cpu_bottleneck, self.io_bottleneck, self.batch,
+                None if self.origin == ORIGIN_PROMETHEUS else self.device))
 
 
 def load(path: str | Path, progress: Callable[[str], None] | None = None) -> Recording:

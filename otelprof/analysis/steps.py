@@ -1,6 +1,7 @@
 """Step duration analysis: per rank and phase, the distribution of step times, the outlier steps
 (slower than mean + sigma x standard deviation of all steps of that rank and phase, one-sided, as
-in the original, and materially slower than their median, as the recorder and the alert judge), a
+in the original, and materially slower than their median, as the recorder and the alert judge; never
+the steps of an operator-profiling window or the few after it, which otelprof itself slowed), a
 histogram of the others, and the throughput from recorded samples/tokens."""
 
 from __future__ import annotations
@@ -8,12 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import mul, sub
+from itertools import compress, repeat
+from operator import mul, not_, sub
 
 from otelprof import thresholds
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Bucket, Distribution, Histogram, finite, quantile
+from otelprof.outliers import in_windows
+from otelprof.recording.reader import RankRecording
 
 MAX_LISTED_OUTLIERS = 50
 
@@ -42,6 +45,11 @@ class PhaseSteps:
     (``durations.min`` is then NaN)."""
     max_bucket: Bucket | None = None
     """Likewise the bucket holding the slowest step."""
+    outlier_excess: float = math.nan
+    """Seconds the outlier steps took beyond the median step, all of them (NaN when the steps are not known)."""
+    outlier_regions: tuple[tuple[str, float], ...] = ()
+    """The regions that grew most in the outlier steps: (name, mean seconds per outlier step more than in the
+    other steps), largest first, at most three."""
 
 
 @dataclass(frozen=True)
@@ -74,13 +82,63 @@ def outlier_threshold(durations: Sequence[float], sigma: float, floor: tuple[flo
     return max(mean + sigma * std, median * ratio, median + excess)
 
 
+def profiled_windows(rank: RankRecording) -> dict[str, list[tuple[int, int]]]:
+    """Per phase, the operator-profiling windows (first step, steps) of a rank: steps otelprof slowed."""
+    windows: dict[str, list[tuple[int, int]]] = {}
+    for record in rank.profiles():
+        phase = record.get("phase")
+        if isinstance(phase, str):
+            windows.setdefault(phase, []).append((int(record["start_step"]), int(record["num_steps"])))
+    return windows
+
+
+def slowed_steps(rank: RankRecording) -> list[bool]:
+    """Per step (file order): did otelprof slow it (in a profiling window, or one of the steps after)."""
+    c = rank.step_columns
+    windows = profiled_windows(rank)
+    if not windows:
+        return [False] * len(c.phase)
+    by_code = [windows.get(name) for name in c.phase_names]
+    return [w is not None and in_windows(n, w) for p, n in zip(c.phase, c.number) for w in (by_code[p],)]
+
+
 def outlier_flags(view: RunView, index: int) -> list[bool]:
-    """Per step of rank ``index`` (file order): is it an outlier of its phase."""
+    """Per step of rank ``index`` (file order): is it an outlier of its phase (never a step otelprof slowed)."""
     c = view.ranks[index].step_columns
-    limits_by_phase = {name: outlier_threshold(d, view.outlier_sigma, view.outlier_floor)
+    slowed = slowed_steps(view.ranks[index])
+    steps_of = c.phase_steps()
+    limits_by_phase = {name: outlier_threshold(_kept(d, slowed, steps_of[name]), view.outlier_sigma,
+                                               view.outlier_floor)
                        for name, d in view.durations(index).items()}
     limits = [limits_by_phase.get(name, math.inf) * 1e9 for name in c.phase_names]
-    return [d > limits[p] for p, d in zip(c.phase, c.duration_ns)]
+    return [d > limits[p] and not s for p, d, s in zip(c.phase, c.duration_ns, slowed)]
+
+
+def _kept(durations: list[float], slowed: list[bool], steps: Sequence[int]) -> list[float]:
+    """A phase's durations without the steps otelprof slowed (``steps``: the phase's step indexes, its
+    :meth:`~otelprof.recording.reader.StepColumns.phase_steps`)."""
+    if not any(slowed):
+        return durations
+    return [d for d, i in zip(durations, steps) if not slowed[i]]
+
+
+def _grown_regions(view: RunView, index: int, phase: str, flags: list[bool]) -> tuple[tuple[str, float], ...]:
+    """Per region of rank ``index``'s ``phase`` steps: its mean time in the outlier steps (``flags``) minus its
+    mean in the others, seconds; the three that grew most."""
+    outliers = sum(flags)
+    others = len(flags) - outliers
+    if not outliers or not others:
+        return ()
+    c = view.ranks[index].step_columns
+    mine = c.phase_steps()[phase]
+    grown = []
+    for name in c.ann_names:
+        per_step = list(map(view.region_sums(index, name).__getitem__, mine))
+        more = (sum(compress(per_step, flags)) / outliers
+                - sum(compress(per_step, map(not_, flags))) / others) / 1e9
+        if more > 0:
+            grown.append((name, more))
+    return tuple(sorted(grown, key=lambda kv: -kv[1])[:3])
 
 
 def _by_phase(phase: Sequence[int], at: Sequence[int], values: Sequence[float]) -> dict[int, list[float]]:
@@ -99,6 +157,7 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
     for index, info in enumerate(view.info):
         view.say(f"step durations of rank {info.rank}")
         c = view.ranks[index].step_columns
+        slowed = slowed_steps(view.ranks[index])
         samples_by_phase = _by_phase(c.phase, *c.scalar("samples"))
         tokens_by_phase = _by_phase(c.phase, *c.scalar("tokens"))
         codes = {name: code for code, name in enumerate(c.phase_names)}
@@ -107,10 +166,13 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
             if phase not in shown:
                 continue
             code = codes[phase]
-            limit = outlier_threshold(durations, sigma, view.outlier_floor)
-            numbers = list(map(c.number.__getitem__, steps_of[phase]))
-            numbers = [n for n, d in zip(numbers, durations) if d > limit]
+            mine = steps_of[phase]
+            limit = outlier_threshold(_kept(durations, slowed, mine), sigma, view.outlier_floor)
+            numbers = list(map(c.number.__getitem__, mine))
+            numbers = [n for n, d, i in zip(numbers, durations, mine) if d > limit and not slowed[i]]
             kept = [d for d in durations if d <= limit]
+            median = quantile(sorted(durations), 0.5) if durations else math.nan
+            excess = math.fsum(d - median for d in durations if d > limit)
             busy = math.fsum(durations)
             phase_samples = finite(samples_by_phase.get(code, ()))
             phase_tokens = finite(tokens_by_phase.get(code, ()))
@@ -121,5 +183,6 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
                 info.rank, info.node, phase, Distribution.of(durations), limit, len(numbers),
                 tuple(numbers[:MAX_LISTED_OUTLIERS]), Histogram.of(kept, bins),
                 quantile(sorted(phase_samples), 0.5) if phase_samples else None, per_second,
-                math.fsum(phase_tokens) / busy if phase_tokens and busy > 0 else None))
+                math.fsum(phase_tokens) / busy if phase_tokens and busy > 0 else None, outlier_excess=excess,
+                outlier_regions=_grown_regions(view, index, phase, [d > limit for d in durations])))
     return StepAnalysis(sigma, tuple(rows), tuple(sorted(throughput.items())))

@@ -35,6 +35,11 @@ VAR_GPU = sc.prometheus_label(sc.LABEL_GPU)
 VAR_TRACE_ID = "trace_id"
 
 # ---- Training report
+REPORT_VERDICT = 51
+REPORT_COSTS = 52
+REPORT_CAUSES = 53
+REPORT_SYMPTOMS = 54
+REPORT_WHERE_TIME_GOES = 55
 REPORT_INITIALIZATION = 104
 REPORT_STEP_TABLE = 601
 REPORT_STEP_TIME = 603
@@ -94,6 +99,7 @@ ALERT_PANELS: dict[str, tuple[str, int]] = {
     "TooManyDataLoaderWorkers": (GPU_SYSTEM, SYSTEM_DATALOADER_WORKERS),
     "InputBound": (RANKS, RANKS_WAIT_RATIO),
     "LossNotDecreasing": (TRAINING_REPORT, REPORT_LOSS),
+    "LossSpike": (TRAINING_REPORT, REPORT_LOSS),
     "NonFiniteValues": (TRAINING_REPORT, REPORT_NONFINITE),
     "VanishingGradients": (TRAINING_REPORT, REPORT_GRAD_NORM),
     "TrainingStalled": (RANKS, RANKS_LAST_STEP),

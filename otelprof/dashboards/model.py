@@ -103,6 +103,7 @@ Target = Prom | TraceQL
 
 NEEDS: dict[str, str] = {
     "gpu": "an NVIDIA GPU visible to the node's sampler (NVML)",
+    "symptom": "an otelprof alert that names a symptom or a risk (outlier steps, idle GPUs, memory, loss) firing",
     "gpm": "a Hopper-or-newer GPU (NVML GPM counters)",
     "cuda": "PyTorch using CUDA (torch.cuda memory statistics)",
     "ddp": "distributed data parallel training (collective time from the DDP hook)",

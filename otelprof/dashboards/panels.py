@@ -46,10 +46,12 @@ def timeseries(id: int, title: str, description: str, targets: Sequence[Target],
 
 def stat(id: int, title: str, description: str, targets: Sequence[Target], unit: str, *, w: int = 4,
          h: int = 4, calc: str = "lastNotNull", steps: Sequence[tuple[float | None, str]] = ((None, "blue"),),
-         decimals: int | None = None) -> Panel:
+         decimals: int | None = None, mappings: Sequence[Json] = ()) -> Panel:
     defaults: Json = {"color": {"mode": "thresholds"}, "thresholds": thresholds(*steps)}
     if decimals is not None:
         defaults["decimals"] = decimals
+    if mappings:
+        defaults["mappings"] = list(mappings)
     return Panel(id, "stat", title, description, targets, unit, w=w, h=h, defaults=defaults, options={
         "colorMode": "value", "graphMode": "none", "justifyMode": "auto", "orientation": "auto",
         "reduceOptions": _reduce(calc), "showPercentChange": False, "textMode": "auto", "wideLayout": True,

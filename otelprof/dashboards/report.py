@@ -39,6 +39,86 @@ RANGE_NOTE = "over the dashboard's time range (select the job's run)"
 GPU_NEEDS = frozenset({"gpu"})
 
 
+CAUSES = ("InputBound", "CPUBottleneck", "IOBottleneck", "RankStraggler", "SlowInitialization",
+          "TooFewDataLoaderWorkers", "BatchSizeTooSmall")
+"""Alerts that name a cause of lost time; the others (outlier steps, idle GPUs, memory, loss) name symptoms
+or risks. The report's diagnosis (otelprof.analysis.diagnosis) orders its findings the same way."""
+
+
+def _cost(expr: str, name: str) -> str:
+    return pq.label(expr, "cost", name)
+
+
+def _diagnosis() -> Row:
+    """The diagnosis first: what costs the job time over the range, ranked, and the alerts behind it, causes
+    first; a healthy job shows no firing alert and where its step time goes."""
+    train_time = pq.total(PROC, sc.STEP_DURATION, (JOB,), "sum", pq.TRAIN_M)
+    region = pq.total(PROC, sc.ANNOTATION_DURATION, (JOB,), "sum",
+                      f'{pq.TRAIN_M}, {ANNOTATION}="{sc.REGION_DATALOADER}"')
+    samples = pq.total(NODEQ, sc.SAMPLER_SAMPLES, (JOB,))
+    loop = pq.loop_in_range(PROC, (JOB,))
+    all_steps = pq.total(PROC, sc.STEP_DURATION, (JOB,), "sum")
+    start = pq.first(PROC, sc.PROCESS_START_TIME, (JOB,))
+    first_step = pq.first(PROC, sc.STEP_FIRST_TIMESTAMP, (JOB,))
+    end = pq.last_seen(PROC, (JOB,))
+    costs = " or ".join((
+        _cost(f"{region} / {train_time}", "waiting for data (share of train step time)"),
+        _cost(f"{pq.total(NODEQ, sc.SAMPLER_CPU_BOTTLENECK, (JOB,))} / {samples}",
+              "CPU bottleneck (share of samples a GPU waited)"),
+        _cost(f"{pq.total(NODEQ, sc.SAMPLER_IO_BOTTLENECK, (JOB,))} / {samples}",
+              "I/O bottleneck (share of samples a GPU waited)"),
+        _cost(f"clamp_min(1 - {all_steps} / {loop}, 0)", "between steps (share of the training loop)"),
+        _cost(f"({first_step} - {start}) / ({end} - {start})", "initialization (share of the job)"),
+        _cost(f"1 - avg by ({JOB}) (avg_over_time({GPUQ.sel(sc.GPU_UTILIZATION)}[{pq.RANGE}]))",
+              "GPUs idle (share of the time)"),
+    ))
+    regions = (sc.REGION_DATALOADER, sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER)
+
+    def in_region(matcher: str) -> str:
+        return pq.total(PROC, sc.ANNOTATION_DURATION, (JOB,), "sum", f"{pq.TRAIN_M}, {ANNOTATION}{matcher}")
+
+    shares = [_cost(in_region('="' + name + '"') + f" / {train_time}", name) for name in regions]
+    covered = in_region('=~"' + "|".join(regions) + '"')
+    parts = " or ".join([*shares, _cost(f"clamp_min(1 - {covered} / {train_time}, 0)", "uncovered")])
+    causes = f'alertname=~"{ALERT_PREFIX}({"|".join(CAUSES)})"'
+    firing = _alerts_selector("firing")
+
+    def fired(matcher: str) -> str:
+        """Per alert, the rule evaluations at which it was firing over the range."""
+        return (f"sum by (alertname, severity) (count_over_time({firing.replace('}', ', ' + matcher + '}')}"
+                f"[{pq.RANGE}]))")
+
+    verdict = "count(" + fired('severity=~"warning|critical"') + ") or vector(0)"
+    return Row(50, "Diagnosis", [
+        stat(ids.REPORT_VERDICT, "Verdict", "otelprof alerts of severity warning or critical that fired for the "
+             f"job {RANGE_NOTE}: none means healthy (the bars beside it say where the time goes).",
+             [Prom(verdict, "alerts that fired", instant=True)], "none", w=4, h=8,
+             steps=((None, GREEN), (1, RED)), mappings=[value_map({"0": ("healthy", GREEN)})]),
+        bargauge(ids.REPORT_COSTS, "What costs time, ranked", "Each cost the diagnosis weighs, " + RANGE_NOTE
+                 + ", largest first: the train steps' wait for data over their time, the samples in which a GPU "
+                 "waited while a CPU was busy (or in iowait), the training loop's time between steps, the time "
+                 "before the first step over the job, and the GPUs' mean idle share (needs a GPU). Start with "
+                 "the top bar; the report (otelprof report) gives this run's action for each.",
+                 [Prom(f"sort_desc({costs})", "{{cost}}", instant=True)], "percentunit", w=8, h=8, max=1,
+                 steps=((None, GREEN), (0.05, YELLOW), (0.25, RED))),
+        table(ids.REPORT_CAUSES, "Causes that fired", "Alerts that name a cause of lost time (waiting for data, "
+              "CPU or I/O bottleneck, a straggler, a slow start, too few loader workers, a small batch), with the "
+              f"rule evaluations at which each fired {RANGE_NOTE}. Fix these before the symptoms beside them.",
+              [("Evaluations firing", Prom(fired(causes), needs=frozenset({"alerts"})), "short")],
+              [("alertname", "Alert"), ("severity", "Severity")], sort_by="Evaluations firing", w=6, h=8),
+        table(ids.REPORT_SYMPTOMS, "Symptoms and risks that fired", "The other otelprof alerts that fired "
+              f"{RANGE_NOTE} (outlier steps, idle GPUs, memory, loss): often the consequence of a cause on the "
+              "left, or a risk that costs no time yet.",
+              [("Evaluations firing", Prom(fired(causes.replace("=~", "!~")), needs=frozenset({"alerts", "symptom"})),
+                "short")],
+              [("alertname", "Alert"), ("severity", "Severity")], sort_by="Evaluations firing", w=6, h=8),
+        bargauge(ids.REPORT_WHERE_TIME_GOES, "Where the train step time goes", "Share of the train steps' time "
+                 "in the data loader, forward, backward and optimizer regions, and uncovered (the rest of each "
+                 "step: the loop's own code and work no region covers), " + RANGE_NOTE + ".",
+                 [Prom(f"sort_desc({parts})", "{{cost}}", instant=True)], "percentunit", w=24, h=5, max=1),
+    ])
+
+
 def _job_summary() -> Row:
     start = pq.first(PROC, sc.PROCESS_START_TIME)
     end = pq.last_seen(PROC)
@@ -499,7 +579,8 @@ def _device_and_flops() -> Row:
 
 def training_report() -> Dashboard:
     rows = [
-        _job_summary(), _system_usage(), _framework(), _rules(), _steps(), _gpu_utilization(), _batch_size(),
+        _diagnosis(), _job_summary(), _system_usage(), _framework(), _rules(), _steps(), _gpu_utilization(),
+        _batch_size(),
         _bottleneck(900, "CPU bottleneck", f"some CPU was above {M.cpu_threshold:.0%} busy",
                     sc.SAMPLER_CPU_BOTTLENECK, "cpu_bottleneck_ratio", M.cpu_bottleneck_threshold,
                     "share of each sample interval busy (not idle, not iowait)", "CPU busy per core",

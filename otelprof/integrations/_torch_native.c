@@ -942,12 +942,9 @@ static int grad_enabled(Steps *steps) {
     return enabled == Py_True;
 }
 
-static PyObject *timer_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Hook *self = (Hook *)op;
-    Steps *steps = hook_steps(self, nargsf);
+static PyObject *timer_call(Hook *self, Steps *steps, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     int region = self->variant;
-    if (steps == NULL || (region == FORWARD && (!in_training(args[0]) || !grad_enabled(steps)))
-        || !steps_enter(steps, region))
+    if ((region == FORWARD && (!in_training(args[0]) || !grad_enabled(steps))) || !steps_enter(steps, region))
         return defer(self, args, nargsf, kwnames);
     steps->saw_work = 1;
     if (region == BACKWARD) {
@@ -962,6 +959,19 @@ static PyObject *timer_vectorcall(PyObject *op, PyObject *const *args, size_t na
     long long start = now_ns();
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     steps_end_region(steps, region, start, now_ns(), depth, generation);
+    return result;
+}
+
+/* The Steps is held for the whole call: code the call runs (a hook inside backward(), another thread meanwhile)
+ * may give this hook another Steps (Backward.steps is the newest instrumentation's) and drop the last other
+ * reference to this one, which the end of the call still writes to. */
+static PyObject *timer_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Hook *self = (Hook *)op;
+    Steps *steps = hook_steps(self, nargsf);
+    if (steps == NULL) return defer(self, args, nargsf, kwnames);
+    Py_INCREF(steps);
+    PyObject *result = timer_call(self, steps, args, nargsf, kwnames);
+    Py_DECREF(steps);
     return result;
 }
 

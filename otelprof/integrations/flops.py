@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from otelprof import _warnings
 from otelprof import semconv as sc
 from otelprof.metrics import MetricRegistry
 
@@ -120,8 +121,9 @@ def start() -> Any:
     if compiled():
         return None
     try:
-        counter = _counter_class()()
-        counter.__enter__()
+        with _warnings.untouched():  # torch.utils.flop_counter's first import adds warning filters
+            counter = _counter_class()()
+            counter.__enter__()
     except Exception:
         return None
     return counter
@@ -130,7 +132,8 @@ def start() -> Any:
 def stop(counter: Any) -> dict[str, Any] | None:
     """Stop ``counter``; its FLOPs with the device and dtype most of them ran on."""
     try:
-        counter.__exit__(None, None, None)
+        with _warnings.untouched():
+            counter.__exit__(None, None, None)
         total = int(counter.get_total_flops())
     except Exception:
         return None

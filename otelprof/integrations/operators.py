@@ -349,8 +349,10 @@ def window_summary(parsed: ParsedTrace, top: int, precision: Any = None) -> dict
     categories: dict[str, float] = {}
     precisions: dict[str, float] = {}
     device_s = 0.0
+    kinds: dict[str, float] = {}
     for event in parsed.device:
         seconds = (event.end_ns - event.start_ns) / 1e9
+        kinds[event.kind] = kinds.get(event.kind, 0.0) + seconds
         row = kernels.setdefault(event.name, [0.0, 0.0, 0.0, 0.0])
         row[0] += seconds
         row[1] += seconds
@@ -378,6 +380,7 @@ def window_summary(parsed: ParsedTrace, top: int, precision: Any = None) -> dict
         "device_op_s": device_s,
         "categories_s": {"cpu": host_categories, "gpu": categories},
         "kernel_precision_s": precisions,
+        "device_kinds_s": kinds,
         "operators": len(parsed.operators),
         "device_events": len(parsed.device),
     }

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from otelprof import _warnings
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import info_once, warn_once
@@ -675,12 +676,7 @@ class TorchInstrumentation:
             _set_class(loader, cls)
 
         self._on_remove("dataloader", restore)
-        workers = getattr(loader, "num_workers", None)
-        pin = getattr(loader, "pin_memory", None)
-        if isinstance(workers, int):
-            _with_registry(lambda r: r.gauge(sc.DATALOADER_WORKERS).set(workers))
-        if isinstance(pin, bool):
-            _with_registry(lambda r: r.gauge(sc.DATALOADER_PIN_MEMORY).set(1 if pin else 0))
+        _report_loader(loader)
 
     # ------------------------------------------------------------------ model
     def _forward_pre_hook(self, module: Any, args: Any) -> None:
@@ -1102,7 +1098,8 @@ class TorchInstrumentation:
         self._on_remove("collective", _unpatch_ddp_class)
         # torch warns at each call of a torch.compile'd module while global hooks exist that they fire for it too:
         # that is expected here (only top-level calls count), and the training job's stderr stays quiet.
-        warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
+        with _warnings.untouched():  # the warnings the job was already shown stay shown
+            warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
         self._on_remove("forward", _forget_compile_hooks_warning)
 
     def hand_over(self, framework: str) -> None:
@@ -1420,6 +1417,16 @@ def _unpatch_optimizer_class() -> None:
         _original_optimizer_init = None
 
 
+def _report_loader(loader: Any) -> None:
+    """The loader's worker count and pin_memory as gauges (the data-loading advice weighs them)."""
+    workers = getattr(loader, "num_workers", None)
+    pin = getattr(loader, "pin_memory", None)
+    if isinstance(workers, int):
+        _with_registry(lambda r: r.gauge(sc.DATALOADER_WORKERS).set(workers))
+    if isinstance(pin, bool):
+        _with_registry(lambda r: r.gauge(sc.DATALOADER_PIN_MEMORY).set(1 if pin else 0))
+
+
 def _patch_dataloader_class() -> None:
     global _original_dataloader_iter
     from torch.utils.data import DataLoader
@@ -1434,6 +1441,7 @@ def _patch_dataloader_class() -> None:
         owner = _active[-1] if _active else None
         if owner is None or getattr(self, "_otelprof_instrumented", False):
             return iterator  # an instrumented loader (or one whose wrapper is) times its own fetches
+        _report_loader(self)
         return _TimedIterator(iterator, owner)
 
     DataLoader.__iter__ = __iter__  # type: ignore[method-assign]

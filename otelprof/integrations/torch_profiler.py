@@ -10,6 +10,7 @@ background thread so the training thread only pays for starting and stopping the
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -24,11 +25,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.sdk.trace import Event
+
+from otelprof import _warnings
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
-from otelprof._log import logger, warn_once
-from otelprof._version import __version__
+from otelprof._log import info_once, logger, warn_once
 from otelprof.recording import schema
+from otelprof.span_builder import SpanBuilder
 
 _PRECISIONS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("fp8", re.compile(r"fp8|e4m3|e5m2", re.I)),
@@ -73,6 +77,9 @@ class _Window:
     on_finished: Callable[[float], None] | None = None
     """Called from the processing thread once the window is summarized, with its measured overhead in s."""
     profiler: Any = None
+    thread: int = 0
+    """``threading.get_ident()`` of the thread that started the profiler: torch.profiler's callbacks are that
+    thread's, and only that thread can stop it (stopped elsewhere, they stay; the process crashes at exit)."""
     started_ns: int = 0
     shift_ns: int = 0
     """Recorder clock (perf counter + its offset) minus the profiler's (wall clock) at the start."""
@@ -84,6 +91,8 @@ class _Window:
     step_overhead_s: float = 0.0
     counter: Any = None
     """The FLOP counter of the step after the window (flops.py), while it counts."""
+    counter_thread: int = 0
+    """The thread whose dispatch-mode stack holds the counter (the only one that can pop it)."""
     counted: threading.Event = field(default_factory=threading.Event)
     flop_count: dict[str, Any] | None = None
     flop_step_ns: int = 0
@@ -103,17 +112,29 @@ BASELINE_STEPS = 3
 many steps ahead)."""
 AFTER_STEP_WAIT = 10.0
 """Seconds the processing thread waits for the step after the window (to measure the window's overhead)."""
+CLOSE_WAIT = 5.0
+"""Longest wait, as the session shuts down, for windows being summarized (within its shutdown timeout)."""
 
 
 class ProfileWindows:
     """Arms and runs windows: started as a step begins, stopped as the window's last step ends,
-    both on the training thread."""
+    both on the training thread.
+
+    torch.profiler and the FLOP counter belong to the thread that started them (thread-local RecordFunction
+    callbacks, the thread's dispatch-mode stack): each is stopped on that thread only — at the window's end, when
+    the session closes there, when that thread ends, or at exit (the main thread's). A profiler left running
+    at exit makes the process crash in torch's teardown ("Requested callback is not found", then SIGSEGV)."""
 
     def __init__(self) -> None:
         self._pending: list[_Window] = []
         self._running: _Window | None = None
         self._after: _Window | None = None
         self._counting: _Window | None = None
+        self._orphans: list[_Window] = []
+        """Windows (profiling or counting) the session dropped that only their own thread can stop."""
+        self._threads: list[threading.Thread] = []
+        """Summarizing threads, joined (bounded) when the session closes."""
+        self._exit_hook = False
         self._lock = threading.Lock()
 
     @property
@@ -122,12 +143,60 @@ class ProfileWindows:
         return bool(self._pending) or self._running is not None or self._after is not None
 
     def reset(self) -> None:
-        """Forget armed windows (a new session: the hot path's callbacks were cleared)."""
+        """A new session (the hot path's callbacks were cleared): forget armed windows, stop what is left."""
+        self.close(0.0)
+        with self._lock:
+            if not self._exit_hook:  # after the session's own shutdown at exit (atexit runs the last first)
+                self._exit_hook = True
+                atexit.register(self.release_thread)
+
+    def close(self, timeout: float) -> None:
+        """The session ends: armed windows are forgotten; a running profiler or FLOP counter is stopped here when
+        this thread started it (the window is dropped), else by its own thread (:meth:`release_thread`); windows
+        being summarized get ``timeout`` seconds to finish (no step after them is coming)."""
         with self._lock:
             self._pending.clear()
-            self._running = self._after = None
-            if self._counting is not None:
-                self._stop_count(self._counting, 0)
+            running, self._running = self._running, None
+            after, self._after = self._after, None
+            counting, self._counting = self._counting, None
+            while self._on_begin in hot._step_begin:
+                hot._step_begin.remove(self._on_begin)
+            for callback in (self._on_end, self._on_counted):
+                while callback in hot._step_boundary:
+                    hot._step_boundary.remove(callback)
+            self._orphans += [window for window in (running, counting) if window is not None]
+            threads, self._threads = self._threads, []
+        for window in (after, counting):
+            if window is not None:  # its summary goes on without the step after it (or its FLOP count)
+                window.measured.set()
+                window.counted.set()
+        self.release_thread()
+        deadline = time.monotonic() + max(timeout, 0.0)
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        if self._orphans:
+            info_once("profile:orphan", "otelprof: the session closed while a profiling window ran on another "
+                      "thread; it stops when that thread ends")
+
+    def release_thread(self) -> None:
+        """Stop the profiler and the FLOP counter this thread started, dropping their windows: when the session
+        closes, when the thread ends and, for the main thread, at exit."""
+        me = threading.get_ident()
+        with self._lock:
+            for window in (self._running, self._counting):
+                if window is not None and me in (window.thread, window.counter_thread):
+                    self._orphans.append(window)
+            if self._running is not None and self._running.thread == me:
+                self._running = None
+            if self._counting is not None and self._counting.counter_thread == me:
+                self._counting = None
+            mine = [w for w in self._orphans if w.thread == me or (w.counter is not None and w.counter_thread == me)]
+            self._orphans = [w for w in self._orphans if not any(w is m for m in mine)]
+        for window in mine:
+            if window.counter is not None and window.counter_thread == me:
+                self._stop_count(window, 0)
+            if window.thread == me:
+                _stop_profiler(window)
 
     def arm(self, start_step: int, num_steps: int, *, chrome_trace: bool = False, top: int = 15,
             trigger: str = "api", phase: str | None = None,
@@ -143,9 +212,12 @@ class ProfileWindows:
 
     def _on_begin(self, step: hot.StepContext) -> None:
         now = time.perf_counter_ns()
+        if hot._active is None:  # no session (a window armed as it closed): no profiler to start
+            return
         with self._lock:
-            if self._counting is not None:  # the counted step raised: its boundary never came
-                self._stop_count(self._counting, 0)
+            counting = self._counting
+            if counting is not None and counting.counter_thread == threading.get_ident():
+                self._stop_count(counting, 0)  # the counted step raised: its boundary never came
             after = self._after
             if after is not None and step.phase == (after.phase or step.phase):
                 after.after_ns = now
@@ -175,7 +247,8 @@ class ProfileWindows:
             window = self._running
             if window is None:
                 return
-            if hot.next_step_number(window.phase) < window.start_step + window.num_steps:
+            if (hot.next_step_number(window.phase) < window.start_step + window.num_steps
+                    or window.thread != threading.get_ident()):  # the profiler is stopped on its own thread
                 hot._step_boundary.append(self._on_end)
                 return
             self._running = None
@@ -195,6 +268,8 @@ class ProfileWindows:
         if window.counter is None:
             window.counted.set()
             return
+        window.counter_thread = threading.get_ident()
+        _watch_thread_end()
         self._counting = window
         hot._step_boundary.append(self._on_counted)
 
@@ -203,6 +278,9 @@ class ProfileWindows:
             window = self._counting
             if window is None:
                 return
+            if window.counter_thread != threading.get_ident():  # popped from its own thread's mode stack only
+                hot._step_boundary.append(self._on_counted)
+                return
             self._stop_count(window, time.perf_counter_ns() - window.after_ns)
             if not self._pending and self._after is None and self._on_begin in hot._step_begin:
                 hot._step_begin.remove(self._on_begin)
@@ -210,9 +288,11 @@ class ProfileWindows:
     def _stop_count(self, window: _Window, step_ns: int) -> None:
         from otelprof.integrations import flops
 
-        self._counting = None
+        if self._counting is window:
+            self._counting = None
         count = flops.stop(window.counter)
         window.counter = None
+        window.counter_thread = 0
         if step_ns > 0:
             window.flop_count, window.flop_step_ns = count, step_ns
         window.counted.set()
@@ -229,13 +309,17 @@ class ProfileWindows:
 
             current = _session()
             memory = bool(current is not None and current.config.profile_memory)
-            window.profiler = profile(activities=activities, record_shapes=False, with_stack=False,
-                                      profile_memory=memory)
-            with _quiet_stderr():
-                before = torch.empty(16) if memory else None
-                window.profiler.start()
-                del before  # see UNKNOWN_FREE_WARNING
+            with _warnings.untouched():  # the first start imports torch._inductor, whose imports add filters
+                window.profiler = profile(activities=activities, record_shapes=False, with_stack=False,
+                                          profile_memory=memory)
+                window.thread = threading.get_ident()
+                _watch_thread_end()
+                with _quiet_stderr():
+                    before = torch.empty(16) if memory else None
+                    window.profiler.start()
+                    del before  # see UNKNOWN_FREE_WARNING
         except Exception as exc:  # another profiler is active, or Kineto is unavailable
+            window.thread = 0
             warn_once("profile:start", "otelprof: cannot start torch.profiler (%s); window skipped", exc)
             return False
         window.started_ns = time.time_ns()
@@ -245,19 +329,49 @@ class ProfileWindows:
         recorder = getattr(session, "recorder", None)
         if recorder is not None:
             window.shift_ns = time.perf_counter_ns() + recorder.offset_ns - time.time_ns()
-            recorder.arm_window(window.start_step, window.num_steps)  # the window's steps are always traced
+            # the window's steps are always traced, and never judged as outliers (otelprof slows them)
+            recorder.arm_window(window.start_step, window.num_steps, slows=window.phase)
         self._running = window
         return True
 
     def _finish(self, window: _Window) -> None:
         ended_ns = time.time_ns()
+        window.thread = 0
         try:
-            with _quiet_stderr():
+            with _quiet_stderr(), _warnings.untouched():
                 window.profiler.stop()
         except Exception as exc:
             warn_once("profile:stop", "otelprof: torch.profiler failed to stop (%s)", exc)
             return
-        threading.Thread(target=_summarize, args=(window, ended_ns), name="otelprof-profile", daemon=True).start()
+        thread = threading.Thread(target=_summarize, args=(window, ended_ns), name="otelprof-profile", daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+
+def _stop_profiler(window: _Window) -> None:
+    """Stop a dropped window's profiler (on the thread that started it), nothing recorded."""
+    profiler, window.profiler, window.thread = window.profiler, None, 0
+    window.measured.set()
+    if profiler is not None:
+        with contextlib.suppress(Exception), _quiet_stderr(), _warnings.untouched():
+            profiler.stop()
+
+
+_thread_end = threading.local()
+
+
+class _AtThreadEnd:
+    """Kept in a thread-local of a thread (other than the main one) that started a profiler or a FLOP counter:
+    dropped as the thread ends, on that thread, it stops what the thread left running."""
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            windows.release_thread()
+
+
+def _watch_thread_end() -> None:
+    if threading.current_thread() is not threading.main_thread() and not hasattr(_thread_end, "watch"):
+        _thread_end.watch = _AtThreadEnd()
 
 
 @contextlib.contextmanager
@@ -355,10 +469,24 @@ def _kineto_trace(window: _Window, keep: str | None) -> dict[str, Any] | None:
             os.unlink(path)
 
 
+def _profile_span(builder: SpanBuilder, window: _Window, summary: dict[str, Any], ended_ns: int) -> list[Any]:
+    """The window's ``otelprof.profile`` span, its top operators as events (none when the sampler drops it)."""
+    attributes = {sc.ATTR_PROFILE_START: window.start_step, sc.ATTR_PROFILE_STEPS: window.num_steps,
+                  sc.ATTR_PROFILE_TRIGGER: window.trigger}
+    context = builder.new_trace(sc.SPAN_PROFILE, attributes)
+    if context is None:
+        return []
+    events = [Event("operator", {sc.ATTR_OP_NAME: op["name"], sc.ATTR_OP_DEVICE: device, sc.ATTR_OP_CALLS: op["calls"],
+                                 sc.ATTR_OP_SELF_TIME: op["self_s"], sc.ATTR_OP_TOTAL_TIME: op["total_s"]}, ended_ns)
+              for device, ops in (("cpu", summary["cpu_ops"]), ("gpu", summary["gpu_ops"])) for op in ops]
+    return [builder.span(sc.SPAN_PROFILE, context, None, window.started_ns, ended_ns, attributes, events)]
+
+
 def _summarize(window: _Window, ended_ns: int) -> None:
     began = time.thread_time()
     try:
-        _process(window, ended_ns, began)
+        with _warnings.untouched():
+            _process(window, ended_ns, began)
     except Exception:
         logger.exception("otelprof: summarizing a profiling window failed")
         if window.on_finished is not None:
@@ -409,18 +537,7 @@ def _process(window: _Window, ended_ns: int, began: float) -> None:
     record["overhead_s"] = overhead
     if session.writer is not None:
         session.writer.add_json(schema.PROFILES, record)
-    tracer = session.tracer_provider.get_tracer(sc.SCOPE_NAME, __version__)
-    span = tracer.start_span(sc.SPAN_PROFILE, start_time=window.started_ns, attributes={
-        sc.ATTR_PROFILE_START: window.start_step, sc.ATTR_PROFILE_STEPS: window.num_steps,
-        sc.ATTR_PROFILE_TRIGGER: window.trigger})
-    for device, ops in (("cpu", summary["cpu_ops"]), ("gpu", summary["gpu_ops"])):
-        for op in ops:
-            span.add_event("operator", attributes={sc.ATTR_OP_NAME: op["name"], sc.ATTR_OP_DEVICE: device,
-                                                   sc.ATTR_OP_CALLS: op["calls"],
-                                                   sc.ATTR_OP_SELF_TIME: op["self_s"],
-                                                   sc.ATTR_OP_TOTAL_TIME: op["total_s"]},
-                           timestamp=ended_ns)
-    span.end(end_time=ended_ns)
+    recorder.add_spans(_profile_span(recorder.span_builder, window, summary, ended_ns), reason="window")
     with session.registry.lock:
         session.registry.counter(sc.PROFILE_WINDOWS).add(1)
         session.registry.counter(sc.PROFILE_OVERHEAD).add(overhead)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otelprof import semconv as sc
+from otelprof import thresholds
 from otelprof.mixin import config as mc
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.gpu_source import GpuReadings
@@ -141,6 +142,25 @@ def _bytes(value: float) -> str:
         if value >= size:
             return f"{value / size:g} {unit}"
     return f"{value:g} B"
+
+
+@dataclass(frozen=True)
+class _WindowStats:
+    """PromQL for the per-step mean of a value over a window and the squared standard error of that mean, from
+    its running sum, sum of squares and count."""
+
+    count: str
+    mean: str
+    se2: str
+
+
+def _window_stats(q: Q, summed: sc.MetricSpec, squared: sc.MetricSpec, recorded: sc.MetricSpec, window: str,
+                  matchers: str, offset: str = "") -> _WindowStats:
+    total = q.delta(summed, window, matchers=matchers, offset=offset)
+    squares = q.delta(squared, window, matchers=matchers, offset=offset)
+    count = q.delta(recorded, window, matchers=matchers, offset=offset)
+    variance = f"clamp_min(({squares} - {total} ^ 2 / {count}) / ({count} - 1), 0)"  # sample variance
+    return _WindowStats(count, f"({total} / {count})", f"{variance} / {count}")
 
 
 def alerts(config: MixinConfig) -> list[Alert]:
@@ -531,53 +551,58 @@ def _steps(c: MixinConfig) -> list[Alert]:
                        "time comes from the DDP integration; without it the plain step time is compared."))
 
     ow = c.step_outlier_window
-    outlier_rule = (f"slower than the mean + {c.step_outlier_sigma:g} standard deviations of its phase's last 256 "
-                    f"steps, and at least {c.step_outlier_min_ratio:g} times and {c.step_outlier_min_excess * 1000:g} "
-                    "ms more than their median")
+    outlier_rule = (f"slower than the mean + {c.step_outlier_sigma:g} standard deviations of its phase's last "
+                    f"{thresholds.OUTLIER_WINDOW} steps, and at least {c.step_outlier_min_ratio:g} times and "
+                    f"{c.step_outlier_min_excess * 1000:g} ms more than their median; where the step recorded its "
+                    "tokens (else its samples), also slower per token than those steps by the same tests")
+    cost = f"{q.delta(sc.STEP_OUTLIER_EXCESS, ow)}\n/ {q.delta(sc.STEP_DURATION, ow, 'sum')}"
     outliers = Alert(
         "StepOutliers", GROUP_STEPS,
-        f"{q.delta(sc.STEP_OUTLIERS, ow)} > {c.step_outlier_n_outliers}\n"
-        f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, ow)} > {c.step_outlier_min_steps}\n"
-        f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEP_OUTLIERS, ow)}\n"
-        f"  > on ({JOB}, {RANK}, {PHASE}) {number(c.step_outlier_min_share)} * {q.delta(sc.STEPS, ow)}",
+        f"{cost}\n> {number(c.step_outlier_min_cost)}\n"
+        f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEP_OUTLIERS, ow)} > {c.step_outlier_n_outliers}\n"
+        f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, ow)} > {c.step_outlier_min_steps}",
         "0s", "warning",
-        "Many steps were much slower than usual.",
-        f"{AT_RANK}: {NUM} {L_PHASE} steps in the last {ow} were outliers: much slower than the typical step "
-        "of the steps before them.",
+        "Outlier steps cost a material share of training time.",
+        f"{AT_RANK}: outlier {L_PHASE} steps lost {PCT} of the last {ow}'s step time (their time above the "
+        "median step). Open them on the timeline: each is traced.",
         mc.DASHBOARD_TIMELINE, (*IDENTITY, PHASE, *c.target_labels),
         Runbook(
-            meaning=f"More than {c.step_outlier_n_outliers} steps of the last {ow} (of more than "
-                    f"{c.step_outlier_min_steps}), and more than {_pct(c.step_outlier_min_share)} of them, were "
-                    f"outliers: each {outlier_rule}. Every outlier step is traced, so its spans show where the "
+            meaning=f"Over the last {ow}, the outlier steps' time above the median step was more than "
+                    f"{_pct(c.step_outlier_min_cost)} of the phase's step time, over more than "
+                    f"{c.step_outlier_n_outliers} outliers (of more than {c.step_outlier_min_steps} steps). An "
+                    f"outlier is a step {outlier_rule}. Steps of an operator-profiling window and the "
+                    f"{thresholds.AFTER_WINDOW_STEPS} steps after it (which otelprof itself slows: the profiler, "
+                    "the FLOP count) are never judged. Every outlier step is traced, so its spans show where the "
                     "time went.",
-            thresholds=_params(("window", ow), ("n_outliers", c.step_outlier_n_outliers),
+            thresholds=_params(("window", ow), ("min_cost", _pct(c.step_outlier_min_cost)),
+                               ("n_outliers", c.step_outlier_n_outliers),
                                ("min_steps", c.step_outlier_min_steps),
-                               ("min_share", _pct(c.step_outlier_min_share)),
                                ("stddev (in process, OTELPROF_OUTLIER_SIGMA)", f"{c.step_outlier_sigma:g}"),
                                ("min_ratio (in process, OTELPROF_OUTLIER_MIN_RATIO)", f"{c.step_outlier_min_ratio:g}"),
                                ("min_excess (in process, OTELPROF_OUTLIER_MIN_EXCESS_MS)",
                                 f"{c.step_outlier_min_excess * 1000:g} ms")),
-            limit=f"Steps taking at least {c.step_outlier_min_ratio:g} times the median step (and beyond mean + "
-                  f"{c.step_outlier_sigma:g} sigma), more than {c.step_outlier_n_outliers} of them and more than "
-                  f"{_pct(c.step_outlier_min_share)} of the steps within {ow}, in a phase with more than "
-                  f"{c.step_outlier_min_steps} steps in the window. Fires at the outlier that passes both counts "
-                  f"(no `for`): outliers arriving at k per minute fire after "
-                  f"{c.step_outlier_n_outliers + 1} / k minutes in a phase of fewer than "
-                  f"{(c.step_outlier_n_outliers + 1) / c.step_outlier_min_share:,.0f} steps per {ow}. Slower "
-                  f"steps that are not {c.step_outlier_min_ratio:g} times the median (scheduler jitter, a busy "
-                  "neighbour) never count.",
+            limit=f"Outliers that lose more than {_pct(c.step_outlier_min_cost)} of the step time: one step in m "
+                  f"that takes x times the median step costs (x - 1) / m, so a stall of 3 times the step every "
+                  f"{int(2 / c.step_outlier_min_cost)} steps or more often, a stall of 10 times every "
+                  f"{int(9 / c.step_outlier_min_cost)} steps. Fires at the evaluation after the window holds "
+                  f"more than {c.step_outlier_n_outliers} such outliers (no `for`): at the latest {ow} after "
+                  "they start. A long batch that is not slower per token, scheduler delays below "
+                  f"{c.step_outlier_min_excess * 1000:g} ms, and outliers that cost the job less never fire.",
             todo="Open the outlier steps on the timeline dashboard (they are always traced) and look for the "
                  "region that grew: data loading (see the bottleneck alerts), checkpointing or evaluation "
-                 "inside the loop, garbage collection, or interference from other processes on the node.",
+                 "inside the loop, garbage collection, or interference from other processes on the node. The "
+                 "alert's value is the share of step time they cost: what fixing them gains.",
             deviations="The original counted outliers over all steps since the start (and latched once it "
-                       f"had more than 10); this counts them over the last {ow}. The outlier test runs in the "
-                       "training process against the last 256 steps of the phase (population standard "
-                       "deviation, upward only, as in the original) after OTELPROF_OUTLIER_MIN_STEPS steps, "
-                       "instead of all steps. New: an outlier must also be materially slower than the median "
-                       f"step ({c.step_outlier_min_ratio:g} times, OTELPROF_OUTLIER_MIN_RATIO): on a steady run "
-                       "(63.6 +- 1.9 ms steps) scheduler jitter on a busy machine passes mean + 3 sigma (70 ms) "
-                       "every few dozen steps, which is no bottleneck; and the outliers must exceed "
-                       f"{_pct(c.step_outlier_min_share)} of the window's steps.",
+                       f"had more than 10); this judges the last {ow}, by what the outliers cost. The outlier test "
+                       f"runs in the training process against the last {thresholds.OUTLIER_WINDOW} steps of the "
+                       "phase (population standard deviation, upward only, as in the original) after "
+                       "OTELPROF_OUTLIER_MIN_STEPS steps. New: an outlier must also be materially slower than the "
+                       f"median step ({c.step_outlier_min_ratio:g} times and "
+                       f"{c.step_outlier_min_excess * 1000:g} ms: scheduler jitter on a busy machine passes mean + "
+                       "3 sigma every few dozen steps), slower per token or sample where those are recorded "
+                       "(variable-length batches keep ~2 % of the steps above mean + 3 sigma for good), and the "
+                       f"outliers must cost more than {_pct(c.step_outlier_min_cost)} of the step time; steps "
+                       "otelprof's own profiling slowed are left out.",
             original="StepOutlier"))
 
     init_limit = int(seconds(c.max_initialization_time))
@@ -679,42 +704,93 @@ def _training(c: MixinConfig) -> list[Alert]:
     train = f'{PHASE}="{c.train_phase}"'
     evl = f'{PHASE}="{c.eval_phase}"'
     lw = c.loss_window
-    loss_now = f"avg_over_time({q.sel(sc.LOSS, matchers=train)}[{lw}])"
-    loss_before = f"avg_over_time({q.sel(sc.LOSS, matchers=train)}[{lw}] offset {lw})"
+    lws = seconds(lw)
     diff = number(c.loss_diff_percent / 100)
-    # Steps ran in both windows, and no loss was NaN in them: the loss gauge holds its last finite value, so
-    # through a stall or after a NaN it would look flat (OtelprofTrainingStalled and _NonFiniteValues say why).
-    steps_moving = (f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, lw, matchers=train)} > 0\n"
-                    f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, lw, matchers=train, offset=lw)} > 0\n"
+    now, before = _window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, lw, train), \
+        _window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, lw, train, offset=lw)
+    noise = f"{number(c.loss_noise_sigmas)} * sqrt({now.se2} + {before.se2})"
+    # Losses in both windows (2 or more: a noise), and no loss was NaN in them (NonFiniteValues speaks then).
+    steps_moving = (f"and on ({JOB}, {RANK}, {PHASE}) {now.count} > 1\n"
+                    f"and on ({JOB}, {RANK}, {PHASE}) {before.count} > 1\n"
                     f"unless on ({JOB}, {RANK}, {PHASE}) "
-                    f"{q.delta(sc.NONFINITE, f'{2 * int(seconds(lw))}s', matchers=train)} > 0")
+                    f"{q.delta(sc.NONFINITE, f'{2 * int(lws)}s', matchers=train)} > 0")
     not_decreasing = Alert(
         "LossNotDecreasing", GROUP_TRAINING,
-        f"{loss_now}\n> {loss_before} - {diff} * abs({loss_before})\n{steps_moving}\n"
+        f"{now.mean}\n> {before.mean}\n  - {diff} * abs({before.mean})\n  + {noise}\n{steps_moving}\n"
         # both windows inside training (from the first step on), so the earlier mean is not one early loss
-        f"and on ({JOB}, {RANK}) (time() - {q.sel(sc.STEP_FIRST_TIMESTAMP)}) > {2 * int(seconds(lw))}",
-        "0s", "warning",
+        f"and on ({JOB}, {RANK}) (time() - {q.sel(sc.STEP_FIRST_TIMESTAMP)}) > {2 * int(lws)}",
+        c.loss_for, "warning",
         "The training loss stopped decreasing.",
-        f"{AT_RANK}: mean training loss over the last {lw} is {VAL}, not lower than over the {lw} before.",
+        f"{AT_RANK}: mean training loss per step over the last {lw} is {VAL}, clearly not {c.loss_diff_percent:g} % "
+        f"lower than over the {lw} before (beyond the noise of both means). Training has converged or stalled.",
         mc.DASHBOARD_TRAINING_REPORT, (*IDENTITY, PHASE, *c.target_labels),
         Runbook(
-            meaning=f"The mean of the recorded training loss over the last {lw} did not fall by at least "
-                    f"{c.loss_diff_percent:g} % of its value compared with the {lw} before, while steps "
-                    "were running in both windows and every loss was finite. Judged once the process has run for "
-                    "two windows.",
-            thresholds=_params(("window", lw), ("diff_percent", f"{c.loss_diff_percent:g} %")),
-            limit=f"A training loss whose {lw} mean falls by less than {c.loss_diff_percent:g} % per {lw}. A loss "
-                  f"that stops falling fires at the latest {_human(2 * seconds(lw))} after it flattens (both windows "
-                  f"flat; no `for`), and never before training (the first step) has run {_human(2 * seconds(lw))}.",
+            meaning=f"The mean of the training losses recorded in the steps of the last {lw} is higher than their "
+                    f"mean over the {lw} before less {c.loss_diff_percent:g} % of it, by more than "
+                    f"{c.loss_noise_sigmas:g} standard errors of the difference (the noise of the two means, from "
+                    "the steps' sums of squares): the loss surely did not fall by that much. It holds for "
+                    f"{c.loss_for}, while losses were recorded in both windows and every loss was finite; judged "
+                    "once training has run for two windows. The means are per step (from otelprof_loss_summed, "
+                    "_squared_total and _recorded_total), so a checkpoint or an evaluation pass (no training "
+                    "steps) weighs no loss more than another, and loss spikes (OtelprofLossSpike) are left out.",
+            thresholds=_params(("window", lw), ("diff_percent", f"{c.loss_diff_percent:g} %"),
+                               ("noise_sigmas", f"{c.loss_noise_sigmas:g}"), ("for", c.loss_for)),
+            limit=f"A loss whose {lw} mean falls by less than {c.loss_diff_percent:g} % less "
+                  f"{c.loss_noise_sigmas:g} standard errors per {lw}, or rises. With per-step noise s (relative "
+                  f"standard deviation) and n steps per window the standard error of the difference is s x "
+                  f"sqrt(2 / n): a flat loss fires when {c.loss_noise_sigmas:g} s sqrt(2 / n) < "
+                  f"{c.loss_diff_percent:g} %, e.g. s = 1 % with n = 1000 "
+                  f"({c.loss_noise_sigmas * (2 / 1000) ** 0.5:.2g} %); a noisier loss only once it rises by "
+                  f"more than its noise (s = 10 %, n = 1000: "
+                  f"{c.loss_noise_sigmas * 10 * (2 / 1000) ** 0.5 - c.loss_diff_percent:.2g} %); raise "
+                  "diff_percent (or the window) to catch flat noisy losses. A loss that stops falling fires at the "
+                  f"latest {_human(2 * lws + seconds(c.loss_for))} after it flattens (both windows flat, then `for` "
+                  f"{c.loss_for}), and never before training (the first step) has run {_human(2 * lws)}.",
             todo="Expected near convergence: then stop or lower the learning rate. Early in training it "
                  "points at a learning rate that is too high or too low, a data pipeline that repeats the "
                  "same batches, or frozen parameters. Check OtelprofVanishingGradients and the learning-rate "
                  "panel.",
-            deviations="The original compared the loss at step s with the loss at step s - num_steps (10). "
-                       "Prometheus sees the loss gauge at each scrape, not at every step, so this compares the "
-                       f"mean of the scraped values over the last {lw} with the {lw} before — less sensitive "
-                       "to batch-to-batch noise, slower to react.",
+            deviations="The original compared the loss at step s with the loss at step s - num_steps (10), one "
+                       f"value each. This compares the per-step means of the last {lw} and the {lw} before, and "
+                       "fires only when the shortfall is beyond the noise of those means: a healthy loss that falls "
+                       "more slowly than its noise can show stays quiet (scraped values of a last-loss gauge "
+                       "weighed one batch per scrape, and the same batch 10-15 times through an evaluation pass or "
+                       "a checkpoint, and fired on 38-40 of 40 scrape phasings of a healthy run).",
             original="LossNotDecreasing"))
+
+    sw = c.loss_spike_window
+    spike = Alert(
+        "LossSpike", GROUP_TRAINING,
+        f"{q.delta(sc.LOSS_SPIKES, sw, matchers=train)} > 0",
+        "0s", "warning",
+        "The training loss jumped.",
+        f"{AT_RANK}: {NUM} training steps of the last {sw} had a loss of more than "
+        f"{c.loss_spike_ratio:g} times the recent median.",
+        mc.DASHBOARD_TRAINING_REPORT, (*IDENTITY, PHASE, *c.target_labels),
+        Runbook(
+            meaning=f"In the last {sw}, a training step recorded a finite loss above {c.loss_spike_ratio:g} times "
+                    f"the median and above the mean + {c.loss_spike_sigma:g} standard deviations of the phase's "
+                    f"last {thresholds.OUTLIER_WINDOW} losses (judged in the training process after "
+                    f"{thresholds.LOSS_SPIKE_MIN_STEPS} losses, while the median is positive). Severity warning, "
+                    "not info: a jump of that size is a large, wrong update (a bad batch, a learning rate too high "
+                    "for the current curvature, an fp16 overflow just short of inf) that the optimizer's state "
+                    "keeps; repeated spikes are how training starts to diverge, and a run that recovers has still "
+                    "lost progress. Not critical: training often recovers by itself.",
+            thresholds=_params(("window", sw), ("ratio (in process)", f"{c.loss_spike_ratio:g}"),
+                               ("stddev (in process)", f"{c.loss_spike_sigma:g}")),
+            limit=f"A single step whose loss is {c.loss_spike_ratio:g} times the recent median (and beyond "
+                  f"{c.loss_spike_sigma:g} sigma of the recent losses); fires at the first scrape and rule "
+                  f"evaluation after it (no `for`) and stays firing for {sw}. Jumps below {c.loss_spike_ratio:g} "
+                  "times the median (noise, a harder batch) never fire; nor do the first "
+                  f"{thresholds.LOSS_SPIKE_MIN_STEPS} losses of a process.",
+            todo="Look at the spiking steps' inputs (log the batch ids of steps whose loss jumped) and the "
+                 "gradient norm around them (record('grad_norm', ...)). Common fixes: gradient clipping, a lower "
+                 "peak learning rate or a longer warm-up, skipping or cleaning bad samples, bf16 instead of "
+                 "fp16, a larger Adam epsilon. If spikes repeat and the loss does not come back, restart from "
+                 "the checkpoint before the first spike.",
+            deviations="No original: SageMaker Debugger watched for NaN/inf (ExplodingTensor) and a flat loss, "
+                       "not a transient jump. The spike test runs in the training process on every step's loss "
+                       "(otelprof_loss_spikes_total), so a spike between two scrapes is never missed."))
 
     nonfinite = Alert(
         "NonFiniteValues", GROUP_TRAINING,
@@ -740,29 +816,30 @@ def _training(c: MixinConfig) -> list[Alert]:
             original="ExplodingTensor"))
 
     vw = c.vanishing_gradient_window
+    norm_mean = (f"{q.delta(sc.GRAD_NORM_SUMMED, vw, matchers=train)}\n  / "
+                 f"{q.delta(sc.GRAD_NORM_RECORDED, vw, matchers=train)}")
     vanishing = Alert(
         "VanishingGradients", GROUP_TRAINING,
-        f"max_over_time({q.sel(sc.GRAD_NORM, matchers=train)}[{vw}]) < "
-        f"{number(c.vanishing_gradient_threshold)}\n"
-        f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, vw, matchers=train)} > 0",
+        f"(\n  {norm_mean}\n) < {number(c.vanishing_gradient_threshold)}",
         "0s", "warning",
         "Gradients vanished.",
-        f"{AT_RANK}: the gradient norm stayed below {c.vanishing_gradient_threshold:g} for the last {vw} "
-        f"(largest {VAL}).",
+        f"{AT_RANK}: the mean gradient norm of the training steps of the last {vw} is {VAL}, below "
+        f"{c.vanishing_gradient_threshold:g}.",
         mc.DASHBOARD_TRAINING_REPORT, (*IDENTITY, PHASE, *c.target_labels),
         Runbook(
-            meaning=f"Every recorded global gradient norm of the last {vw} was below "
-                    f"{c.vanishing_gradient_threshold:g} while steps were running: the parameters barely "
-                    "change.",
+            meaning=f"The mean of the global gradient norms recorded in the training steps of the last {vw} was "
+                    f"below {c.vanishing_gradient_threshold:g}: the parameters barely change.",
             thresholds=_params(("window", vw), ("threshold", f"{c.vanishing_gradient_threshold:g}")),
-            limit=f"Every gradient norm below {c.vanishing_gradient_threshold:g} for {vw} while steps run; fires "
-                  f"{vw} after the last larger norm (no `for`).",
+            limit=f"A mean gradient norm below {c.vanishing_gradient_threshold:g} over {vw} of training steps; "
+                  f"norms that collapse at once fire within {vw} (no `for`).",
             todo="Check for saturated activations, a loss that is detached from the parameters, parameters "
                  "accidentally frozen, or a learning-rate schedule that has decayed to zero; use normalization "
                  "layers, residual connections or a different initialization.",
             deviations="The original compared the mean absolute value of each gradient tensor with 1e-7; "
                        "otelprof sees the global gradient norm (record('grad_norm', ...)), which is larger "
-                       "than any mean absolute value, so with the same threshold it fires later.",
+                       "than any mean absolute value, so with the same threshold it fires later. The mean over "
+                       "every step of the window comes from per-step sums and counts "
+                       "(otelprof_grad_norm_summed_total, _recorded_total), not from scraped last values.",
             original="VanishingGradient"))
 
     stalled_limit = int(seconds(c.stalled_training_threshold))
@@ -789,8 +866,8 @@ def _training(c: MixinConfig) -> list[Alert]:
             original="StalledTrainingRule"))
 
     ow = c.overfit_window
-    eval_mean = f"avg_over_time({q.sel(sc.LOSS, matchers=evl)}[{ow}])"
-    train_mean = f"avg_over_time({q.sel(sc.LOSS, matchers=train)}[{ow}])"
+    eval_mean = _window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, ow, evl).mean
+    train_mean = _window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, ow, train).mean
     overfit = Alert(
         "Overfitting", GROUP_TRAINING,
         f"(\n  {eval_mean}\n  - ignoring ({PHASE})\n  {train_mean}\n)\n/ ignoring ({PHASE})\n"
@@ -801,24 +878,25 @@ def _training(c: MixinConfig) -> list[Alert]:
         f"{AT_RANK}: mean evaluation loss over the last {ow} is {PCT} above the mean training loss.",
         mc.DASHBOARD_TRAINING_REPORT, (*IDENTITY, *c.target_labels),
         Runbook(
-            meaning=f"(mean eval loss - mean train loss) / mean train loss over the last {ow} exceeds "
+            meaning=f"(mean eval loss - mean train loss) / mean train loss over the steps of the last {ow} exceeds "
                     f"{c.overfit_ratio_threshold:g}. Only jobs that record a loss in an `{c.eval_phase}` phase "
-                    "are checked.",
+                    f"are checked, at times when both phases ran steps within {ow} (evaluate at least that often, "
+                    "or widen the window).",
             thresholds=_params(("window", ow), ("ratio_threshold", c.overfit_ratio_threshold),
                                ("for", c.overfit_for)),
             limit=f"A mean eval loss more than {_pct(c.overfit_ratio_threshold)} above the mean training loss over "
-                  f"{ow}. A gap of g that opens at once fires after {ow} x {c.overfit_ratio_threshold:g} / g + "
-                  f"{c.overfit_for} (g = 20 %: "
-                  f"{_human(seconds(ow) * c.overfit_ratio_threshold / 0.2 + seconds(c.overfit_for))}); at the "
-                  f"latest {_human(seconds(ow) + seconds(c.overfit_for))}.",
+                  f"{ow}, with an evaluation pass in the window. A gap of g that opens at once fires once the "
+                  f"window's evaluation steps are mostly past it, then `for` {c.overfit_for}: at the latest "
+                  f"{_human(seconds(ow) + seconds(c.overfit_for))} with an evaluation pass every {ow}.",
             todo="Stop at the best checkpoint (early stopping), add regularization (weight decay, dropout, "
                  "augmentation) or more data. A gap that is there from the start usually means the two "
                  "losses are computed differently (e.g. dropout, label smoothing or a different reduction).",
             deviations="The original compared the means of saved train and eval losses per step; this "
-                       f"compares the means of the scraped loss gauges over {ow} and waits {c.overfit_for} "
-                       "instead of a step-count patience.",
+                       f"compares the per-step means of the two phases' losses over {ow} (from per-step sums and "
+                       f"counts, never scraped last values) and waits {c.overfit_for} instead of a step-count "
+                       "patience.",
             original="Overfit"))
-    return [not_decreasing, nonfinite, vanishing, stalled, overfit]
+    return [not_decreasing, spike, nonfinite, vanishing, stalled, overfit]
 
 
 # ---------------------------------------------------------------------------------------------- telemetry

@@ -123,8 +123,9 @@ class MixinConfig:
     step_outlier_window: str = "10m"
     step_outlier_n_outliers: int = 10
     step_outlier_min_steps: int = 100
-    step_outlier_min_share: float = 0.01
-    """...and the outliers must be more than this share of the window's steps."""
+    step_outlier_min_cost: float = 0.05
+    """...and the outlier steps must have lost more than this share of the window's step time (their time above
+    the median step); below it the outliers stay in the report's list and the traces, without an alert."""
 
     # ---- MaxInitializationTime
     max_initialization_time: str = "20m"
@@ -142,7 +143,17 @@ class MixinConfig:
     # ---- training rules
     loss_window: str = "15m"
     loss_diff_percent: float = 0.1
-    """LossNotDecreasing: the mean loss must fall by at least this percentage per window."""
+    """LossNotDecreasing: the mean loss must fall by at least this percentage per window..."""
+    loss_noise_sigmas: float = 2.0
+    """...and it fires only when the later mean exceeds that mark by more than this many standard errors of the
+    difference of the two windows' means (their noise, from the per-step sums of squares): a shortfall within
+    the noise is no evidence of a plateau."""
+    loss_for: str = "5m"
+    # ---- LossSpike: the training process flags a loss above ratio x the median and mean + sigma x stddev of
+    # its phase's recent losses (otelprof.thresholds); the fields state those settings for the runbook.
+    loss_spike_ratio: float = thresholds.LOSS_SPIKE_RATIO
+    loss_spike_sigma: float = thresholds.LOSS_SPIKE_SIGMA
+    loss_spike_window: str = "10m"
     nonfinite_window: str = "10m"
     vanishing_gradient_threshold: float = 1e-7
     vanishing_gradient_window: str = "5m"

@@ -717,6 +717,8 @@ def _operators(summary: Any) -> dict[str, Any]:
                            for side, table in categories.items()}
     out["kernel_precision_s"] = {_str(name): _seconds(seconds)
                                  for name, seconds in _entries(summary.get("kernel_precision_s"), dict).items()}
+    out["device_kinds_s"] = {_str(name): _seconds(seconds)
+                             for name, seconds in _entries(summary.get("device_kinds_s"), dict).items()}
     for key in ("operators", "device_events"):
         out[key] = _int(summary.get(key, 0), 0, INT64)
     overlap = _entries(summary.get("overlap"), dict)

@@ -111,6 +111,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _err("report", f"cannot write {output}: {exc}")
     fired = [r.alert for r in report.rules.rows if r.triggered]
     print(f"wrote {output} ({len(text.encode()) / 1024:.0f} KiB)")
+    if report.diagnosis.headline:
+        print(f"diagnosis: {one_line(report.diagnosis.headline, 1000)}")
     if fired:
         print(f"checks that fired: {', '.join(fired)}")
     if report.rules.error:
@@ -156,34 +158,47 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_diagnosis(diagnosis: Any) -> None:
+    """The diagnosis as text, before the checks' table: headline, where the time goes, findings ranked."""
+    print(f"DIAGNOSIS: {one_line(diagnosis.headline, 1000)}")
+    if diagnosis.time_split:
+        print(f"Where the step time goes: {one_line(diagnosis.time_split, 1000)}")
+    for i, f in enumerate(diagnosis.findings):
+        checks = f" [{', '.join(f.checks)}]" if f.checks else ""
+        print(f"{i + 1:>2}. {one_line(f.title)}: {one_line(f.cost_text, 1000)}{checks}")
+        print(f"    do: {one_line(f.action, 1000)}")
+        print(f"    why: {one_line(f.evidence, 1000)}")
+    if diagnosis.minor:
+        print("Minor: " + one_line("; ".join(f"{f.title.lower()}: {f.cost_text}" for f in diagnosis.minor), 1000))
+    print()
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    from otelprof.analysis.rules import rules_summary
-    from otelprof.analysis.run import RunView
-    from otelprof.recording.reader import read_recording
+    from otelprof.analysis.diagnosis import diagnosis_dict
+    from otelprof.analysis.report import build_report, load
 
     try:
         config = _config(args.set)
     except ValueError as exc:
         return _err("check", str(exc))
     try:
-        recording = read_recording(resolve_run(args.run_dir))
+        recording = load(resolve_run(args.run_dir))
     except RecordingError as exc:
         return _err("check", str(exc))
-    view = RunView(recording)
-    first, last = view.first_time(), view.last_time()
-    summary = rules_summary(recording, last - first if first is not None and last is not None else None, config,
-                            args.interval)
+    report = build_report(recording, config, args.interval)  # the diagnosis weighs the analyses beside the checks
+    summary = report.rules
     if summary.error:
         return _err("check", f"the checks could not run: {summary.error}")
     if args.json:
         if recording.skipped_lines:
             print(f"otelprof check: note: {_skipped(recording)}", file=sys.stderr)
-        print(json.dumps([{"alert": r.alert, "original": r.original, "severity": r.severity, "status": r.status,
-                           "fired": r.triggered, "firing_evaluations": r.firing_evaluations,
-                           "evaluations": r.evaluations, "datapoints": r.datapoints, "first_fired": r.first_fired,
-                           "subjects": list(r.subjects)}
-                          for r in summary.rows], indent=1))
+        print(json.dumps({"diagnosis": diagnosis_dict(report.diagnosis), "checks": [
+            {"alert": r.alert, "original": r.original, "severity": r.severity, "status": r.status,
+             "fired": r.triggered, "firing_evaluations": r.firing_evaluations, "evaluations": r.evaluations,
+             "datapoints": r.datapoints, "first_fired": r.first_fired, "subjects": list(r.subjects)}
+            for r in summary.rows]}, indent=1, allow_nan=False))
     else:
+        print_diagnosis(report.diagnosis)
         width = max((len(r.alert) for r in summary.rows), default=10)
         print(f"{'CHECK':<{width}}  {'VERDICT':<7}  {'SEVERITY':<8}  {'FIRED':>9}  {'DATAPOINTS':>10}  WHERE")
         for r in summary.rows:
@@ -325,12 +340,14 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
     check = sub.add_parser(
         "check", help="run the offline checks on a recording; exit 1 if any fires (for CI)",
         description="Evaluate every alert check that has an offline twin on the recording and print a table. "
+                    "The diagnosis comes first: what costs this run time, ranked, with its figures and what to do. "
                     "Exit status: 0 none fired, 1 some fired, 2 bad input.")
     check.add_argument("run_dir", metavar="RUN_DIR", help="the recording")
     check.add_argument("--interval", type=float, default=None, metavar="SECONDS",
                        help="evaluate every SECONDS (default: 10 s, coarser for long runs)")
     check.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a threshold (MixinConfig)")
-    check.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    check.add_argument("--json", action="store_true",
+                       help='print {"diagnosis": ..., "checks": [...]} as JSON')
     check.set_defaults(func=cmd_check)
 
     cmp = sub.add_parser(

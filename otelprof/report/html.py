@@ -14,6 +14,7 @@ from html import escape
 
 from otelprof import semconv as sc
 from otelprof._version import __version__
+from otelprof.analysis import diagnosis as dg
 from otelprof.analysis import environment as envmod
 from otelprof.analysis import framework as fw
 from otelprof.analysis import progress as prog
@@ -31,6 +32,7 @@ UNCOVERED_WARN = 0.2
 """A phase whose steps spend more than this share in no region gets a note."""
 
 SECTIONS: tuple[tuple[str, str], ...] = (
+    ("diagnosis", "Diagnosis"),
     ("summary", "Job summary"),
     ("environment", "Environment"),
     ("training", "Training progress"),
@@ -176,6 +178,48 @@ def charts(*figures: str) -> str:
 
 def section(anchor: str, title: str, body: str) -> str:
     return f'<section id="{anchor}"><h2>{escape(title)}</h2>{body}</section>'
+
+
+FOLD_BADGES = {dg.STATUS_OK: ("ok", "nothing found"), dg.STATUS_NO_DATA: ("nodata", "no data"),
+               dg.STATUS_MINOR: ("ok", "minor")}
+
+
+def fold(html: str, verdict: dg.SectionVerdict | None) -> str:
+    """A section whose checks found nothing, as one line (its verdict) that opens to the whole section."""
+    if verdict is None or verdict.status not in FOLD_BADGES:
+        return html
+    head_end = html.index("</h2>") + len("</h2>")
+    open_tag = html.index(">") + 1
+    heading = html[open_tag:head_end]
+    body = html[head_end:-len("</section>")]
+    cls, label = FOLD_BADGES[verdict.status]
+    return (f'{html[:open_tag]}<details class="fold"><summary>{heading}<span class="badge {cls}">{label}</span> '
+            f'<span class="foldline">{escape(verdict.line)}</span></summary>{body}</details></section>')
+
+
+def _diagnosis(r: Report) -> str:
+    d = r.diagnosis
+    out = [f'<p class="headline {"good" if d.healthy else "warn"}">{escape(d.headline)}</p>']
+    if d.time_split:
+        out.append(f'<p class="split"><b>Where the step time goes:</b> {escape(d.time_split)}</p>')
+    if d.findings:
+        items = []
+        for i, f in enumerate(d.findings):
+            checks = "".join(f'<span class="badge fired">{escape(c)}</span> ' for c in f.checks)
+            items.append(
+                f'<li class="finding" id="finding-{i + 1}"><div class="cost"><b>{escape(f.title)}</b>: '
+                f'{escape(f.cost_text)} {checks}<span class="muted">({escape(f.kind)}, {escape(f.severity)})</span>'
+                f'</div><div class="action">What to do: {escape(f.action)}</div>'
+                f'<div class="evidence muted">{escape(f.evidence)}. <a href="#{escape(f.section)}">Details</a></div>'
+                "</li>")
+        out.append(f'<ol class="findings">{"".join(items)}</ol>')
+    if d.minor:
+        out.append(p("Minor (less than " + dg.pct(dg.MATERIAL) + " of the step time each): "
+                     + "; ".join(f"{f.title.lower()}: {f.cost_text}" for f in d.minor) + "."))
+    if _from_prometheus(r):
+        out.append(p("From Prometheus: the same diagnosis from the metrics; figures only a recording holds (outlier "
+                     f"step time, operator tables) are in {IN_RECORDING}."))
+    return section("diagnosis", "Diagnosis", "".join(out))
 
 
 # ---------------------------------------------------------------------------------------- sections
@@ -663,14 +707,16 @@ def _rules(r: Report) -> str:
                      f"recording every {secs(rules.interval)} with the same windows, warm-up and thresholds. “Fired” "
                      "counts the evaluations at which the check was firing; datapoints are the samples or steps it "
                      "judged."))
-    judged, no_data = rules.judged, rules.no_data
-    fired = rules.fired
+    order = {name: i for i, name in enumerate(dg.check_order(r.diagnosis))}
+    judged = tuple(sorted(rules.judged, key=lambda row: (not row.triggered, order.get(row.alert, len(order)))))
+    no_data = rules.no_data
+    fired = [row for row in judged if row.triggered]
     if fired:
         top = fired[0]
-        out.append(note(f"{len(fired)} of {len(judged)} checks with data fired. The one firing most often was "
-                        f"{top.alert}: it judged {top.datapoints:,} datapoints and fired at {top.firing_evaluations} "
-                        f"of {top.evaluations} evaluations" + (f", first at {when(top.first_fired)}"
-                                                               if top.first_fired else "") + ".", "warn"))
+        out.append(note(f"{len(fired)} of {len(judged)} checks with data fired, in the diagnosis's order (causes "
+                        f"first): {', '.join(row.alert for row in fired)}. {top.alert} judged {top.datapoints:,} "
+                        f"datapoints and fired at {top.firing_evaluations} of {top.evaluations} evaluations"
+                        + (f", first at {when(top.first_fired)}" if top.first_fired else "") + ".", "warn"))
     elif judged:
         out.append(note(f"None of the {len(judged)} checks with data fired.", "good"))
     elif rules.rows:
@@ -910,7 +956,10 @@ def _dataloader(r: Report) -> str:
         figures = [figure(svg.histogram(x.histogram.edges, x.histogram.counts, f"Data-loader wait, rank {x.rank}",
                                         secs, width=460, markers=[("p25", x.wait_p25), ("p50", x.wait.p50),
                                                                   ("p95", x.wait.p95)]),
-                          f"Wait per step, rank {x.rank} {x.phase}.") for x in d.phases[:MAX_HISTOGRAMS]
+                          f"Wait per step, rank {x.rank} {x.phase}"
+                          + (f"; the last bin also holds the {x.histogram_clipped:,} longest waits (up to "
+                             f"{secs(x.wait.max)}), far beyond the rest." if x.histogram_clipped else "."))
+                   for x in d.phases[:MAX_HISTOGRAMS]
                    if x.histogram.counts]
         out.append(charts(*figures))
     for loader in d.loaders:
@@ -1153,13 +1202,18 @@ def _memory(r: Report) -> str:
 
 def render(report: Report) -> str:
     s = report.summary
+    d = report.diagnosis
     sections = [
-        _summary(report), _environment(report), _training(report), _system(report), _framework(report),
-        _rules(report),
+        _diagnosis(report), _summary(report), _environment(report), fold(_training(report), d.section("training")),
+        _system(report), _framework(report), _rules(report),
         '<h2 class="muted">Analyzing the training loop</h2>',
-        _steps(report), _gpu(report), _device(report), _balance(report), _dataloader(report), _batch(report),
-        _bottleneck(report, io=False), _bottleneck(report, io=True), _memory(report),
+        *(fold(html, d.section(anchor)) for anchor, html in (
+            ("steps", _steps(report)), ("gpu", _gpu(report)), ("device", _device(report)),
+            ("balance", _balance(report)), ("dataloader", _dataloader(report)), ("batch", _batch(report)),
+            ("cpu-bottleneck", _bottleneck(report, io=False)), ("io-bottleneck", _bottleneck(report, io=True)),
+            ("gpu-memory", _memory(report)))),
     ]
+    sections[6] = fold(sections[6], d.section("rules"))
     if report.notes:
         sections.append(section("notes", "Notes", "".join(note(n) for n in report.notes)))
     nav = "".join(f'<a href="#{anchor}">{escape(title)}</a>' for anchor, title in SECTIONS)

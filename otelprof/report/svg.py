@@ -274,6 +274,7 @@ def xy(series: Sequence[XySeries], title: str, fmt: Fmt, x_fmt: Fmt, width: int 
           + [m[1] for m in markers if math.isfinite(m[1])])
     x0, x1 = min(xs), max(xs)
     y0, y1 = (min(ys), max(ys)) if ys else (0.0, 1.0)
+    floor = 0.0 if y0 >= 0 else -math.inf  # data that cannot be negative (bytes, seconds) gets no negative tick
     if zero:
         y0 = min(y0, 0.0)
     if y1 <= y0:
@@ -281,6 +282,7 @@ def xy(series: Sequence[XySeries], title: str, fmt: Fmt, x_fmt: Fmt, width: int 
     else:
         pad = (y1 - y0) * 0.05
         y0, y1 = (y0 if zero and y0 == 0 else y0 - pad), y1 + pad
+    y0 = max(y0, floor)
     xspan, yspan = (x1 - x0) or 1.0, y1 - y0
 
     def px(v: float) -> str:

@@ -12,8 +12,8 @@ header { padding: 18px 28px; background: #1f2a44; color: #fff; }
 header h1 { margin: 0 0 4px; font-size: 22px; }
 header .meta { color: #c9d2e3; font-size: 13px; }
 nav { position: sticky; top: 0; z-index: 2; background: var(--soft); border-bottom: 1px solid var(--line);
-      padding: 6px 28px; font-size: 13px; }
-nav a { margin-right: 12px; color: var(--accent); text-decoration: none; white-space: nowrap; }
+      padding: 6px 28px; font-size: 13px; display: flex; flex-wrap: wrap; gap: 2px 12px; }
+nav a { color: var(--accent); text-decoration: none; white-space: nowrap; }
 main { padding: 8px 28px 40px; max-width: 1240px; }
 section { border-bottom: 1px solid var(--line); padding: 10px 0 18px; }
 h2 { font-size: 19px; margin: 18px 0 8px; }
@@ -52,7 +52,23 @@ svg.chart .grid { stroke: #e7eaf0; stroke-width: 1; }
 svg.chart .whisker { stroke: #555; stroke-width: 1.2; }
 code { background: var(--soft); padding: 0 3px; border-radius: 3px; }
 footer { padding: 12px 28px 30px; color: var(--muted); font-size: 12px; }
-@media print { nav { display: none; } }
+p.headline { font-size: 17px; font-weight: 600; border-left: 5px solid var(--accent); padding: 6px 12px;
+             background: var(--soft); }
+p.headline.good { border-left-color: var(--good); }
+p.headline.warn { border-left-color: var(--warn); }
+ol.findings { margin: 8px 0; padding-left: 24px; max-width: 1100px; }
+li.finding { margin: 0 0 10px; }
+li.finding .cost { font-size: 15px; }
+li.finding .action { margin: 2px 0; }
+li.finding .evidence { font-size: 12px; }
+details.fold > summary { cursor: pointer; list-style-position: outside; }
+details.fold > summary h2 { display: inline; margin: 0 8px 0 0; font-size: 17px; }
+details.fold > summary .foldline { color: var(--muted); font-size: 13px; }
+details.fold[open] > summary { margin-bottom: 8px; }
+section:has(> details.fold) { padding: 8px 0; }
+svg.chart { max-width: 100%; height: auto; }
+.rules, table { max-width: 100%; }
+@media print { nav { display: none; } details.fold > *:not(summary) { display: block; } }
 """
 
 PAGE = """<!doctype html>

@@ -459,25 +459,30 @@ def step_groups() -> list[Group]:
     groups.append(straggler("5 ranks: one 50 % slower", [1.0, 1.0, 1.0, 1.0, 1.5])
                   .fires("RankStraggler", "5m", (rank(4), 1.5)))
 
-    def outliers(name: str, count: int, steps_per_interval: int, n: int = 110) -> Group:
+    def outliers(name: str, count: int, cost: float, steps_per_interval: int, n: int = 110) -> Group:
+        """Steps of 1 s (``steps_per_interval`` per 10 s); from 300 s one outlier per interval, ``count`` of them,
+        each ``cost`` seconds above the median step. The recorder creates the counters with the first step."""
         g = Group(name).started(ID, n)
         g.counter(sc.STEPS, {**ID, **TRAIN}, seq([(n, steps_per_interval)]))
-        # The counter appears with the first outlier (as the recorder creates it), at 300 s.
-        g.counter(sc.STEP_OUTLIERS, {**ID, **TRAIN}, f"_x30 {seq([(count - 1, 1), (n - 30 - count + 1, 0)], 1)}")
+        g.add(series_name(sc.STEP_DURATION, "sum"), {**ID, **TRAIN}, seq([(n, steps_per_interval)]))
+        g.counter(sc.STEP_OUTLIERS, {**ID, **TRAIN}, seq([(30, 0), (count, 1), (n - 30 - count, 0)]))
+        g.counter(sc.STEP_OUTLIER_EXCESS, {**ID, **TRAIN}, seq([(30, 0), (count, cost), (n - 30 - count, 0)]))
         return g
 
-    g = outliers("11 outlier steps out of 420", 11, 10)
-    g.silent("StepOutliers", "5m").fires("StepOutliers", "7m", ({**ID, **TRAIN, **TARGET}, 11))
-    g.fires("StepOutliers", "11m", ({**ID, **TRAIN, **TARGET}, 11))
+    g = outliers("11 outliers losing 6 s each: 16 % of 7 minutes' step time", 11, 6.0, 10)
+    g.silent("StepOutliers", "5m").silent("StepOutliers", "6m40s")  # 10 outliers are not more than 10
+    g.fires("StepOutliers", "6m50s", ({**ID, **TRAIN, **TARGET}, 66 / 410))
+    g.fires("StepOutliers", "11m", ({**ID, **TRAIN, **TARGET}, 66 / 600))
     g.silent("StepOutliers", "16m50s")  # the outliers left the 10-min window
     groups.append(g)
-    g = outliers("exactly 10 outlier steps", 10, 10)
-    g.silent("StepOutliers", "8m")
-    groups.append(g)
-    g = outliers("11 outliers in exactly 100 steps", 11, 2)
+    g = outliers("11 outliers losing 2 s each: 3.7 % of 10 minutes' step time", 11, 2.0, 10)
+    groups.append(g.silent("StepOutliers", "11m"))
+    g = outliers("exactly 10 outliers, 10 % of the step time", 10, 6.0, 10)
+    groups.append(g.silent("StepOutliers", "8m"))
+    g = outliers("11 outliers in exactly 100 steps", 11, 6.0, 2)
     groups.append(g.silent("StepOutliers", "8m20s"))
-    g = outliers("11 outliers in 1260 steps: under 1 % of the steps", 11, 30)
-    groups.append(g.silent("StepOutliers", "7m"))
+    g = outliers("12 outliers losing exactly 5 % of 10 minutes' step time", 12, 2.5, 10)
+    groups.append(g.silent("StepOutliers", "11m").silent("StepOutliers", "12m"))
 
     g = Group("no first step after 20 min").started(ID, 130)
     g.silent("SlowInitialization", "20m").fires("SlowInitialization", "20m10s", ({**ID, **TARGET}, 1210))
@@ -519,33 +524,61 @@ def training_groups() -> list[Group]:
     groups = []
     train_id, eval_id = {**ID, **TRAIN}, {**ID, "phase": "eval"}
 
-    def losses(name: str, values: str, steps: str = seq([(40, 60)]), minutes: int = 40, first: int = 0) -> Group:
+    def losses(name: str, means: Sequence[tuple[int, float]], noise: float = 0.0, minutes: int = 45,
+               first: int = 0, per_minute: int = 60) -> Group:
+        """``per_minute`` training losses a minute (60 steps), ``means``: (minutes, mean loss) pieces, each step's
+        loss spread by ``noise`` (standard deviation) around the mean; as the recorder's running sums."""
         g = Group(name, interval="1m").started(ID, minutes).gauge(sc.STEP_FIRST_TIMESTAMP, ID, const(first, minutes))
-        return g.gauge(sc.LOSS, train_id, values).counter(sc.STEPS, train_id, steps)
+        finite = [(m, mean if mean == mean else None) for m, mean in means]  # NaN: no finite loss recorded
+        sums = seq([(m, 0.0 if mean is None else mean * per_minute) for m, mean in finite])
+        squares = seq([(m, 0.0 if mean is None else per_minute * (mean * mean + noise * noise)) for m, mean in finite])
+        counts = seq([(m, 0 if mean is None else per_minute) for m, mean in finite])
+        return (g.gauge(sc.LOSS_SUMMED, train_id, sums).counter(sc.LOSS_SQUARED, train_id, squares)
+                .counter(sc.LOSS_RECORDED, train_id, counts))
 
-    groups.append(losses("loss flat at 2.0", const(2.0, 40)).silent("LossNotDecreasing", "30m")  # two windows
-                  .fires("LossNotDecreasing", "31m", ({**train_id, **TARGET}, 2.0)))
-    groups.append(losses("loss falls 0.05 % per window (less than 0.1 %)", f"{const(1.0, 15)} {const(0.9995, 24)}")
-                  .fires("LossNotDecreasing", "31m", ({**train_id, **TARGET}, 0.9995)))
-    groups.append(losses("loss falls 0.2 % per window", f"{const(1.0, 15)} {const(0.998, 24)}")
-                  .silent("LossNotDecreasing", "31m"))
-    groups.append(losses("loss decreasing steadily", "2-0.01x40").silent("LossNotDecreasing", "35m"))
-    groups.append(losses("loss flat but no steps run", const(2.0, 40), const(100, 40))
-                  .silent("LossNotDecreasing", "35m"))
-    groups.append(losses("training starts at 10 min, loss flat: both windows must lie in training", const(2.0, 50),
-                         f"{const(0, 10)} {seq([(40, 60)])}", 50, 600)
-                  .silent("LossNotDecreasing", "31m").silent("LossNotDecreasing", "40m")
-                  .fires("LossNotDecreasing", "41m", ({**train_id, **TARGET}, 2.0)))
-    resumed = Group("training resumes after a 35-min stall: the loss gauge held still through it", interval="1m")
-    resumed.started(ID, 50).gauge(sc.STEP_FIRST_TIMESTAMP, ID, const(0, 50))
-    resumed.gauge(sc.LOSS, train_id, f"2-0.01x10 {const(1.9, 35)} 1.899 1.898 1.897 1.896")
-    resumed.counter(sc.STEPS, train_id, f"{seq([(10, 60)])} {const(600, 35)} 660 720 780 840")
-    groups.append(resumed.silent("LossNotDecreasing", "46m").silent("LossNotDecreasing", "48m"))
-    nan = Group("the loss turns NaN at 20 min: the gauge holds the last finite loss", interval="1m").started(ID, 55)
-    nan.gauge(sc.STEP_FIRST_TIMESTAMP, ID, const(0, 55))
-    nan.gauge(sc.LOSS, train_id, f"2-0.01x20 {const(1.8, 34)}").counter(sc.STEPS, train_id, seq([(55, 60)]))
+    groups.append(losses("loss flat at 2.0", [(45, 2.0)]).silent("LossNotDecreasing", "30m")  # two windows
+                  .silent("LossNotDecreasing", "35m")  # for: 5m
+                  .fires("LossNotDecreasing", "36m", ({**train_id, **TARGET}, 2.0)))
+    groups.append(losses("loss falls 0.05 % per window (less than 0.1 %)", [(15, 1.0), (30, 0.9995)])
+                  .fires("LossNotDecreasing", "36m", ({**train_id, **TARGET}, 0.9995)))
+    groups.append(losses("loss falls 0.2 % per window", [(15, 1.0), (30, 0.998)])
+                  .silent("LossNotDecreasing", "36m"))
+    groups.append(losses("loss decreasing steadily", [(15, 2.0), (15, 1.9), (15, 1.8)])
+                  .silent("LossNotDecreasing", "40m"))
+    # 10 % per-step noise, 900 steps a window: the difference of two window means has a standard error of 0.47 %
+    groups.append(losses("noisy loss flat: within the noise of the means, no evidence of a plateau",
+                         [(45, 1.0)], noise=0.1).silent("LossNotDecreasing", "40m"))
+    groups.append(losses("noisy loss rising 1 % per window: beyond the noise", [(15, 1.0), (15, 1.01), (15, 1.02)],
+                         noise=0.1).fires("LossNotDecreasing", "36m", ({**train_id, **TARGET},
+                                                                        (9 * 1.01 + 6 * 1.02) / 15)))
+    # 1 % noise: a standard error of 0.047 %, so a flat loss is surely not 0.1 % lower
+    groups.append(losses("loss flat with 1 % noise", [(45, 1.0)], noise=0.01)
+                  .fires("LossNotDecreasing", "36m", ({**train_id, **TARGET}, 1.0)))
+    groups.append(losses("loss with 1 % noise falls 0.1 % per window: no sure shortfall",
+                         [(15, 1.0), (15, 0.999), (15, 0.998)], noise=0.01).silent("LossNotDecreasing", "40m"))
+    groups.append(losses("loss flat but no losses recorded", [(45, 2.0)], per_minute=0)
+                  .silent("LossNotDecreasing", "40m"))
+    groups.append(losses("training starts at 10 min, loss flat: both windows must lie in training", [(55, 2.0)],
+                         minutes=55, first=600)
+                  .silent("LossNotDecreasing", "31m").silent("LossNotDecreasing", "45m")
+                  .fires("LossNotDecreasing", "46m", ({**train_id, **TARGET}, 2.0)))
+    groups.append(losses("training resumes after a 35-min stall: no losses in the earlier window",
+                         [(10, 2.0), (35, math.nan), (10, 1.9)], minutes=55)
+                  .silent("LossNotDecreasing", "46m").silent("LossNotDecreasing", "50m"))
+    nan = losses("the loss turns NaN at 20 min: no finite loss is recorded after", [(20, 2.0), (35, math.nan)],
+                 minutes=55)
     nan.counter(sc.NONFINITE, {**train_id, "scalar": "loss"}, f"_x20 {seq([(34, 60)], 1)}")
     groups.append(nan.silent("LossNotDecreasing", "53m"))
+
+    def spikes(name: str, values: str, phase: dict[str, str] = train_id) -> Group:
+        return Group(name, interval="1m").counter(sc.LOSS_SPIKES, phase, values)
+
+    groups.append(spikes("5 steps with a loss spike at 5 min", f"{const(0, 5)} {const(5, 20)}")
+                  .silent("LossSpike", "5m").fires("LossSpike", "6m", ({**train_id, **TARGET}, 5))
+                  .fires("LossSpike", "15m", ({**train_id, **TARGET}, 5)).silent("LossSpike", "16m"))
+    groups.append(spikes("no spike", const(0, 20)).silent("LossSpike", "10m"))
+    groups.append(spikes("a spike in an evaluation pass", f"{const(0, 5)} {const(1, 20)}", eval_id)
+                  .silent("LossSpike", "6m"))
 
     g = Group("NaN loss at 5 min", interval="1m")
     g.counter(sc.NONFINITE, {**train_id, "scalar": "loss"}, f"_x5 {const(1, 20)}")
@@ -557,16 +590,19 @@ def training_groups() -> list[Group]:
     g.gauge(sc.LOSS, train_id, const(1.5, 20))
     groups.append(g.silent("NonFiniteValues", "10m"))
 
-    def grads(name: str, values: str, steps: str = seq([(20, 60)])) -> Group:
+    def grads(name: str, sums: str, counts: str = seq([(20, 60)])) -> Group:
         g = Group(name, interval="1m")
-        return g.gauge(sc.GRAD_NORM, train_id, values).counter(sc.STEPS, train_id, steps)
+        return g.counter(sc.GRAD_NORM_SUMMED, train_id, sums).counter(sc.GRAD_NORM_RECORDED, train_id, counts)
 
-    groups.append(grads("gradient norm 1e-8", const(1e-8, 20)).silent("VanishingGradients", "0m")
+    groups.append(grads("gradient norm 1e-8", seq([(20, 60e-8)])).silent("VanishingGradients", "0m")
                   .fires("VanishingGradients", "5m", ({**train_id, **TARGET}, 1e-8)))
-    groups.append(grads("one gradient norm above 1e-7 in the window", f"{const(1e-8, 5)} 1e-6 {const(1e-8, 13)}")
-                  .silent("VanishingGradients", "9m").fires("VanishingGradients", "12m", ({**train_id, **TARGET},
+    groups.append(grads("one gradient norm of 1e-4 among 1e-8 norms: the mean is above the threshold",
+                        seq([(5, 60e-8), (1, 1e-4 + 59e-8), (14, 60e-8)]))
+                  .silent("VanishingGradients", "9m").fires("VanishingGradients", "11m", ({**train_id, **TARGET},
                                                                                           1e-8)))
-    groups.append(grads("tiny gradient norm but no steps", const(1e-8, 20), const(60, 20))
+    groups.append(grads("tiny gradient norms but no steps", seq([(20, 0)]), seq([(20, 0)]))
+                  .silent("VanishingGradients", "10m"))
+    groups.append(grads("gradient norm 2e-7 (not below the threshold)", seq([(20, 120e-7)]))
                   .silent("VanishingGradients", "10m"))
 
     g = Group("last step at 120 s, nothing since", interval="1m")
@@ -578,13 +614,19 @@ def training_groups() -> list[Group]:
     g.gauge(sc.STEP_LAST_TIMESTAMP, eval_id, seq([(40, 60)]))
     groups.append(g.silent("TrainingStalled", "39m"))
 
-    def overfit(name: str, eval_loss: float) -> Group:
+    def overfit(name: str, eval_loss: float, eval_minutes: int = 30) -> Group:
+        """Train losses 1.0 (60 a minute), evaluation losses ``eval_loss`` (10 a minute, for ``eval_minutes``)."""
         g = Group(name, interval="1m")
-        return g.gauge(sc.LOSS, train_id, const(1.0, 30)).gauge(sc.LOSS, eval_id, const(eval_loss, 30))
+        g.gauge(sc.LOSS_SUMMED, train_id, seq([(30, 60)])).counter(sc.LOSS_RECORDED, train_id, seq([(30, 60)]))
+        evals = [(eval_minutes, 10.0), (30 - eval_minutes, 0.0)] if eval_minutes < 30 else [(30, 10.0)]
+        g.gauge(sc.LOSS_SUMMED, eval_id, seq([(m, c * eval_loss) for m, c in evals]))
+        return g.counter(sc.LOSS_RECORDED, eval_id, seq(evals))
 
-    groups.append(overfit("eval loss 25 % above train loss", 1.25).silent("Overfitting", "4m")
-                  .fires("Overfitting", "5m", ({**ID, **TARGET}, 0.25)))
+    groups.append(overfit("eval loss 25 % above train loss", 1.25).silent("Overfitting", "5m")
+                  .fires("Overfitting", "6m", ({**ID, **TARGET}, 0.25)))
     groups.append(overfit("eval loss 6.25 % above train loss", 1.0625).silent("Overfitting", "20m"))
+    groups.append(overfit("eval loss 25 % above, but no evaluation in the last 15 min", 1.25, eval_minutes=5)
+                  .fires("Overfitting", "10m", ({**ID, **TARGET}, 0.25)).silent("Overfitting", "25m"))
     return groups
 
 
