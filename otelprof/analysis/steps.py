@@ -117,7 +117,7 @@ def outlier_flags(view: RunView, index: int) -> list[bool]:
 def _kept(durations: list[float], slowed: list[bool], steps: Sequence[int]) -> list[float]:
     """A phase's durations without the steps otelprof slowed (``steps``: the phase's step indexes, its
     :meth:`~otelprof.recording.reader.StepColumns.phase_steps`)."""
-    if not any(slowed):
+    if not any(map(slowed.__getitem__, steps)):  # the phase's own steps only: all phases cost one pass
         return durations
     return [d for d, i in zip(durations, steps) if not slowed[i]]
 
