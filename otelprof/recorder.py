@@ -19,7 +19,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
-from otelprof import _arguments
+from otelprof import _arguments, collectives, nesting
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import describe_exception, logger, sanitize, warn_once
@@ -188,6 +188,7 @@ class Recorder:
         self.dataloader_wait = r.histogram(sc.DATALOADER_WAIT)
         self.dataloader_wait_ratio = r.histogram(sc.DATALOADER_WAIT_RATIO)
         self.collective_duration = r.histogram(sc.COLLECTIVE_DURATION)
+        self.collective_exposed = r.histogram(sc.COLLECTIVE_EXPOSED)
         self.device_duration = r.histogram(sc.REGION_DEVICE_DURATION)
         self.scalar_gauges = {name: r.gauge(spec) for name, spec in sc.SCALAR_GAUGES.items()}
         self.scalar_counters = {name: r.counter(spec) for name, spec in sc.SCALAR_COUNTERS.items()}
@@ -369,11 +370,15 @@ class Recorder:
         self._latest[label] = (1 if latest is None else latest[0] + 1, end_ns, number)
         if self.lifecycle.get("first_step_start") is None:
             self._first_step(start_unix)
-        wait_ns = collective_ns = 0
+        wait_ns = 0
+        collective = False
         if annotations:
             keys = self._annotation_keys
             observe = self.annotation_duration.observe
-            for name, a_start, a_end, _depth, _err in annotations:
+            skip = nesting.repeats(annotations)  # usually None: no region inside one of its own name
+            for index, (name, a_start, a_end, _depth, _err) in enumerate(annotations):
+                if skip is not None and index in skip:
+                    continue
                 key = keys.get((label, name))
                 if key is None:
                     if len(keys) > 10_000:  # raw names past the label cap would grow it for ever
@@ -383,12 +388,14 @@ class Recorder:
                 if name == _DATALOADER:
                     wait_ns += a_end - a_start
                 elif name == _COLLECTIVE:
-                    collective_ns += a_end - a_start
+                    collective = True
             if wait_ns:
                 self.dataloader_wait.observe(wait_ns / 1e9, labels)
                 self.dataloader_wait_ratio.observe(min(wait_ns / max(step_ns, 1), 1.0), labels)
-            if collective_ns:
-                self.collective_duration.observe(collective_ns / 1e9, labels)
+            if collective:  # all-reduces overlap one another and the backward pass: their union, and what of it
+                union_ns, exposed_ns = collectives.step_communication(start_ns, end_ns, annotations)  # is waiting
+                self.collective_duration.observe(union_ns / 1e9, labels)
+                self.collective_exposed.observe(exposed_ns / 1e9, labels)
         values = self._scalars(scalars, labels) if scalars else None
         if values:
             self._step_scalars(phase, values, labels)

@@ -413,7 +413,11 @@ DATALOADER_WAIT_RATIO = MetricSpec(
     (0.01, 0.02, 0.05, *(round(0.05 * i, 2) for i in range(2, 21))))
 COLLECTIVE_DURATION = MetricSpec(
     "otelprof.collective.duration", Kind.HISTOGRAM, "s",
-    "Per step: time gradient all-reduces were in flight (the step's collective regions summed).",
+    "Per step: time at least one gradient all-reduce was in flight (the union of the step's collective regions).",
+    (LABEL_PHASE,), DURATION_BUCKETS)
+COLLECTIVE_EXPOSED = MetricSpec(
+    "otelprof.collective.exposed", Kind.HISTOGRAM, "s",
+    "Per step: collective time not overlapped by the backward pass's compute (the rank only waited for it).",
     (LABEL_PHASE,), DURATION_BUCKETS)
 DATALOADER_WORKERS = MetricSpec(
     "otelprof.dataloader.workers", Kind.GAUGE, "{worker}", "Worker processes of the instrumented data loader.")
@@ -657,6 +661,7 @@ STEP_METRICS: tuple[MetricSpec, ...] = (
     STEP_DURATION, STEPS, STEP_OUTLIERS, STEP_LAST_TIMESTAMP, STEP_FIRST_TIMESTAMP, STEP_NUMBER,
     PROCESS_START_TIME, PHASE_ACTIVE, ANNOTATION_DURATION, SAMPLES, TOKENS, LOSS, LEARNING_RATE,
     GRAD_NORM, NONFINITE, DATALOADER_WAIT, DATALOADER_WAIT_RATIO, COLLECTIVE_DURATION,
+    COLLECTIVE_EXPOSED,
     EXPORTER_DROPPED, SPANS_BUILT, SPAN_BUILD_TIME, RECORDING_BYTES,
     STEP_OUTLIER_EXCESS, LOSS_SUMMED, LOSS_SQUARED, LOSS_RECORDED, LOSS_SPIKES, GRAD_NORM_SUMMED, GRAD_NORM_RECORDED,
 )

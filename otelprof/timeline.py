@@ -1,7 +1,8 @@
 """A recording as a Chrome trace / Perfetto timeline (JSON trace-event format).
 
 One process per rank with tracks for its steps (outlier steps marked), the regions inside steps
-(one track per nesting depth, more lanes where regions overlap), regions outside steps and
+(one track per nesting depth, more lanes where regions overlap; a step's collective and exposed communication
+time in its arguments), regions outside steps and
 lifecycle moments, and operator-profiling windows; for profiled steps the operators (one track per host
 thread, nested as they ran), the GPU kernels and copies (one track per device and stream) and a flow arrow
 from each launching operator to its kernel; the device (CUDA event) time of each step's regions on a track
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otelprof import collectives
 from otelprof import semconv as sc
 from otelprof.analysis.run import RunView
 from otelprof.analysis.steps import outlier_flags
@@ -36,6 +38,10 @@ TID_OPERATORS = 50_000
 TID_DEVICE = 60_000
 """GPU stream tracks: this plus ``device * 1000 + stream % 1000``."""
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
+ARG_COLLECTIVE = "collective ms"
+"""Step argument: milliseconds with at least one all-reduce in flight (:mod:`otelprof.collectives`)."""
+ARG_EXPOSED = "exposed communication ms"
+"""Step argument: milliseconds of it the backward pass did not overlap."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,7 @@ def build_timeline(recording: Recording, from_step: int | None = None, to_step: 
         step_lanes = _Lanes()
         lane_names: set[tuple[int, int]] = set()
         first = 0 if whole else bisect.bisect_left(c.start_ns, lo)
+        collective, exposed = collectives.of_columns(c)
         for i in range(first, len(c)):
             start, duration = c.start_ns[i], c.duration_ns[i]
             if not inside(start, start + duration):
@@ -166,6 +173,9 @@ def build_timeline(recording: Recording, from_step: int | None = None, to_step: 
                     args[c.scalar_names[c.scalar_name[j]]] = value
             if i in c.errors:
                 args["error"] = c.errors[i]
+            if collective[i]:  # the all-reduces' union and the part of it the rank only waited
+                args[ARG_COLLECTIVE] = collective[i] / 1e6
+                args[ARG_EXPOSED] = exposed[i] / 1e6
             name = f"{step_phase} step {c.number[i]}"
             step_lane, shown = step_lanes.place(start, start + duration)
             step_tid = TID_STEPS + 1000 * step_lane

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate, compress, repeat
 
+from otelprof import collectives, thresholds
 from otelprof import semconv as sc
-from otelprof import thresholds
 from otelprof.analysis.histogram import bucket_quantile
 from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.alerts import Alert, alerts
@@ -68,6 +68,7 @@ class StepRecord:
     wait: float = 0.0
     """Seconds in data-loader regions."""
     collective: float = 0.0
+    """Seconds of exposed communication (collective time the backward pass did not overlap)."""
     loss: float | None = None
     grad_norm: float | None = None
     outlier: bool = False
@@ -945,7 +946,7 @@ def _step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
     end = [(t + d) / 1e9 for t, d in zip(columns.start_ns, columns.duration_ns)]
     return StepTable.build(columns.phase_names, columns.phase, start, end,
                            [w / 1e9 for w in columns.annotation_sums(sc.REGION_DATALOADER)],
-                           [c / 1e9 for c in columns.annotation_sums(sc.REGION_COLLECTIVE)],
+                           [c / 1e9 for c in collectives.of_columns(columns)[1]],  # exposed communication
                            outlier_costs(rank, outlier), columns.scalar("loss"), columns.scalar("grad_norm"))
 
 

@@ -190,6 +190,7 @@ def _device_regions(view: RunView) -> tuple[DeviceRegion, ...]:
                 times = device.setdefault((d.phase, d.number), {})
                 times[d.name] = times.get(d.name, 0) + d.duration_ns
         c = rank.step_columns
+        repeats = c.repeats()  # a region inside one of its own name: its time once (the outer's)
         for i in range(len(c)):
             phase = c.phase_names[c.phase[i]]
             regions = device.get((phase, c.number[i]))
@@ -198,7 +199,7 @@ def _device_regions(view: RunView) -> tuple[DeviceRegion, ...]:
             host: dict[str, int] = {}
             for j in range(c.ann_index[i], c.ann_index[i + 1]):
                 name = c.ann_names[c.ann_name[j]]
-                if name in regions:
+                if name in regions and j not in repeats:
                     host[name] = host.get(name, 0) + c.ann_duration[j]
             for name, host_ns in host.items():
                 row = totals.setdefault((phase, name), [0, 0.0, 0.0])

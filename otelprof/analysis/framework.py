@@ -20,9 +20,11 @@ from itertools import compress
 from operator import add, not_, sub
 from typing import Any
 
+from otelprof import nesting
 from otelprof import semconv as sc
 from otelprof.analysis.run import MAX_PHASES, RunView
 from otelprof.analysis.stats import Bucket, share
+from otelprof.recording.reader import StepColumns
 
 TOP = 20
 BETWEEN_STEPS = "between steps"
@@ -99,6 +101,10 @@ class Region:
     max_bucket: Bucket | None = None
     """When only the region-duration histogram is known (Prometheus): the bucket holding the longest
     instance (``max`` is then NaN)."""
+    self_time: float = math.nan
+    """Seconds, all ranks: ``total`` less the time of the regions directly inside it (NaN: not known). A region
+    inside one of its own name (a user's ``annotate("backward")`` around the hooks' ``backward``) is counted
+    once, as the outer one, in ``count``, ``total`` and ``self_time``."""
 
 
 @dataclass(frozen=True)
@@ -150,10 +156,34 @@ class FrameworkSummary:
         return next((b for b in self.breakdowns if b.phase == phase), None)
 
 
-def _regions(totals: dict[str, list[float]], step_time: float, top: int) -> tuple[Region, ...]:
+def _regions(totals: dict[str, list[float]], step_time: float, top: int,
+             covered: dict[str, float] | None = None) -> tuple[Region, ...]:
     rows = [Region(name, int(count), total, total / count if count else math.nan, peak, share(total, step_time),
-                   int(depth)) for name, (count, total, peak, depth) in totals.items()]
+                   int(depth), None, total - covered.get(name, 0.0) if covered is not None else math.nan)
+            for name, (count, total, peak, depth) in totals.items()]
     return tuple(sorted(rows, key=lambda r: -r.total)[:top])
+
+
+def _covered(columns: StepColumns) -> dict[str, float]:
+    """Per region name: seconds of its (counted) instances covered by the regions directly inside them, all
+    steps of one rank; a region's self time is its total less this. Only steps with a region nested in
+    another are looked at (the all-reduces, depth 1 wherever they fall, take nothing from their parent)."""
+    names, codes, offsets, durations, depths, index = (columns.ann_names, columns.ann_name, columns.ann_offset,
+                                                       columns.ann_duration, columns.ann_depth, columns.ann_index)
+    apart = names.index(sc.REGION_COLLECTIVE) if sc.REGION_COLLECTIVE in names else -1
+    out: dict[str, float] = {}
+    if not any(depths):
+        return out
+    for i in range(len(columns)):
+        lo, hi = index[i], index[i + 1]
+        if not any(depths[j] and codes[j] != apart for j in range(lo, hi)):
+            continue
+        counts, self_ns = nesting.step_regions(codes[lo:hi], offsets[lo:hi], durations[lo:hi], depths[lo:hi], apart)
+        for j, (counted, own) in enumerate(zip(counts, self_ns)):
+            if counted and own != durations[lo + j]:
+                name = names[codes[lo + j]]
+                out[name] = out.get(name, 0.0) + (durations[lo + j] - own) / 1e9
+    return out
 
 
 def _operators(acc: dict[str, list[float]], top: int, rest: float = 0.0) -> tuple[tuple[Operator, ...], float]:
@@ -169,6 +199,7 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
     loop_time = 0.0
     inside: dict[str, list[float]] = {}
     outside: dict[str, list[float]] = {}
+    covered: dict[str, float] = {}
     step_time = 0.0
     for index, rank in enumerate(view.ranks):
         view.say(f"regions of rank {rank.rank}")
@@ -182,6 +213,8 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
         step_time += math.fsum(c.duration_ns) / 1e9
         for name, (count, total, longest, depth) in c.region_totals().items():
             _add(inside, name, count, total / 1e9, longest / 1e9, depth)
+        for name, seconds in _covered(c).items():
+            covered[name] = covered.get(name, 0.0) + seconds
         for a in rank.annotations:
             _add(outside, a.name, 1, a.duration_ns / 1e9, a.duration_ns / 1e9, 0)
     in_steps = math.fsum(phase_time.values())
@@ -207,7 +240,7 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
     gpu_ops, gpu_total = _operators(gpu, top, rest["gpu"])
     return FrameworkSummary(
         tuple(phases), share(between, loop_time), forward, backward, share(forward, forward + backward),
-        _regions(inside, step_time, 10 * top), _regions(outside, step_time, 10 * top), cpu_ops, gpu_ops,
+        _regions(inside, step_time, 10 * top, covered), _regions(outside, step_time, 10 * top), cpu_ops, gpu_ops,
         cpu_total, gpu_total, tuple(sorted(activity.items(), key=lambda kv: -kv[1])),
         tuple(sorted(precision.items(), key=lambda kv: -kv[1])),
         tuple(sorted(windows, key=lambda w: (w.start, w.rank))), (), _breakdowns(view))

@@ -4,8 +4,10 @@
   histograms of each pair of GPUs (natural log, 0 .. 0.83; what the original LoadBalancing rule
   meant to compute), and the spread of mean utilization (what the alert judges).
 * Ranks: per phase, each rank's median step time and mean compute time (step time minus data-loader
-  wait and collective time) against the median over ranks; a rank well above it is a straggler —
-  the other ranks show its delay as collective wait.
+  wait and exposed communication, see :mod:`otelprof.collectives`) against the median of its peers (the
+  other ranks, as the alert compares them); a rank
+  well above it is a straggler — the other ranks show its delay as exposed communication. Collective time
+  is the union of a step's all-reduces (gradient buckets in flight at once count once).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from otelprof import collectives
 from otelprof import semconv as sc
+from otelprof.analysis.checks import peers_median
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Histogram, finite, share
 from otelprof.analysis.system import gpu_order
@@ -48,9 +52,12 @@ class RankLoad:
     mean_compute: float
     """Seconds per step outside data-loader wait and collectives."""
     mean_collective: float
+    """Seconds per step with at least one all-reduce in flight."""
     ratio: float
-    """mean_compute / median over ranks of mean_compute."""
+    """mean_compute / the median of the other ranks' mean_compute (as RankStraggler judges it; NaN alone)."""
     straggler: bool
+    mean_exposed: float = math.nan
+    """Seconds per step of collective time the backward pass did not overlap: waiting for the other ranks."""
 
 
 @dataclass(frozen=True)
@@ -101,29 +108,35 @@ def load_balance(view: RunView, config: MixinConfig | None = None, distance_thre
         distances = [GpuDistance(f"{g.node}/{g.gpu}", "all", js_distance(g.histogram.counts, mean)) for g in gpus]
     means = [g.mean for g in gpus]
     ranks = []
-    per_phase: dict[str, list[tuple[int, float, float, float]]] = {}
+    per_phase: dict[str, list[tuple[int, float, float, float, float]]] = {}
     shown = view.shown_phases()
     for position, info in enumerate(view.info):
         columns = view.ranks[position].step_columns
         if not len(columns):
             continue
         wait = view.region_sums(position, sc.REGION_DATALOADER)
-        collective = view.region_sums(position, sc.REGION_COLLECTIVE)
+        collective, exposed = collectives.of_columns(columns)
         for phase, mask in columns.phase_steps().items():  # mask: the phase's steps
             if phase not in shown:
                 continue
             durations = list(map(columns.duration_ns.__getitem__, mask))
             if durations:
                 n = len(durations)
-                coll = sum(map(collective.__getitem__, mask))
-                compute = sum(durations) - sum(map(wait.__getitem__, mask)) - coll
+                compute = sum(map(_compute, durations, map(wait.__getitem__, mask), map(exposed.__getitem__, mask)))
                 per_phase.setdefault(phase, []).append(
-                    (info.rank, statistics.median(durations) / 1e9, compute / n / 1e9, coll / n / 1e9))
+                    (info.rank, statistics.median(durations) / 1e9, compute / n / 1e9,
+                     sum(map(collective.__getitem__, mask)) / n / 1e9, sum(map(exposed.__getitem__, mask)) / n / 1e9))
     for phase, rows in sorted(per_phase.items()):
-        middle = statistics.median(r[2] for r in rows)
-        for rank, median_step, mean_compute, mean_collective in rows:
-            ratio = share(mean_compute, middle) if middle > 0 else math.nan
+        computes = [r[2] for r in rows]
+        for rank, median_step, mean_compute, mean_collective, mean_exposed in rows:
+            peers = peers_median(computes, mean_compute) if len(rows) > 1 else None
+            ratio = share(mean_compute, peers) if peers else math.nan
             ranks.append(RankLoad(phase, rank, median_step, mean_compute, mean_collective, ratio,
-                                  len(rows) > 1 and ratio > config.straggler_ratio))
+                                  len(rows) > 1 and ratio > config.straggler_ratio, mean_exposed))
     return LoadBalance(config.load_balancing_threshold, max(means) - min(means) if len(means) > 1 else None,
                        distance_threshold, tuple(gpus), tuple(distances), tuple(ranks), config.straggler_ratio)
+
+
+def _compute(step_ns: int, wait_ns: int, exposed_ns: int) -> int:
+    """A step's time outside data-loader wait and exposed communication (never below 0)."""
+    return max(step_ns - wait_ns - exposed_ns, 0)

@@ -31,6 +31,7 @@ from otelprof import semconv as sc
 from otelprof.analysis import prometheus_progress
 from otelprof.analysis.batch import batch_size
 from otelprof.analysis.bottlenecks import Bottleneck, NodeBottleneck
+from otelprof.analysis.checks import peers_median
 from otelprof.analysis.dataloader import DataLoaderAnalysis, LoaderConfig, LoaderPhase
 from otelprof.analysis.framework import BETWEEN_STEPS, FrameworkSummary, Region
 from otelprof.analysis.gpu import GpuAnalysis, GpuUsage
@@ -690,22 +691,23 @@ def _load(qs: _Queries, config: MixinConfig, gpus: GpuAnalysis) -> LoadBalance:
     step_n = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.STEP_DURATION, 'count')})", RANK, PHASE)
     wait = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.DATALOADER_WAIT, 'sum')})", RANK, PHASE)
     coll = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.COLLECTIVE_DURATION, 'sum')})", RANK, PHASE)
+    exposed = qs.by(f"sum by ({RANK}, {PHASE}) ({qs.delta(sc.COLLECTIVE_EXPOSED, 'sum')})", RANK, PHASE)
     medians = {k: bucket_quantile(0.5, v) for k, v in qs.histogram(sc.STEP_DURATION, RANK, PHASE).items()}
-    per_phase: dict[str, list[tuple[int, float, float, float]]] = {}
+    per_phase: dict[str, list[tuple[int, float, float, float, float]]] = {}
     for key, n in step_n.items():
         if n and key[0].isdigit():
-            compute = (step_sum.get(key, 0.0) - wait.get(key, 0.0) - coll.get(key, 0.0)) / n
+            waited = exposed.get(key, coll.get(key, 0.0))  # a version without the exposed series: all of it
+            compute = max(step_sum.get(key, 0.0) - wait.get(key, 0.0) - waited, 0.0) / n
             per_phase.setdefault(key[1], []).append((int(key[0]), medians.get(key, NAN), compute,
-                                                     coll.get(key, 0.0) / n))
+                                                     coll.get(key, 0.0) / n, waited / n))
     ranks = []
     for phase, rows in sorted(per_phase.items()):
-        ordered = sorted(r[2] for r in rows)
-        middle = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1]
-                                                                       + ordered[len(ordered) // 2]) / 2
-        for rank, median, compute, collective in sorted(rows):
-            ratio = compute / middle if middle > 0 else NAN
+        computes = [r[2] for r in rows]
+        for rank, median, compute, collective, waited in sorted(rows):
+            peers = peers_median(computes, compute) if len(rows) > 1 else None
+            ratio = compute / peers if peers else NAN
             ranks.append(RankLoad(phase, rank, median, compute, collective, ratio,
-                                  len(rows) > 1 and ratio > config.straggler_ratio))
+                                  len(rows) > 1 and ratio > config.straggler_ratio, waited))
     return LoadBalance(config.load_balancing_threshold, max(means) - min(means) if len(means) > 1 else None, 0.5,
                        tuple(loads), tuple(distances), tuple(ranks), config.straggler_ratio)
 

@@ -36,14 +36,19 @@ def _step_time() -> Row:
                    f"last {M.straggler_window} (recording rule). Click a line for the rank's traces.",
                    [Prom(pq.rule("step_mean", PROC, pq.TRAIN_M), RANK_LEGEND)], "s", min=0, links=[timeline]),
         timeseries(ids.RANKS_STRAGGLER, "Compute time per step vs the job's median", "Per rank: mean step time "
-                   f"less collective (all-reduce) time over the last {M.straggler_window}, divided by the median "
+                   "less exposed collective (all-reduce) time over the last "
+                   f"{M.straggler_window}, divided by the median "
                    f"over the job's ranks. Above {M.straggler_ratio:g} the straggler alert fires: that rank holds "
                    "the others up at every all-reduce.",
                    [Prom(f"{compute} / on ({JOB}, {PHASE}) group_left() quantile by ({JOB}, {PHASE}) (0.5, {compute})",
                          RANK_LEGEND)], "none", line_at=M.straggler_ratio, links=[timeline]),
-        timeseries(103, "Collective time per step", "Per rank: mean time its gradient all-reduces were in flight "
-                   "per training step (DDP communication hook). Fast ranks wait here for the straggler.",
+        timeseries(103, "Collective time per step", "Per rank: mean time at least one of its gradient all-reduces "
+                   "was in flight per training step (DDP communication hook; buckets in flight at once count once), "
+                   "and the exposed part: all-reduce time its backward pass did not overlap. Fast ranks wait here "
+                   "for the straggler.",
                    [Prom(pq.rate_mean(PROC, sc.COLLECTIVE_DURATION, (RANK,), pq.TRAIN_M), RANK_LEGEND,
+                         needs=frozenset({"ddp"})),
+                    Prom(pq.rate_mean(PROC, sc.COLLECTIVE_EXPOSED, (RANK,), pq.TRAIN_M), RANK_LEGEND + " exposed",
                          needs=frozenset({"ddp"}))], "s", min=0, w=8),
         bargauge(104, "Mean training step time per rank", "Exact mean over the dashboard's time range.",
                  [Prom(pq.mean(PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), RANK_LEGEND, instant=True)], "s", w=8),

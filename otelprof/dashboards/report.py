@@ -398,8 +398,9 @@ def _load_balancing() -> Row:
         bargauge(1102, "Mean training step time per rank", "Exact mean step time per rank " + RANGE_NOTE + ". In "
                  "synchronous training every rank waits for the slowest at each all-reduce.",
                  [Prom(pq.mean(PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), "rank {{rank}}", instant=True)], "s"),
-        timeseries(1103, "Compute time per step vs the job's median", "Per rank, mean step time less collective "
-                   f"(all-reduce) time over the last {M.straggler_window}, divided by the median over the job's "
+        timeseries(1103, "Compute time per step vs the job's median", "Per rank, mean step time less "
+                   f"exposed collective (all-reduce) time over the last {M.straggler_window}, divided by the median "
+                   "over the job's "
                    f"ranks; the straggler alert fires above {M.straggler_ratio:g}.",
                    [Prom(f"{compute} / on ({JOB}, {PHASE}) group_left() quantile by ({JOB}, {PHASE}) (0.5, {compute})",
                          "rank {{rank}}")], "none", line_at=M.straggler_ratio, w=24),

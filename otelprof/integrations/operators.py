@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext
 
 from otelprof import semconv as sc
+from otelprof.collectives import covered, merged
 from otelprof.metrics import MetricRegistry
 from otelprof.span_builder import SpanBuilder
 
@@ -386,31 +387,6 @@ def window_summary(parsed: ParsedTrace, top: int, precision: Any = None) -> dict
     }
 
 
-def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            if end > merged[-1][1]:
-                merged[-1] = (merged[-1][0], end)
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _intersection(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
-    """Length of the intersection of two sorted disjoint interval lists."""
-    i = j = total = 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if hi > lo:
-            total += hi - lo
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
 def overlap_summary(parsed: ParsedTrace) -> dict[str, float]:
     """Communication/computation overlap on the device timeline of a window, over all its GPUs: the time some
     collective kernel (category communication: NCCL) ran, how much of it some compute kernel (any other kernel)
@@ -427,10 +403,10 @@ def overlap_summary(parsed: ParsedTrace) -> dict[str, float]:
         return {}
     comm_ns = overlapped_ns = compute_ns = 0
     for device in comm.keys() | compute.keys():
-        collectives, kernels = _union(comm.get(device, [])), _union(compute.get(device, []))
+        collectives, kernels = merged(comm.get(device, [])), merged(compute.get(device, []))
         comm_ns += sum(e - s for s, e in collectives)
         compute_ns += sum(e - s for s, e in kernels)
-        overlapped_ns += _intersection(collectives, kernels)
+        overlapped_ns += covered(collectives, kernels)
     return {"communication_s": comm_ns / 1e9, "overlapped_s": overlapped_ns / 1e9,
             "exposed_s": (comm_ns - overlapped_ns) / 1e9, "compute_s": compute_ns / 1e9,
             "overlap_ratio": overlapped_ns / comm_ns if comm_ns else 0.0}

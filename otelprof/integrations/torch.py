@@ -1714,6 +1714,6 @@ def uninstrument() -> None:
 
 
 def profile_window(start_step: int, num_steps: int, *, chrome_trace: bool = False, top: int = 15) -> dict[str, Any]:
-    """Profile operators with ``torch.profiler`` for ``num_steps`` steps from ``start_step``."""
-    inst = instrument()
-    return inst.profile_window(start_step, num_steps, chrome_trace=chrome_trace, top=top)
+    """Profile operators with ``torch.profiler`` for ``num_steps`` steps from ``start_step``. Windows follow the
+    steps, however they are marked; this turns no PyTorch hook on (``instrument()`` does, when asked)."""
+    return torch_profiler.windows.arm(start_step, num_steps, chrome_trace=chrome_trace, top=top)

@@ -502,7 +502,7 @@ def _steps(c: MixinConfig) -> list[Alert]:
     q = Q(c.selector)
     sw = c.straggler_window
     step_sum = q.delta(sc.STEP_DURATION, sw, "sum")
-    coll_sum = q.delta(sc.COLLECTIVE_DURATION, sw, "sum")
+    coll_sum = q.delta(sc.COLLECTIVE_EXPOSED, sw, "sum")  # all-reduce time the backward pass did not overlap
     step_count = q.delta(sc.STEP_DURATION, sw, "count")
     compute = f"(({step_sum} - ({coll_sum} or {step_sum} * 0)) / ({step_count} > 0))"  # ranks with steps in it
     g = f"on ({JOB}, {PHASE})"
@@ -525,11 +525,12 @@ def _steps(c: MixinConfig) -> list[Alert]:
         c.straggler_for, "warning",
         "One rank is slower than the others.",
         f"{AT_RANK}: its {L_PHASE} steps take {NUM} times the median of its peers' compute time per step "
-        f"(step time less collective time) over the last {sw}.",
+        f"(step time less exposed collective time) over the last {sw}.",
         mc.DASHBOARD_RANKS, (*IDENTITY, PHASE, *c.target_labels),
         Runbook(
-            meaning=f"This rank's mean compute time per step (step time minus the time its gradient all-reduces "
-                    f"were in flight) over the last {sw} is more than {c.straggler_ratio:g} times the median "
+            meaning=f"This rank's mean compute time per step (step time minus its exposed communication: the time "
+                    f"its gradient all-reduces were in flight and its backward pass had nothing left to compute) "
+                    f"over the last {sw} is more than {c.straggler_ratio:g} times the median "
                     "over the job's other ranks. In synchronous data parallel training every rank waits for the "
                     "slowest, so one straggler slows the whole job.",
             thresholds=_params(("window", sw), ("ratio", c.straggler_ratio), ("for", c.straggler_for)),

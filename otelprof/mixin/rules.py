@@ -45,7 +45,7 @@ def recording_rules(c: MixinConfig) -> list[Record]:
     ow = c.step_outlier_window
     step = sc.STEP_DURATION.prometheus_name
     step_sum = q.delta(sc.STEP_DURATION, sw, "sum")
-    coll_sum = q.delta(sc.COLLECTIVE_DURATION, sw, "sum")
+    coll_sum = q.delta(sc.COLLECTIVE_EXPOSED, sw, "sum")  # all-reduce time the backward pass did not overlap
     step_count = q.delta(sc.STEP_DURATION, sw, "count")
     records = [
         Record("step_p50", step, f"p50_{sw}", q.window_quantile(0.5, sc.STEP_DURATION, sw),
@@ -56,7 +56,7 @@ def recording_rules(c: MixinConfig) -> list[Record]:
                "Mean step time per process and phase (exact)."),
         Record("step_compute_mean", "step_compute_seconds", f"mean_{sw}",
                f"({step_sum} - ({coll_sum} or {step_sum} * 0)) / {step_count}",
-               "Mean step time less collective time: what the straggler alert compares across ranks."),
+               "Mean step time less exposed collective time: what the straggler alert compares across ranks."),
         Record("steps_rate", sc.STEPS.prometheus_name, "rate5m", f"rate({q.sel(sc.STEPS)}[5m])",
                "Steps per second."),
         Record("samples_rate", sc.SAMPLES.prometheus_name, "rate5m", f"rate({q.sel(sc.SAMPLES)}[5m])",

@@ -387,13 +387,48 @@ class StepColumns:
         totals: dict[str, tuple[int, int, int, int]] = self.__dict__["_totals"]
         return totals
 
+    def repeats(self) -> frozenset[int]:
+        """Indexes of the annotations inside an annotation of the same name of their step (a user's
+        ``annotate("backward")`` around the hooks' own ``backward``): the same time again, counted once, as the
+        outer region (:mod:`otelprof.nesting`). Empty unless a name occurs at two depths."""
+        found: tuple[int, frozenset[int]] | None = self.__dict__.get("_repeats")
+        if found is not None and found[0] == len(self.ann_name):
+            return found[1]
+        shallowest: dict[int, int] = {}
+        deeper: set[int] = set()
+        for code, level in zip(self.ann_name, self.ann_depth):
+            first = shallowest.setdefault(code, level)
+            if level != first:
+                deeper.add(code)
+                shallowest[code] = min(first, level)
+        out = set()
+        if deeper:
+            steps, codes, offsets, durations, depths = (self._step_of(self.ann_index), self.ann_name,
+                                                        self.ann_offset, self.ann_duration, self.ann_depth)
+            for j, code in enumerate(codes):
+                if code not in deeper or depths[j] == shallowest[code]:
+                    continue
+                start, end, level = offsets[j], offsets[j] + durations[j], depths[j]
+                for i in range(self.ann_index[steps[j]], self.ann_index[steps[j] + 1]):
+                    if (codes[i] == code and depths[i] < level and offsets[i] <= start
+                            and end <= offsets[i] + durations[i]):
+                        out.add(j)
+                        break
+        result = frozenset(out)
+        self.__dict__["_repeats"] = (len(self.ann_name), result)
+        return result
+
     def summarize_regions(self) -> None:
-        """Total the regions by name and per step in one pass (cached for region_totals and annotation_sums)."""
+        """Total the regions by name and per step in one pass (cached for region_totals and annotation_sums);
+        a region inside one of its own name is not counted again (:meth:`repeats`)."""
         k, n = len(self.ann_names), len(self)
         count, total, longest, depth = [0] * k, [0] * k, [0] * k, [1 << 30] * k
         sums = [array("q", bytes(8 * n)) for _ in range(k)]
-        for step, code, duration, level in zip(self._step_of(self.ann_index), self.ann_name, self.ann_duration,
-                                               self.ann_depth):
+        skip = self.repeats()
+        for j, (step, code, duration, level) in enumerate(zip(self._step_of(self.ann_index), self.ann_name,
+                                                              self.ann_duration, self.ann_depth)):
+            if skip and j in skip:
+                continue
             count[code] += 1
             total[code] += duration
             sums[code][step] += duration
@@ -406,10 +441,14 @@ class StepColumns:
         self.__dict__["_sums"] = dict(zip(self.ann_names, sums))
 
     def annotation_sums(self, name: str) -> array[int]:
-        """Per step: nanoseconds in annotations called ``name`` (all depths)."""
+        """Per step: nanoseconds in annotations called ``name`` (all depths, one inside another of the same name
+        not counted again)."""
         cached = self.__dict__.get("_sums")
-        if cached is not None and name in cached and len(cached[name]) == len(self):
-            return array("q", cached[name])
+        if (cached is not None and name in cached and len(cached[name]) == len(self)) or self.repeats():
+            if cached is None or name not in cached or len(cached[name]) != len(self):
+                self.summarize_regions()
+                cached = self.__dict__["_sums"]
+            return array("q", cached[name]) if name in cached else array("q", bytes(8 * len(self)))
         steps, durations, _ = self.region(name)
         by_step = dict(zip(steps, durations))
         if len(by_step) == len(steps):  # at most one such region per step: no adding up needed

@@ -577,9 +577,17 @@ def _framework(r: Report) -> str:
         out.append("<h3>Regions inside steps</h3>")
         out.append(charts(figure(svg.bars([(x.name, x.total) for x in f.regions[:15]], "Region time", secs),
                                  "Total time per annotated region, all ranks.")))
-        out.append(table(("Region", "Depth", "Count", "Total", "Mean", "Max", "Share of step time"),
+        nested = any(_ok(x.self_time) and x.self_time < x.total for x in f.regions)
+        out.append(table(("Region", "Depth", "Count", "Total", "Mean", "Max", "Share of step time")
+                         + (("Self",) if nested else ()),
                          [(x.name, DASH if _from_prometheus(r) else x.depth, f"{x.count:,}", secs(x.total),
-                           secs(x.mean), extreme(x.max, x.max_bucket), pct(x.share)) for x in f.regions], 1))
+                           secs(x.mean), extreme(x.max, x.max_bucket), pct(x.share))
+                          + ((secs(x.self_time) if _ok(x.self_time) else DASH,) if nested else ())
+                          for x in f.regions], 1))
+        if nested:
+            out.append(p("Total: the region's time, nested regions included; self: less the regions directly "
+                         "inside it (the all-reduces excepted: they run beside the work). A region inside one of its "
+                         "own name (an annotate(\"backward\") around the hooks' own backward) is counted once."))
         if _from_prometheus(r):
             out.append(p("From Prometheus: the maximum is the histogram bucket holding the longest instance; "
                          f"nesting depths are in the traces (Tempo) and {IN_RECORDING}."))
@@ -912,14 +920,19 @@ def _balance(r: Report) -> str:
     if b.ranks:
         out.append("<h3>Ranks</h3>")
         out.append(p("Per phase, each rank's mean compute time per step (step time minus data-loader wait and "
-                     "collective time) against the median over ranks. A straggler makes every other rank wait in "
-                     "its collectives, so it shows as the one rank with more compute and less collective time."))
+                     "exposed communication) against the median of the other ranks'. Collective time is the time "
+                     "at least one all-reduce was in flight (gradient buckets reduced at once count once); "
+                     "exposed, the part of it after the backward pass launched its last bucket, when the rank "
+                     "only waited. A straggler makes every other rank wait in its collectives, so it shows as "
+                     "the one rank with more compute and less exposed time."))
         stragglers = [x for x in b.ranks if x.straggler]
         if stragglers:
-            out.append(note("Straggler(s): " + ", ".join(f"rank {x.rank} ({x.phase}, {x.ratio:.2f} times the median)"
-                                                         for x in stragglers) + ".", "warn"))
-        out.append(table(("Phase", "Rank", "Median step", "Mean compute", "Mean collective", "Compute / median"),
+            out.append(note("Straggler(s): " + ", ".join(f"rank {x.rank} ({x.phase}, {x.ratio:.2f} times its peers' "
+                                                         "median)" for x in stragglers) + ".", "warn"))
+        out.append(table(("Phase", "Rank", "Median step", "Mean compute", "Mean collective", "Mean exposed",
+                          "Compute / peers' median"),
                          [(x.phase, x.rank, secs(x.median_step), secs(x.mean_compute), secs(x.mean_collective),
+                           secs(x.mean_exposed) if _ok(x.mean_exposed) else DASH,
                            f"{x.ratio:.2f}" if _ok(x.ratio) else DASH) for x in b.ranks], 2,
                          ["fired" if x.straggler else "" for x in b.ranks]))
         phases = sorted({x.phase for x in b.ranks})

@@ -415,7 +415,7 @@ def step_groups() -> list[Group]:
             g.add(series_name(sc.STEP_DURATION, "sum"), labels, seq([(60, s)]))
             g.add(series_name(sc.STEP_DURATION, "count"), labels, seq([(60, 8)]))
         for rank, s in enumerate(coll_sums or []):
-            g.add(series_name(sc.COLLECTIVE_DURATION, "sum"), {**ident(rank, f"n{rank + 1}"), **TRAIN}, seq([(60, s)]))
+            g.add(series_name(sc.COLLECTIVE_EXPOSED, "sum"), {**ident(rank, f"n{rank + 1}"), **TRAIN}, seq([(60, s)]))
         return g
 
     def rank(r: int) -> dict[str, str]:
@@ -698,7 +698,7 @@ def recording_groups() -> list[Group]:
     for labels, s, c in ((ID, 1.5, 0.5),):
         g.add(series_name(sc.STEP_DURATION, "sum"), {**labels, **TRAIN}, seq([(N, s)]))
         g.add(series_name(sc.STEP_DURATION, "count"), {**labels, **TRAIN}, seq([(N, 8)]))
-        g.add(series_name(sc.COLLECTIVE_DURATION, "sum"), {**labels, **TRAIN}, seq([(N, c)]))
+        g.add(series_name(sc.COLLECTIVE_EXPOSED, "sum"), {**labels, **TRAIN}, seq([(N, c)]))
     g.histogram(UTIL, GPU0, [(N, {0.5: 20})])
     g.record("cpu_bottleneck_ratio", "10m", (ID, 0.6)).record("io_bottleneck_ratio", "10m", (ID, 0.25))
     g.record("step_compute_mean", "10m", ({**ID, **TRAIN}, 0.125))
