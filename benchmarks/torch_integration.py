@@ -339,6 +339,39 @@ def pin_malloc() -> None:
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
+def record_cost(calls: int = 20000, repeats: int = 15) -> dict[str, dict[str, float]]:
+    """``otelprof.record(name, value)`` inside a step, per call on the training thread: as it is (the value at the
+    call: a CPU tensor's ``item()`` now) and with the value kept as given (before: ``item()`` on the recorder's
+    thread, after the loop may have changed the tensor). Medians of ``repeats`` timings of ``calls`` calls."""
+    from otelprof import hotpath
+
+    values = {"float": 0.5, "CPU tensor": torch.tensor(0.5),
+              "CPU tensor, requires_grad": torch.tensor(0.5, requires_grad=True) * 2.0}
+    out: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        otelprof.init(record_dir=tmp, system_metrics=False, flush_interval=10.0)
+        kept = hotpath._value_now
+        try:
+            for label, value in values.items():
+                figures = {}
+                for mode, freeze in (("as given", lambda v: v), ("value at the call", kept)):
+                    hotpath._value_now = freeze
+                    times = []
+                    with otelprof.step():
+                        for _ in range(repeats):
+                            start = time.perf_counter_ns()
+                            for _ in range(calls):
+                                otelprof.record("running_loss", value)
+                            times.append((time.perf_counter_ns() - start) / calls / 1000)
+                    figures[mode] = statistics.median(times)
+                figures["added"] = figures["value at the call"] - figures["as given"]
+                out[label] = figures
+        finally:
+            hotpath._value_now = kept
+            otelprof.shutdown()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -351,7 +384,16 @@ def main() -> None:
                         help="also split the CNN's training-thread cost into parts (per-step medians, ~2 minutes)")
     parser.add_argument("--no-malloc-pin", action="store_true",
                         help="leave glibc malloc's thresholds alone (the A/A spread about doubles)")
+    parser.add_argument("--record", action="store_true",
+                        help="only the cost of otelprof.record() of a float and of a CPU tensor per call (~10 s)")
     args = parser.parse_args()
+    if args.record:
+        torch.set_num_threads(1)
+        print("otelprof.record() inside a step, per call (medians): the value at the call vs the value as given")
+        for label, figures in record_cost().items():
+            print(f"  {label:<26} {figures['value at the call']:6.2f}us  (as given {figures['as given']:.2f}us, "
+                  f"added {figures['added']:+.2f}us)")
+        return
     if not args.no_malloc_pin:
         pin_malloc()
     torch.set_num_threads(1)

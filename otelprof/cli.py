@@ -324,10 +324,13 @@ def _add_alerting_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
                       "dashboards, provisioning and ConfigMaps",
         description="Write into DIR, from the installed package and the mixin config "
                     "(otelprof.mixin.config.MixinConfig) with your overrides: otelprof-alerts.yaml, "
-                    "otelprof-rules.yaml, otelprof-prometheusrule.yaml, runbook.md (the alerts' runbook_url "
-                    "points at it unless you set runbook_url), dashboards/*.json, dashboards/provisioning/ "
-                    "(dashboard provider, data sources) and kubernetes/ (the dashboards, data sources and "
-                    "provisioning as ConfigMaps). The selector reaches the dashboards' queries too.",
+                    "otelprof-rules.yaml, otelprof-prometheusrule.yaml, runbook.md (serve it and set runbook_url; "
+                    "the default links to the project's runbook), tests/ (promtool rule tests), "
+                    "dashboards/*.json, dashboards/provisioning/ (dashboard provider, data sources), "
+                    "kubernetes/ (dashboard and data-source ConfigMaps, AlertmanagerConfig, kube-prometheus-stack "
+                    "values, PodMonitor, training Job), otel-collector/ and prometheus/ (plain Prometheus: "
+                    "scrape config, Alertmanager config). The selector and windows reach the dashboards' "
+                    "queries too.",
         epilog="Example: otelprof mixin -o monitoring/ --set 'selector=namespace=\"ml\"' "
                "--set prometheus_rule_release=monitoring --set runbook_url=https://wiki.example.com/otelprof/runbook "
                "--set disabled_alerts=Overfitting; or --config mixin.yaml with the same names as keys.")

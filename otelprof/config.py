@@ -88,6 +88,8 @@ class Config:
     pod_namespace: str = ""
     node_name: str = ""
     container_name: str = ""
+    pod_uid: str = ""
+    k8s_job_name: str = ""
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
@@ -449,6 +451,8 @@ class _Builder:
         values["pod_namespace"] = env.get(ev.OTELPROF_POD_NAMESPACE) or (_namespace_file() if in_k8s else "")
         values["node_name"] = env.get(ev.OTELPROF_NODE_NAME) or env.get("OTEL_RESOURCE_ATTRIBUTES_NODE_NAME") or ""
         values["container_name"] = env.get(ev.OTELPROF_CONTAINER_NAME, "")
+        values["pod_uid"] = env.get(ev.OTELPROF_POD_UID, "")
+        values["k8s_job_name"] = env.get(ev.OTELPROF_K8S_JOB_NAME, "")
         return values
 
 

@@ -88,6 +88,8 @@ OTELPROF_POD_NAME = "OTELPROF_POD_NAME"
 OTELPROF_POD_NAMESPACE = "OTELPROF_POD_NAMESPACE"
 OTELPROF_NODE_NAME = "OTELPROF_NODE_NAME"
 OTELPROF_CONTAINER_NAME = "OTELPROF_CONTAINER_NAME"
+OTELPROF_POD_UID = "OTELPROF_POD_UID"
+OTELPROF_K8S_JOB_NAME = "OTELPROF_K8S_JOB_NAME"
 
 # Read, never written: torchrun's process-group variables and Kubernetes' in-cluster marker.
 RANK = "RANK"
@@ -268,6 +270,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "`k8s.node.name` and the `node` label; set from the downward API `spec.nodeName`."),
     EnvVar(OTELPROF_CONTAINER_NAME, "container_name", "",
            "`k8s.container.name`; the downward API cannot give it, set it literally."),
+    EnvVar(OTELPROF_POD_UID, "pod_uid", "", "`k8s.pod.uid`; set from the downward API `metadata.uid`."),
+    EnvVar(OTELPROF_K8S_JOB_NAME, "k8s_job_name", "",
+           "`k8s.job.name`: the Kubernetes Job owning the pod; set from the downward API "
+           "`metadata.labels['batch.kubernetes.io/job-name']`."),
     EnvVar(RANK, "rank", "0", "Global rank (set by torchrun)."),
     EnvVar(LOCAL_RANK, "local_rank", "0", "Rank within the node (set by torchrun); offsets the /metrics port."),
     EnvVar(WORLD_SIZE, "world_size", "1", "Number of ranks (set by torchrun)."),

@@ -192,6 +192,23 @@ def _begin_step(previous: StepContext | None) -> StepContext:
     return step
 
 
+def _end_step(step: StepContext, end_ns: int) -> None:
+    """``step.__exit__(None, None, None)`` with the step ending at ``end_ns``, not now: for an automatic step whose
+    end an integration learns afterwards (the last of several optimizers' updates in an iteration, seen from the
+    next iteration's first event). Keep it in line with ``__exit__``."""
+    step.closed = True
+    _tls.step = step._previous
+    recorder = _active
+    if recorder is not None:
+        queue = recorder.queue
+        if len(queue) < recorder.capacity:
+            queue.append((STEP, step.phase, step.number, step.start_ns, end_ns, step.annotations, step.scalars, None))
+        else:
+            recorder.queue_dropped += 1
+    if _step_boundary and step._previous is None:
+        run_step_boundary()
+
+
 def run_step_boundary() -> None:
     """Run the pending step-boundary callbacks (each at most once). A callback may raise on purpose
     (``StopTraining`` when the user asked for it); other errors are logged, never raised."""
@@ -421,11 +438,15 @@ def annotation_end(name: str) -> None:
 def record(name: str, value: Any) -> None:
     """Record a training scalar: ``loss``, ``learning_rate`` (or ``lr``), ``grad_norm``,
     ``samples`` and ``tokens`` (per step; their rate is throughput), or any other name
-    (kept in spans and the recording). Tensors are converted off the hot path; a list of numbers or
-    tensors counts as their sum."""
+    (kept in spans and the recording). The value is the one at the call, also for a tensor changed in place
+    afterwards: a CPU tensor's number is read now, a GPU tensor is copied on its stream and converted off the
+    hot path (:func:`_value_now`); a list of numbers or tensors counts as their sum."""
     recorder = _active
     if recorder is None:
         return
+    kind = type(value)
+    if kind is not float and kind is not int:  # a tensor may change in place later: its value now
+        value = _value_now(value)
     current = _tls.step
     if current is None and (native := _native[0]) is not None:
         native()
@@ -440,6 +461,32 @@ def record(name: str, value: Any) -> None:
                               _arguments.type_name(name))
     else:
         recorder.submit((SCALAR, name, value, _phase[0], perf_counter_ns()))
+
+
+def _value_now(value: Any) -> Any:
+    """What ``record()`` keeps of ``value``: its value at the call, so that an object changed in place afterwards
+    (a running-loss tensor accumulated with ``+=`` and reset) is recorded as it was. A one-element tensor on a
+    CPU, a NumPy scalar or 0-d array: the number (``item()``, no synchronisation there); a one-element tensor on
+    another device: a detached copy queued on its stream (converted off the hot path, as before); a list: its
+    items so. Anything else as it is (the recorder rejects what is not a number)."""
+    try:
+        if type(value) is list:
+            return [_item_now(item) for item in value]
+        return _item_now(value)
+    except Exception:
+        return value
+
+
+def _item_now(value: Any) -> Any:
+    if getattr(value, "is_cpu", True) is False:  # a tensor on a device: copied there, never read here
+        return value.detach().clone() if value.numel() == 1 else value
+    item = getattr(value, "item", None)
+    if item is None:
+        return value
+    try:
+        return item()
+    except Exception:  # more than one element: rejected by the recorder, as before
+        return value
 
 
 class _PhaseContext:

@@ -47,13 +47,17 @@ def build_resource(config: Config, extra: dict[str, str | int] | None = None) ->
         (sc.K8S_NAMESPACE_NAME, config.pod_namespace),
         (sc.K8S_NODE_NAME, config.node_name),
         (sc.K8S_CONTAINER_NAME, config.container_name),
+        (sc.K8S_POD_UID, config.pod_uid),
+        (sc.K8S_JOB_NAME, config.k8s_job_name),
+        (sc.SERVICE_NAMESPACE, config.pod_namespace),  # service.namespace + service.name: the job, uniquely
     ):
         if value:
             detected[key] = value
     with _sdk_quiet():  # Resource.create runs the SDK's own OTEL_RESOURCE_ATTRIBUTES detector
-        resource = Resource.create({}).merge(Resource(detected)).merge(Resource(environment_attributes(os.environ)))
+        resource = Resource.create({}).merge(Resource(detected, sc.SCHEMA_URL)).merge(
+            Resource(environment_attributes(os.environ)))
     # OTELPROF_JOB_NAME is the most explicit job name there is.
-    resource = resource.merge(Resource({sc.SERVICE_NAME: config.job_name}))
+    resource = resource.merge(Resource({sc.SERVICE_NAME: config.job_name}, sc.SCHEMA_URL))
     return Resource({key: _encodable(value) for key, value in resource.attributes.items()}, resource.schema_url)
 
 

@@ -56,6 +56,12 @@ LABEL_PRECISION = "precision"
 OPERATOR_CATEGORIES: tuple[str, ...] = ("matmul", "convolution", "attention", "normalization", "elementwise",
                                         "memory_copy", "communication", "other")
 GPU_LABELS: tuple[str, ...] = (LABEL_GPU, LABEL_HW_ID)
+LABEL_HW_PARENT = "hw.parent"
+"""A MIG instance's GPU: its UUID (OTel ``hw.parent``); empty on a whole GPU."""
+LABEL_GPU_INSTANCE = "gpu.instance"
+"""A MIG instance's GPU instance id (dcgm-exporter's ``GPU_I_ID``); empty on a whole GPU."""
+LABEL_GPU_PROFILE = "gpu.profile"
+"""A MIG instance's profile, e.g. ``1g.10gb`` (dcgm-exporter's ``GPU_I_PROFILE``); empty on a whole GPU."""
 HW_GPU_LABELS: tuple[str, ...] = (*GPU_LABELS, LABEL_HW_TYPE)
 """Labels of a GPU's series under a generic ``hw.*`` name: ``hw.type`` is always ``gpu`` (:data:`HW_TYPE_GPU`)."""
 SCRAPE_LABEL_POD_IP = "pod_ip"
@@ -116,6 +122,11 @@ K8S_POD_NAME = "k8s.pod.name"
 K8S_NAMESPACE_NAME = "k8s.namespace.name"
 K8S_NODE_NAME = "k8s.node.name"
 K8S_CONTAINER_NAME = "k8s.container.name"
+K8S_POD_UID = "k8s.pod.uid"
+K8S_JOB_NAME = "k8s.job.name"
+SERVICE_NAMESPACE = "service.namespace"
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
+"""The semantic-conventions version otelprof's names follow; on the Resource and the instrumentation scope."""
 OTELPROF_RUN_ID = "otelprof.run.id"
 OTELPROF_RANK = "otelprof.rank"
 OTELPROF_LOCAL_RANK = "otelprof.local_rank"
@@ -220,6 +231,11 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(K8S_NAMESPACE_NAME, "resource", "Pod namespace (`OTELPROF_POD_NAMESPACE`)."),
     AttributeSpec(K8S_NODE_NAME, "resource", "Kubernetes node (`OTELPROF_NODE_NAME`)."),
     AttributeSpec(K8S_CONTAINER_NAME, "resource", "Container name (`OTELPROF_CONTAINER_NAME`)."),
+    AttributeSpec(K8S_POD_UID, "resource", "Pod UID (downward API `metadata.uid`, `OTELPROF_POD_UID`)."),
+    AttributeSpec(K8S_JOB_NAME, "resource", "The Kubernetes Job that owns the pod (downward API label "
+                  "`batch.kubernetes.io/job-name`, `OTELPROF_K8S_JOB_NAME`)."),
+    AttributeSpec(SERVICE_NAMESPACE, "resource", "The pod's namespace when it runs in Kubernetes, so "
+                  "`service.namespace` + `service.name` name the job uniquely; `OTEL_RESOURCE_ATTRIBUTES` wins."),
     AttributeSpec(OTELPROF_RUN_ID, "resource", "Run id, shared by all ranks of one run."),
     AttributeSpec(OTELPROF_RANK, "resource", "Global rank (`RANK`)."),
     AttributeSpec(OTELPROF_LOCAL_RANK, "resource", "Rank within the node (`LOCAL_RANK`)."),
@@ -281,14 +297,19 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(LABEL_REASON, "metric", "Why a span was built; on otelprof.sampler.errors the error; "
                   "on otelprof.gpu.throttle the clock-event reason."),
     AttributeSpec(LABEL_GPU, "metric", "GPU index as NVML numbers them in the container."),
-    AttributeSpec(LABEL_HW_ID, "metric", "GPU UUID (OTel hw.id)."),
+    AttributeSpec(LABEL_HW_ID, "metric", "GPU UUID (OTel hw.id); `MIG-...` for a MIG instance."),
+    AttributeSpec(LABEL_HW_PARENT, "metric", "On otelprof.gpu.info of a MIG instance: its GPU's UUID."),
+    AttributeSpec(LABEL_GPU_INSTANCE, "metric", "On otelprof.gpu.info of a MIG instance: the GPU instance id "
+                  "(dcgm-exporter's GPU_I_ID)."),
+    AttributeSpec(LABEL_GPU_PROFILE, "metric", "On otelprof.gpu.info of a MIG instance: its profile (1g.10gb)."),
     AttributeSpec(LABEL_HW_TYPE, "metric", "`gpu`, on the generic hardware metrics (hw.power, hw.energy, "
                   "hw.errors), as the semantic conventions require."),
     AttributeSpec(LABEL_CPU, "metric", "Logical CPU number (0-based)."),
     AttributeSpec(LABEL_CPU_MODE, "metric", "user, nice, system, idle, iowait, interrupt, steal."),
     AttributeSpec(LABEL_DISK_DIRECTION, "metric", "read or write."),
     AttributeSpec(LABEL_NETWORK_DIRECTION, "metric", "receive or transmit."),
-    AttributeSpec(LABEL_ERROR_TYPE, "metric", "corrected or uncorrected (GPU ECC errors)."),
+    AttributeSpec(LABEL_ERROR_TYPE, "metric", "corrected or uncorrected (GPU ECC errors); correctable or "
+                  "uncorrectable (remapped GPU memory rows)."),
     AttributeSpec(LABEL_SOURCE, "metric", "Telemetry source of a sampler error: psutil, cgroup, nvml."),
     AttributeSpec(LABEL_ENDPOINT, "metric", "Which in-process server: metrics (/metrics) or control."),
     AttributeSpec(LABEL_METRIC, "metric", "The OTel name of the metric whose label sets were folded."),
@@ -561,7 +582,8 @@ CONTAINER_CPU_THROTTLED_TIME = MetricSpec(
     "otelprof.container.cpu.throttled_time", Kind.COUNTER, "s", "Time the container spent throttled.")
 CONTAINER_MEMORY_LIMIT = MetricSpec(
     "otelprof.container.memory.limit", Kind.GAUGE, "By", "The container's memory limit (absent: no limit).")
-CONTAINER_MEMORY_USAGE = MetricSpec("container.memory.usage", Kind.GAUGE, "By", "Memory charged to the container.")
+CONTAINER_MEMORY_USAGE = MetricSpec(
+    "container.memory.usage", Kind.GAUGE, "By", "Memory charged to the container.", updown=True)
 CONTAINER_MEMORY_WORKING_SET = MetricSpec(
     "otelprof.container.memory.working_set", Kind.GAUGE, "By",
     "Memory charged to the container less its inactive file cache: what counts against the limit when the "
@@ -579,9 +601,16 @@ PROCESS_GPU_MEMORY = MetricSpec(
     "otelprof.process.gpu.memory", Kind.GAUGE, "By", "GPU memory used by this process, per GPU (NVML).",
     GPU_LABELS)
 GPU_INFO = MetricSpec(
-    "otelprof.gpu.info", Kind.GAUGE, "", "1 for the GPU this process computes on (NVML; the visible GPU at "
-    "`LOCAL_RANK`, or the only one): joins a GPU's series from dcgm-exporter (its `UUID` label = `hw_id`) to the "
-    "rank. Set once at start, also with OTELPROF_GPU_SAMPLING=false.", GPU_LABELS)
+    "otelprof.gpu.info", Kind.GAUGE, "", "1 for the GPU this process computes on (NVML; the visible GPU or MIG "
+    "instance at `LOCAL_RANK`, or the only one): joins a GPU's series from dcgm-exporter (its `UUID` label = "
+    "`hw_id`, or `hw_parent` and `gpu_instance` = `GPU_I_ID` for a MIG instance; its pod = `k8s_pod_name`, which "
+    "the series carries for the OTLP path) to the rank. Set once at start, also with OTELPROF_GPU_SAMPLING=false.",
+    (*GPU_LABELS, LABEL_HW_PARENT, LABEL_GPU_INSTANCE, LABEL_GPU_PROFILE, K8S_POD_NAME, K8S_NAMESPACE_NAME))
+GPU_UNMAPPED = MetricSpec(
+    "otelprof.gpu.unmapped", Kind.GAUGE, "", "1 when this process was given a GPU (a GPU-/MIG- UUID in "
+    "CUDA/NVIDIA_VISIBLE_DEVICES, or NVML lists GPUs) but cannot tell which one it computes on, so it exports no "
+    "otelprof.gpu.info: reason not_found (NVML does not list it), ambiguous (LOCAL_RANK names none of several), "
+    "or why NVML failed. OtelprofGPUTelemetryAbsent fires on it.", (LABEL_REASON,))
 GPU_UTILIZATION = MetricSpec(
     "hw.gpu.utilization", Kind.GAUGE, "1", "Share of the last sample period a kernel ran on the GPU (NVML).",
     GPU_LABELS)
@@ -610,9 +639,21 @@ GPU_ERRORS = MetricSpec(
     "hw.errors", Kind.COUNTER, "{error}", "GPU ECC memory errors since the driver loaded (volatile).",
     (*HW_GPU_LABELS, LABEL_ERROR_TYPE))
 GPU_SM_ACTIVE = MetricSpec(
-    "otelprof.gpu.sm.active", Kind.GAUGE, "1", "Share of SMs busy (NVML GPM, Hopper and newer).", GPU_LABELS)
+    "otelprof.gpu.sm.active", Kind.GAUGE, "1", "Share of SMs busy (NVML GPM, Hopper and newer; dcgm-exporter's "
+    "DCGM_FI_PROF_SM_ACTIVE): the device-wide view of what PyTorch Profiler calls SM efficiency.", GPU_LABELS)
 GPU_SM_OCCUPANCY = MetricSpec(
-    "otelprof.gpu.sm.occupancy", Kind.GAUGE, "1", "Warp occupancy of the SMs (NVML GPM).", GPU_LABELS)
+    "otelprof.gpu.sm.occupancy", Kind.GAUGE, "1", "Warp occupancy of the SMs (NVML GPM; DCGM_FI_PROF_SM_OCCUPANCY): "
+    "the device-wide view of PyTorch Profiler's achieved occupancy.", GPU_LABELS)
+GPU_XID = MetricSpec(
+    "otelprof.gpu.xid", Kind.GAUGE, "", "The last XID error the driver reported for the GPU, 0 for none "
+    "(dcgm-exporter's DCGM_FI_DEV_XID_ERRORS; gpu_source=dcgm only: NVML reports XIDs as events).", GPU_LABELS)
+GPU_REMAPPED_ROWS = MetricSpec(
+    "otelprof.gpu.memory.remapped_rows", Kind.COUNTER, "{row}", "GPU memory rows remapped after ECC errors "
+    "(dcgm-exporter's DCGM_FI_DEV_CORRECTABLE/UNCORRECTABLE_REMAPPED_ROWS; gpu_source=dcgm only).",
+    (*GPU_LABELS, LABEL_ERROR_TYPE))
+DCGM_ONLY_METRICS: tuple[MetricSpec, ...] = (GPU_XID, GPU_REMAPPED_ROWS)
+"""GPU series only dcgm-exporter's readings stand for (the otelprof-dcgm records); otelprof's NVML sampler
+does not produce them."""
 GPU_TENSOR_ACTIVE = MetricSpec(
     "otelprof.gpu.tensor.active", Kind.GAUGE, "1", "Share of time tensor cores were busy (NVML GPM).", GPU_LABELS)
 GPU_UTILIZATION_DISTRIBUTION = MetricSpec(
@@ -653,6 +694,7 @@ SYSTEM_METRICS: tuple[MetricSpec, ...] = (
     GPU_MEMORY_COPY_UTILIZATION, GPU_MEMORY_USAGE, GPU_MEMORY_LIMIT, GPU_MEMORY_UTILIZATION, GPU_POWER, GPU_ENERGY,
     GPU_POWER_LIMIT, GPU_TEMPERATURE, GPU_SM_CLOCK, GPU_PCIE_THROUGHPUT, GPU_THROTTLE, GPU_ERRORS, GPU_SM_ACTIVE,
     GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVE, GPU_UTILIZATION_DISTRIBUTION, GPU_MEMORY_UTILIZATION_DISTRIBUTION,
+    GPU_UNMAPPED, GPU_XID, GPU_REMAPPED_ROWS,
     SAMPLER_SAMPLES, SAMPLER_HIGH_CPU, SAMPLER_LOW_GPU, SAMPLER_CPU_BOTTLENECK, SAMPLER_IO_BOTTLENECK, SAMPLER_ERRORS,
     SAMPLER_OVERRUNS, SAMPLER_TIME,
 )
@@ -727,6 +769,18 @@ SCALAR_GAUGES: dict[str, MetricSpec] = {SCALAR_LOSS: LOSS, SCALAR_LEARNING_RATE:
                                         SCALAR_GRAD_NORM: GRAD_NORM}
 SCALAR_COUNTERS: dict[str, MetricSpec] = {SCALAR_SAMPLES: SAMPLES, SCALAR_TOKENS: TOKENS}
 NONFINITE_CHECKED: tuple[str, ...] = (SCALAR_LOSS, SCALAR_GRAD_NORM)
+SCALAR_OPTIMIZER_LOSS = "loss_optimizer_{index}"
+"""Per step of a loop with several optimizers (a GAN's discriminator and generator, updated once per batch): the
+losses given to ``backward()`` for the update of optimizer ``{index}`` (numbered from 0 in the order they first
+step); ``loss`` is the step's losses of all updates."""
+MAX_OPTIMIZER_LOSSES = 8
+"""Optimizers with a loss of their own (``SCALAR_OPTIMIZER_LOSS``); the others' count in ``loss`` only."""
+
+
+def optimizer_loss(index: int) -> str:
+    """The scalar name of optimizer ``index``'s loss (:data:`SCALAR_OPTIMIZER_LOSS`)."""
+    return SCALAR_OPTIMIZER_LOSS.format(index=index)
+
 
 # ---------------------------------------------------------------- dcgm-exporter's series (mixin gpu_source=dcgm)
 # NVIDIA dcgm-exporter's default counters (etc/default-counters.csv), read instead of otelprof's own GPU series.
@@ -750,10 +804,40 @@ DCGM_SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
 """SM clock, MHz."""
 DCGM_TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
 """Ratio of cycles the tensor pipe is active (0-1)."""
+DCGM_GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+"""Ratio of time the graphics engine is active (0-1); reported for MIG instances, where DCGM_FI_DEV_GPU_UTIL is
+not."""
+DCGM_SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"
+"""Ratio of cycles an SM has at least one warp assigned (0-1)."""
+DCGM_SM_OCCUPANCY = "DCGM_FI_PROF_SM_OCCUPANCY"
+"""Ratio of warps resident on an SM to its maximum (0-1)."""
+DCGM_PCIE_TX_BYTES = "DCGM_FI_PROF_PCIE_TX_BYTES"
+"""PCIe bytes transmitted, bytes per second (a rate, despite the name)."""
+DCGM_PCIE_RX_BYTES = "DCGM_FI_PROF_PCIE_RX_BYTES"
+"""PCIe bytes received, bytes per second."""
+DCGM_TOTAL_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+"""Energy since boot, mJ (counter)."""
+DCGM_XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
+"""The last XID error's code (gauge; 0 none)."""
+DCGM_CORRECTABLE_REMAPPED_ROWS = "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"
+"""Rows remapped for correctable errors (counter)."""
+DCGM_UNCORRECTABLE_REMAPPED_ROWS = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
+"""Rows remapped for uncorrectable errors (counter)."""
+DCGM_ECC_SBE_VOLATILE = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
+"""Single-bit (corrected) volatile ECC errors (counter; commented out in the default counters)."""
+DCGM_ECC_DBE_VOLATILE = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
+"""Double-bit (uncorrected) volatile ECC errors (counter; commented out in the default counters)."""
 DCGM_LABEL_UUID = "UUID"
 DCGM_LABEL_GPU = "gpu"
+DCGM_LABEL_GPU_INSTANCE = "GPU_I_ID"
+"""A MIG instance's GPU instance id; absent on a whole GPU's series (``UUID`` is the GPU's on both)."""
+DCGM_LABEL_GPU_PROFILE = "GPU_I_PROFILE"
 DCGM_SERIES: tuple[str, ...] = (DCGM_GPU_UTIL, DCGM_MEM_COPY_UTIL, DCGM_FB_USED, DCGM_FB_FREE, DCGM_FB_RESERVED,
-                                DCGM_POWER_USAGE, DCGM_GPU_TEMP, DCGM_SM_CLOCK, DCGM_TENSOR_ACTIVE)
+                                DCGM_POWER_USAGE, DCGM_GPU_TEMP, DCGM_SM_CLOCK, DCGM_TENSOR_ACTIVE,
+                                DCGM_GR_ENGINE_ACTIVE, DCGM_SM_ACTIVE, DCGM_SM_OCCUPANCY, DCGM_PCIE_TX_BYTES,
+                                DCGM_PCIE_RX_BYTES, DCGM_TOTAL_ENERGY, DCGM_XID_ERRORS,
+                                DCGM_CORRECTABLE_REMAPPED_ROWS, DCGM_UNCORRECTABLE_REMAPPED_ROWS,
+                                DCGM_ECC_SBE_VOLATILE, DCGM_ECC_DBE_VOLATILE)
 
 # ---------------------------------------------------------------- OTel -> Prometheus names
 

@@ -214,9 +214,10 @@ class Session:
 
     def metrics_data(self, exemplars: bool = False) -> MetricsData:
         """A snapshot of every metric (pending records processed first); ``exemplars``: with the histograms'."""
-        scope = InstrumentationScope(sc.SCOPE_NAME, __version__)
+        scope = InstrumentationScope(sc.SCOPE_NAME, __version__, sc.SCHEMA_URL)
         metrics = self.registry.collect(exemplars)
-        return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(scope, metrics, "")], "")])
+        return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(scope, metrics, sc.SCHEMA_URL)],
+                                            self.resource.schema_url)])
 
     def _export_metrics(self) -> None:
         data = self.metrics_data(bool(self._metric_exporters))  # the recording leaves the exemplars out

@@ -30,7 +30,7 @@ class SpanBuilder:
 
     def __init__(self, provider: TracerProvider) -> None:
         self.resource = provider.resource
-        self.scope = InstrumentationScope(sc.SCOPE_NAME, __version__)
+        self.scope = InstrumentationScope(sc.SCOPE_NAME, __version__, sc.SCHEMA_URL)
         self._ids = provider.id_generator
         sampler = provider.sampler
         self._sampler = None if sampler.get_description() == _DEFAULT_SAMPLER else sampler  # type: ignore[no-untyped-call]

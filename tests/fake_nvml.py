@@ -6,14 +6,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from otelprof.collectors.nvml import DeviceInfo, NvmlCallError
+from otelprof.collectors.nvml import MIG_KEY_BASE, DeviceInfo, NvmlCallError, mig_profile
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 class FakeNvml:
     """Implements otelprof.collectors.nvml.NvmlBackend. ``tick`` selects the reading; ``errors`` maps
-    (index, field) -> reason to fail a read; ``calls`` counts reads per (index, field)."""
+    (index, field) -> reason to fail a read; ``calls`` counts reads per (index, field). A device entry's ``mig``
+    lists its MIG instances (MIG mode on), keyed from MIG_KEY_BASE in listing order like the real backend; their
+    readings are under their UUID in the ticks, ``process_memory`` and ``gpm``. ``hidden_mig`` instances are not
+    enumerated under their GPU, only found by UUID (as in a container given one MIG instance)."""
 
     def __init__(self, fixture: str = "nvml_a100x2.json") -> None:
         self.data: dict[str, Any] = json.loads((FIXTURES / fixture).read_text())
@@ -21,6 +24,34 @@ class FakeNvml:
         self.errors: dict[tuple[int, str], str] = {}
         self.calls: dict[tuple[int, str], int] = {}
         self.shut_down = False
+        self.mig: dict[int, DeviceInfo] = {}
+
+    def _key(self, index: int) -> str:
+        return self.mig[index].uuid if index in self.mig else str(index)
+
+    def _mig(self, parent: int, entry: dict[str, Any]) -> DeviceInfo:
+        for known in self.mig.values():
+            if known.uuid == entry["uuid"]:
+                return known
+        device = DeviceInfo(MIG_KEY_BASE + len(self.mig), entry["uuid"], entry["name"],
+                            parent_uuid=self.data["devices"][parent]["uuid"], gpu_instance=int(entry["gpu_instance"]),
+                            profile=mig_profile(entry["name"]))
+        self.mig[device.index] = device
+        return device
+
+    def mig_devices(self, index: int) -> list[DeviceInfo]:
+        entries = self.data["devices"][index].get("mig", [])
+        return [self._mig(index, e) for e in entries if not e.get("hidden")]
+
+    def device_by_uuid(self, uuid: str) -> DeviceInfo:
+        self._fail(-1, "device_by_uuid")
+        for parent, gpu in enumerate(self.data["devices"]):
+            if gpu["uuid"] == uuid:
+                return self.device(parent)
+            for entry in gpu.get("mig", []):
+                if entry["uuid"] == uuid:
+                    return self._mig(parent, entry)
+        raise NvmlCallError("not_found", f"fake: no device {uuid}")
 
     def device_count(self) -> int:
         return len(self.data["devices"])
@@ -38,18 +69,23 @@ class FakeNvml:
     def read(self, index: int, field: str) -> float:
         self._fail(index, field)
         ticks = self.data["ticks"]
-        return float(ticks[self.tick % len(ticks)][str(index)][field])
+        values = ticks[self.tick % len(ticks)][self._key(index)]
+        if field not in values:
+            raise NvmlCallError("not_supported", f"fake: {field} not supported")
+        return float(values[field])
 
     def read_gpm(self, index: int) -> dict[str, float]:
         self._fail(index, "gpm")
         gpm = self.data.get("gpm")
         if gpm == "not_supported":
             raise NvmlCallError("not_supported", "fake: no GPM")
-        return dict(gpm[str(index)])
+        if self._key(index) not in gpm:
+            raise NvmlCallError("not_supported", "fake: no GPM on this device")
+        return dict(gpm[self._key(index)])
 
     def process_memory(self, index: int, pid: int) -> int | None:
         self._fail(index, "process_memory")
-        value = self.data["process_memory"].get(str(index))
+        value = self.data["process_memory"].get(self._key(index))
         return None if value is None else int(value)
 
     def versions(self) -> tuple[str, str]:

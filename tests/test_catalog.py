@@ -178,7 +178,8 @@ def test_gpu_series_on_metrics_carry_what_the_semantic_conventions_require(
     uuids = {str(i): d["uuid"] for i, d in enumerate(fake.data["devices"])}
     reading = fake.data["ticks"][0]  # the fake stays at tick 0
     gpm = {sc.GPU_SM_ACTIVE, sc.GPU_SM_OCCUPANCY, sc.GPU_TENSOR_ACTIVE}  # the fixture's GPUs have no GPM
-    gpu_specs = [m for m in sc.METRICS if sc.LABEL_HW_ID in m.labels and m not in gpm]
+    gpu_specs = [m for m in sc.METRICS
+                 if sc.LABEL_HW_ID in m.labels and m not in gpm and m not in sc.DCGM_ONLY_METRICS]
     assert sc.GPU_POWER in gpu_specs and sc.GPU_ENERGY in gpu_specs and sc.GPU_TEMPERATURE in gpu_specs
     for spec in gpu_specs:
         family = families[spec.prometheus_name]

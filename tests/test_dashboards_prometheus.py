@@ -62,7 +62,8 @@ def _get(prom: Prometheus, path: str, params: dict[str, str]) -> dict[str, Any]:
 def substitute(expr: str, range_s: int) -> str:
     """``expr`` with the dashboard and Grafana variables replaced as Grafana would for this run."""
     values = {"$__range_s": str(range_s), "$__range": f"{range_s}s", "$__rate_interval": RATE_INTERVAL,
-              "$__interval": f"{int(SCRAPE)}s", "$job_name": JOB, "$node": ".*", "$rank": ".*", "$gpu": ".*"}
+              "$__interval": f"{int(SCRAPE)}s", "$job_name": JOB, "$cluster": ".*",
+              "$namespace": ".*", "$node": ".*", "$rank": ".*", "$gpu": ".*"}
     for name in sorted(values, key=len, reverse=True):
         expr = expr.replace(name, values[name])
     assert "$" not in expr, f"unsubstituted variable in {expr}"

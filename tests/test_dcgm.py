@@ -276,3 +276,200 @@ def test_promtool_cases_of_the_dcgm_mode_alerts(tmp_path: Path) -> None:
     (tmp_path / "dcgm_test.yaml").write_text(yaml.safe_dump(document))
     result = sp.run([binary, "test", "rules", "dcgm_test.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------ MIG instances and the deeper default counters
+
+MIG_EXPOSITION = FIXTURES / "dcgm_exporter_mig.prom"
+SERVE_MIG = SERVE.replace("nvml_factory=FakeNvml", 'nvml_factory=functools.partial(FakeNvml, "nvml_mig.json")')
+MIG_A100, MIG_H100, WHOLE_H100 = ("MIG-b7e2f4a1-6c3d-5e8f-9a0b-1c2d3e4f5a6b",
+                                  "MIG-9e8d7c6b-5a49-5382-8170-f6e5d4c3b2a1",
+                                  "GPU-7d2c4e6f-8a1b-4c3d-9e5f-6a7b8c9d0e1f")
+UNKNOWN_MIG = "MIG-11111111-2222-5333-8444-555555555555"
+
+
+def test_dcgm_mode_maps_mig_instances_the_default_counters_and_the_otlp_path(tmp_path: Path) -> None:
+    """Four single-GPU pods on one node (tests/fixtures/dcgm_exporter_mig.prom, dcgm-exporter's MIG label set):
+    rank 0 runs on an A100 MIG instance (3g.20gb, GPU instance 2; another pod has the 1g.5gb one), rank 1 on an
+    H100 MIG instance, rank 2 was given a MIG instance NVML does not list, rank 3 on a whole H100 and its target
+    carries no pod labels (as when the ranks push OTLP through a collector: the pod comes from otelprof_gpu_info's
+    k8s_pod_name). dcgm-exporter reports no DCGM_FI_DEV_GPU_UTIL for a MIG instance: utilization is its graphics
+    engine activity."""
+    binary = require_binary("prometheus")
+    (tmp_path / "alerts.yaml").write_text(render_alerts(CONFIG))
+    (tmp_path / "rules.yaml").write_text(render_rules(CONFIG))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                                                      "CUDA_VISIBLE", "NVIDIA_VISIBLE"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    given = {0: MIG_A100, 1: MIG_H100, 2: UNKNOWN_MIG, 3: WHOLE_H100}
+    processes = []
+    prom_process = None
+    with _serve(MIG_EXPOSITION.read_bytes()) as dcgm_address:
+        try:
+            for rank, device in given.items():
+                pod = {"OTELPROF_POD_NAME": "trainer-3", "OTELPROF_POD_NAMESPACE": "ml"} if rank == 3 else {}
+                processes.append(subprocess.Popen(
+                    [sys.executable, "-c", SERVE_MIG], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True,
+                    env={**env, **pod, "OTELPROF_JOB_NAME": JOB, "OTEL_METRICS_EXPORTER": "prometheus",
+                         "OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_PROMETHEUS_PORT": str(free_port()),
+                         "OTELPROF_GPU_SAMPLING": "false", "RANK": str(rank), "LOCAL_RANK": "0",
+                         "WORLD_SIZE": "4", "NVIDIA_VISIBLE_DEVICES": device,
+                         "OTELPROF_RECORD_DIR": str(tmp_path / f"runs{rank}")}))
+            targets = [p.stdout.readline().strip() for p in processes]  # type: ignore[union-attr]
+            assert all(targets), targets
+            static = [{"targets": [targets[rank]], "labels": {"namespace": "ml", "pod": f"trainer-{rank}"}}
+                      for rank in (0, 1, 2)]
+            config = {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(tmp_path / "alerts.yaml"), str(tmp_path / "rules.yaml")],
+                "scrape_configs": [
+                    {"job_name": "otelprof", "static_configs": [*static, {"targets": [targets[3]]}]},
+                    {"job_name": "nvidia-dcgm-exporter", "static_configs": [
+                        {"targets": [dcgm_address],
+                         "labels": {"namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-7xk2p"}}]},
+                ]}
+            (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+            port = free_port()
+            prom_process = subprocess.Popen(
+                [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            prom = Prometheus(f"http://127.0.0.1:{port}")
+            _wait_ready(prom)
+            _check_mig(prom)
+        finally:
+            errors = [p.communicate("", timeout=30)[1] for p in processes]
+            if prom_process is not None:
+                prom_process.terminate()
+                prom_process.wait(10)
+    assert all(p.returncode == 0 for p in processes)
+    assert errors[:2] == ["", ""] and errors[3] == ""  # the mapped ranks said nothing
+    assert "cannot tell which it computes on (not_found)" in errors[2] and errors[2].count("\n") == 1
+
+
+def _ranks(prom: Prometheus, promql: str, ranks: set[str]) -> dict[str, dict[str, Any]]:
+    deadline = time.monotonic() + 30
+    while True:
+        result = _by_rank(prom.query(promql))
+        if set(result) >= ranks or time.monotonic() > deadline:
+            return result
+        time.sleep(0.5)
+
+
+def _values_by_rank(prom: Prometheus, promql: str, ranks: set[str]) -> dict[str, float]:
+    return {r: float(s["value"][1]) for r, s in _ranks(prom, promql, ranks).items()}
+
+
+def _check_mig(prom: Prometheus) -> None:
+    mapped = {"0", "1", "3"}
+    info = _ranks(prom, sc.GPU_INFO.prometheus_name, mapped)
+    # gpu: a MIG instance's CUDA index; a whole GPU's NVML index (the fake NVML lists the whole H100 third)
+    assert {r: (s["metric"]["gpu"], s["metric"]["hw_id"], s["metric"].get("gpu_instance", ""),
+                s["metric"].get("gpu_profile", "")) for r, s in info.items()} == {
+        "0": ("0", MIG_A100, "2", "3g.20gb"), "1": ("0", MIG_H100, "13", "1g.10gb"), "3": ("2", WHOLE_H100, "", "")}
+    assert info["3"]["metric"]["k8s_pod_name"] == "trainer-3" and "pod" not in info["3"]["metric"]
+    unmapped = _ranks(prom, sc.GPU_UNMAPPED.prometheus_name, {"2"})
+    assert unmapped["2"]["metric"]["reason"] == "not_found"
+
+    util = _ranks(prom, "otelprof:hw_gpu_utilization_ratio:dcgm", mapped)
+    assert {r: (s["metric"]["hw_id"], float(s["value"][1])) for r, s in util.items()} == {
+        "0": (MIG_A100, 0.04), "1": (MIG_H100, 0.91), "3": (WHOLE_H100, 0.88)}  # the notebook's instance: no rank
+    used = _values_by_rank(prom, "otelprof:hw_gpu_memory_usage_bytes:dcgm", mapped)
+    assert used == {"0": 19000 * 2**20, "1": 6000 * 2**20, "3": 61440 * 2**20}
+    assert _values_by_rank(prom, "otelprof:otelprof_gpu_sm_active_ratio:dcgm", mapped) == {
+        "0": 0.03, "1": 0.85, "3": 0.83}
+    assert _values_by_rank(prom, "otelprof:otelprof_gpu_sm_occupancy_ratio:dcgm", mapped) == {
+        "0": 0.01, "1": 0.47, "3": 0.41}
+    assert _values_by_rank(prom, "otelprof:otelprof_gpu_tensor_active_ratio:dcgm", mapped) == {
+        "0": 0.0, "1": 0.52, "3": 0.37}
+    # the whole GPU's device-level counters; a MIG instance's GPU-wide fields (power, energy) name no instance
+    pcie = _ranks(prom, f"otelprof:{sc.GPU_PCIE_THROUGHPUT.prometheus_name}:dcgm", {"3"})
+    assert {s["metric"]["network_io_direction"]: float(s["value"][1]) for s in prom.query(
+        f"otelprof:{sc.GPU_PCIE_THROUGHPUT.prometheus_name}:dcgm")} == {"receive": 2.1e9, "transmit": 4.1e8}
+    assert set(pcie) == {"3"}
+    energy = _ranks(prom, f"otelprof:{sc.GPU_ENERGY.prometheus_name}:dcgm", {"3"})
+    assert {r: (float(s["value"][1]), s["metric"]["hw_type"]) for r, s in energy.items()} == {
+        "3": (9182736.5, "gpu")}
+    assert _values_by_rank(prom, f"otelprof:{sc.GPU_XID.prometheus_name}:dcgm", {"3"}) == {"3": 0.0}
+    rows = prom.query(f"otelprof:{sc.GPU_REMAPPED_ROWS.prometheus_name}:dcgm")
+    assert {(s["metric"]["rank"], s["metric"]["error_type"]): float(s["value"][1]) for s in rows} == {
+        ("3", "correctable"): 2.0, ("3", "uncorrectable"): 0.0}
+
+    def firing(name: str) -> list[dict[str, Any]]:
+        return prom.query(f'ALERTS{{alertname="Otelprof{name}", alertstate="firing"}}')
+
+    def absent() -> list[dict[str, Any]]:  # pending or firing: its `for` (1 min) outlasts the test
+        return prom.query('ALERTS{alertname="OtelprofGPUTelemetryAbsent"}')
+
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and not (firing("GPUUnderutilized") and absent()):
+        time.sleep(1)
+    # rank 0's idle MIG instance is judged like a GPU; rank 2's unmapped GPU is visible; every mapped GPU joined
+    assert {a["metric"]["rank"] for a in firing("GPUUnderutilized")} == {"0"}
+    assert [(a["metric"]["job_name"], a["metric"]["gpu"]) for a in absent()] == [(JOB, "unmapped")]
+
+    # the GPU dashboard's SM-activity and PCIe panels read the records in dcgm mode
+    board = json.loads(render_dashboards(CONFIG)[f"{ids.GPU_SYSTEM}.json"])
+    exprs = [t["expr"] for row in board["panels"] for p in [row, *row.get("panels", [])] for t in p.get("targets", [])]
+    for record in (f"otelprof:{sc.GPU_SM_ACTIVE.prometheus_name}:dcgm",
+                   f"otelprof:{sc.GPU_PCIE_THROUGHPUT.prometheus_name}:dcgm"):
+        expr = next(e for e in exprs if record in e)
+        result = prom.query(substitute(expr, 60).replace(f'"{DASHBOARD_JOB}"', f'"{JOB}"'))
+        assert "3" in {s["metric"].get("rank", "3") for s in result} and result, (record, expr)
+
+
+def test_promtool_cases_of_the_dcgm_mode_alerts_on_mig_instances(tmp_path: Path) -> None:
+    """Two ranks on MIG instances of one GPU (dcgm's UUID is the GPU's; GPU_I_ID tells the instances apart; no
+    DCGM_FI_DEV_GPU_UTIL): rank 0's instance idles (GPUUnderutilized fires), rank 1's is busy (quiet), and neither
+    is reported absent; rank 2 exports otelprof_gpu_unmapped: GPUTelemetryAbsent fires with gpu="unmapped"."""
+    from otelprof.mixin.alerts import alerts
+    from tests.rules.cases import const, render
+
+    binary = require_binary("promtool")
+    (tmp_path / "alerts.yaml").write_text(render_alerts(PROMTOOL_CONFIG))
+    (tmp_path / "rules.yaml").write_text(render_rules(PROMTOOL_CONFIG))
+    by_name = {a.short: a for a in alerts(PROMTOOL_CONFIG)}
+    n = 80
+    series = []
+    instances = {0: ("MIG-a", "3", "3g.20gb", 0.05), 1: ("MIG-b", "4", "3g.20gb", 0.9)}
+    for rank in range(3):
+        ident = {"job_name": "llm", "rank": str(rank), "local_rank": "0", "node": "n1", "namespace": "ml",
+                 "pod": f"trainer-{rank}", "job": "otelprof", "instance": f"10.0.0.1:{rank}"}
+        labels = ", ".join(f'{k}="{v}"' for k, v in ident.items())
+        series.append({"series": f"{sc.PROCESS_START_TIME.prometheus_name}{{{labels}}}", "values": const(0, n)})
+        if rank == 2:
+            series.append({"series": f'{sc.GPU_UNMAPPED.prometheus_name}{{{labels}, reason="not_found"}}',
+                           "values": const(1, n)})
+            continue
+        uuid, instance, profile, active = instances[rank]
+        series.append({"series": f'{sc.GPU_INFO.prometheus_name}{{{labels}, gpu="0", hw_id="{uuid}", '
+                                 f'hw_parent="GPU-p", gpu_instance="{instance}", gpu_profile="{profile}"}}',
+                       "values": const(1, n)})
+        for name, value in ((sc.DCGM_GR_ENGINE_ACTIVE, active), (sc.DCGM_FB_USED, 10000), (sc.DCGM_FB_FREE, 9968)):
+            dcgm = _dcgm(name, "GPU-p", "1", f"trainer-{rank}", const(value, n))
+            dcgm["series"] = dcgm["series"][:-1] + f', GPU_I_PROFILE="{profile}", GPU_I_ID="{instance}"}}'
+            series.append(dcgm)
+
+    def expected(short: str, value: float, **labels: str) -> dict[str, Any]:
+        rule = by_name[short].rule(PROMTOOL_CONFIG)
+        labels = {"job_name": "llm", "node": "n1", **labels}
+        return {"exp_labels": {**labels, **rule["labels"]},
+                "exp_annotations": {k: render(v, labels, value) for k, v in rule["annotations"].items()}}
+
+    rank0 = {"rank": "0", "local_rank": "0", "gpu": "0", "hw_id": "MIG-a"}
+    document = {"rule_files": ["alerts.yaml", "rules.yaml"], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s", "input_series": series,
+        "alert_rule_test": [
+            {"eval_time": "15m", "alertname": by_name["GPUUnderutilized"].name,
+             "exp_alerts": [expected("GPUUnderutilized", 0.05, **rank0)]},
+            {"eval_time": "15m", "alertname": by_name["GPUTelemetryAbsent"].name,
+             "exp_alerts": [expected("GPUTelemetryAbsent", 1, gpu="unmapped")]},
+        ],
+        "promql_expr_test": [{"expr": "otelprof:hw_gpu_utilization_ratio:dcgm", "eval_time": "5m", "exp_samples": [
+            {"labels": f'otelprof:hw_gpu_utilization_ratio:dcgm{{job_name="llm", rank="{r}", local_rank="0", '
+                       f'node="n1", gpu="0", hw_id="{instances[r][0]}"}}', "value": instances[r][3]}
+            for r in (0, 1)]}],
+    }]}
+    (tmp_path / "mig_test.yaml").write_text(yaml.safe_dump(document))
+    result = subprocess.run([binary, "test", "rules", "mig_test.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -17,9 +17,11 @@ from otelprof import deploy
 from tests.servers import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
-OVERLAYS = ["base", "overlays/kube-prometheus-stack", "overlays/plain-prometheus"]
+OVERLAYS = ["base", "overlays/kube-prometheus-stack", "overlays/kube-prometheus-stack/alertmanager",
+            "overlays/plain-prometheus"]
 CRD_DIR = ROOT.parent / "shared" / "schemas" / "prometheus-operator-v0.93.0"
-CRD_FILES = {"PodMonitor": "monitoring.coreos.com_podmonitors.yaml",
+CRD_FILES = {"AlertmanagerConfig": "monitoring.coreos.com_alertmanagerconfigs.yaml",
+             "PodMonitor": "monitoring.coreos.com_podmonitors.yaml",
              "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml",
              "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml"}
 
@@ -33,11 +35,19 @@ def _kubectl() -> str:
     return path
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML reads a plain ``=`` (kustomize writes AlertmanagerConfig's ``matchType: =`` unquoted) as YAML 1.1's
+    value tag; Kubernetes' YAML reader takes it as the string it is."""
+
+
+_Loader.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
+
+
 def build(overlay: str) -> list[dict[str, Any]]:
     result = subprocess.run([_kubectl(), "kustomize", str(ROOT / "deploy/kubernetes" / overlay)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return [doc for doc in yaml.load_all(result.stdout, Loader=_Loader) if doc]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -55,8 +65,11 @@ def test_overlay_builds_and_every_object_validates(overlay: str) -> None:
 def _crd_schema(kind: str) -> dict[str, Any]:
     if not CRD_DIR.is_dir():
         pytest.skip(f"{CRD_DIR} is absent (the prometheus-operator CRD schemas sit beside the repository in CI)")
-    crd = yaml.safe_load((CRD_DIR / CRD_FILES[kind]).read_text())
-    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    path = CRD_DIR / CRD_FILES[kind]
+    if not path.is_file():
+        pytest.skip(f"{path.name} is absent from {CRD_DIR}")
+    crd = yaml.load(path.read_text(), Loader=_Loader)  # its matchType enum holds a plain =
+    [version] = [v for v in crd["spec"]["versions"] if v["name"] in ("v1", "v1alpha1")]
     return dict(version["schema"]["openAPIV3Schema"])
 
 
@@ -104,7 +117,6 @@ def test_plain_prometheus_config_passes_promtool(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("overlay", "secret", "key"), [
-    ("overlays/kube-prometheus-stack", deploy.ALERTMANAGER_SECRET, "alertmanager.yaml"),
     ("overlays/plain-prometheus", "otelprof-alertmanager", "alertmanager.yml"),
 ])
 def test_alertmanager_secrets_pass_amtool(overlay: str, secret: str, key: str, tmp_path: Path) -> None:
@@ -114,6 +126,20 @@ def test_alertmanager_secrets_pass_amtool(overlay: str, secret: str, key: str, t
     path.write_text(doc["stringData"][key])
     result = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_kube_prometheus_stack_gets_an_alertmanagerconfig_not_a_whole_config() -> None:
+    """The stack overlay never replaces the cluster's Alertmanager config: no config Secret, one AlertmanagerConfig
+    in Alertmanager's namespace, with the webhook token Secret it reads beside it."""
+    stack = build("overlays/kube-prometheus-stack")
+    assert not [d for d in stack if d["kind"] == "Secret" and d["metadata"]["name"].startswith("alertmanager-")]
+    docs = build("overlays/kube-prometheus-stack/alertmanager")
+    [config] = [d for d in docs if d["kind"] == "AlertmanagerConfig"]
+    [secret] = [d for d in docs if d["kind"] == "Secret"]
+    assert config["metadata"]["namespace"] == secret["metadata"]["namespace"] == "monitoring"
+    [webhook] = [r for r in config["spec"]["receivers"] if "webhookConfigs" in r]
+    assert webhook["webhookConfigs"][0]["httpConfig"]["authorization"]["credentials"]["name"] == \
+        secret["metadata"]["name"]
 
 
 def test_grafana_configmaps_carry_the_sidecar_labels() -> None:

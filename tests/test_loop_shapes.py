@@ -6,6 +6,7 @@ regions each step holds, its samples and its loss (the loop's own combination of
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import subprocess
@@ -43,11 +44,16 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "evaluation-inline": ("evaluation_inline", {}),
     "manual-sgd": ("manual_sgd", {}),
     "seq2seq": ("seq2seq", {}),
+    "loader-error": ("loader_error", {}),
+    "lbfgs": ("lbfgs", {}),
+    "sgd-closure": ("sgd_closure", {}),
+    "running-loss": ("running_loss", {}),
 }
 """Shape id: (module in tests/loop_shapes, options for its main())."""
-PYTHON_ONLY = {"nanogpt-compiled", "manual-sgd", "gan", "seq2seq"}
-"""Shapes the C hooks leave to the Python ones: a torch.compile'd model is timed by module hooks, and the C hooks
-keep steps ended by the step() of one optimizer only."""
+PYTHON_ONLY = {"nanogpt-compiled", "manual-sgd", "gan", "seq2seq", "lbfgs"}
+"""Shapes the C hooks leave to the Python ones: a torch.compile'd model is timed by module hooks, the C hooks
+keep steps ended by the step() of one optimizer only, and an evaluation step open in Python is ended there (the
+L-BFGS loop's train steps after the first)."""
 
 
 @pytest.fixture(autouse=True)
@@ -85,6 +91,14 @@ def check(rank: RankRecording, account: dict[str, Any], mode: str) -> None:
             assert sc.SCALAR_SAMPLES not in step.scalars, where
         else:
             assert step.scalars.get(sc.SCALAR_SAMPLES) == expected["samples"], where
+        updates = {sc.optimizer_loss(int(index)): value for index, value in expected.get("updates", {}).items()}
+        assert {name for name in step.scalars if name.startswith(sc.optimizer_loss(0)[:-1])} == set(updates), where
+        for name, value in [*updates.items(), *expected.get("recorded", {}).items()]:
+            assert step.scalars[name] == pytest.approx(value, rel=1e-6), (where, name)
+        assert all(step.start_ns <= a.start_ns and a.start_ns + a.duration_ns <= step.end_ns
+                   for a in step.annotations), where  # also a step that ended before the event that ended it
+    for step, after in itertools.pairwise(steps):
+        assert step.end_ns <= after.start_ns, f"{step.phase} step {step.number} ends after the next one starts"
 
 
 def launch(tmp_path: Path, module: str, options: dict[str, Any], env: dict[str, str], *, under_run: bool,
@@ -95,7 +109,7 @@ def launch(tmp_path: Path, module: str, options: dict[str, Any], env: dict[str, 
     out = tmp_path / "account.json"
     env = {**os.environ, "OTELPROF_RECORD_DIR": str(tmp_path / "runs"), "OTELPROF_RUN_ID": "shape",
            "OTELPROF_SYSTEM_METRICS": "false", "LOOP_SHAPE_OUT": str(out), "LOOP_SHAPE_OPTIONS": json.dumps(options),
-           **env}
+           "OTELPROF_PROFILE_EVERY": "0", **env}  # no periodic window: whether one starts depends on the machine's pace
     python = () if launcher and "--no-python" not in launcher else (sys.executable,)
     command = [*launcher, *python, "-m", f"tests.loop_shapes.{module}"]
     if under_run:
@@ -115,7 +129,7 @@ def explicit_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str,
                    path: str, c_holds_steps: bool) -> tuple[RankRecording, dict[str, Any]]:
     """The loop in this process, its objects given to ``otelprof.torch.instrument``."""
     monkeypatch.setenv("OTELPROF_TORCH_NATIVE", "true" if path == "native" else "false")
-    session = otelprof.init(record_dir=str(tmp_path / "runs"), system_metrics=False)
+    session = otelprof.init(record_dir=str(tmp_path / "runs"), system_metrics=False, profile_every=0)
     shape = importlib.import_module(f"tests.loop_shapes.{module}")
     account = shape.main(otorch.instrument, **options)
     inst = otorch._active[-1]
@@ -124,7 +138,22 @@ def explicit_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str,
     otorch.uninstrument()
     run_dir = session.run_dir
     otelprof.shutdown()
-    return read_recording(run_dir).ranks[0], account.dump()
+    return read_recording(run_dir).ranks[0], json.loads(json.dumps(account.dump()))  # as a subprocess's
+
+
+_bare: dict[str, dict[str, Any]] = {}
+
+
+def bare_facts(module: str, options: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """The facts the loop gives without otelprof: ``python -m tests.loop_shapes.<module>`` alone (once per module)."""
+    if module not in _bare:
+        out = tmp_path / "bare.json"
+        env = {**os.environ, "LOOP_SHAPE_OUT": str(out), "LOOP_SHAPE_OPTIONS": json.dumps(options)}
+        result = subprocess.run([sys.executable, "-m", f"tests.loop_shapes.{module}"], env=env, cwd=REPO,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
+        _bare[module] = json.loads(out.read_text())["facts"]
+    return _bare[module]
 
 
 def _cases() -> list[tuple[str, str, str]]:
@@ -151,6 +180,8 @@ def test_the_recording_holds_the_loops_own_steps(tmp_path: Path, monkeypatch: py
         rank, account = explicit_shape(tmp_path, monkeypatch, module, options, path,
                                        c_holds_steps=path == "native" and shape not in PYTHON_ONLY)
     check(rank, account, mode)
+    if account["facts"]:
+        assert account["facts"] == bare_facts(module, options, tmp_path)
 
 
 TORCHRUN = (str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from otelprof import environment_variables as ev
@@ -40,3 +42,40 @@ def test_node_label_falls_back_to_host_name() -> None:
     resource = build_resource(Config.from_env({}))
     assert identity_labels(resource)["node"] == resource.attributes[sc.HOST_NAME]
     assert sc.K8S_POD_NAME not in resource.attributes
+
+
+def test_pod_uid_job_name_service_namespace_and_schema_url() -> None:
+    """The downward-API attributes the pod template sets, service.namespace from the pod's namespace, and the
+    semantic-conventions schema on the Resource; OTEL_RESOURCE_ATTRIBUTES still wins."""
+    env = {ev.KUBERNETES_SERVICE_HOST: "10.0.0.1", ev.OTELPROF_POD_NAME: "bert-worker-1",
+           ev.OTELPROF_POD_NAMESPACE: "ml", ev.OTELPROF_POD_UID: "6f1c2e1a-8c3e-4d2b-9b1f-0a1b2c3d4e5f",
+           ev.OTELPROF_K8S_JOB_NAME: "bert-pretrain"}
+    resource = build_resource(Config.from_env(env))
+    attrs = resource.attributes
+    assert attrs[sc.K8S_POD_UID] == "6f1c2e1a-8c3e-4d2b-9b1f-0a1b2c3d4e5f"
+    assert attrs[sc.K8S_JOB_NAME] == "bert-pretrain"
+    assert attrs[sc.SERVICE_NAMESPACE] == "ml"
+    assert resource.schema_url == sc.SCHEMA_URL
+    outside = build_resource(Config.from_env({}))
+    assert not {sc.K8S_POD_UID, sc.K8S_JOB_NAME, sc.SERVICE_NAMESPACE} & set(outside.attributes)
+    assert outside.schema_url == sc.SCHEMA_URL
+
+
+def test_otel_resource_attributes_win_over_service_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ev.OTEL_RESOURCE_ATTRIBUTES, "service.namespace=research")
+    resource = build_resource(Config.from_env({ev.OTELPROF_POD_NAMESPACE: "ml"}))
+    assert resource.attributes[sc.SERVICE_NAMESPACE] == "research" and resource.schema_url == sc.SCHEMA_URL
+
+
+def test_metrics_and_spans_carry_the_schema_url(tmp_path: Path) -> None:
+    import otelprof
+
+    session = otelprof.init(job_name="schema", record_dir=str(tmp_path), metrics_exporters=(), traces_exporter="none")
+    try:
+        data = session.metrics_data()
+        (resource_metrics,) = data.resource_metrics
+        assert resource_metrics.schema_url == sc.SCHEMA_URL
+        assert {s.scope.schema_url for s in resource_metrics.scope_metrics} == {sc.SCHEMA_URL}
+        assert {s.schema_url for s in resource_metrics.scope_metrics} == {sc.SCHEMA_URL}
+    finally:
+        otelprof.shutdown()

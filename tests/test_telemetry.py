@@ -6,9 +6,11 @@ import gc
 import json
 import logging
 import os
+import sys
 import time
 import tracemalloc
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -19,7 +21,7 @@ from otelprof import semconv as sc
 from otelprof._log import reset_warnings
 from otelprof.collectors.cgroup import CgroupReader
 from otelprof.collectors.gpu import GpuCollector, visible_selectors
-from otelprof.collectors.nvml import NvmlUnavailable, PynvmlBackend
+from otelprof.collectors.nvml import NvmlCallError, NvmlUnavailable, PynvmlBackend
 from otelprof.collectors.sampler import Sampler
 from otelprof.collectors.system import HostReading, SystemCollector
 from otelprof.config import Config
@@ -290,7 +292,7 @@ def test_every_gpu_series_in_the_catalog_is_produced_through_the_seam(tmp_path: 
     sampler.sample()
     sampler.sample()
     produced = {m.name for m in registry.collect()}
-    gpu_specs = {m.name for m in sc.SYSTEM_METRICS if sc.LABEL_GPU in m.labels}
+    gpu_specs = {m.name for m in sc.SYSTEM_METRICS if sc.LABEL_GPU in m.labels and m not in sc.DCGM_ONLY_METRICS}
     assert gpu_specs <= produced
     assert _values(registry, sc.GPU_TENSOR_ACTIVE)[("0", fake.data["devices"][0]["uuid"])] == 0.3
 
@@ -317,13 +319,15 @@ def test_gpu_info_names_the_ranks_gpu_and_sampling_off_reads_nothing_else(tmp_pa
     who the GPUs are, then shut down, and no GPU reading series appears."""
     uuid0, uuid1 = (d["uuid"] for d in FakeNvml().data["devices"])
     _, registry, _ = _sampler(tmp_path, FakeNvml(), local_rank=1, node_sampler_local_rank=0)
-    assert _values(registry, sc.GPU_INFO) == {("1", uuid1): 1}
+    assert _values(registry, sc.GPU_INFO) == {("1", uuid1, "", "", "", "", ""): 1}
+    assert _values(registry, sc.GPU_UNMAPPED) == {}
     _, registry, _ = _sampler(tmp_path, FakeNvml(), local_rank=3)  # more ranks than GPUs: cannot tell
     assert _values(registry, sc.GPU_INFO) == {}
+    assert _values(registry, sc.GPU_UNMAPPED) == {("ambiguous",): 1}
     fake = FakeNvml()
     with mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": "1"}):
         sampler, registry, _ = _sampler(tmp_path, fake, local_rank=5, gpu_sampling=False)
-    assert _values(registry, sc.GPU_INFO) == {("1", uuid1): 1}
+    assert _values(registry, sc.GPU_INFO) == {("1", uuid1, "", "", "", "", ""): 1}
     assert fake.shut_down and sampler.gpus is None
     sampler.sample()
     sampler.sample()
@@ -458,3 +462,227 @@ def test_session_runs_the_sampler_and_records_samples(tmp_path: Path) -> None:
     samples = list(read_recording(session.run_dir).ranks[0].samples())
     assert len(samples) >= 2
     assert samples[-1]["pid"] == os.getpid() and "cpu" in samples[-1]
+
+
+# ------------------------------------------------------------------ MIG instances
+
+MIG_A100, MIG_A100_HIDDEN, MIG_H100 = ("MIG-b7e2f4a1-6c3d-5e8f-9a0b-1c2d3e4f5a6b",
+                                       "MIG-0f1e2d3c-4b5a-5968-8776-a5b4c3d2e1f0",
+                                       "MIG-9e8d7c6b-5a49-5382-8170-f6e5d4c3b2a1")
+WHOLE_H100 = "GPU-7d2c4e6f-8a1b-4c3d-9e5f-6a7b8c9d0e1f"
+
+
+def test_mig_instances_are_the_visible_devices_numbered_as_cuda_numbers_them() -> None:
+    fake = FakeNvml("nvml_mig.json")
+    a100, h100, _ = (d["uuid"] for d in fake.data["devices"])
+    everything = _collector(fake, [])
+    assert [(d.uuid, d.gpu, d.parent_uuid, d.gpu_instance, d.profile) for d in everything.devices] == [
+        (MIG_A100, "0", a100, 2, "3g.20gb"), (MIG_H100, "1", h100, 13, "1g.10gb"), (WHOLE_H100, "2", "", -1, "")]
+    given = _collector(FakeNvml("nvml_mig.json"), [], {"NVIDIA_VISIBLE_DEVICES": MIG_H100})
+    assert [(d.uuid, d.gpu) for d in given.devices] == [(MIG_H100, "0")]
+    # a MIG instance NVML does not enumerate under its GPU in this container is found by its UUID
+    hidden = _collector(FakeNvml("nvml_mig.json"), [], {"CUDA_VISIBLE_DEVICES": MIG_A100_HIDDEN})
+    assert [(d.uuid, d.gpu, d.gpu_instance, d.profile) for d in hidden.devices] == [
+        (MIG_A100_HIDDEN, "0", 9, "1g.5gb")]
+    assert [d.uuid for d in _collector(FakeNvml("nvml_mig.json"), [], {"CUDA_VISIBLE_DEVICES": "1"}).devices] == [
+        MIG_H100]
+
+
+def test_a_mig_instance_reads_its_memory_and_gpm_activity_and_nothing_it_cannot(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Per instance: memory from NVML, engine activity from GPM (Hopper); the GPU-wide fields are not asked, so
+    nothing is warned about and no error is counted."""
+    reset_warnings()
+    fake = FakeNvml("nvml_mig.json")
+    with caplog.at_level(logging.WARNING, logger="otelprof"):
+        sampler, registry, _ = _sampler(tmp_path, fake)
+        sampler.sample()
+        sampler.sample()
+    tick = fake.data["ticks"][0]
+    used = _values(registry, sc.GPU_MEMORY_USAGE)
+    assert used == {("0", MIG_A100): tick[MIG_A100]["memory_used"], ("1", MIG_H100): tick[MIG_H100]["memory_used"],
+                    ("2", WHOLE_H100): tick["2"]["memory_used"]}
+    assert _values(registry, sc.GPU_MEMORY_UTILIZATION)[("0", MIG_A100)] == pytest.approx(
+        tick[MIG_A100]["memory_used"] / tick[MIG_A100]["memory_total"])
+    # the A100 has no GPM: its instance has no utilization; the H100's comes from GPM's graphics activity
+    assert _values(registry, sc.GPU_UTILIZATION) == {("1", MIG_H100): 0.62, ("2", WHOLE_H100): 0.88}
+    assert _values(registry, sc.GPU_SM_OCCUPANCY) == {("1", MIG_H100): 0.31}
+    assert _values(registry, sc.PROCESS_GPU_MEMORY)[("0", MIG_A100)] == fake.data["process_memory"][MIG_A100]
+    asked = {index: {f for i, f in fake.calls if i == index} for index, _ in fake.calls}
+    mig = {device.index for device in fake.mig.values()}
+    assert all(asked[i] == {"memory_used", "memory_total", "process_memory", "gpm"} for i in mig), asked
+    assert "utilization" in asked[2] and "power" in asked[2]  # the whole GPU is read in full
+    sampler.writer.flush()  # type: ignore[union-attr]
+    last = json.loads((tmp_path / schema.SAMPLES).read_text().splitlines()[-1])["gpu"]  # keyed like the series
+    assert {gpu: sorted(entry) for gpu, entry in last.items()} == {
+        "0": ["mt", "mu", "pm"], "1": ["mt", "mu", "occ", "pm", "sm", "tc", "u"], "2": sorted(last["2"])}
+    assert last["1"]["u"] == 0.62 and "p" in last["2"]
+    assert _values(registry, sc.SAMPLER_ERRORS) == {} and caplog.text == ""
+
+
+def test_gpu_info_names_the_mig_instance_and_the_pod(tmp_path: Path) -> None:
+    fake = FakeNvml("nvml_mig.json")
+    a100 = fake.data["devices"][0]["uuid"]
+    with mock.patch.dict(os.environ, {"NVIDIA_VISIBLE_DEVICES": MIG_A100}):
+        _, registry, _ = _sampler(tmp_path, fake, local_rank=0, pod_name="trainer-0", pod_namespace="ml")
+    assert _values(registry, sc.GPU_INFO) == {("0", MIG_A100, a100, "2", "3g.20gb", "trainer-0", "ml"): 1}
+    assert _values(registry, sc.GPU_UNMAPPED) == {}
+
+
+def test_a_gpu_the_process_was_given_but_nvml_does_not_list_is_unmapped_and_warned_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    reset_warnings()
+    unknown = "MIG-11111111-2222-5333-8444-555555555555"
+    with caplog.at_level(logging.WARNING, logger="otelprof"), \
+            mock.patch.dict(os.environ, {"NVIDIA_VISIBLE_DEVICES": unknown}):
+        for _ in range(2):
+            _, registry, _ = _sampler(tmp_path, FakeNvml("nvml_mig.json"))
+    assert _values(registry, sc.GPU_INFO) == {}
+    assert _values(registry, sc.GPU_UNMAPPED) == {("not_found",): 1}
+    assert caplog.text.count("cannot tell which it computes on (not_found)") == 1 and unknown in caplog.text
+    # NVML that cannot start while the runtime gave the process a GPU: unmapped with NVML's reason
+    def broken() -> FakeNvml:
+        raise NvmlUnavailable("no_permission", "fake: no permission")
+    with mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": MIG_A100}):
+        registry = MetricRegistry(IDENTITY)
+        Sampler(Config.from_env({}), registry, None, nvml_factory=broken)
+    assert _values(registry, sc.GPU_UNMAPPED) == {("no_permission",): 1}
+    # a CPU machine with CUDA_VISIBLE_DEVICES=0 and no NVIDIA library: nothing is missing
+    def absent() -> FakeNvml:
+        raise NvmlUnavailable("library_not_found", "fake: no libnvidia-ml")
+    with mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": "0"}):
+        registry = MetricRegistry(IDENTITY)
+        Sampler(Config.from_env({}), registry, None, nvml_factory=absent)
+    assert _values(registry, sc.GPU_UNMAPPED) == {}
+
+
+class _NvmlApi:
+    """The part of nvidia-ml-py the seam calls for MIG, over two GPUs: GPU 0 in MIG mode with GPU instances 2 and
+    9 in slots 0 and 2 (slot 1 empty) and GPM, GPU 1 a whole GPU. Its names are checked against nvidia-ml-py."""
+
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_GRAPHICS_UTIL, NVML_GPM_METRIC_SM_UTIL, NVML_GPM_METRIC_SM_OCCUPANCY = 1, 2, 3
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_NotFound(NVMLError):
+        pass
+
+    GPUS = {0: "GPU-aaaaaaaa-0000-4000-8000-000000000000", 1: "GPU-bbbbbbbb-0000-4000-8000-000000000000"}
+    MIGS = {(0, 0): ("MIG-cccccccc-0000-5000-8000-000000000000", 2, "3g.20gb"),
+            (0, 2): ("MIG-dddddddd-0000-5000-8000-000000000000", 9, "1g.5gb")}
+    ACTIVITY = {2: (30.0, 12.0, 8.0, 40.0), 9: (70.0, 35.0, 20.0, 90.0)}  # sm, occupancy, tensor, graphics
+
+    def __init__(self) -> None:
+        self.mig_samples: list[tuple[Any, int]] = []
+
+    def __iter__(self) -> Any:  # the names the seam may call, for the check against nvidia-ml-py
+        return iter(n for n in dir(self) if n.startswith(("nvml", "NVML", "c_nvml")))
+
+    def nvmlInit(self) -> None: ...
+
+    def nvmlShutdown(self) -> None: ...
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> tuple[Any, ...]:
+        return ("gpu", index)
+
+    def nvmlDeviceGetIndex(self, handle: tuple[Any, ...]) -> int:
+        return int(handle[1])
+
+    def nvmlDeviceGetUUID(self, handle: tuple[Any, ...]) -> str:
+        return self.GPUS[handle[1]] if handle[0] == "gpu" else self.MIGS[handle[1], handle[2]][0]
+
+    def nvmlDeviceGetName(self, handle: tuple[Any, ...]) -> bytes:
+        if handle[0] == "gpu":
+            return b"NVIDIA H100 80GB HBM3"
+        return f"NVIDIA H100 80GB HBM3 MIG {self.MIGS[handle[1], handle[2]][2]}".encode()
+
+    def nvmlDeviceGetMigMode(self, handle: tuple[Any, ...]) -> list[int]:
+        return [1, 1] if handle == ("gpu", 0) else [0, 0]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: tuple[Any, ...]) -> int:
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: tuple[Any, ...], slot: int) -> tuple[Any, ...]:
+        if (handle[1], slot) not in self.MIGS:
+            raise self.NVMLError_NotFound()
+        return ("mig", handle[1], slot)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: tuple[Any, ...]) -> int:
+        return self.MIGS[handle[1], handle[2]][1]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> tuple[Any, ...]:
+        for (gpu, slot), (known, _, _) in self.MIGS.items():
+            if known == uuid:
+                return ("mig", gpu, slot)
+        raise self.NVMLError_NotFound()
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: tuple[Any, ...]) -> bool:
+        return handle[0] == "mig"
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: tuple[Any, ...]) -> tuple[Any, ...]:
+        return ("gpu", handle[1])
+
+    def nvmlDeviceGetMemoryInfo(self, handle: tuple[Any, ...]) -> Any:
+        used = 1000 * (self.nvmlDeviceGetGpuInstanceId(handle) if handle[0] == "mig" else 1)
+        return SimpleNamespace(used=used, total=10_000)
+
+    def nvmlGpmQueryDeviceSupport(self, handle: tuple[Any, ...]) -> Any:
+        assert handle[0] == "gpu", "GPM support is asked of the GPU"
+        return SimpleNamespace(isSupportedDevice=1)
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        return SimpleNamespace(instance=None)
+
+    def nvmlGpmMigSampleGet(self, handle: tuple[Any, ...], instance: int, sample: Any) -> Any:
+        self.mig_samples.append((handle, instance))
+        sample.instance = instance
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None: ...
+
+    def c_nvmlGpmMetricsGet_t(self) -> Any:
+        return SimpleNamespace(metrics=[SimpleNamespace(metricId=0, value=0.0) for _ in range(210)])
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        assert request.sample1.instance == request.sample2.instance
+        sm, occupancy, tensor, graphics = self.ACTIVITY[request.sample2.instance]
+        by_id = {self.NVML_GPM_METRIC_SM_UTIL: sm, self.NVML_GPM_METRIC_SM_OCCUPANCY: occupancy,
+                 self.NVML_GPM_METRIC_ANY_TENSOR_UTIL: tensor, self.NVML_GPM_METRIC_GRAPHICS_UTIL: graphics}
+        for metric in request.metrics[:request.numMetrics]:
+            metric.value = by_id[metric.metricId]
+        return request
+
+
+def test_the_nvml_seam_lists_mig_instances_reads_them_and_samples_gpm_per_gpu_instance() -> None:
+    import pynvml
+
+    api = _NvmlApi()
+    missing = [name for name in api if not hasattr(pynvml, name)]
+    assert not missing, missing  # the fake calls nvidia-ml-py's own names
+    module = ModuleType("pynvml")
+    for name in dir(api):
+        if not name.startswith("_"):
+            setattr(module, name, getattr(api, name))
+    with mock.patch.dict(sys.modules, {"pynvml": module}):
+        backend = PynvmlBackend()
+        collector = GpuCollector(lambda s, r: None, lambda: backend, env={})
+        assert [(d.gpu, d.uuid, d.gpu_instance, d.profile, d.parent_uuid) for d in collector.devices] == [
+            ("0", api.MIGS[0, 0][0], 2, "3g.20gb", api.GPUS[0]), ("1", api.MIGS[0, 2][0], 9, "1g.5gb", api.GPUS[0]),
+            ("1", api.GPUS[1], -1, "", "")]
+        small = collector.devices[1]
+        assert backend.read(small.index, "memory_used") == 9000.0
+        with pytest.raises(NvmlCallError) as first:
+            backend.read_gpm(small.index)
+        assert first.value.reason == "warming_up"
+        assert backend.read_gpm(small.index) == {"sm_active": 0.7, "sm_occupancy": 0.35, "tensor_active": 0.2,
+                                                 "utilization": 0.9}
+        assert api.mig_samples == [(("gpu", 0), 9), (("gpu", 0), 9)]  # sampled on its GPU, by GPU instance
+        by_uuid = PynvmlBackend().device_by_uuid(api.MIGS[0, 2][0])
+        assert (by_uuid.gpu_instance, by_uuid.parent_uuid, by_uuid.profile) == (9, api.GPUS[0], "1g.5gb")

@@ -658,3 +658,77 @@ def test_a_steps_loss_parts_are_added_up_off_the_hot_path(tmp_path: Path) -> Non
         otelprof.record("samples", 4)
     rank = _recording(session)
     assert [s.scalars.get("loss") for s in rank.steps] == [1.75, 1.5, None]
+
+
+def test_record_keeps_the_value_at_the_call_of_a_tensor_changed_in_place_later(tmp_path: Path) -> None:
+    """A running-loss accumulator recorded and then reset in place: each step (and a scalar outside steps) keeps
+    the value it had when it was recorded, not the one the recorder would read later on its thread."""
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    running, expected = torch.zeros(()), []
+    for i in range(6):
+        with otelprof.step():
+            running += float(i + 1)
+            otelprof.record("running_loss", running)
+            otelprof.record("parts", [running, torch.ones(()) * i])
+            expected.append((float(running), float(running) + i))
+            if i % 2 == 1:
+                running.zero_()
+    running.fill_(7.0)
+    otelprof.record("after", running)
+    running.zero_()
+    rank = _recording(session)
+    assert [(s.scalars["running_loss"], s.scalars["parts"]) for s in rank.steps] == expected
+    assert [(name, value) for _, _, name, value in rank.scalars] == [("after", 7.0)]
+
+
+def test_record_copies_a_tensor_on_a_device_and_leaves_other_values_alone() -> None:
+    """Off the CPU a one-element tensor is copied (on its device's stream, never read on the training thread);
+    a tensor of several elements and values that are no tensors are kept as given (the recorder judges them)."""
+    from otelprof import hotpath
+
+    on_device = torch.zeros((), device="meta", requires_grad=True)
+    copy = hotpath._value_now(on_device)
+    assert copy is not on_device and copy.device.type == "meta" and not copy.requires_grad
+    several = torch.zeros(3)
+    assert hotpath._value_now(several) is several and hotpath._value_now("x") == "x"
+    assert hotpath._value_now([torch.tensor(0.5), 2]) == [0.5, 2]
+
+
+def test_a_critic_updated_every_batch_and_a_generator_every_third_make_one_step_per_batch(tmp_path: Path) -> None:
+    """A WGAN-style loop: per fetched batch the critic's update, and every third batch the generator's too. Each
+    batch is one step holding its updates, its loss all of them and each optimizer's its own; a step whose last
+    update was the critic's (which also comes before the generator's) ends at that update's end, not at the next
+    fetch, nor, for the last batch, at the end of the loop."""
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
+    torch.manual_seed(0)
+    critic, generator = torch.nn.Linear(4, 1), torch.nn.Linear(2, 4)
+    optimizer_c = torch.optim.RMSprop(critic.parameters(), lr=5e-5)
+    optimizer_g = torch.optim.RMSprop(generator.parameters(), lr=5e-5)
+    loader = DataLoader(TensorDataset(torch.randn(56, 4)), batch_size=8)
+    otorch.instrument(model=critic, optimizer=optimizer_c, dataloader=loader)
+    otorch.instrument(model=generator, optimizer=optimizer_g)
+    expected, ended = [], []
+    for i, (real,) in enumerate(loader):
+        optimizer_c.zero_grad()
+        loss_c = critic(generator(torch.randn(8, 2)).detach()).mean() - critic(real).mean()
+        loss_c.backward()
+        optimizer_c.step()
+        losses = {0: float(loss_c.detach())}
+        if i % 3 == 0:
+            optimizer_g.zero_grad()
+            loss_g = -critic(generator(torch.randn(8, 2))).mean()
+            loss_g.backward()
+            optimizer_g.step()
+            losses[1] = float(loss_g.detach())
+        ended.append(time.perf_counter_ns())
+        expected.append(losses)
+    otorch.uninstrument()
+    offset = session.recorder.offset_ns  # the recording's Unix times from perf_counter_ns()
+    rank = _recording(session)
+    assert [s.number for s in rank.steps if s.phase == "train"] == list(range(7)) and len(rank.steps) == 7
+    for step, losses, end in zip(rank.steps, expected, ended):
+        assert step.scalars[sc.SCALAR_LOSS] == pytest.approx(sum(losses.values()), rel=1e-6)
+        assert {k: v for k, v in step.scalars.items() if k.startswith("loss_")} == pytest.approx(
+            {sc.optimizer_loss(n): v for n, v in losses.items()}, rel=1e-6)
+        assert [a.name for a in step.annotations].count(sc.REGION_OPTIMIZER) == len(losses)
+        assert step.annotations[-1].name == sc.REGION_OPTIMIZER and step.end_ns <= end + offset

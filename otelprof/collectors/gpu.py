@@ -11,6 +11,7 @@ samples the node (``warn``), so not once per rank. Nothing here raises.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from otelprof._log import info_once, warn_once
 from otelprof.collectors.nvml import (
     FIELDS,
+    MIG_FIELDS,
     DeviceInfo,
     NvmlBackend,
     NvmlCallError,
@@ -62,9 +64,20 @@ def visible_selectors(env: Mapping[str, str]) -> list[str] | None:
 
 
 def _matches(device: DeviceInfo, selector: str) -> bool:
-    if selector.isdigit():
-        return device.index == int(selector)
+    if selector.isdigit():  # a MIG instance by its CUDA index: where CUDA numbers it among all devices
+        return (device.ordinal if device.is_mig else device.index) == int(selector)
     return device.uuid.startswith(selector) or device.uuid.startswith("GPU-" + selector)
+
+
+def names_a_gpu(selectors: list[str] | None) -> bool:
+    """The visible-devices list names a GPU or MIG instance by UUID: the runtime gave this process a GPU."""
+    return bool(selectors) and any(s.startswith(("GPU-", "MIG-")) for s in selectors or ())
+
+
+UNMAPPED_NOT_FOUND = "not_found"
+"""``otelprof.gpu.unmapped`` reason: NVML does not list the GPU or MIG instance the process was given."""
+UNMAPPED_AMBIGUOUS = "ambiguous"
+"""``otelprof.gpu.unmapped`` reason: several GPUs visible and ``LOCAL_RANK`` names none of them."""
 
 
 class GpuCollector:
@@ -87,6 +100,11 @@ class GpuCollector:
         self.devices: list[DeviceInfo] = []
         self._unsupported: set[tuple[int, str]] = set()
         self._gpm_unsupported: set[int] = set()
+        self.selectors = visible_selectors(os.environ if env is None else env)
+        self.failure = ""
+        """Why NVML could not list the GPUs ("" when it could)."""
+        self.listed = 0
+        """GPUs NVML lists, visible to this process or not."""
         try:
             self.backend = backend_factory()
         except NvmlUnavailable as exc:
@@ -95,18 +113,53 @@ class GpuCollector:
         except Exception as exc:  # a broken driver binding must not stop the sampler
             self._unavailable("error", f"otelprof: NVML failed to start ({exc!r}); no GPU metrics")
             return
-        selectors = visible_selectors(os.environ if env is None else env)
         try:
-            count = self.backend.device_count()
-            devices = [self.backend.device(i) for i in range(count)]
+            self.devices = self._list(self.backend, self.selectors)
         except NvmlCallError as exc:
+            self.failure = exc.reason
             self._error("nvml", exc.reason, f"otelprof: cannot list GPUs ({exc}); no GPU metrics", key="nvml:list")
-            return
-        if selectors is not None:
-            devices = [d for d in devices if any(_matches(d, s) for s in selectors)]
-        self.devices = devices
+
+    def _list(self, backend: NvmlBackend, selectors: list[str] | None) -> list[DeviceInfo]:
+        """The visible devices as CUDA sees them: a GPU in MIG mode is its MIG instances."""
+        devices: list[DeviceInfo] = []
+        self.listed = backend.device_count()
+        for index in range(self.listed):
+            gpu = backend.device(index)
+            try:
+                instances = backend.mig_devices(index)
+            except Exception:  # an old backend or binding: the GPU as a whole
+                instances = []
+            devices.extend(instances or [gpu])
+        devices = _numbered(devices)
+        if selectors is None:
+            return devices
+        chosen = [d for d in devices if any(_matches(d, s) for s in selectors)]
+        for selector in selectors:  # a MIG instance NVML does not enumerate under its GPU in this container
+            if selector.startswith("MIG-") and not any(d.uuid.startswith(selector) for d in chosen):
+                with contextlib.suppress(Exception):
+                    chosen.append(backend.device_by_uuid(selector))
+        return _numbered(chosen)
+
+    def device_for(self, local_rank: int) -> tuple[DeviceInfo | None, str]:
+        """The device this process computes on (the only visible one, else the one at ``local_rank``), or None
+        and why not ("" when the process has no GPU at all: nothing is missing)."""
+        devices = self.devices
+        if len(devices) == 1:
+            return devices[0], ""
+        if 0 <= local_rank < len(devices):
+            return devices[local_rank], ""
+        gpu_given = names_a_gpu(self.selectors) or self.listed > 0 or nvidia_device_present()
+        if not gpu_given or self.selectors == []:
+            return None, ""
+        if self.backend is None or self.failure:
+            return None, self.failure or self.start_failure
+        return None, UNMAPPED_AMBIGUOUS if devices else UNMAPPED_NOT_FOUND
+
+    start_failure = ""
+    """Why NVML could not start ("" when it did)."""
 
     def _unavailable(self, reason: str, message: str) -> None:
+        self.start_failure = reason
         self._on_error("nvml", reason)
         no_device = reason in NO_DEVICE_REASONS or (reason == "not_installed" and not nvidia_device_present())
         if no_device or not self._warn:
@@ -143,7 +196,7 @@ class GpuCollector:
 
     def _read_fields(self, backend: NvmlBackend, reading: GpuReading) -> None:
         device = reading.device
-        for name in FIELDS:
+        for name in MIG_FIELDS if device.is_mig else FIELDS:
             value = self._read(backend, device, name, lambda n=name: backend.read(device.index, n))  # type: ignore[misc]
             if value is not None:
                 reading.values[name] = float(value)
@@ -194,3 +247,8 @@ class GpuCollector:
 
 class _GpuLost(Exception):
     pass
+
+
+def _numbered(devices: list[DeviceInfo]) -> list[DeviceInfo]:
+    """MIG instances numbered by their place in ``devices``, as CUDA numbers the visible devices."""
+    return [dataclasses.replace(d, ordinal=i) if d.is_mig else d for i, d in enumerate(devices)]

@@ -17,6 +17,10 @@ FIELDS: tuple[str, ...] = (
     "temperature", "sm_clock", "pcie_rx", "pcie_tx", "throttle_reasons", "ecc_corrected", "ecc_uncorrected",
 )
 GPM_FIELDS: tuple[str, ...] = ("sm_active", "sm_occupancy", "tensor_active")
+MIG_FIELDS: tuple[str, ...] = ("memory_used", "memory_total")
+"""What NVML reads per MIG instance; its engine activity comes from GPM (``utilization``, Hopper and newer)."""
+MIG_KEY_BASE = 1 << 16
+"""Backend keys of MIG instances start here (whole GPUs are keyed by their NVML index)."""
 
 # Clock-event (throttle) reasons worth a label, by NVML bit.
 THROTTLE_REASONS: dict[int, str] = {
@@ -43,15 +47,45 @@ class NvmlCallError(Exception):
 
 @dataclass(frozen=True)
 class DeviceInfo:
+    """A GPU, or a MIG instance of one (``parent_uuid`` set)."""
+
     index: int
+    """The backend's key: the NVML index of a GPU; :data:`MIG_KEY_BASE` and up for a MIG instance."""
     uuid: str
+    """``GPU-...``, or ``MIG-...`` for a MIG instance."""
     name: str
+    parent_uuid: str = ""
+    """MIG: the UUID of the GPU the instance is carved from (dcgm-exporter's ``UUID`` label)."""
+    gpu_instance: int = -1
+    """MIG: the GPU instance id (dcgm-exporter's ``GPU_I_ID``)."""
+    profile: str = ""
+    """MIG: the instance's profile, e.g. ``1g.10gb`` (dcgm-exporter's ``GPU_I_PROFILE``)."""
+    ordinal: int = -1
+    """MIG: the device's index as CUDA numbers the visible devices (set by the collector)."""
+
+    @property
+    def is_mig(self) -> bool:
+        return bool(self.parent_uuid)
+
+    @property
+    def gpu(self) -> str:
+        """The ``gpu`` label: the NVML index of a GPU, the CUDA index of a MIG instance."""
+        return str(self.ordinal if self.is_mig and self.ordinal >= 0 else self.index)
 
 
 class NvmlBackend(Protocol):
     def device_count(self) -> int: ...
 
     def device(self, index: int) -> DeviceInfo: ...
+
+    def mig_devices(self, index: int) -> list[DeviceInfo]:
+        """The MIG instances of GPU ``index`` (empty when MIG mode is off or not supported); never raises."""
+        ...
+
+    def device_by_uuid(self, uuid: str) -> DeviceInfo:
+        """A GPU or MIG instance by its UUID (``MIG-...`` names in NVIDIA_VISIBLE_DEVICES); raises
+        :class:`NvmlCallError` (``not_found``)."""
+        ...
 
     def read(self, index: int, field: str) -> float:
         """One field of :data:`FIELDS` in base units; raises :class:`NvmlCallError`."""
@@ -98,6 +132,8 @@ class PynvmlBackend:
             raise NvmlUnavailable(_reason(exc), str(exc)) from exc
         self._handles: dict[int, Any] = {}
         self._gpm_previous: dict[int, Any] = {}
+        self._mig: dict[str, DeviceInfo] = {}
+        self._mig_parent: dict[int, Any] = {}
 
     def _handle(self, index: int) -> Any:
         handle = self._handles.get(index)
@@ -119,6 +155,52 @@ class PynvmlBackend:
         uuid = self._call(self._nvml.nvmlDeviceGetUUID, handle)
         name = self._call(self._nvml.nvmlDeviceGetName, handle)
         return DeviceInfo(index, _text(uuid), _text(name))
+
+    def mig_devices(self, index: int) -> list[DeviceInfo]:
+        n = self._nvml
+        try:
+            handle = self._handle(index)
+            if self._call(n.nvmlDeviceGetMigMode, handle)[0] != n.NVML_DEVICE_MIG_ENABLE:
+                return []
+            count = int(self._call(n.nvmlDeviceGetMaxMigDeviceCount, handle))
+        except (NvmlCallError, AttributeError, TypeError, IndexError):  # no MIG, or a binding without it
+            return []
+        devices = []
+        for slot in range(count):
+            try:
+                devices.append(self._mig_device(self._call(n.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot),
+                                                handle))
+            except NvmlCallError:  # an empty slot (not_found)
+                continue
+        return devices
+
+    def device_by_uuid(self, uuid: str) -> DeviceInfo:
+        n = self._nvml
+        known = self._mig.get(uuid)
+        if known is not None:
+            return known
+        handle = self._call(n.nvmlDeviceGetHandleByUUID, uuid)
+        if uuid.startswith("MIG-") or self._call(n.nvmlDeviceIsMigDeviceHandle, handle):
+            return self._mig_device(handle, self._call(n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, handle))
+        index = int(self._call(n.nvmlDeviceGetIndex, handle))
+        self._handles[index] = handle
+        return DeviceInfo(index, _text(self._call(n.nvmlDeviceGetUUID, handle)),
+                          _text(self._call(n.nvmlDeviceGetName, handle)))
+
+    def _mig_device(self, handle: Any, parent: Any) -> DeviceInfo:
+        n = self._nvml
+        uuid = _text(self._call(n.nvmlDeviceGetUUID, handle))
+        known = self._mig.get(uuid)
+        if known is not None:
+            return known
+        name = _text(self._call(n.nvmlDeviceGetName, handle))
+        key = MIG_KEY_BASE + len(self._mig)
+        self._handles[key] = handle
+        self._mig_parent[key] = parent
+        device = self._mig[uuid] = DeviceInfo(
+            key, uuid, name, parent_uuid=_text(self._call(n.nvmlDeviceGetUUID, parent)),
+            gpu_instance=int(self._call(n.nvmlDeviceGetGpuInstanceId, handle)), profile=mig_profile(name))
+        return device
 
     def read(self, index: int, field: str) -> float:
         n, h = self._nvml, self._handle(index)
@@ -154,28 +236,36 @@ class PynvmlBackend:
 
     def read_gpm(self, index: int) -> dict[str, float]:
         n, h = self._nvml, self._handle(index)
+        parent = self._mig_parent.get(index)
         if index not in self._gpm_previous:
-            support = self._call(n.nvmlGpmQueryDeviceSupport, h)
+            support = self._call(n.nvmlGpmQueryDeviceSupport, h if parent is None else parent)
             if not getattr(support, "isSupportedDevice", 0):
                 raise NvmlCallError("not_supported", "GPM needs a Hopper or newer GPU")
         sample = self._call(n.nvmlGpmSampleAlloc)
-        self._call(n.nvmlGpmSampleGet, h, sample)
+        if parent is None:
+            self._call(n.nvmlGpmSampleGet, h, sample)
+        else:  # a MIG instance: sampled on its GPU, by GPU instance id
+            self._call(n.nvmlGpmMigSampleGet, parent, self._call(n.nvmlDeviceGetGpuInstanceId, h), sample)
         previous = self._gpm_previous.get(index)
         self._gpm_previous[index] = sample
         if previous is None:
             raise NvmlCallError("warming_up", "first GPM sample")
         request = n.c_nvmlGpmMetricsGet_t()
         request.version = n.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = 3
+        metrics = [n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_SM_OCCUPANCY, n.NVML_GPM_METRIC_ANY_TENSOR_UTIL]
+        names = list(GPM_FIELDS)
+        if parent is not None:  # NVML has no utilization of a MIG instance: its graphics engine activity stands in
+            metrics.append(n.NVML_GPM_METRIC_GRAPHICS_UTIL)
+            names.append("utilization")
+        request.numMetrics = len(metrics)
         request.sample1 = previous
         request.sample2 = sample
-        for i, metric in enumerate((n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_SM_OCCUPANCY,
-                                    n.NVML_GPM_METRIC_ANY_TENSOR_UTIL)):
+        for i, metric in enumerate(metrics):
             request.metrics[i].metricId = metric
         result = self._call(n.nvmlGpmMetricsGet, request)
         self._call(n.nvmlGpmSampleFree, previous)
-        values = [float(result.metrics[i].value) / 100.0 for i in range(3)]
-        return dict(zip(GPM_FIELDS, values))
+        values = [float(result.metrics[i].value) / 100.0 for i in range(len(metrics))]
+        return dict(zip(names, values))
 
     def process_memory(self, index: int, pid: int) -> int | None:
         processes = self._call(self._nvml.nvmlDeviceGetComputeRunningProcesses, self._handle(index))
@@ -197,6 +287,12 @@ class PynvmlBackend:
 def cuda_version(code: int) -> str:
     """NVML's CUDA version code (12040) as "12.4"; "" for 0 (unknown)."""
     return f"{code // 1000}.{code % 1000 // 10}" if code > 0 else ""
+
+
+def mig_profile(name: str) -> str:
+    """The profile in a MIG device's NVML name ("NVIDIA A100-SXM4-40GB MIG 1g.5gb" -> "1g.5gb"); "" if none."""
+    _, found, profile = name.rpartition(" MIG ")
+    return profile.strip()[:32] if found else ""
 
 
 def _text(value: Any) -> str:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from otelprof import semconv as sc
-from otelprof._log import logger
+from otelprof._log import logger, warn_once
 from otelprof.collectors.cgroup import CgroupReader, CgroupReading
 from otelprof.collectors.gpu import GpuCollector, GpuReading
 from otelprof.collectors.nvml import THROTTLE_REASONS, DeviceInfo, NvmlBackend, PynvmlBackend
@@ -66,7 +66,7 @@ class Sampler:
         self.gpus = (GpuCollector(self._error, nvml_factory, warn=config.samples_node)
                      if config.gpu_metrics and nvml_factory is not None else None)
         if self.gpus is not None:
-            self._set_gpu_info(self.gpus.devices, config.local_rank)
+            self._set_gpu_info(self.gpus, config)
             if not config.gpu_sampling:  # dcgm-exporter samples the GPUs: NVML was only asked who they are
                 self.gpus.shutdown()
                 self.gpus = None
@@ -74,14 +74,20 @@ class Sampler:
         self._logged_internal = False
         self.samples_taken = 0
 
-    def _set_gpu_info(self, devices: list[DeviceInfo], local_rank: int) -> None:
-        """``otelprof_gpu_info`` for the GPU this process computes on: the one visible GPU, else the visible
-        GPU at ``LOCAL_RANK`` (what ``cuda:LOCAL_RANK`` names); none when that cannot be told."""
-        device = devices[0] if len(devices) == 1 else (devices[local_rank] if 0 <= local_rank < len(devices)
-                                                        else None)
-        if device is not None:
-            with self.registry.lock:
-                self.registry.gauge(sc.GPU_INFO).set(1, (str(device.index), device.uuid))
+    def _set_gpu_info(self, gpus: GpuCollector, config: Config) -> None:
+        """``otelprof_gpu_info`` for the GPU this process computes on: the one visible GPU or MIG instance, else
+        the one at ``LOCAL_RANK`` (what ``cuda:LOCAL_RANK`` names); ``otelprof_gpu_unmapped`` when the process
+        was given a GPU but that cannot be told (warned once)."""
+        device, unmapped = gpus.device_for(config.local_rank)
+        with self.registry.lock:
+            if device is not None:
+                self.registry.gauge(sc.GPU_INFO).set(1, _info_labels(device, config))
+            elif unmapped:
+                self.registry.gauge(sc.GPU_UNMAPPED).set(1, (unmapped,))
+        if unmapped:
+            visible = ",".join(gpus.selectors) if gpus.selectors is not None else "all"
+            warn_once("gpu:unmapped", "otelprof: this process was given a GPU (visible devices %r) but cannot tell "
+                      "which it computes on (%s); its GPU is not monitored", visible[:200], unmapped)
 
     def _error(self, source: str, reason: str) -> None:
         with self.registry.lock:
@@ -273,7 +279,14 @@ def _set_or_remove(gauge: object, value: float | int | None) -> None:
 
 
 def _gpu_labels(reading: GpuReading) -> tuple[str, str]:
-    return (str(reading.device.index), reading.device.uuid)
+    return (reading.device.gpu, reading.device.uuid)
+
+
+def _info_labels(device: DeviceInfo, config: Config) -> tuple[str, ...]:
+    """``otelprof_gpu_info``'s label values: the GPU, its MIG identity, and the pod (the OTLP path's join key)."""
+    instance = str(device.gpu_instance) if device.is_mig and device.gpu_instance >= 0 else ""
+    return (device.gpu, device.uuid, device.parent_uuid, instance, device.profile, config.pod_name or "",
+            config.pod_namespace or "")
 
 
 def _hw_labels(spec: sc.MetricSpec, labels: tuple[str, ...]) -> tuple[str, ...]:
@@ -317,7 +330,7 @@ def _raw_sample(now: float, host: HostReading | None, process: ProcessReading, g
                                        if k in GPU_SAMPLE_KEYS}
             if reading.process_memory is not None:
                 entry["pm"] = reading.process_memory
-            gpu_lines[str(reading.device.index)] = entry
+            gpu_lines[reading.device.gpu] = entry
         if gpu_lines:
             line["gpu"] = gpu_lines
     return line

@@ -24,10 +24,11 @@ TEMPO_UID = "tempo"
 _ALL = ("All", "$__all")
 _PRESENT = series_name(sc.PROCESS_START_TIME)
 """Every otelprof process exports its start time: the variables list what it labels."""
+_PLACE = f'{ids.VAR_CLUSTER}=~"${ids.VAR_CLUSTER}", {ids.VAR_NAMESPACE}=~"${ids.VAR_NAMESPACE}"'
 
 
 def variables(*, tempo: bool = False, trace_id: bool = False) -> list[Variable]:
-    """datasource, job_name, node, rank, gpu (+ tempo, trace_id on the timeline)."""
+    """datasource, cluster, namespace, job_name, node, rank, gpu (+ tempo, trace_id on the timeline)."""
     result = [Variable(ids.VAR_DATASOURCE, "Data source", "datasource", PROMETHEUS,
                        "Prometheus that scrapes the training processes.", current=("Prometheus", PROMETHEUS_UID))]
     if tempo:
@@ -35,17 +36,24 @@ def variables(*, tempo: bool = False, trace_id: bool = False) -> list[Variable]:
                                "Tempo that receives the training processes' spans (OTLP through a collector).",
                                current=("Tempo", TEMPO_UID)))
     result += [
-        Variable(ids.VAR_JOB, "Job", "query", f"label_values({_PRESENT}, {JOB})",
+        Variable(ids.VAR_CLUSTER, "Cluster", "query", f"label_values({_PRESENT}, {ids.VAR_CLUSTER})",
+                 "Cluster (the cluster label of a multi-cluster Prometheus, Thanos or Mimir; empty with one cluster).",
+                 multi=True, include_all=True, all_value=".*", current=_ALL, datasource=prometheus_ref()),
+        Variable(ids.VAR_NAMESPACE, "Namespace", "query",
+                 f'label_values({_PRESENT}{{{ids.VAR_CLUSTER}=~"${ids.VAR_CLUSTER}"}}, {ids.VAR_NAMESPACE})',
+                 "Namespace of the training pods.", multi=True, include_all=True, all_value=".*", current=_ALL,
+                 datasource=prometheus_ref()),
+        Variable(ids.VAR_JOB, "Job", "query", f"label_values({_PRESENT}{{{_PLACE}}}, {JOB})",
                  "Training job (OTELPROF_JOB_NAME, the job_name label).", datasource=prometheus_ref()),
-        Variable(ids.VAR_NODE, "Node", "query", f'label_values({_PRESENT}{{{JOB}="${ids.VAR_JOB}"}}, {NODE})',
+        Variable(ids.VAR_NODE, "Node", "query", f'label_values({_PRESENT}{{{_PLACE}, {JOB}="${ids.VAR_JOB}"}}, {NODE})',
                  "Nodes of the job.", multi=True, include_all=True, all_value=".*", current=_ALL,
                  datasource=prometheus_ref()),
         Variable(ids.VAR_RANK, "Rank", "query",
-                 f'label_values({_PRESENT}{{{JOB}="${ids.VAR_JOB}", {NODE}=~"${ids.VAR_NODE}"}}, {RANK})',
+                 f'label_values({_PRESENT}{{{_PLACE}, {JOB}="${ids.VAR_JOB}", {NODE}=~"${ids.VAR_NODE}"}}, {RANK})',
                  "Global ranks of the job on the selected nodes.", multi=True, include_all=True, all_value=".*",
                  current=_ALL, datasource=prometheus_ref()),
         Variable(ids.VAR_GPU, "GPU", "query",
-                 f'label_values({series_name(sc.GPU_UTILIZATION)}{{{JOB}="${ids.VAR_JOB}", '
+                 f'label_values({series_name(sc.GPU_UTILIZATION)}{{{_PLACE}, {JOB}="${ids.VAR_JOB}", '
                  f'{NODE}=~"${ids.VAR_NODE}"}}, {GPU})',
                  "GPU index (NVML numbering in the container) on the selected nodes.", multi=True,
                  include_all=True, all_value=".*", current=_ALL, datasource=prometheus_ref()),
@@ -67,6 +75,7 @@ def dashboard_link(title: str, uid: str, *, rank_from_field: bool = False, extra
     """A data link to another otelprof dashboard, keeping data source, job, nodes and time range."""
     rank = "${__field.labels.rank}" if rank_from_field else f"${{{ids.VAR_RANK}:queryparam}}"
     rank_param = f"var-{ids.VAR_RANK}={rank}" if rank_from_field else rank
-    url = (f"/d/{uid}/{uid}?var-{ids.VAR_DATASOURCE}=${{{ids.VAR_DATASOURCE}}}&var-{ids.VAR_JOB}=${{{ids.VAR_JOB}}}"
+    url = (f"/d/{uid}/{uid}?var-{ids.VAR_DATASOURCE}=${{{ids.VAR_DATASOURCE}}}"
+           f"&${{{ids.VAR_CLUSTER}:queryparam}}&${{{ids.VAR_NAMESPACE}:queryparam}}&var-{ids.VAR_JOB}=${{{ids.VAR_JOB}}}"
            f"&${{{ids.VAR_NODE}:queryparam}}&{rank_param}&${{__url_time_range}}{extra}")
     return Link(title, url)

@@ -13,6 +13,7 @@ from otelprof.dashboards.system import gpu_system
 from otelprof.dashboards.timeline import timeline
 from otelprof.mixin import gpu_source, yamlout
 from otelprof.mixin.config import GPU_SOURCE_DCGM, MixinConfig
+from otelprof.mixin.rules import recording_names
 
 DASHBOARDS_DIR = Path("dashboards")
 PROVIDER_FILE = "provisioning/dashboards.yaml"
@@ -34,15 +35,24 @@ def render_json(board: Json) -> str:
     return json.dumps(board, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def record_renames(config: MixinConfig) -> dict[str, str]:
+    """Recording-rule names the dashboards (built with the default config) read -> the names ``config``'s rules
+    record: a window in a rule's name follows ``otelprof mixin --set window=5m`` into every panel."""
+    built, wanted = recording_names(MixinConfig()), recording_names(config)
+    return {built[key]: wanted[key] for key in built if key in wanted and built[key] != wanted[key]}
+
+
 def render_all(config: MixinConfig | None = None) -> dict[str, str]:
     """Path under ``dashboards/`` -> content, for every generated file.
 
-    With ``gpu_source=dcgm`` the panels read dcgm-exporter's GPU series (the ``otelprof-dcgm`` records)
-    instead of otelprof's own. ``config``'s ``selector`` goes into every raw series the dashboards read, its
-    ``prometheus_url`` and ``tempo_url`` into the data sources (the committed files use the defaults).
+    Panels read the recording rules ``config`` generates (:func:`record_renames`). With ``gpu_source=dcgm`` the
+    panels read dcgm-exporter's GPU series (the ``otelprof-dcgm`` records) instead of otelprof's own.
+    ``config``'s ``selector`` goes into every raw series the dashboards read, its ``prometheus_url`` and
+    ``tempo_url`` into the data sources (the committed files use the defaults).
     """
     config = config or MixinConfig()
-    renames = gpu_source.RECORD_BY_SERIES if config.gpu_source == GPU_SOURCE_DCGM else {}
+    renames = dict(gpu_source.RECORD_BY_SERIES) if config.gpu_source == GPU_SOURCE_DCGM else {}
+    renames.update(record_renames(config))
     files = {file_name(board): render_json(selector.apply(selector.rename_series(board.to_json(), renames),
                                                           config.selector))
              for board in dashboards()}

@@ -26,7 +26,9 @@ MIXIN = MixinConfig()
 TRAIN = MIXIN.train_phase
 EVAL = MIXIN.eval_phase
 
-JOB_M = f'{JOB}="${ids.VAR_JOB}"'
+PLACE_M = f'{ids.VAR_CLUSTER}=~"${ids.VAR_CLUSTER}", {ids.VAR_NAMESPACE}=~"${ids.VAR_NAMESPACE}"'
+"""Cluster and namespace (multi-cluster, several training namespaces); their All (``.*``) also matches no label."""
+JOB_M = f'{PLACE_M}, {JOB}="${ids.VAR_JOB}"'
 NODE_M = f'{NODE}=~"${ids.VAR_NODE}"'
 RANK_M = f'{RANK}=~"${ids.VAR_RANK}"'
 GPU_M = f'{GPU}=~"${ids.VAR_GPU}"'

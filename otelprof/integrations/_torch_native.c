@@ -94,6 +94,7 @@ typedef struct {
     Loss loss_value;
     PyObject *lr_value;
     int optimizer_nesting, optimizer_depth;
+    int closure_evaluated; /* a backward() ran inside the current optimizer.step(closure): its loss is the step's */
     long long optimizer_start;
     /* the last handed-over step, for regions that were open when it was handed over */
     PyObject *adopted;
@@ -536,7 +537,8 @@ static PyObject *steps_take(PyObject *op, PyObject *unused) {
         return NULL;
     }
     PyObject *optimizer = self->optimizer_nesting > 0
-        ? Py_BuildValue("(Lii)", self->optimizer_start, self->optimizer_depth, self->optimizer_nesting)
+        ? Py_BuildValue("(Liii)", self->optimizer_start, self->optimizer_depth, self->optimizer_nesting,
+                        self->closure_evaluated)
         : Py_NewRef(Py_None);
     if (optimizer == NULL) {
         Py_DECREF(annotations);
@@ -707,7 +709,8 @@ error:
 static PyMethodDef steps_methods[] = {
     {"take", steps_take, METH_NOARGS,
      "Hand the step open on this thread over: (phase, number, start_ns, annotations, scalars, depth, leader, "
-     "saw_backward, saw_work, optimizer) with optimizer (start_ns, depth, nesting) or None; None when none is open."},
+     "saw_backward, saw_work, optimizer) with optimizer (start_ns, depth, nesting, closure_evaluated) or None; None "
+     "when none is open."},
     {"pop", steps_pop, METH_NOARGS,
      "The oldest closed step's record (STEP, phase, number, start_ns, end_ns, annotations, scalars, None), or None; "
      "the recorder calls it for each (NATIVE_STEP, steps) marker in its queue."},
@@ -949,7 +952,10 @@ static PyObject *timer_call(Hook *self, Steps *steps, PyObject *const *args, siz
     steps->saw_work = 1;
     if (region == BACKWARD) {
         steps->saw_backward = 1;
-        if (steps->loss && record_loss(steps, args[0]) < 0) {
+        /* inside optimizer.step(closure): the loss of its first evaluation only, the one step() returns */
+        int counted = steps->loss && !(steps->optimizer_nesting > 0 && steps->closure_evaluated);
+        if (steps->optimizer_nesting > 0) steps->closure_evaluated = 1;
+        if (counted && record_loss(steps, args[0]) < 0) {
             steps_fail(steps);
             return defer(self, args, nargsf, kwnames);
         }
@@ -1053,6 +1059,7 @@ static PyObject *optimizer_vectorcall(PyObject *op, PyObject *const *args, size_
     if (!self->variant) { /* the pre-hook */
         if (steps == NULL || !steps_enter(steps, OPTIMIZER)) return defer(self, args, nargsf, kwnames);
         if (++steps->optimizer_nesting > 1) Py_RETURN_NONE; /* a step() calling its base class's: time the outer */
+        steps->closure_evaluated = 0;
         steps->saw_work = 1;
         steps->optimizer_depth = steps_begin_region(steps);
         steps->optimizer_start = now_ns();
@@ -1162,8 +1169,8 @@ static PyObject *iterator_next(PyObject *op) {
     PyObject *batch = Py_TYPE(self->original)->tp_iternext(self->original);
     steps_end_region(steps, FETCH, start, now_ns(), depth, generation);
     if (batch == NULL) {
-        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_StopIteration)) return NULL;
-        /* the epoch ended: drop a step that only saw this fetch */
+        /* the epoch ended, or the loader raised (the error goes on as it came): drop a step that only saw this
+         * fetch */
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         if (steps->open && steps->generation == generation && !steps->saw_work && steps_cancel(steps) < 0)

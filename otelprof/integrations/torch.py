@@ -17,10 +17,12 @@ On CPU there is no timer at all (one attribute check per hook).
 
 Steps: when the user marks none, a train step runs from the first event of an iteration (batch fetch,
 forward) to the end of ``optimizer.step()`` — with gradient accumulation, one step per optimizer
-update — and each evaluation batch (forwards in eval mode or without gradients) is an eval step
-(:class:`_AutoSteps`; docs/pytorch.md has the rules per loop shape). Scalars: the loss (a train step's: the
-sum of the scalar tensors given to ``backward()``, a ``GradScaler``'s scale undone; an eval step's: the mean
-of the scalar losses its forwards returned), the learning rate, optionally the global gradient norm,
+update; with several optimizers, one step per iteration (a GAN's two updates per batch) — and each evaluation
+batch (forwards in eval mode or without gradients) is an eval step (:class:`_AutoSteps`; docs/pytorch.md has
+the rules per loop shape). Scalars: the loss (a train step's: the sum of the scalar tensors given to
+``backward()``, a ``GradScaler``'s scale undone, only the first evaluation's inside ``step(closure)``, and with
+several optimizers each update's also under its optimizer's name; an eval step's: the mean of the scalar losses
+its forwards returned), the learning rate, optionally the global gradient norm,
 samples per step (the first dimension of the batch), CUDA memory when CUDA is used.
 
 A hook that raises is removed and counted (``otelprof_integration_errors_total``); training goes on.
@@ -221,11 +223,14 @@ class _AutoSteps:
     the next eval step, and that module's next training forward ends the evaluation and opens a train step.
     Other modules' forwards join the step they find (a loss module, a teacher model run before or after the
     student); an eval step that gets a backward or an optimizer step was training after all and goes back to
-    its phase. Optimizers whose ``step()`` calls follow each other with nothing in between (one per parameter
-    group, an encoder's and a decoder's) are one step: once seen, the first one's ``step()`` leaves the step to
-    the next (the first time the second one's region stands outside steps). Without an optimizer, an event of
-    the kind that opened the step (a forward of the module that opened it) starts the next one, so an automatic
-    step always ends.
+    its phase. With several optimizers (``several``) one iteration's updates are one step: an optimizer's
+    ``step()`` leaves the step open (``pending``) unless that optimizer is known to end iterations, and the
+    iteration ends at its next one's first event — in a step a fetch opened, only the next fetch (a GAN's
+    generator update, after the discriminator's, joins the batch's step); in others, any event but another
+    optimizer's ``step()`` (optimizers stepping back to back: one per parameter group, an encoder's and a
+    decoder's). The step then ends where its work did (:meth:`close`). Without an optimizer, an event of the kind
+    that opened the step (a forward of the module that opened it) starts the next one, so an automatic step
+    always ends.
 
     The hooks test the usual case inline (a step open that the event continues) and call :meth:`begin` /
     :meth:`forward` only when they can do something: no step open, or ours open and the event may end it
@@ -252,11 +257,22 @@ class _AutoSteps:
         """An optimizer is hooked (under ``otelprof run``: one exists): its ``step()`` ends steps."""
         self.leader_module: Any = None
         """The module whose forward opened the current step: without an optimizer, its next forward ends it."""
+        self.several = False
+        """More than one optimizer: given to ``instrument()``, made under ``otelprof run``, or seen stepping."""
         self.pending: Any = None
-        """The optimizer whose ``step()`` left the current step open for the next optimizer's; any other event
-        ends the step first."""
-        self.stepped: Any = None
-        """The optimizer whose ``step()`` ended the last step, until a step opens."""
+        """The optimizer whose ``step()`` left the current step open for the iteration's next update, or its end."""
+        self.pending_end = 0
+        """When that ``step()`` ended."""
+        self.not_last: weakref.WeakSet[Any] = weakref.WeakSet()
+        """Optimizers whose update another update followed in an iteration: their ``step()`` leaves the step open."""
+        self.last: weakref.WeakSet[Any] = weakref.WeakSet()
+        """Optimizers whose update ended an iteration (and, not in ``not_last``, always has): theirs ends the step."""
+        self.stepped = 0
+        """The ``id()`` of the optimizer whose ``step()`` came last (a second one makes ``several``); not the
+        optimizer itself, which the loop may drop (and its state with it)."""
+        self.loss_step: hot.StepContext | None = None
+        self.loss_mark = 0
+        """In ``loss_step``, the loss parts (``backward()`` losses) given to updates' own names so far."""
         self.slow = False
         """The hooks must call :meth:`begin` / :meth:`forward` for any event: an eval step or a pending one."""
         self.opens = True
@@ -273,11 +289,11 @@ class _AutoSteps:
         Returns the step open afterwards."""
         if step is not None and step is self.current:
             if self.pending is not None:
-                if kind == OPTIMIZER:  # the next optimizer of the iteration
+                if kind == OPTIMIZER:  # another update of the iteration (the pre-hook calls next_update first)
                     self.pending = None
                     self.slow = False
-                else:
-                    self.close()
+                elif kind == FETCH or self.leader != FETCH:  # the next iteration's first event
+                    self.end_iteration()
                     step = hot._tls.step
             elif kind == FETCH:
                 if (kind == self.leader and (not self.by_optimizer or not self.saw_backward)
@@ -285,8 +301,12 @@ class _AutoSteps:
                         or self.eval_module is not None:
                     self.close()
                     step = hot._tls.step
-            elif self.eval_module is not None:  # backward or optimizer step in an eval step: training after all
-                self.untag()
+            elif self.eval_module is not None:
+                if kind == OPTIMIZER and not self.trained:  # step(closure) after an evaluation: the closure is the
+                    self.close()                             # next iteration's training, a step of its own
+                    step = hot._tls.step
+                else:  # backward or optimizer step in an eval step: training after all
+                    self.untag()
             elif kind == self.leader and not self.by_optimizer:
                 self.close()
                 step = hot._tls.step
@@ -301,8 +321,9 @@ class _AutoSteps:
         open on the thread (None, or ours). Returns the step open afterwards."""
         if step is not None and step is self.current:
             if self.pending is not None:
-                self.close()
-                step = hot._tls.step
+                if self.leader != FETCH:  # a step a fetch opened waits for the next fetch: this forward is its own
+                    self.end_iteration()
+                    step = hot._tls.step
             elif self.eval_module is not None:  # an eval step
                 if module is self.eval_module:
                     if self.leader == FORWARD or not evaluating:
@@ -338,19 +359,44 @@ class _AutoSteps:
         """Open a step (the data-loader hook does the same inline)."""
         step = hot._begin_step(None)
         self.current, self.leader, self.saw_backward, self.saw_work, self.trained = step, kind, False, False, False
-        self.eval_module = self.pending = self.retagged = self.stepped = None
+        self.eval_module = self.pending = self.retagged = None
         self.slow = False
         self.fetcher = 0
         return step
 
+    def next_update(self, optimizer: Any, step: hot.StepContext) -> hot.StepContext | None:
+        """``optimizer.step()`` begins in the pending step: another update of the iteration (``pending`` does not
+        always end iterations), or — the same optimizer again, in a step no fetch opened — the next iteration.
+        Returns the step open afterwards."""
+        pending = self.pending
+        if pending is optimizer and self.leader != FETCH:
+            self.end_iteration()
+            return self.begin(OPTIMIZER, hot._tls.step)
+        self.not_last.add(pending)
+        self.pending = None
+        self.slow = self.eval_module is not None
+        return step
+
+    def end_iteration(self) -> None:
+        """The pending step's iteration is over: its last update was the pending optimizer's (learned)."""
+        self.last.add(self.pending)
+        self.close()
+
     def close(self) -> None:
+        """End the current step; a pending one where its work ended (its last region, or its last update), not at
+        the next iteration's first event."""
         step = self.current
+        pending, end = self.pending, self.pending_end
         self.eval_module = self.leader_module = self.pending = None
         self.slow = False
         if step is not None:
             self.current = None
             if hot._tls.step is step:
-                step.__exit__(None, None, None)
+                if pending is None:
+                    step.__exit__(None, None, None)
+                else:
+                    annotations = step.annotations
+                    hot._end_step(step, max(end, annotations[-1][2]) if annotations else end)
 
     def cancel(self) -> None:
         """Drop a step that only saw the fetch that ended the epoch."""
@@ -416,6 +462,16 @@ _iterator_serials = itertools.count(1)
 """Numbers of the timed data-loader iterators, never reused (an iterator's id() is, once it is freed)."""
 
 
+def _raise_as_caller(exc: BaseException) -> None:
+    """Before a bare ``raise`` of ``exc`` in the ``except`` block of the function that called what raised it:
+    drop that function's frame from the traceback, so that the user's traceback is the one without otelprof
+    (the loop's line, then the data loader's own frames). Python 3.11 and later re-raise the exception's
+    ``__traceback__``; 3.10 keeps the frame."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_next is not None and tb.tb_frame is sys._getframe(1):
+        exc.__traceback__ = tb.tb_next
+
+
 class _TimedIterator(IteratorProxy):
     """Wraps a data-loader iterator: each ``next()`` is a ``dataloader`` region."""
 
@@ -428,7 +484,11 @@ class _TimedIterator(IteratorProxy):
     def __next__(self) -> Any:
         owner, iterator, serial = self._state
         if hot._active is None or owner.closed:
-            return next(iterator)
+            try:
+                return next(iterator)
+            except BaseException as exc:
+                _raise_as_caller(exc)
+                raise
         # TorchInstrumentation.fetch_begin and fetch_end inline, not through guarded(): this runs every step,
         # and on the training thread each call is paid in cold caches (see the note above fetch_begin).
         step: hot.StepContext | None = None
@@ -440,7 +500,7 @@ class _TimedIterator(IteratorProxy):
                 step = hot._begin_step(None)
                 auto.current, auto.leader, auto.saw_backward, auto.saw_work, auto.trained = step, FETCH, False, \
                     False, False
-                auto.eval_module = auto.pending = auto.retagged = auto.stepped = None
+                auto.eval_module = auto.pending = auto.retagged = None
                 auto.slow = False
                 auto.fetcher = serial
             elif step is auto.current and (auto.leader == FETCH or auto.slow):
@@ -453,11 +513,16 @@ class _TimedIterator(IteratorProxy):
             raise
         except Exception as exc:
             owner.failed("dataloader", exc)
-            return next(iterator)
+            try:
+                return next(iterator)
+            except BaseException as error:
+                _raise_as_caller(error)
+                raise
         try:
             batch = next(iterator)
-        except StopIteration:
+        except BaseException as exc:  # the epoch's end, or the loader's error: the user's, as bare PyTorch shows it
             owner.guarded("dataloader", owner.fetch_end, (start, step, depth), None, True)
+            _raise_as_caller(exc)
             raise
         try:
             end = perf_counter_ns()  # hot._end_region inline
@@ -508,16 +573,17 @@ class TorchInstrumentation:
         self._forward_regions: deque[_OpenRegion] = deque()
         self._optimizer_region: _OpenRegion | None = None
         self._optimizer_depth = 0
+        self._closure_evaluated = False
+        """A ``backward()`` ran inside the current ``optimizer.step(closure)``: the closure's first evaluation, whose
+        loss is what ``step()`` returns, gave the step's loss; the line search's further evaluations give none."""
         self.backward_off = False
         """The backward hook failed: ``Tensor.backward`` stays patched (other instrumentations may share it)
         but this one no longer times it."""
         self._global_depth = _Nesting()
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._not_last: weakref.WeakSet[Any] = weakref.WeakSet()
-        """Optimizers whose ``step()`` another optimizer's follows in each iteration (see ``_AutoSteps``)."""
-        self._followed = False
-        """``_not_last`` has had members (a flag: a WeakSet's ``len()`` is Python code, too slow for each step)."""
+        self._optimizer_index: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        """Several optimizers: each one's number in its loss's name (``sc.optimizer_loss``), in stepping order."""
         self.windows = torch_profiler.windows
         self.device_timer: DeviceTimer | _Undecided | None = _UNDECIDED
         """CUDA event timing: decided at the first forward of a module with parameters; None on CPU."""
@@ -577,7 +643,7 @@ class TorchInstrumentation:
         native.loss = self.loss
         native.count_samples = self.count_samples
         native.enabled = (not self.closed and not self.grad_norm and self.device_timer is None
-                          and self.auto.by_optimizer and len(self.optimizers) < 2
+                          and self.auto.by_optimizer and len(self.optimizers) < 2 and not self.auto.several
                           and self._wrapped_models > 0 and not self._hooked_models
                           and not self._comm_hooked and not self._hook_failed and not self.backward_off
                           and "everything" not in self._removers)
@@ -602,7 +668,8 @@ class TorchInstrumentation:
         auto.eval_module = auto.retagged = auto.pending = None
         auto.slow = False
         if optimizer is not None:  # inside optimizer.step(): the post-hook ends the region
-            optimizer_start, optimizer_depth, self._optimizer_depth = optimizer
+            optimizer_start, optimizer_depth, self._optimizer_depth, closure_evaluated = optimizer
+            self._closure_evaluated = bool(closure_evaluated)
             self._optimizer_region = (optimizer_start, step, optimizer_depth)
         native.adopt(step)
 
@@ -660,7 +727,11 @@ class TorchInstrumentation:
         original_iter = cls.__iter__
 
         def __iter__(this: Any) -> Any:
-            iterator = original_iter(this)
+            try:
+                iterator = original_iter(this)
+            except BaseException as exc:  # the loader's own error, as without otelprof
+                _raise_as_caller(exc)
+                raise
             proxy = _TimedIterator(iterator, owner)
             native = owner.native
             return proxy if native is None else _native.Iterator(native, iterator, proxy)
@@ -903,20 +974,17 @@ class TorchInstrumentation:
             self._optimizer_depth += 1
             if self._optimizer_depth > 1:
                 return  # a subclass's step() calling super().step(): both are wrapped, time the outer one
+            self._closure_evaluated = False
             auto = self.auto
             auto.by_optimizer = True  # (already, unless otelprof run's hooks met an optimizer made before them)
+            if auto.stepped != id(optimizer) and auto.stepped and not auto.several:
+                auto.several = True  # a second optimizer steps (one made before otelprof run's hooks, say)
+                self.sync_native()
             step = hot._tls.step
             if step is None:
-                stepped = auto.stepped
-                if stepped is not None and stepped is not optimizer:
-                    # right after another optimizer's step() ended the step: both update the same iteration, and
-                    # from now on that one leaves the step to this one (this time, this region stands alone)
-                    self._not_last.add(stepped)
-                    self._followed = True
-                else:
-                    step = auto.begin(OPTIMIZER, step)
-            elif step is auto.current and (auto.leader == OPTIMIZER or auto.slow):
                 step = auto.begin(OPTIMIZER, step)
+            elif step is auto.current and (auto.leader == OPTIMIZER or auto.slow):
+                step = auto.next_update(optimizer, step) if auto.pending is not None else auto.begin(OPTIMIZER, step)
             auto.saw_work = auto.trained = True
             if self.grad_norm:
                 grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -986,18 +1054,43 @@ class TorchInstrumentation:
             auto = self.auto
             current = auto.current
             if current is not None:
-                if self._followed and step is current and optimizer in self._not_last:
-                    auto.pending = optimizer  # another optimizer's step() follows in this iteration
-                    auto.slow = True
+                if auto.several:
+                    self._updated(optimizer, step, perf_counter_ns())
                 else:  # _AutoSteps.close() inline (the pre-hook left no eval step, nothing pending)
                     auto.current = auto.eval_module = None
-                    auto.stepped = optimizer
+                    auto.stepped = id(optimizer)
                     if step is current:
                         current.__exit__(None, None, None)
         except hot.StopTraining:
             raise
         except Exception as exc:
             self.failed("optimizer", exc)
+
+    def _updated(self, optimizer: Any, step: hot.StepContext | None, end: int) -> None:
+        """One optimizer's update ended (its ``step()``, or a ``GradScaler`` skipping it) with several optimizers: the
+        losses given to ``backward()`` since the step's previous update are also this optimizer's own
+        (``loss_optimizer_<n>``); the step ends here if this optimizer is known to end iterations, else waits."""
+        auto = self.auto
+        current = auto.current
+        auto.stepped = id(optimizer)
+        scalars = current.scalars if current is not None else None
+        if scalars is not None and type(total := scalars.get(_LOSS)) is _Sum:
+            mark = auto.loss_mark if auto.loss_step is current else 0
+            index = self._optimizer_index.get(optimizer)
+            if index is None:
+                index = self._optimizer_index[optimizer] = len(self._optimizer_index)
+            if len(total) > mark and index < sc.MAX_OPTIMIZER_LOSSES:
+                name = sc.optimizer_loss(index)
+                own = scalars.get(name)
+                if type(own) is _Sum:
+                    own.extend(total[mark:])  # the same optimizer again in the iteration (several critic updates)
+                else:
+                    scalars[name] = total[mark:]
+            auto.loss_step, auto.loss_mark = current, len(total)
+        if step is current and (optimizer in auto.not_last or optimizer not in auto.last):
+            auto.pending, auto.pending_end, auto.slow = optimizer, end, True
+        else:
+            auto.close()
 
     def end_open_step(self) -> None:
         """End the automatic step open on this thread, if it holds work (a forward, backward or optimizer step)."""
@@ -1020,11 +1113,15 @@ class TorchInstrumentation:
         if native is not None and native.open:
             self._materialise()
         auto = self.auto
-        if auto.pending is not None and auto.pending is _unwrap_optimizer(optimizer):
+        optimizer = _unwrap_optimizer(optimizer)
+        if auto.pending is not None and auto.pending is optimizer:
             return
         current = auto.current
         if current is not None and auto.saw_backward and hot._tls.step is current:
-            auto.close()
+            if auto.several:
+                self._updated(optimizer, current, perf_counter_ns())
+            else:
+                auto.close()
 
     def optimizer_begin(self, optimizer: Any) -> None:
         """What the optimizer step pre-hook does (a failure removes the optimizer hooks)."""
@@ -1056,6 +1153,8 @@ class TorchInstrumentation:
         post = optimizer.register_step_post_hook(post_hook)
         self.optimizers.add(optimizer)
         self.auto.by_optimizer = True
+        if len(self.optimizers) > 1:
+            self.auto.several = True
         self._on_remove("optimizer", pre.remove)
         self._on_remove("optimizer", post.remove)
 
@@ -1215,7 +1314,11 @@ def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             if step is None or (step is auto.current and (auto.leader == BACKWARD or auto.slow)):
                 step = auto.begin(BACKWARD, step)
             auto.saw_work = auto.saw_backward = auto.trained = True
-            if inst.loss and self.numel() == 1:
+            counted = inst.loss
+            if counted and inst._optimizer_depth:  # inside optimizer.step(closure): its first evaluation's loss only
+                counted = not inst._closure_evaluated
+                inst._closure_evaluated = True
+            if counted and self.numel() == 1:
                 tensor = self
                 if (scaled := _scaled[0]) is not None and scaled[0]() is self:  # GradScaler.scale(loss): loss
                     tensor = scaled[1]
@@ -1392,18 +1495,22 @@ _original_optimizer_init: Callable[..., Any] | None = None
 
 
 def _patch_optimizer_class(auto: _AutoSteps) -> None:
-    """``Optimizer.__init__`` tells ``auto`` that an optimizer exists (``otelprof run``)."""
+    """``Optimizer.__init__`` tells ``auto`` that an optimizer exists, and when a second one does (``otelprof run``)."""
     global _original_optimizer_init
     from torch.optim import Optimizer
 
     if _original_optimizer_init is not None:
         return
     original = _original_optimizer_init = Optimizer.__init__
+    made = [0]
 
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         auto.by_optimizer = True
+        made[0] += 1
+        if made[0] > 1:
+            auto.several = True
 
     Optimizer.__init__ = __init__  # type: ignore[method-assign]
 
@@ -1437,7 +1544,11 @@ def _patch_dataloader_class() -> None:
     _original_dataloader_iter = original
 
     def __iter__(self: Any) -> Any:
-        iterator = original(self)
+        try:
+            iterator = original(self)
+        except BaseException as exc:  # the loader's own error, as without otelprof
+            _raise_as_caller(exc)
+            raise
         owner = _active[-1] if _active else None
         if owner is None or getattr(self, "_otelprof_instrumented", False):
             return iterator  # an instrumented loader (or one whose wrapper is) times its own fetches

@@ -981,18 +981,24 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
         "GPUTelemetryAbsent", GROUP_TELEMETRY,
         f"(\n  group by ({JOB}, {NODE}, {GPU}) (last_over_time({gpu_util}[{lb}]))\n"
         f"  unless on ({JOB}, {NODE}, {GPU}) group by ({JOB}, {NODE}, {GPU}) ({gpu_util})\n)\n"
-        f"and on ({JOB}, {NODE}) ({sampling})",
+        f"and on ({JOB}, {NODE}) ({sampling})\nor {_unmapped(q)}",
         c.absent_for, "warning",
         "A GPU stopped reporting.",
         f"{AT_GPU}: utilization was reported within the last {lb} and is gone, while the node's sampler runs.",
         mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE, GPU),
         Runbook(
             meaning=f"A GPU's series existed within the last {lb} and vanished while the node's sampler still "
-                    "samples: NVML stopped answering for this device (GPU lost, XID error, driver trouble).",
+                    "samples: NVML stopped answering for this device (GPU lost, XID error, driver trouble). "
+                    f"Or (gpu=\"{UNMAPPED_GPU}\") a rank was given a GPU or MIG instance but cannot tell which "
+                    "(otelprof_gpu_unmapped, its reason label says why), so no GPU series names its GPU.",
             thresholds=_params(("lookback", lb), ("for", c.absent_for)),
             limit=f"One GPU's series gone while the node's sampler samples; fires {c.absent_for} later.",
             todo="Check otelprof_sampler_errors_total{source=\"nvml\"} and the node's kernel log (dmesg) for XID "
-                 "errors; a GPU that fell off the bus needs the node drained and the job moved.",
+                 "errors; a GPU that fell off the bus needs the node drained and the job moved. "
+                 f"gpu=\"{UNMAPPED_GPU}\": otelprof_gpu_unmapped{{reason}} — not_found: NVML in the container "
+                 "does not list the UUID in NVIDIA_VISIBLE_DEVICES (driver older than R470 for MIG); ambiguous: "
+                 "several GPUs visible and LOCAL_RANK names none; otherwise NVML could not start "
+                 "(install otelprof[gpu], check the device permissions).",
             deviations="No original."))
 
     if GpuReadings(c).dcgm:
@@ -1024,6 +1030,43 @@ def _telemetry(c: MixinConfig) -> list[Alert]:
 
 
 
+NO_FOR: dict[str, str] = {
+    "GPUMemoryIncrease": "the expression already compares two whole windows of per-sample means; the jump it "
+                         "names is the fault, and a `for` as long as a window would hide a single jump for good.",
+    "GPUMemoryNearCapacity": "one evaluation judges the mean of every sample of the window: a checkpoint or eval "
+                             "spike moves it by its share of the window only, and a GPU that full is one "
+                             "allocation from an out-of-memory error.",
+    "HostMemoryNearLimit": "one evaluation judges the working set's mean over the window, and past the limit the "
+                           "kernel kills the process: a `for` would report it after the OOM kill.",
+    "StepOutliers": "one evaluation weighs every outlier step of the window by its time above the median "
+                    "against all the window's step time (a share, over more than 10 outliers): the window "
+                    "is the `for`.",
+    "SlowInitialization": "the condition is itself a duration (no first step that long after start); a `for` "
+                          "would only add to it.",
+    "LossSpike": "each counted spike was already judged in the training process against the recent "
+                 "losses (ratio to the median and sigma): one is the fault, and a `for` would let "
+                 "a transient jump expire unseen.",
+    "NonFiniteValues": "one NaN or infinite loss or gradient norm is conclusive: the run's weights are likely "
+                       "already corrupted.",
+    "VanishingGradients": "one evaluation takes the largest gradient norm of the whole window while steps run: "
+                          "the window is the `for`.",
+    "TrainingStalled": "the condition is itself a duration (no step ended for that long); a `for` would only "
+                       "add to it.",
+    "TelemetryDropped": "one dropped item is a fact, not a trend: reports and traces of the period are "
+                        "incomplete (severity info).",
+}
+"""Why an alert without ``for`` needs none: one evaluation is conclusive (stated in its runbook entry)."""
+
+UNMAPPED_GPU = "unmapped"
+"""The ``gpu`` label of GPUTelemetryAbsent for a rank whose GPU cannot be told (``otelprof_gpu_unmapped``)."""
+
+
+def _unmapped(q: Q) -> str:
+    """The nodes of ranks given a GPU they cannot name, as GPUTelemetryAbsent's ``gpu="unmapped"``."""
+    return (f'label_replace(group by ({JOB}, {NODE}) ({q.sel(sc.GPU_UNMAPPED)}), "{GPU}", "{UNMAPPED_GPU}", "", '
+            '"")')
+
+
 def _dcgm_absent(c: MixinConfig) -> Alert:
     """GPUTelemetryAbsent with ``gpu_source=dcgm``: a rank's GPU that dcgm-exporter's joined series lack."""
     from otelprof.mixin import gpu_source
@@ -1033,16 +1076,20 @@ def _dcgm_absent(c: MixinConfig) -> Alert:
     record = gpu_source.record_name(sc.GPU_UTILIZATION)
     return Alert(
         "GPUTelemetryAbsent", GROUP_TELEMETRY,
-        f"group by ({JOB}, {NODE}, {GPU}) (\n  {info}\n  unless on ({JOB}, {RANK}, {HW_ID}) {record}\n)",
+        f"group by ({JOB}, {NODE}, {GPU}) (\n  {info}\n  unless on ({JOB}, {RANK}, {HW_ID}) {record}\n)\n"
+        f"or {_unmapped(q)}",
         c.absent_for, "warning",
         "No dcgm-exporter series for a GPU of the job.",
         f"{AT_GPU}: a rank computes on this GPU (otelprof_gpu_info) but no dcgm-exporter utilization joins to it.",
         mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE, GPU),
         Runbook(
             meaning="A training process names the GPU it computes on (otelprof_gpu_info, with the GPU's UUID and "
-                    f"its pod), and no {sc.DCGM_GPU_UTIL} series with that UUID and pod is there: dcgm-exporter "
+                    f"its pod), and no {sc.DCGM_GPU_UTIL} series with that UUID and pod is there "
+                    f"({sc.DCGM_GR_ENGINE_ACTIVE} for a MIG instance, with its GPU_I_ID): dcgm-exporter "
                     "does not run on the node, is not scraped, lost the GPU, or its pod labels do not name the "
-                    "training pod, so every GPU alert of this job has nothing to judge.",
+                    "training pod, so every GPU alert of this job has nothing to judge. "
+                    f"gpu=\"{UNMAPPED_GPU}\": a rank was given a GPU or MIG instance but cannot tell which "
+                    "(otelprof_gpu_unmapped{reason}), so it exports no otelprof_gpu_info to join.",
             thresholds=_params(("for", c.absent_for), ("dcgm_pod_label", c.dcgm_pod_label),
                                ("dcgm_namespace_label", c.dcgm_namespace_label)),
             limit=f"One GPU of the job without a joined dcgm-exporter series; fires {c.absent_for} after the "

@@ -10,18 +10,46 @@ Layout of ``DIR`` (one config applied to all of it)::
     kubernetes/grafana-dashboards.yaml          dashboards as ConfigMaps for kube-prometheus-stack's sidecar
     kubernetes/grafana-datasources.yaml         the Tempo data source for the sidecar
     kubernetes/grafana-provisioning.yaml        provisioning + dashboards as ConfigMaps for a Grafana you run
+    kubernetes/alertmanagerconfig.yaml          otelprof's routes as an AlertmanagerConfig (adds, replaces nothing)
+    kubernetes/kube-prometheus-stack-values.yaml  the chart values that select and link all of it
+    kubernetes/podmonitor.yaml                  scrapes every local rank's /metrics port of labelled pods
+    kubernetes/training-job.yaml                a training Job wired for otelprof (the pod template to copy)
+    otel-collector/config.yaml                  the OpenTelemetry Collector config (spans to Tempo)
+    prometheus/prometheus.yml                   plain Prometheus: pod discovery scrape config and the rule files
+    prometheus/alertmanager.yml                 plain Prometheus: a whole Alertmanager config of its own
+    tests/otelprof-rules-test.yaml              promtool unit tests of these rules (``promtool test rules``)
 """
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
+from otelprof.mixin import routing, ruletests, yamlout
 from otelprof.mixin.config import MixinConfig
+from otelprof.mixin.generate import ALERTS_FILE, RULES_FILE
 from otelprof.mixin.generate import render_all as render_rules
 
 DASHBOARDS = Path("dashboards")
 KUBERNETES = Path("kubernetes")
+PROMETHEUS = Path("prometheus")
+TESTS = Path("tests")
 SOURCE = "`otelprof mixin`"
+
+
+def packaged(name: str) -> str:
+    """A copy of a deploy/ source shipped in the package (``otelprof/mixin/files``)."""
+    return (resources.files("otelprof.mixin") / "files" / name).read_text(encoding="utf-8")
+
+
+def _podmonitor(config: MixinConfig) -> str:
+    """The PodMonitor with the ``release`` label kube-prometheus-stack selects monitors by."""
+    text = packaged("podmonitor.yaml")
+    head = "metadata:\n  name: otelprof-training\n"
+    if head not in text:
+        raise ValueError("the packaged PodMonitor has no otelprof-training metadata")
+    labels = f"  labels:\n    release: {yamlout.dump(config.prometheus_rule_release).strip()}\n"
+    return text.replace(head, head + labels, 1)
 
 
 def render(config: MixinConfig) -> dict[Path, str]:
@@ -40,6 +68,19 @@ def render(config: MixinConfig) -> dict[Path, str]:
     provider_files = {Path(name).name: boards[name] for name in (dashboards.DATASOURCES_FILE, dashboards.PROVIDER_FILE)}
     out[KUBERNETES / "grafana-provisioning.yaml"] = deploy.documents(
         deploy.grafana_provisioning_documents(provider_files, board_json), SOURCE)
+    stack_doc = routing.alertmanager_config(config)
+    out[KUBERNETES / "alertmanagerconfig.yaml"] = deploy.documents([stack_doc], SOURCE)
+    out[KUBERNETES / "kube-prometheus-stack-values.yaml"] = (deploy.HEADER.format(source=SOURCE)
+                                                             + yamlout.dump(routing.stack_values(config)))
+    out[KUBERNETES / "podmonitor.yaml"] = _podmonitor(config)
+    out[KUBERNETES / "training-job.yaml"] = packaged("training-job.yaml")
+    out[Path("otel-collector") / "config.yaml"] = packaged("otel-collector-config.yaml")
+    scrape = deploy.prometheus_config()
+    scrape["rule_files"] = [f"../{ALERTS_FILE}", f"../{RULES_FILE}"]
+    out[PROMETHEUS / "prometheus.yml"] = deploy.HEADER.format(source=SOURCE) + yamlout.dump(scrape)
+    out[PROMETHEUS / "alertmanager.yml"] = packaged("alertmanager.yml")
+    tests = ruletests.render_tests(config, [f"../{ALERTS_FILE}", f"../{RULES_FILE}"])
+    out[TESTS / ruletests.TEST_FILE] = deploy.HEADER.format(source=SOURCE) + yamlout.dump(tests)
     return out
 
 

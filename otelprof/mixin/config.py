@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from otelprof import thresholds
 
 ALERT_PREFIX = "Otelprof"
+PROJECT_URL = "https://github.com/otelprof/otelprof/"
+"""The project's home: the default runbook link and the package metadata point here."""
 
 # Dashboard UIDs; the dashboards are generated with exactly these.
 DASHBOARD_TRAINING_REPORT = "otelprof-training-report"
@@ -180,13 +182,16 @@ class MixinConfig:
     """``action`` label per alert (name without prefix); the webhook acts on it."""
     disabled_alerts: tuple[str, ...] = ()
     """Alerts (names without prefix) left out of the generated files."""
-    runbook_url: str = "runbook.md"
-    """Where the runbook is, for each alert's ``runbook_url`` annotation (``<runbook_url>#<alert>``). The default,
-    relative, is the ``runbook.md`` written beside the rules; set the URL your team serves it at (a wiki, your
-    repository) for links that resolve from Alertmanager and Grafana."""
+    runbook_url: str = PROJECT_URL + "blob/main/deploy/prometheus/runbook.md"
+    """Where the runbook is, for each alert's ``runbook_url`` annotation (``<runbook_url>#<alert>``). The default is
+    the project's runbook for the default settings; with your own settings, serve the ``runbook.md`` written
+    beside the rules (a wiki, your repository) and set its URL, so the thresholds it states are yours."""
     grafana_url: str = "http://localhost:3000"
-    """Grafana's base URL, for each alert's ``dashboard_url`` annotation (default: Grafana's own default address,
-    e.g. behind ``kubectl port-forward``)."""
+    """Grafana's base URL, for each alert's ``dashboard_url`` annotation and the generated values' ``root_url``
+    (default: Grafana's own default address, e.g. behind ``kubectl port-forward``; set the URL your users open)."""
+    webhook_url: str = "http://otelprof-webhook.ml.svc:9095/v1/alerts"
+    """Where Alertmanager sends alerts with an ``action`` label (``otelprof webhook``) in the generated
+    AlertmanagerConfig: the webhook Service's full name, since Alertmanager runs in another namespace."""
     prometheus_url: str = "http://prometheus:9090"
     """The Prometheus data source's URL in the generated Grafana provisioning."""
     tempo_url: str = "http://tempo:3200"

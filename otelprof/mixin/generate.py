@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from otelprof.mixin import yamlout
-from otelprof.mixin.alerts import Alert, alert_groups, alerts
+from otelprof.mixin.alerts import NO_FOR, Alert, alert_groups, alerts
 from otelprof.mixin.config import MixinConfig, validate
 from otelprof.mixin.rules import recording_rules, rule_groups
 
@@ -68,6 +68,7 @@ def _runbook_entry(alert: Alert, config: MixinConfig) -> str:
         "",
         f"**Detection limit.** {rb.limit}",
         "",
+        *_why_no_for(alert),
         "| Parameter | Value |",
         "| --- | --- |",
         rows,
@@ -147,3 +148,9 @@ def write(directory: Path, config: MixinConfig) -> list[Path]:
             path.write_text(text, encoding="utf-8")
             changed.append(path)
     return changed
+
+
+def _why_no_for(alert: Alert) -> list[str]:
+    """The runbook's reason an alert without ``for`` needs none (one evaluation is conclusive)."""
+    reason = NO_FOR.get(alert.short) if alert.for_ in ("", "0s") else None
+    return [f"**Why no `for`.** {reason[0].upper()}{reason[1:]}", ""] if reason else []

@@ -3,9 +3,18 @@
 With ``gpu_source=dcgm`` the recording group ``otelprof-dcgm`` turns dcgm-exporter's ``DCGM_FI_DEV_*`` series into
 otelprof's GPU series in base units (ratio 0-1, bytes, hertz), named ``otelprof:<otelprof series>:dcgm`` and
 carrying the training job's identity labels and the otelprof series' own (``hw_type="gpu"`` on the generic ``hw.*``
-metrics). They are joined to the ranks through the pod and the GPU UUID
-(``otelprof_gpu_info{hw_id}`` = dcgm's ``UUID``), never through ``gpu``, whose index differs between the container
-and the host; ``gpu`` on the result is the index in the training container, as on otelprof's own series.
+metrics). They are joined to the ranks through the pod and the GPU: dcgm's ``UUID`` is the GPU's, also on a MIG
+instance's series, which adds ``GPU_I_ID``; so the key is (``UUID``, ``GPU_I_ID``) = ``otelprof_gpu_info``'s
+(``hw_id``, "") of a whole GPU or (``hw_parent``, ``gpu_instance``) of a MIG instance — never ``gpu``, whose index
+differs between the container and the host. ``gpu`` and ``hw_id`` on the result are the rank's (the index in the
+training container; a MIG instance's own UUID). The pod is the scrape target's ``pod`` label, or the info's
+``k8s_pod_name`` when the ranks push OTLP through a collector (no target labels).
+
+dcgm-exporter does not report ``DCGM_FI_DEV_GPU_UTIL`` for a MIG instance: utilization falls back to
+``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (the share of time the instance's graphics engine ran a kernel). Beyond the
+default counters' basics the records map PCIe bytes, SM activity and occupancy (the device-wide view of what PyTorch
+Profiler shows as SM efficiency and achieved occupancy), tensor-pipe activity, energy, XID errors, remapped rows and
+(when enabled in the exporter's counters) volatile ECC errors.
 
 The alerts and recording rules ask :class:`GpuReadings` for a quantile / mean over a window; from otelprof's series
 that is the per-sample histogram (exact, every 500 ms), from dcgm-exporter's the scraped gauge
@@ -25,6 +34,12 @@ GROUP = "otelprof-dcgm"
 POD = "pod"
 NAMESPACE = "namespace"
 MIB = 2**20
+GPU_KEY = "otelprof_gpu_uuid"
+"""Join key: the GPU's UUID (dcgm's ``UUID``; the info's ``hw_parent`` of a MIG instance, else its ``hw_id``)."""
+INSTANCE = sc.prometheus_label(sc.LABEL_GPU_INSTANCE)
+HW_PARENT = sc.prometheus_label(sc.LABEL_HW_PARENT)
+DIRECTION = sc.prometheus_label(sc.LABEL_NETWORK_DIRECTION)
+ERROR_TYPE = sc.prometheus_label(sc.LABEL_ERROR_TYPE)
 
 
 @dataclass(frozen=True)
@@ -33,10 +48,17 @@ class DcgmRecord:
     """The otelprof series this record stands for."""
     expr: str
     """Over dcgm-exporter's series (``{s}`` is the dcgm selector), in the spec's base unit."""
+    keep: tuple[str, ...] = ()
+    """Labels of the spec besides the GPU's that ``expr`` sets (direction, error type)."""
 
     @property
     def name(self) -> str:
         return f"otelprof:{self.spec.prometheus_name}:dcgm"
+
+
+def _labelled(label: str, sources: tuple[tuple[str, str], ...]) -> str:
+    """dcgm series, each with ``label`` set to its value: one otelprof series with a label per dcgm field."""
+    return " or ".join(f'label_replace({name}{{s}}, "{label}", "{value}", "", "")' for name, value in sources)
 
 
 def _total_mib() -> str:
@@ -45,7 +67,8 @@ def _total_mib() -> str:
 
 
 DCGM_RECORDS: tuple[DcgmRecord, ...] = (
-    DcgmRecord(sc.GPU_UTILIZATION, f"{sc.DCGM_GPU_UTIL}{{s}} / 100"),
+    # a MIG instance has no DCGM_FI_DEV_GPU_UTIL: its graphics engine activity stands in
+    DcgmRecord(sc.GPU_UTILIZATION, f"{sc.DCGM_GPU_UTIL}{{s}} / 100 or {sc.DCGM_GR_ENGINE_ACTIVE}{{s}} * 1"),
     DcgmRecord(sc.GPU_MEMORY_COPY_UTILIZATION, f"{sc.DCGM_MEM_COPY_UTIL}{{s}} / 100"),
     DcgmRecord(sc.GPU_MEMORY_USAGE, f"{sc.DCGM_FB_USED}{{s}} * {MIB}"),
     DcgmRecord(sc.GPU_MEMORY_LIMIT, f"{_total_mib()} * {MIB}"),
@@ -54,6 +77,17 @@ DCGM_RECORDS: tuple[DcgmRecord, ...] = (
     DcgmRecord(sc.GPU_TEMPERATURE, f"{sc.DCGM_GPU_TEMP}{{s}}"),
     DcgmRecord(sc.GPU_SM_CLOCK, f"{sc.DCGM_SM_CLOCK}{{s}} * 1000000"),
     DcgmRecord(sc.GPU_TENSOR_ACTIVE, f"{sc.DCGM_TENSOR_ACTIVE}{{s}}"),
+    DcgmRecord(sc.GPU_SM_ACTIVE, f"{sc.DCGM_SM_ACTIVE}{{s}}"),
+    DcgmRecord(sc.GPU_SM_OCCUPANCY, f"{sc.DCGM_SM_OCCUPANCY}{{s}}"),
+    DcgmRecord(sc.GPU_PCIE_THROUGHPUT, _labelled(DIRECTION, ((sc.DCGM_PCIE_RX_BYTES, "receive"),
+                                                            (sc.DCGM_PCIE_TX_BYTES, "transmit"))), (DIRECTION,)),
+    DcgmRecord(sc.GPU_ENERGY, f"{sc.DCGM_TOTAL_ENERGY}{{s}} / 1000"),
+    DcgmRecord(sc.GPU_ERRORS, _labelled(ERROR_TYPE, ((sc.DCGM_ECC_SBE_VOLATILE, "corrected"),
+                                                     (sc.DCGM_ECC_DBE_VOLATILE, "uncorrected"))), (ERROR_TYPE,)),
+    DcgmRecord(sc.GPU_XID, f"{sc.DCGM_XID_ERRORS}{{s}}"),
+    DcgmRecord(sc.GPU_REMAPPED_ROWS, _labelled(ERROR_TYPE, ((sc.DCGM_CORRECTABLE_REMAPPED_ROWS, "correctable"),
+                                                            (sc.DCGM_UNCORRECTABLE_REMAPPED_ROWS, "uncorrectable"))),
+               (ERROR_TYPE,)),
 )
 RECORD_BY_SERIES = {series_name(r.spec): r.name for r in DCGM_RECORDS}
 """otelprof's GPU series name -> the dcgm record standing for it (what the dashboards read in dcgm mode)."""
@@ -68,17 +102,27 @@ def _relabel(expr: str, target: str, source: str) -> str:
     return f'label_replace({expr}, "{target}", "$1", "{source}", "(.+)")'
 
 
-def joined(c: MixinConfig, expr: str) -> str:
-    """dcgm-exporter's ``expr`` with the training job's identity: joined on (namespace, pod, UUID) to the rank
-    whose ``otelprof_gpu_info`` names that GPU; ``gpu`` becomes the index in the training container."""
-    dcgm = _relabel(_relabel(_relabel(expr, HW_ID, sc.DCGM_LABEL_UUID), POD, c.dcgm_pod_label),
+def joined(c: MixinConfig, expr: str, keep: tuple[str, ...] = ()) -> str:
+    """dcgm-exporter's ``expr`` with the training job's identity: joined on (namespace, pod, GPU UUID, GPU
+    instance) to the rank whose ``otelprof_gpu_info`` names that GPU or MIG instance; ``gpu`` becomes the index in
+    the training container, ``hw_id`` the rank's (a MIG instance's own UUID)."""
+    dcgm = _relabel(_relabel(_relabel(_relabel(f"({expr})", GPU_KEY, sc.DCGM_LABEL_UUID), INSTANCE,
+                                      sc.DCGM_LABEL_GPU_INSTANCE), POD, c.dcgm_pod_label),
                     NAMESPACE, c.dcgm_namespace_label)
-    keys = (NAMESPACE, POD, HW_ID)
-    copied = (*IDENTITY, GPU)
-    info = Q(c.selector).sel(sc.GPU_INFO)
-    return (f"max by ({by(*IDENTITY, GPU, HW_ID)}) (\n  {dcgm}\n"
+    keys = (NAMESPACE, POD, GPU_KEY, INSTANCE)
+    copied = (*IDENTITY, GPU, HW_ID)
+    return (f"max by ({by(*IDENTITY, GPU, HW_ID, *keep)}) (\n  {dcgm}\n"
             f"  * on ({by(*keys)}) group_left ({by(*copied)})\n"
-            f"  max by ({by(*keys, *copied)}) ({info})\n)")
+            f"  max by ({by(*keys, *copied)}) ({info_keyed(c)})\n)")
+
+
+def info_keyed(c: MixinConfig) -> str:
+    """``otelprof_gpu_info`` with the join keys: the GPU's UUID, and the pod/namespace from ``k8s_pod_name`` /
+    ``k8s_namespace_name`` where the series carries them (the OTLP path), else the scrape target's."""
+    info = Q(c.selector).sel(sc.GPU_INFO)
+    keyed = _relabel(_relabel(info, GPU_KEY, HW_ID), GPU_KEY, HW_PARENT)
+    keyed = _relabel(keyed, POD, sc.prometheus_label(sc.K8S_POD_NAME))
+    return _relabel(keyed, NAMESPACE, sc.prometheus_label(sc.K8S_NAMESPACE_NAME))
 
 
 def _hw_type(spec: MetricSpec, expr: str) -> str:
@@ -93,7 +137,7 @@ def dcgm_rules(c: MixinConfig) -> list[dict[str, str]]:
     rules = []
     for record in DCGM_RECORDS:
         expr = record.expr.replace("{s}", f"{{{selector}}}" if selector else "")
-        rules.append({"record": record.name, "expr": _hw_type(record.spec, joined(c, expr))})
+        rules.append({"record": record.name, "expr": _hw_type(record.spec, joined(c, expr, record.keep))})
     return rules
 
 

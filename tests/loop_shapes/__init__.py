@@ -28,12 +28,14 @@ OTHER_FORWARD = "forward*"
 
 
 class Account:
-    """What the loop did, step by step (a step: one optimizer update, or one evaluation batch)."""
+    """What the loop did, step by step (a step: one iteration's optimizer updates, or one evaluation batch)."""
 
     def __init__(self) -> None:
         self.steps: list[dict[str, Any]] = []
         self.outside: list[str] = []
         """Regions that stand outside steps."""
+        self.facts: dict[str, Any] = {}
+        """What else the loop saw that must not depend on otelprof (compared with the loop run without it)."""
 
     def step(self, phase: str) -> None:
         """A step of ``phase`` begins."""
@@ -46,10 +48,19 @@ class Account:
         current = self.steps[-1]
         current["samples"] = (current["samples"] or 0) + count
 
-    def backward_loss(self, loss: torch.Tensor) -> None:
-        """The loss a backward() of this step was given (a train step's loss is their sum)."""
+    def backward_loss(self, loss: torch.Tensor, update: int | None = None) -> None:
+        """The loss a backward() of this step was given (a train step's loss is their sum); ``update``: in a loop
+        with several optimizers, the number of the optimizer whose update it is for (numbered in the order they
+        first step; that optimizer's own loss in the step is the sum of its update's)."""
         current = self.steps[-1]
         current["loss"] = (current["loss"] or 0.0) + float(loss.detach())
+        if update is not None:
+            own = current.setdefault("updates", {})
+            own[str(update)] = own.get(str(update), 0.0) + float(loss.detach())
+
+    def recorded(self, name: str, value: torch.Tensor) -> None:
+        """The value the loop gave ``otelprof.record(name, ...)`` in this step, as it was then."""
+        self.steps[-1].setdefault("recorded", {})[name] = float(value)
 
     def eval_loss(self, loss: torch.Tensor, module: str = "forward") -> None:
         """The loss an evaluation forward returned (an eval step's loss is their mean); ``module``
@@ -62,7 +73,7 @@ class Account:
 
     def dump(self) -> dict[str, Any]:
         return {"steps": [{k: v for k, v in s.items() if k != "losses"} for s in self.steps],
-                "outside": sorted(self.outside)}
+                "outside": sorted(self.outside), "facts": self.facts}
 
 
 def run_as_script(main: Callable[..., Account]) -> None:
@@ -79,7 +90,7 @@ def run_as_script(main: Callable[..., Account]) -> None:
 
         native = os.environ.get("RANK", "0") in os.environ.get("LOOP_SHAPE_NATIVE_RANKS", "").split(",")
         os.environ["OTELPROF_TORCH_NATIVE"] = "true" if native else "false"
-        otelprof.init(system_metrics=False)
+        otelprof.init(system_metrics=False, profile_every=0)
         account = main(otorch.instrument, **options)
         otelprof.shutdown()
     else:

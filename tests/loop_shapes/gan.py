@@ -1,7 +1,9 @@
 """Two optimizers (as in PyTorch's DCGAN example): per batch, the discriminator's update (real and fake batches,
 two ``backward()`` calls, ``optimizerD.step()``), then the generator's (``optimizerG.step()``); the losses
-from a loss module (``nn.BCELoss``). A step is one optimizer update: two steps per batch, the first holding the
-fetch; each step's loss is its update's objective (``errD_real + errD_fake``, then ``errG``)."""
+from a loss module (``nn.BCELoss``). A step is one iteration, as the loop counts them: one per batch, holding both
+updates. Its loss is all its ``backward()`` losses; each update's own loss (the discriminator's
+``errD_real + errD_fake``, the generator's ``errG``, which the loop prints as Loss_D and Loss_G) is the optimizer's
+own, under the number of the optimizer in the order they first step."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from tests.loop_shapes import OTHER_FORWARD, Account, Instrument, run_as_script
 
 NOISE = 4
+D, G = 0, 1
+"""The optimizers' numbers: the discriminator's steps first."""
 
 
 def main(instrument: Instrument | None = None) -> Account:
@@ -26,37 +30,37 @@ def main(instrument: Instrument | None = None) -> Account:
         instrument(model=net_d, optimizer=optimizer_d, dataloader=loader)
         instrument(model=net_g, optimizer=optimizer_g)
     account = Account()
-    for (real,) in loader:
-        batch = real.size(0)
-        # (1) the discriminator: maximize log(D(x)) + log(1 - D(G(z)))
-        account.step("train")
-        account.samples(batch)
-        net_d.zero_grad()
-        label = torch.full((batch, 1), 1.0)
-        output = net_d(real)
-        err_d_real = criterion(output, label)
-        err_d_real.backward()
-        noise = torch.randn(batch, NOISE)
-        fake = net_g(noise)
-        label.fill_(0.0)
-        output = net_d(fake.detach())
-        err_d_fake = criterion(output, label)
-        err_d_fake.backward()
-        optimizer_d.step()
-        account.did("dataloader", "forward", OTHER_FORWARD, "backward", "forward", "forward", OTHER_FORWARD,
-                    "backward", "optimizer")
-        account.backward_loss(err_d_real)
-        account.backward_loss(err_d_fake)
-        # (2) the generator: maximize log(D(G(z)))
-        account.step("train")
-        net_g.zero_grad()
-        label.fill_(1.0)
-        output = net_d(fake)
-        err_g = criterion(output, label)
-        err_g.backward()
-        optimizer_g.step()
-        account.did("forward", OTHER_FORWARD, "backward", "optimizer")
-        account.backward_loss(err_g)
+    for _epoch in range(2):
+        for (real,) in loader:
+            batch = real.size(0)
+            account.step("train")
+            account.samples(batch)
+            # (1) the discriminator: maximize log(D(x)) + log(1 - D(G(z)))
+            net_d.zero_grad()
+            label = torch.full((batch, 1), 1.0)
+            output = net_d(real)
+            err_d_real = criterion(output, label)
+            err_d_real.backward()
+            noise = torch.randn(batch, NOISE)
+            fake = net_g(noise)
+            label.fill_(0.0)
+            output = net_d(fake.detach())
+            err_d_fake = criterion(output, label)
+            err_d_fake.backward()
+            optimizer_d.step()
+            account.did("dataloader", "forward", OTHER_FORWARD, "backward", "forward", "forward", OTHER_FORWARD,
+                        "backward", "optimizer")
+            account.backward_loss(err_d_real, D)
+            account.backward_loss(err_d_fake, D)
+            # (2) the generator: maximize log(D(G(z)))
+            net_g.zero_grad()
+            label.fill_(1.0)
+            output = net_d(fake)
+            err_g = criterion(output, label)
+            err_g.backward()
+            optimizer_g.step()
+            account.did("forward", OTHER_FORWARD, "backward", "optimizer")
+            account.backward_loss(err_g, G)
     return account
 
 

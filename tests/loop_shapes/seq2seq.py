@@ -1,9 +1,9 @@
 """An encoder and a decoder, each with its own optimizer (as in PyTorch's sequence-to-sequence translation tutorial):
 per batch both forwards, one loss (``nn.NLLLoss``) and ``backward()``, then ``encoder_optimizer.step()`` and
 ``decoder_optimizer.step()`` back to back; afterwards a few sentences are evaluated under ``torch.no_grad()``,
-the encoder then the decoder, without a DataLoader. One step per batch: the first time, the decoder's
-optimizer region stands outside steps (its step() is seen to follow the encoder's only then); from the second
-batch on, a step holds both optimizer regions. Each evaluated sentence is one eval step with both forwards."""
+the encoder then the decoder, without a DataLoader. One step per batch, holding both optimizer regions; the loss,
+all given to ``backward()`` before the encoder's update, is also the encoder optimizer's own (the decoder's has
+none). Each evaluated sentence is one eval step with both forwards."""
 
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def main(instrument: Instrument | None = None) -> Account:
         instrument(model=encoder, optimizer=encoder_optimizer, dataloader=loader)
         instrument(model=decoder, optimizer=decoder_optimizer)
     account = Account()
-    for epoch in range(2):
-        for batch, (input_tensor, target_tensor) in enumerate(loader):
+    for _epoch in range(2):
+        for input_tensor, target_tensor in loader:
             account.step("train")
             account.samples(len(input_tensor))
             encoder_optimizer.zero_grad()
@@ -71,12 +71,8 @@ def main(instrument: Instrument | None = None) -> Account:
             loss.backward()
             encoder_optimizer.step()
             decoder_optimizer.step()
-            account.did("dataloader", "forward", "forward", OTHER_FORWARD, "backward", "optimizer")
-            if epoch or batch:
-                account.did("optimizer")
-            else:  # the first time, the decoder's optimizer region stands outside steps
-                account.outside.append("optimizer")
-            account.backward_loss(loss)
+            account.did("dataloader", "forward", "forward", OTHER_FORWARD, "backward", "optimizer", "optimizer")
+            account.backward_loss(loss, 0)
     with torch.no_grad():
         for sentence in torch.randint(1, WORDS, (3, 1, LENGTH)):
             account.step("eval")

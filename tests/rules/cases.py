@@ -676,6 +676,16 @@ def telemetry_groups() -> list[Group]:
     g.counter(sc.SAMPLER_SAMPLES, ID, "0 120 240 360 480 stale")
     g.gauge(sc.GPU_UTILIZATION, GPU0, "0.9 0.9 0.9 0.9 0.9 stale")
     groups.append(g.silent("GPUTelemetryAbsent", "8m"))
+    unmapped = {**ident(1, "n1"), "reason": "not_found"}
+    g = Group("rank 1 was given a MIG instance NVML does not list", interval="1m")
+    g.counter(sc.SAMPLER_SAMPLES, ID, seq([(15, 120)])).gauge(sc.GPU_UTILIZATION, GPU0, const(0.9, 15))
+    g.gauge(sc.GPU_UNMAPPED, unmapped, const(1, 15))
+    groups.append(g.silent("GPUTelemetryAbsent", "0m")
+                  .fires("GPUTelemetryAbsent", "2m", ({**node, "gpu": "unmapped"}, 1)))
+    g = Group("every rank names its GPU", interval="1m")
+    g.counter(sc.SAMPLER_SAMPLES, ID, seq([(15, 120)])).gauge(sc.GPU_UTILIZATION, GPU0, const(0.9, 15))
+    g.gauge(sc.GPU_INFO, GPU0, const(1, 15))
+    groups.append(g.silent("GPUTelemetryAbsent", "10m"))
 
     queue = {**ID, "exporter": "queue"}
     g = Group("records dropped at 5 min", interval="1m")
