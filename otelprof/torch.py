@@ -7,5 +7,6 @@ from otelprof.integrations.torch import (
     profile_window,
     uninstrument,
 )
+from otelprof.integrations.tensors import record_labels
 
-__all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_window", "uninstrument"]
+__all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_window", "record_labels", "uninstrument"]
