@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from otelprof.recording.reader import RankRecording, Recording
 from otelprof.recording.tensors import TENSORS, Trial, read_trial
@@ -38,6 +38,7 @@ class TensorRule:
 
 
 VANISHING_ABS_MEAN = 1e-7
+VANISHING_RATIO = 1e-3
 EXPLODING_ABS_MAX = 1e6
 POOR_INIT_STD = 1e-8
 SATURATED_FRACTION = 0.5
@@ -55,9 +56,10 @@ RULES: tuple[TensorRule, ...] = (
                "poor initialization).",
                "Use ReLU-family activations, residual connections or normalization layers; initialize with "
                "He/Xavier; check the named layers first (the closest to the input).",
-               f"Fires when a layer's mean absolute gradient is below {VANISHING_ABS_MEAN:g} at {HOLD} consecutive "
-               "saved steps of the gradients collection.",
-               (("abs_mean below", f"{VANISHING_ABS_MEAN:g}"),)),
+               f"Fires when a layer's mean absolute gradient is below {VANISHING_ABS_MEAN:g} and below "
+               f"{VANISHING_RATIO:g} times the largest layer's at {HOLD} consecutive saved steps of the gradients "
+               "collection (a model whose loss reached ~0 has small gradients everywhere: not vanishing).",
+               (("abs_mean below", f"{VANISHING_ABS_MEAN:g}"), ("of the largest layer's", f"{VANISHING_RATIO:g}"))),
     TensorRule("OtelprofLayerExplodingTensor", "ExplodingTensor", "critical",
                "A weight, gradient or activation holds NaN/Inf or has grown beyond any healthy magnitude: the "
                "model is diverging.",
@@ -140,8 +142,8 @@ class Verdict:
             self.value = value
 
 
-def _per_layer(trial: Trial, names: Iterable[str], condition: Callable[[dict[str, float]], float | None],
-               verdict: Verdict, rank: int, high: bool) -> None:
+def _per_layer(trial: Trial, names: Iterable[str], condition: Any, verdict: Verdict, rank: int, high: bool,
+               per_step: bool = False) -> None:
     """Judge each step of each tensor: ``condition`` gives the offending value or None (or NaN: no judgement)."""
     steps = trial.steps()
     verdict.evaluations = max(verdict.evaluations, len(steps))
@@ -151,7 +153,7 @@ def _per_layer(trial: Trial, names: Iterable[str], condition: Callable[[dict[str
         run: list[int] = []
         for n in saved:
             verdict.datapoints += 1
-            value = condition(trial.record(name, n).reductions)
+            value = (condition(n) if per_step else condition)(trial.record(name, n).reductions)
             if value is None:
                 run = []
                 continue
@@ -163,10 +165,20 @@ def _per_layer(trial: Trial, names: Iterable[str], condition: Callable[[dict[str
 
 
 def _vanishing(trial: Trial, verdict: Verdict, rank: int) -> None:
-    def condition(r: dict[str, float]) -> float | None:
-        v = r.get("abs_mean", math.nan)
-        return v if v < VANISHING_ABS_MEAN else None
-    _per_layer(trial, trial.tensor_names(kind="gradients"), condition, verdict, rank, high=False)
+    names = trial.tensor_names(kind="gradients")
+    largest: dict[int, float] = {}  # per step, the largest layer's mean absolute gradient
+    for name in names:
+        for n in trial.steps(name):
+            v = trial.reduction(name, n, "abs_mean")
+            if math.isfinite(v):
+                largest[n] = max(largest.get(n, 0.0), v)
+
+    def judged(n: int) -> Callable[[dict[str, float]], float | None]:
+        def condition(r: dict[str, float]) -> float | None:
+            v = r.get("abs_mean", math.nan)
+            return v if v < VANISHING_ABS_MEAN and v <= VANISHING_RATIO * largest.get(n, 0.0) else None
+        return condition
+    _per_layer(trial, names, judged, verdict, rank, high=False, per_step=True)
 
 
 def _exploding(trial: Trial, verdict: Verdict, rank: int) -> None:

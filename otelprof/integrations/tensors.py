@@ -118,15 +118,21 @@ class TensorCollector:
     def start(self, discover: bool) -> None:
         """Hook every optimizer's step; ``discover``: also take each top-level module called before the first
         optimizer step as a model (``otelprof run``)."""
-        from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim_module
 
         self._handles = [optim_module.register_optimizer_step_pre_hook(self._guard(self._pre_step)),
                          optim_module.register_optimizer_step_post_hook(self._guard(self._post_step))]
         if discover:
-            self._discovering = nn_module.register_module_forward_pre_hook(self._guard(self._discover))
+            self.discover()
         self._arm()
         atexit.register(self.close)
+
+    def discover(self) -> None:
+        """Take each top-level module with parameters called before the first optimizer step as a model."""
+        from torch.nn.modules import module as nn_module
+
+        if self._discovering is None and self._primary is None and not self.closed:
+            self._discovering = nn_module.register_module_forward_pre_hook(self._guard(self._discover))
 
     def add_model(self, model: torch.nn.Module) -> None:
         if model in self._known or not isinstance(model, torch.nn.Module):
@@ -400,6 +406,8 @@ def collect(spec: Any = None, model: Any = None, discover: bool = False) -> Tens
         collector.start(discover)
         _collector.append(collector)
     collector = _collector[0]
+    if discover:
+        collector.discover()
     if model is not None:
         collector.add_model(model)
     return collector
