@@ -73,6 +73,7 @@ def main(scenario: str, steps: int) -> None:
     fixed = batch(32)
     fixed = (fixed[0], torch.randint(0, CLASSES, (32,), generator=torch.Generator().manual_seed(1)))
     losses = []
+    seen: dict[int, dict[str, float]] = {}
     for step in range(steps):
         model.train()
         x, y = fixed if scenario == "overtraining" else batch(imbalanced=scenario == "imbalanced")
@@ -83,6 +84,9 @@ def main(scenario: str, steps: int) -> None:
         loss = loss_fn(model(x), y)
         optimizer.zero_grad()
         loss.backward()
+        if scenario == "code":  # what the loop itself sees at each step, to compare with the recording
+            seen[step] = {"grad_abs_mean": model[0].weight.grad.abs().mean().item(),
+                          "weight_l2": model[0].weight.norm().item(), "weight_max": model[0].weight.max().item()}
         optimizer.step()
         losses.append(loss.item())
         if (step + 1) % EVAL_EVERY == 0:
@@ -93,7 +97,7 @@ def main(scenario: str, steps: int) -> None:
                     if scenario == "overtraining":
                         ey = torch.randint(0, CLASSES, (32,))
                     loss_fn(model(ex), ey)
-    print(json.dumps({"first_loss": losses[0], "last_loss": losses[-1]}))
+    print(json.dumps({"first_loss": losses[0], "last_loss": losses[-1], "seen": seen}))
 
 
 if __name__ == "__main__":

@@ -38,9 +38,11 @@ MAX_TENSORS_PER_STEP = 4096
 MAX_CLASSES = 100_000
 
 
-def reduce(tensor: torch.Tensor, saturation: str | None = None, bins: int = 0) -> torch.Tensor:
+def reduce(tensor: torch.Tensor, saturation: str | None = None, bins: int = 0,
+           extra: Sequence[torch.Tensor] = ()) -> torch.Tensor:
     """The reductions of ``tensor`` (:data:`schema.REDUCTIONS`, then ``saturated`` when ``saturation``
-    names ``sigmoid``/``tanh``, then ``bins`` histogram counts) as one float32 tensor on its device."""
+    names ``sigmoid``/``tanh``, then the 0-dim ``extra`` values, then ``bins`` histogram counts) as one float32
+    tensor on its device."""
     x = tensor.detach().reshape(-1).float()
     a = x.abs()
     n = x.numel()
@@ -52,6 +54,7 @@ def reduce(tensor: torch.Tensor, saturation: str | None = None, bins: int = 0) -
         values.append(((x < 0.01) | (x > 0.99)).float().mean())
     elif saturation == "tanh":
         values.append((a > 0.99).float().mean())
+    values.extend(e.float() for e in extra)
     out = torch.stack(values)
     if bins:
         out = torch.cat([out, torch.histc(torch.nan_to_num(x), bins=bins)])
@@ -246,7 +249,7 @@ class TensorCollector:
                     update = p.detach() - before
                     ratio = torch.linalg.vector_norm(update.float()) / torch.linalg.vector_norm(before.float()).clamp_min(
                         1e-12)
-                    value = torch.cat([reduce(update, None, self.bins), ratio.reshape(1)])
+                    value = reduce(update, None, self.bins, (ratio,))
                     self._add(_Saved(f"update/{name}", "optimizer", self._selected("optimizer", f"update/{name}"),
                                      None, p.shape, value, ("ratio",)))
             self._previous.clear()
