@@ -197,7 +197,7 @@ def test_collections_in_code_and_the_read_api_match_what_the_loop_saw(tmp_path: 
     run, printed = run_job(tmp_path, "code", steps=20, collections=None, via_run=False)
     trial = read_trial(run)
     assert trial.collections() == ["gradients", "weights"]
-    assert trial.tensor_names(collection="gradients") == [f"gradients/{n}.{p}" for n in (0, 2, 4)
+    assert trial.tensor_names(collection="gradients") == [f"gradients/{n}.{p}" for n in (0, 2, 4, 6)
                                                           for p in ("weight", "bias")]
     assert trial.tensor_names(collection="outputs") == []
     assert trial.steps("gradients/0.weight") == [0, 5, 10, 15]
