@@ -1,5 +1,6 @@
 """``otelprof.torch``: the PyTorch integration (see :mod:`otelprof.integrations.torch`)."""
 
+from otelprof.integrations.tensors import record_labels
 from otelprof.integrations.torch import (
     TorchInstrumentation,
     auto_instrument,
@@ -7,6 +8,5 @@ from otelprof.integrations.torch import (
     profile_window,
     uninstrument,
 )
-from otelprof.integrations.tensors import record_labels
 
 __all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_window", "record_labels", "uninstrument"]

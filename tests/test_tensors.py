@@ -126,7 +126,8 @@ def test_hooks_only_at_saved_steps_and_reductions_equal_torch_own(tmp_path: Path
         assert sum(trial.record("gradients/2.weight", step).histogram) == grad.numel()
     for step in (3, 6):
         hidden = expected[step]["hidden"]
-        assert trial.reduction("1/output", step, "saturated") == pytest.approx((hidden.abs() > 0.99).float().mean().item())
+        saturated = (hidden.abs() > 0.99).float().mean().item()
+        assert trial.reduction("1/output", step, "saturated") == pytest.approx(saturated)
         assert trial.reduction("1/output", step, "min") == pytest.approx(hidden.min().item())
     with pytest.raises(KeyError, match="no tensor"):
         trial.reduction("gradients/2.weight", 1, "mean")

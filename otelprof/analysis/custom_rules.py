@@ -52,7 +52,7 @@ def load(path: str | Path) -> list[tuple[str, str, str, str, Callable[[Trial, in
         spec.loader.exec_module(module)
     except Exception as exc:
         raise RuleError(f"{file}: {type(exc).__name__}: {exc}") from None
-    rules = []
+    rules: list[tuple[str, str, str, str, Callable[[Trial, int], Any]]] = []
     for name, obj in vars(module).items():
         if inspect.isclass(obj) and issubclass(obj, Rule) and obj is not Rule and obj.__module__ == module.__name__:
             rules.append((name, obj.severity, _doc(obj), obj.todo, obj().invoke_at_step))

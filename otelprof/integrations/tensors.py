@@ -18,6 +18,7 @@ A hook that raises turns the collections off with one warning; training goes on.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import threading
 import weakref
@@ -247,8 +248,8 @@ class TensorCollector:
                     if before is None:
                         continue
                     update = p.detach() - before
-                    ratio = torch.linalg.vector_norm(update.float()) / torch.linalg.vector_norm(before.float()).clamp_min(
-                        1e-12)
+                    norm = torch.linalg.vector_norm(before.float()).clamp_min(1e-12)
+                    ratio = torch.linalg.vector_norm(update.float()) / norm
                     value = reduce(update, None, self.bins, (ratio,))
                     self._add(_Saved(f"update/{name}", "optimizer", self._selected("optimizer", f"update/{name}"),
                                      None, p.shape, value, ("ratio",)))
@@ -275,7 +276,7 @@ class TensorCollector:
         if flat.is_cuda:
             host = torch.empty(flat.shape, dtype=flat.dtype, device="cpu", pin_memory=True)
             host.copy_(flat, non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()
             flat = host
         self._pending = (self.step, saved, flat, (event, labels.numel() if labels is not None else 0))
@@ -370,10 +371,8 @@ class TensorCollector:
             warn_once("tensors:close", "otelprof: cannot write the last tensor statistics (%s)", exc)
         with self._lock:
             if self._file is not None:
-                try:
+                with contextlib.suppress(OSError):
                     self._file.close()
-                except OSError:
-                    pass
                 self._file = None
 
 

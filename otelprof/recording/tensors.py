@@ -98,7 +98,7 @@ class Trial:
         except KeyError:
             raise KeyError(f"no tensor {name!r} saved at step {step}") from None
 
-    def reduction(self, name: str, step: int, reduction: str = "mean", abs: bool = False) -> float:  # noqa: A002
+    def reduction(self, name: str, step: int, reduction: str = "mean", abs: bool = False) -> float:
         """One reduction of a saved tensor (``abs=True``: of its absolute values; ``l1``/``l2``/``zeros``/
         ``nonfinite``/``ratio``/``saturated`` are the same either way). KeyError when not saved."""
         values = self.record(name, step).reductions
@@ -107,7 +107,7 @@ class Trial:
             raise KeyError(f"no reduction {key!r} for {name!r} (have {', '.join(values)})")
         return values[key]
 
-    def series(self, name: str, reduction: str = "mean", abs: bool = False) -> list[tuple[int, float]]:  # noqa: A002
+    def series(self, name: str, reduction: str = "mean", abs: bool = False) -> list[tuple[int, float]]:
         """(step, value) of one reduction over every saved step of ``name``."""
         return [(n, self.reduction(name, n, reduction, abs)) for n in self.steps(name)]
 
