@@ -1,11 +1,11 @@
 """Cost of tensor collections at the default save interval, side by side with collections off.
 
-    python benchmarks/tensors.py            # ~1-2 minutes on 2 CPU cores
-    python benchmarks/tensors.py --pairs 4  # quicker, noisier
+    python benchmarks/tensors.py            # ~8 minutes on 2 CPU cores
+    python benchmarks/tensors.py --pairs 3  # quicker, noisier
 
 For the benchmark CNN (benchmarks/torch_integration.py) and a small transformer encoder, in one process:
 blocks of ``BLOCK`` training steps with collections off and on (``gradients,weights,biases,outputs,
-optimizer`` at ``OTELPROF_SAVE_INTERVAL``'s default, 100: each block saves its steps 0 and 100), the
+optimizer`` at ``OTELPROF_SAVE_INTERVAL``'s default, 500: each block saves two steps), the
 order alternating, ``--pairs`` times. Printed: the median step time of each side, the median of the pairs'
 differences as a share of the step (the amortized cost), and what one saved step costs.
 """

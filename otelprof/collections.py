@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 BUILTIN = ("weights", "biases", "gradients", "outputs", "inputs", "optimizer", "losses")
 """The built-in collections, each selecting one kind of tensor."""
-DEFAULT_SAVE_INTERVAL = 100
+DEFAULT_SAVE_INTERVAL = 500
 
 _ITEM = re.compile(r"^(?P<name>[A-Za-z_][\w.-]*)(?:=(?P<include>[^!@#]*))?(?:!(?P<exclude>[^@#]*))?"
                    r"(?:@(?P<every>\d+))?(?:#(?P<start>\d+)-(?P<end>\d+))?$")

@@ -91,7 +91,7 @@ class Config:
     local_rank: int = 0
     world_size: int = 1
     collections: str = ""
-    save_interval: int = 100
+    save_interval: int = 500
     tensor_histogram_bins: int = 0
 
     @property

@@ -279,7 +279,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "comma list of `NAME[=INCLUDE][!EXCLUDE][@EVERY][#START-END]`, NAME a built-in (`weights`, `biases`, "
            "`gradients`, `outputs`, `inputs`, `optimizer`, `losses`) or a custom name with an INCLUDE regex over "
            "tensor names. Empty: off. See docs/tensors.md."),
-    EnvVar(OTELPROF_SAVE_INTERVAL, "save_interval", "100",
+    EnvVar(OTELPROF_SAVE_INTERVAL, "save_interval", "500",
            "Collections save every this many optimizer steps unless one sets its own `@EVERY`; 1-1e9."),
     EnvVar(OTELPROF_TENSOR_HISTOGRAM_BINS, "tensor_histogram_bins", "0",
            "Bins of the fixed-bin histogram (between the tensor's min and max) saved with each tensor's "
