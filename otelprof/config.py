@@ -93,6 +93,9 @@ class Config:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    collections: str = ""
+    save_interval: int = 500
+    tensor_histogram_bins: int = 0
 
     @property
     def samples_node(self) -> bool:
@@ -300,6 +303,13 @@ def _parse_protocol(text: str) -> str:
     return value
 
 
+def _parse_collections(text: str) -> str:
+    from otelprof.collections import parse_collections
+
+    parse_collections(text)  # ValueError names the bad item
+    return text.strip()
+
+
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "disabled": _parse_bool,
     "record": _parse_bool,
@@ -350,6 +360,9 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "rank": _ranged(int, 0, 1_000_000),
     "local_rank": _ranged(int, 0, 65535),
     "world_size": _ranged(int, 1, 1_000_000),
+    "collections": _parse_collections,
+    "save_interval": _ranged(int, 1, 1_000_000_000),
+    "tensor_histogram_bins": _ranged(int, 0, 256),
 }
 
 _CHECKS: dict[str, Callable[[Any], None]] = {
@@ -361,6 +374,8 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "rank": lambda v: _in_range(v, 0, 1_000_000),
     "local_rank": lambda v: _in_range(v, 0, 65535),
     "world_size": lambda v: _in_range(v, 1, 1_000_000),
+    "save_interval": lambda v: _in_range(v, 1, 1_000_000_000),
+    "tensor_histogram_bins": lambda v: _in_range(v, 0, 256),
     "flush_interval": lambda v: _in_range(v, 0.05, 10.0),
     "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),
     "export_warning_interval": lambda v: _in_range(v, 1.0, 86400.0),

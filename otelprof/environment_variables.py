@@ -90,6 +90,9 @@ OTELPROF_NODE_NAME = "OTELPROF_NODE_NAME"
 OTELPROF_CONTAINER_NAME = "OTELPROF_CONTAINER_NAME"
 OTELPROF_POD_UID = "OTELPROF_POD_UID"
 OTELPROF_K8S_JOB_NAME = "OTELPROF_K8S_JOB_NAME"
+OTELPROF_COLLECTIONS = "OTELPROF_COLLECTIONS"
+OTELPROF_SAVE_INTERVAL = "OTELPROF_SAVE_INTERVAL"
+OTELPROF_TENSOR_HISTOGRAM_BINS = "OTELPROF_TENSOR_HISTOGRAM_BINS"
 
 # Read, never written: torchrun's process-group variables and Kubernetes' in-cluster marker.
 RANK = "RANK"
@@ -277,6 +280,16 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(RANK, "rank", "0", "Global rank (set by torchrun)."),
     EnvVar(LOCAL_RANK, "local_rank", "0", "Rank within the node (set by torchrun); offsets the /metrics port."),
     EnvVar(WORLD_SIZE, "world_size", "1", "Number of ranks (set by torchrun)."),
+    EnvVar(OTELPROF_COLLECTIONS, "collections", "",
+           "Tensor collections reduced to statistics at saved steps (PyTorch; `tensors.jsonl` in the recording): "
+           "comma list of `NAME[=INCLUDE][!EXCLUDE][@EVERY][#START-END]`, NAME a built-in (`weights`, `biases`, "
+           "`gradients`, `outputs`, `inputs`, `optimizer`, `losses`) or a custom name with an INCLUDE regex over "
+           "tensor names. Empty: off. See docs/tensors.md."),
+    EnvVar(OTELPROF_SAVE_INTERVAL, "save_interval", "500",
+           "Collections save every this many optimizer steps unless one sets its own `@EVERY`; 1-1e9."),
+    EnvVar(OTELPROF_TENSOR_HISTOGRAM_BINS, "tensor_histogram_bins", "0",
+           "Bins of the fixed-bin histogram (between the tensor's min and max) saved with each tensor's "
+           "reductions; 0 = none; 0-256."),
 )
 
 INTERNAL = frozenset({"OTELPROF_RUN", "OTELPROF_RUN_TORCH", "OTELPROF_RUN_GRAD_NORM", "OTELPROF_SCREENSHOTS",

@@ -106,9 +106,21 @@ def rules_summary(recording: Recording, duration: float | None, config: MixinCon
         rows.append(RuleRow(r.alert, r.original, r.severity, alert.runbook.meaning if alert else "",
                             alert.runbook.todo if alert else "", r.triggered, r.firing_evaluations, r.evaluations,
                             r.datapoints, r.first_fired, r.value, tuple(r.subjects), tuple(r.parameters)))
+    rows.extend(_tensor_rows(recording))
     rows.sort(key=lambda row: (-row.firing_evaluations, not row.triggered, row.alert))
     evaluated = {r.alert for r in rows}
     return RulesSummary(interval, tuple(rows), tuple(n for n in by_name if n not in evaluated))
+
+
+def _tensor_rows(recording: Recording) -> list[RuleRow]:
+    """The per-layer tensor rules (:mod:`otelprof.analysis.tensors`); their failure costs only them."""
+    try:
+        from otelprof.analysis.tensors import rule_rows
+
+        return rule_rows(recording)
+    except Exception:
+        logging.getLogger("otelprof.report").debug("the tensor rules failed", exc_info=True)
+        return []
 
 
 def skipped_rules(reason: str) -> RulesSummary:

@@ -1741,11 +1741,14 @@ def instrument(
     grad_norm: bool = False,
     loss: bool = True,
     count_samples: bool = True,
+    collections: Any = None,
 ) -> TorchInstrumentation:
     """Instrument a PyTorch training loop (each argument optional; calling again adds objects).
 
     ``grad_norm=True`` also records the global gradient norm before each ``optimizer.step()``
-    (one norm per parameter tensor: measured in ``benchmarks/``). Call ``otelprof.init()`` first."""
+    (one norm per parameter tensor: measured in ``benchmarks/``). ``collections`` (names, regex forms or
+    :class:`otelprof.collections.Collection`; default ``OTELPROF_COLLECTIONS``) saves tensor statistics of
+    ``model`` (docs/tensors.md). Call ``otelprof.init()`` first."""
     with _lock:
         inst = _active[-1] if _active else None
         if inst is None:
@@ -1770,7 +1773,19 @@ def instrument(
                               part, type(obj).__name__, type(exc).__name__, exc)
         inst.sync_native()
         _patch_accelerate()
+        _collect_tensors(collections, model, False)
         return inst
+
+
+def _collect_tensors(collections: Any, model: Any, discover: bool) -> None:
+    """Tensor collections (:mod:`otelprof.integrations.tensors`); a failure costs them, never the job."""
+    try:
+        from otelprof.integrations import tensors
+
+        tensors.collect(collections, model, discover)
+    except Exception as exc:
+        warn_once("torch:tensors", "otelprof: cannot save tensor collections (%s: %s); ignored",
+                  type(exc).__name__, exc)
 
 
 def _patch_accelerate() -> None:
@@ -1814,6 +1829,7 @@ def auto_instrument(grad_norm: bool = False) -> TorchInstrumentation:
             inst.add_everything()
             inst._removers.setdefault("everything", [])
             inst.sync_native()
+    _collect_tensors(None, None, True)
     return inst
 
 
@@ -1822,6 +1838,9 @@ def uninstrument() -> None:
     with _lock:
         for inst in list(_active):
             inst.uninstrument()
+    from otelprof.integrations import tensors
+
+    tensors.stop()
 
 
 def profile_window(start_step: int, num_steps: int, *, chrome_trace: bool = False, top: int = 15) -> dict[str, Any]:

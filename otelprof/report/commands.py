@@ -189,6 +189,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     summary = report.rules
     if summary.error:
         return _err("check", f"the checks could not run: {summary.error}")
+    for rules_file in args.rules or ():  # custom rules over saved tensors (docs/tensors.md)
+        from dataclasses import replace
+
+        from otelprof.analysis.custom_rules import RuleError, evaluate
+
+        try:
+            summary = replace(summary, rows=summary.rows + tuple(evaluate(recording, rules_file)))
+        except RuleError as exc:
+            return _err("check", f"--rules: {exc}")
     if args.json:
         if recording.skipped_lines:
             print(f"otelprof check: note: {_skipped(recording)}", file=sys.stderr)
@@ -348,6 +357,8 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
     check.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a threshold (MixinConfig)")
     check.add_argument("--json", action="store_true",
                        help='print {"diagnosis": ..., "checks": [...]} as JSON')
+    check.add_argument("--rules", action="append", metavar="FILE.py",
+                       help="also run the custom tensor rules of FILE.py (docs/tensors.md); repeatable")
     check.set_defaults(func=cmd_check)
 
     cmp = sub.add_parser(

@@ -1,0 +1,427 @@
+"""Tensor collections in PyTorch: weights, gradients, activations ... reduced to statistics at saved steps.
+
+Steps are counted in ``optimizer.step()`` calls (0-based; the first optimizer that steps counts them).
+At a step that some collection saves (:mod:`otelprof.collections`):
+
+* before its forward, forward hooks go on the leaf modules whose ``/output`` or ``/input`` is selected;
+  they reduce the tensor on its device at once (the activation itself is not kept) — other steps have
+  no such hooks and pay one integer comparison in the optimizer hooks;
+* just before ``optimizer.step()`` the selected weights and gradients are reduced (and the weights the
+  ``optimizer`` collection follows are copied), just after it the update and its ratio to the weight;
+* every reduction of the step is stacked into one tensor and copied off the device without waiting;
+  the values are read back (``tolist``) at the next saved step or at exit, and appended to
+  ``tensors.jsonl`` (:mod:`otelprof.recording.tensors`).
+
+A hook that raises turns the collections off with one warning; training goes on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from otelprof._log import warn_once
+from otelprof.collections import Collection
+from otelprof.recording import tensors as schema
+
+_encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+MAX_TENSORS_PER_STEP = 4096
+"""Tensors reduced at one saved step at most (the rest are counted as dropped)."""
+MAX_CLASSES = 100_000
+
+
+def reduce(tensor: torch.Tensor, saturation: str | None = None, bins: int = 0,
+           extra: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+    """The reductions of ``tensor`` (:data:`schema.REDUCTIONS`, then ``saturated`` when ``saturation``
+    names ``sigmoid``/``tanh``, then the 0-dim ``extra`` values, then ``bins`` histogram counts) as one float32
+    tensor on its device."""
+    x = tensor.detach().reshape(-1).float()
+    a = x.abs()
+    n = x.numel()
+    zero = x.new_zeros(())
+    values = [x.mean(), x.std(unbiased=False) if n > 1 else zero, x.min(), x.max(), a.sum(),
+              torch.linalg.vector_norm(x), a.mean(), a.std(unbiased=False) if n > 1 else zero, a.min(), a.max(),
+              (x == 0).float().mean(), (~torch.isfinite(x)).float().mean()]
+    if saturation == "sigmoid":
+        values.append(((x < 0.01) | (x > 0.99)).float().mean())
+    elif saturation == "tanh":
+        values.append((a > 0.99).float().mean())
+    values.extend(e.float() for e in extra)
+    out = torch.stack(values)
+    if bins:
+        out = torch.cat([out, torch.histc(torch.nan_to_num(x), bins=bins)])
+    return out
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, list | tuple):
+        for item in value:
+            if isinstance(item, torch.Tensor):
+                return item
+    return None
+
+
+def _saturation(module: Any) -> str | None:
+    if isinstance(module, torch.nn.Sigmoid):
+        return "sigmoid"
+    if isinstance(module, torch.nn.Tanh):
+        return "tanh"
+    return None
+
+
+class _Saved:
+    """One reduced tensor of the step being saved."""
+
+    __slots__ = ("name", "kind", "collections", "module", "shape", "value", "extra")
+
+    def __init__(self, name: str, kind: str, collections: list[str], module: str | None, shape: Sequence[int],
+                 value: torch.Tensor, extra: tuple[str, ...]) -> None:
+        self.name, self.kind, self.collections, self.module = name, kind, collections, module
+        self.shape, self.value, self.extra = list(shape), value, extra
+
+
+class TensorCollector:
+    """Saves the configured collections of every model it is given (or finds) into ``directory``."""
+
+    def __init__(self, collections: Sequence[Collection], every: int, directory: Path | None, bins: int = 0) -> None:
+        self.collections = tuple(collections)
+        self.every = every
+        self.bins = bins
+        self.directory = directory
+        self.step = 0
+        self.models: list[tuple[str, torch.nn.Module]] = []
+        self._known: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._primary: Any = None
+        self._active: list[Collection] = []
+        self._saved: list[_Saved] = []
+        self._forward_handles: list[Any] = []
+        self._previous: dict[str, torch.Tensor] = {}
+        self._pending: tuple[int, list[_Saved], torch.Tensor, Any] | None = None
+        self._labels: torch.Tensor | None = None
+        self._file: IO[str] | None = None
+        self._lock = threading.Lock()
+        self._handles: list[Any] = []
+        self._discovering: Any = None
+        self.dropped = 0
+        """Tensors not saved (over :data:`MAX_TENSORS_PER_STEP`, or not written)."""
+        self.closed = False
+        self._written_header = False
+
+    # ------------------------------------------------------------------ set-up
+    def start(self, discover: bool) -> None:
+        """Hook every optimizer's step; ``discover``: also take each top-level module called before the first
+        optimizer step as a model (``otelprof run``)."""
+        from torch.optim import optimizer as optim_module
+
+        self._handles = [optim_module.register_optimizer_step_pre_hook(self._guard(self._pre_step)),
+                         optim_module.register_optimizer_step_post_hook(self._guard(self._post_step))]
+        if discover:
+            self.discover()
+        self._arm()
+        atexit.register(self.close)
+
+    def discover(self) -> None:
+        """Take each top-level module with parameters called before the first optimizer step as a model."""
+        from torch.nn.modules import module as nn_module
+
+        if self._discovering is None and self._primary is None and not self.closed:
+            self._discovering = nn_module.register_module_forward_pre_hook(self._guard(self._discover))
+
+    def add_model(self, model: torch.nn.Module) -> None:
+        if model in self._known or not isinstance(model, torch.nn.Module):
+            return
+        prefix = "" if not self.models else f"{type(model).__name__.lower()}{len(self.models)}."
+        self.models.append((prefix, model))
+        for module in model.modules():
+            self._known.add(module)
+        if self._active:
+            self._hook_forwards([(prefix, model)])
+
+    def _discover(self, module: Any, args: Any) -> None:
+        if module not in self._known and next(module.parameters(recurse=True), None) is not None:
+            self.add_model(module)
+
+    def _guard(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def hook(*args: Any) -> None:
+            if self.closed:
+                return
+            try:
+                fn(*args)
+            except Exception as exc:
+                warn_once("tensors:hook", "otelprof: saving tensor collections failed (%s: %s); they are off, "
+                          "training goes on", type(exc).__name__, exc)
+                self.close()
+        return hook
+
+    # ------------------------------------------------------------------ per step
+    def _arm(self) -> None:
+        """Decide whether ``self.step`` saves; if so hook the forwards that it needs."""
+        self._active = [c for c in self.collections if c.saves(self.step, self.every)]
+        if self._active:
+            self._hook_forwards(self.models)
+
+    def _selected(self, kind: str, name: str) -> list[str]:
+        return [c.name for c in self._active if c.selects(kind, name)]
+
+    def _hook_forwards(self, models: Sequence[tuple[str, torch.nn.Module]]) -> None:
+        for prefix, model in models:
+            for module_name, module in model.named_modules():
+                if next(module.children(), None) is not None:
+                    continue  # layers only
+                name = prefix + (module_name or type(module).__name__.lower())
+                outputs = self._selected("outputs", f"{name}/output")
+                inputs = self._selected("inputs", f"{name}/input")
+                if outputs or inputs:
+                    hook = self._forward_hook(name, module, outputs, inputs)
+                    self._forward_handles.append(module.register_forward_hook(self._guard(hook)))
+
+    def _forward_hook(self, name: str, module: Any, outputs: list[str],
+                      inputs: list[str]) -> Callable[[Any, Any, Any], None]:
+        kind_name = type(module).__name__
+        saturation = _saturation(module)
+        done: set[str] = set()
+
+        def hook(mod: Any, args: Any, output: Any) -> None:
+            if not mod.training:
+                return  # evaluation forwards between train steps
+            for kind, wanted, value, suffix in (("outputs", outputs, output, "output"),
+                                                ("inputs", inputs, args, "input")):
+                tensor = _first_tensor(value)
+                if not wanted or kind in done or tensor is None or tensor.numel() == 0:
+                    continue
+                done.add(kind)  # the first forward of the step (gradient accumulation: one micro-batch)
+                extra = ("saturated",) if kind == "outputs" and saturation else ()
+                self._add(_Saved(f"{name}/{suffix}", kind, wanted, kind_name, tensor.shape,
+                                 reduce(tensor, saturation if kind == "outputs" else None, self.bins), extra))
+        return hook
+
+    def _add(self, saved: _Saved) -> None:
+        if len(self._saved) >= MAX_TENSORS_PER_STEP:
+            self.dropped += 1
+            return
+        self._saved.append(saved)
+
+    def _parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(prefix + name, p) for prefix, model in self.models for name, p in model.named_parameters()]
+
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._primary is None:
+            self._primary = optimizer
+            if self._discovering is not None:
+                self._discovering.remove()
+                self._discovering = None
+        if optimizer is not self._primary or not self._active:
+            return
+        with torch.no_grad():
+            for name, p in self._parameters():
+                kind = "biases" if name.rsplit(".", 1)[-1].startswith("bias") else "weights"
+                wanted = self._selected(kind, name)
+                if wanted:
+                    self._add(_Saved(name, kind, wanted, None, p.shape, reduce(p, None, self.bins), ()))
+                grad = p.grad
+                if grad is not None:
+                    wanted = self._selected("gradients", f"gradients/{name}")
+                    if wanted:
+                        self._add(_Saved(f"gradients/{name}", "gradients", wanted, None, grad.shape,
+                                         reduce(grad, None, self.bins), ()))
+                if self._selected("optimizer", f"update/{name}"):
+                    self._previous[name] = p.detach().clone()
+
+    def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if optimizer is not self._primary:
+            return
+        if self._active:
+            with torch.no_grad():
+                for name, p in self._parameters():
+                    before = self._previous.pop(name, None)
+                    if before is None:
+                        continue
+                    update = p.detach() - before
+                    norm = torch.linalg.vector_norm(before.float()).clamp_min(1e-12)
+                    ratio = torch.linalg.vector_norm(update.float()) / norm
+                    value = reduce(update, None, self.bins, (ratio,))
+                    self._add(_Saved(f"update/{name}", "optimizer", self._selected("optimizer", f"update/{name}"),
+                                     None, p.shape, value, ("ratio",)))
+            self._previous.clear()
+            for handle in self._forward_handles:
+                handle.remove()
+            self._forward_handles.clear()
+            self._finish_step()
+        self.step += 1
+        self._arm()
+
+    def _finish_step(self) -> None:
+        """Stack the step's reductions and start copying them off the device; write the previous step's."""
+        saved, self._saved = self._saved, []
+        labels, self._labels = self._labels, None
+        self._resolve()
+        values = [s.value for s in saved]
+        if labels is not None:
+            values.append(labels.float())
+        if not values:
+            return
+        flat = torch.cat(values)
+        event = None
+        if flat.is_cuda:
+            host = torch.empty(flat.shape, dtype=flat.dtype, device="cpu", pin_memory=True)
+            host.copy_(flat, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+            flat = host
+        self._pending = (self.step, saved, flat, (event, labels.numel() if labels is not None else 0))
+
+    def _resolve(self) -> None:
+        """Write the pending step's values (waits for its copy only at exit: the next saved step is later)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        step, saved, flat, (event, label_count) = pending
+        if event is not None:
+            event.synchronize()
+        values = flat.tolist()
+        lines = []
+        at = 0
+        for s in saved:
+            width = s.value.numel()
+            row = values[at:at + width]
+            at += width
+            reductions = dict(zip(schema.REDUCTIONS + s.extra, row))
+            record: dict[str, Any] = {"k": schema.KIND_TENSOR, "n": step, "name": s.name, "kind": s.kind,
+                                      "c": s.collections, "shape": s.shape, "r": reductions}
+            if s.module is not None:
+                record["m"] = s.module
+            if self.bins:
+                record["h"] = row[len(schema.REDUCTIONS) + len(s.extra):]
+            lines.append(_encode(record))
+        if label_count:
+            counts = [int(v) for v in values[at:at + label_count]]
+            lines.append(_encode({"k": schema.KIND_LABELS, "n": step, "counts": counts}))
+        self._write(lines)
+
+    def record_labels(self, labels: Any) -> None:
+        """Count class labels of a batch (integer tensor) for the saved step (class-imbalance check)."""
+        if self.closed or not self._active or not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point:
+            return
+        try:
+            flat = labels.detach().reshape(-1).long()
+            if flat.numel() == 0:
+                return
+            counts = torch.bincount(flat.clamp(0, MAX_CLASSES - 1))
+            if self._labels is None:
+                self._labels = counts
+            else:
+                size = max(self._labels.numel(), counts.numel())
+                self._labels = (torch.nn.functional.pad(self._labels, (0, size - self._labels.numel()))
+                                + torch.nn.functional.pad(counts, (0, size - counts.numel())))
+        except Exception as exc:
+            warn_once("tensors:labels", "otelprof: cannot count the labels (%s: %s); ignored", type(exc).__name__, exc)
+
+    # ------------------------------------------------------------------ output
+    def _write(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        with self._lock:
+            if self.directory is None:
+                self.dropped += len(lines)
+                return
+            try:
+                if self._file is None:
+                    self.directory.mkdir(parents=True, exist_ok=True)
+                    self._file = open(self.directory / schema.TENSORS, "a", encoding="utf-8")  # noqa: SIM115
+                if not self._written_header:
+                    self._file.write(_encode(self.header()) + "\n")
+                    self._written_header = True
+                self._file.write("\n".join(lines) + "\n")
+                self._file.flush()
+            except (OSError, ValueError) as exc:
+                self.dropped += len(lines)
+                warn_once("tensors:write", "otelprof: cannot write %s (%s); tensor statistics are dropped and "
+                          "counted, training goes on", schema.TENSORS, exc)
+
+    def header(self) -> dict[str, Any]:
+        return {"k": schema.KIND_HEADER, "every": self.every, "bins": self.bins,
+                "reductions": list(schema.REDUCTIONS),
+                "collections": [{"name": c.name, "include": c.include, "exclude": c.exclude, "every": c.every,
+                                 "start": c.start, "end": c.end} for c in self.collections]}
+
+    def close(self) -> None:
+        """Write what is pending and remove every hook (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        for handle in [*self._handles, *self._forward_handles]:
+            handle.remove()
+        if self._discovering is not None:
+            self._discovering.remove()
+        self._handles, self._forward_handles, self._discovering = [], [], None
+        try:
+            self._resolve()
+        except Exception as exc:
+            warn_once("tensors:close", "otelprof: cannot write the last tensor statistics (%s)", exc)
+        with self._lock:
+            if self._file is not None:
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                self._file = None
+
+
+
+_collector: list[TensorCollector] = []
+"""The process's collector (at most one)."""
+
+
+def collect(spec: Any = None, model: Any = None, discover: bool = False) -> TensorCollector | None:
+    """Start saving collections (``spec`` as :func:`otelprof.collections.as_collections` takes it; None: the
+    config's ``OTELPROF_COLLECTIONS``) and add ``model``. Called by ``instrument(collections=...)`` and, under
+    ``otelprof run``, with ``discover=True``. The first call's collections hold for the process."""
+    from otelprof.collections import as_collections
+    from otelprof.session import get_session
+
+    session = get_session()
+    if session is None:
+        return None
+    if not _collector:
+        config = session.config
+        try:
+            collections = as_collections(config.collections if spec is None else spec)
+        except (ValueError, TypeError) as exc:
+            warn_once("tensors:spec", "otelprof: bad collections (%s); none are saved", exc)
+            return None
+        if not collections:
+            return None
+        if session.run_dir is None:
+            warn_once("tensors:record", "otelprof: tensor collections are written to the recording, which is off "
+                      "(OTELPROF_RECORD=false); none are saved")
+            return None
+        collector = TensorCollector(collections, config.save_interval, session.run_dir, config.tensor_histogram_bins)
+        collector.start(discover)
+        _collector.append(collector)
+    collector = _collector[0]
+    if discover:
+        collector.discover()
+    if model is not None:
+        collector.add_model(model)
+    return collector
+
+
+def record_labels(labels: Any) -> None:
+    """Count a batch's integer class labels for the class-imbalance check (only at saved steps; else nothing)."""
+    if _collector:
+        _collector[0].record_labels(labels)
+
+
+def stop() -> None:
+    """Write what is pending and remove the collector's hooks."""
+    while _collector:
+        _collector.pop().close()

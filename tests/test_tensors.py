@@ -1,0 +1,258 @@
+"""Tensor collections: selection, saved steps, reductions, the trial API, the per-layer rules and custom rules.
+
+The verdict suite trains small real models with one injected pathology each under ``otelprof run`` (collections
+from the environment, no code change) and checks that ``otelprof check`` names the right layer, and that the
+healthy run of the same model raises nothing at warning or above.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from otelprof.collections import Collection, parse_collections
+from otelprof.config import Config, ConfigError
+from otelprof.integrations.tensors import TensorCollector
+from otelprof.recording.tensors import read_trial
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = Path(__file__).with_name("tensor_job.py")
+ALL = "gradients,weights,biases,outputs,optimizer"
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+            "OTELPROF_RECORD_DIR": str(tmp_path / "runs"), "OTELPROF_SYSTEM_METRICS": "false",
+            "OTELPROF_SAVE_INTERVAL": "5", **extra}
+
+
+def run_job(tmp_path: Path, scenario: str, steps: int = 60, collections: str | None = ALL,
+            via_run: bool = True) -> tuple[Path, dict[str, Any]]:
+    """Train ``scenario`` (tests/tensor_job.py); the rank directory of its recording and what the loop printed."""
+    extra = {"OTELPROF_RUN_ID": scenario}
+    if collections is not None:
+        extra["OTELPROF_COLLECTIONS"] = collections
+    prefix = [sys.executable, "-m", "otelprof", "run", "-q", "--"] if via_run else []
+    result = subprocess.run([*prefix, sys.executable, str(JOB), scenario, str(steps)], env=_env(tmp_path, **extra),
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "otelprof:" not in result.stderr, result.stderr  # no warning: nothing went wrong
+    return tmp_path / "runs" / scenario / "rank-0", json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def check(run: Path, *options: str) -> tuple[int, dict[str, Any]]:
+    result = subprocess.run([sys.executable, "-m", "otelprof", "check", str(run), "--json", *options],
+                            env=_env(run), capture_output=True, text=True, timeout=300)
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, {c["alert"]: c for c in json.loads(result.stdout)["checks"]}
+
+
+# ---------------------------------------------------------------------------------------------- selection
+
+def test_the_collections_variable_parses_names_regexes_intervals_and_ranges() -> None:
+    parsed = parse_collections(r"gradients, weights@50 ,attn=attn\.[0-9]+/output!bias#10-200")
+    assert parsed == (Collection("gradients"), Collection("weights", every=50),
+                      Collection("attn", r"attn\.[0-9]+/output", "bias", None, 10, 200))
+    attn = parsed[2]
+    assert attn.selects("outputs", "attn.3/output") and not attn.selects("outputs", "mlp.3/output")
+    assert not Collection("g", include="fc", exclude="bias").selects("gradients", "gradients/fc.bias")
+    assert not Collection("gradients").selects("weights", "fc.weight")
+    assert [n for n in range(10) if attn.saves(n, 5)] == []  # before its range
+    assert [n for n in range(10, 26) if attn.saves(n, 5)] == [10, 15, 20, 25]
+    assert [n for n in range(0, 220) if Collection("x", "a", every=50, start=10, end=200).saves(n, 5)] == [
+        10, 60, 110, 160]
+    assert [n for n in range(12) if Collection("weights").saves(n, 4)] == [0, 4, 8]
+
+
+@pytest.mark.parametrize("bad", ["mine", "weights=(", "gradients@0", "x=a#9-3", "gradients,gradients", "a b"])
+def test_a_bad_collections_value_is_a_clear_config_error(bad: str) -> None:
+    with pytest.raises(ConfigError, match="OTELPROF_COLLECTIONS"):
+        Config.from_env({"OTELPROF_COLLECTIONS": bad}, strict=True)
+    assert Config.from_env({"OTELPROF_COLLECTIONS": "gradients@3", "OTELPROF_SAVE_INTERVAL": "7"}).save_interval == 7
+
+
+# ---------------------------------------------------------------------------------------------- in process
+
+def test_hooks_only_at_saved_steps_and_reductions_equal_torch_own(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    collector = TensorCollector((Collection("gradients"), Collection("outputs", every=3, start=3, end=6),
+                                 Collection("optimizer")), every=4, directory=tmp_path, bins=4)
+    collector.add_model(model)
+    collector.start(discover=False)
+    expected: dict[int, dict[str, Any]] = {}
+    hooked = []
+    try:
+        for step in range(10):
+            hooked.append(bool(model[1]._forward_hooks))
+            x = torch.randn(5, 6)
+            hidden = torch.tanh(model[0](x))
+            out = model(x)
+            out.pow(2).mean().backward()
+            grad = model[2].weight.grad.clone()
+            before = model[2].weight.detach().clone()
+            optimizer.step()
+            optimizer.zero_grad()
+            update = model[2].weight.detach() - before
+            expected[step] = {"grad": grad, "hidden": hidden.detach(), "ratio": (update.norm() / before.norm()).item()}
+    finally:
+        collector.close()
+    assert hooked == [n in (3, 6) for n in range(10)]  # forward hooks only for the outputs' saved steps
+    assert not model[1]._forward_hooks
+    trial = read_trial(tmp_path)
+    assert trial.steps() == [0, 3, 4, 6, 8]
+    assert trial.steps("gradients/2.weight") == [0, 4, 8]
+    assert trial.tensor_names(collection="outputs") == ["0/output", "1/output", "2/output"]
+    assert trial.module("1/output") == "Tanh"
+    for step in (0, 4, 8):
+        grad = expected[step]["grad"]
+        assert trial.reduction("gradients/2.weight", step, "mean", abs=True) == pytest.approx(grad.abs().mean().item())
+        assert trial.reduction("gradients/2.weight", step, "mean") == pytest.approx(grad.mean().item(), abs=1e-7)
+        assert trial.reduction("gradients/2.weight", step, "l2") == pytest.approx(grad.norm().item())
+        assert trial.reduction("gradients/2.weight", step, "max") == pytest.approx(grad.max().item())
+        assert trial.reduction("gradients/2.weight", step, "std") == pytest.approx(grad.std(unbiased=False).item())
+        assert trial.reduction("update/2.weight", step, "ratio") == pytest.approx(expected[step]["ratio"], rel=1e-4)
+        assert sum(trial.record("gradients/2.weight", step).histogram) == grad.numel()
+    for step in (3, 6):
+        hidden = expected[step]["hidden"]
+        saturated = (hidden.abs() > 0.99).float().mean().item()
+        assert trial.reduction("1/output", step, "saturated") == pytest.approx(saturated)
+        assert trial.reduction("1/output", step, "min") == pytest.approx(hidden.min().item())
+    with pytest.raises(KeyError, match="no tensor"):
+        trial.reduction("gradients/2.weight", 1, "mean")
+
+
+def test_a_failing_hook_turns_collections_off_with_one_warning_and_training_goes_on(tmp_path: Path,
+                                                                                    caplog: Any) -> None:
+    model = nn.Sequential(nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    collector = TensorCollector((Collection("gradients", every=1),), every=1, directory=tmp_path / "x" / "y")
+    collector.add_model(model)
+    collector.start(discover=False)
+    (tmp_path / "x").write_text("a file where the directory should be")
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+    collector.close()
+    assert collector.dropped > 0
+    assert [r.message for r in caplog.records if "tensors.jsonl" in r.message][:1]
+    assert read_trial(tmp_path / "x" / "y").empty
+
+
+# ---------------------------------------------------------------------------------------------- verdict suite
+
+CASES = [
+    ("vanishing", "OtelprofLayerVanishingGradient", "gradients/0.weight"),
+    ("saturated", "OtelprofSaturatedActivation", "1/output"),
+    ("dead_relu", "OtelprofDeadRelu", "3/output"),
+    ("exploding", "OtelprofLayerExplodingTensor", "0.weight"),
+    ("zero_init", "OtelprofPoorWeightInitialization", "2.weight"),
+    ("zero_init", "OtelprofAllZeroTensor", "2.weight"),
+    ("imbalanced", "OtelprofClassImbalance", "class 1"),
+]
+
+
+@pytest.mark.parametrize(("scenario", "rule", "layer"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_each_pathology_fires_its_rule_naming_the_layer(tmp_path: Path, scenario: str, rule: str, layer: str) -> None:
+    run, _ = run_job(tmp_path, scenario)
+    code, checks = check(run.parent)
+    assert code == 1
+    assert checks[rule]["status"] == "fired", checks[rule]
+    assert f"rank 0 {layer}" in " | ".join(checks[rule]["subjects"])
+
+
+def test_overtraining_fires_on_a_memorizing_run(tmp_path: Path) -> None:
+    run, printed = run_job(tmp_path, "overtraining", steps=150)
+    assert printed["last_loss"] < printed["first_loss"] / 100  # the loop memorized its training batch
+    code, checks = check(run.parent)
+    assert code == 1
+    assert checks["OtelprofOvertraining"]["status"] == "fired"
+    assert checks["OtelprofLayerVanishingGradient"]["status"] == "ok"  # small gradients everywhere: not vanishing
+
+
+def test_a_healthy_run_raises_nothing_at_warning_or_above(tmp_path: Path) -> None:
+    run, printed = run_job(tmp_path, "healthy")
+    assert printed["last_loss"] < printed["first_loss"]
+    code, checks = check(run.parent)
+    loud = {name: c["subjects"] for name, c in checks.items() if c["fired"] and c["severity"] != "info"}
+    assert loud == {}
+    assert code == 0
+    for rule in ("OtelprofLayerVanishingGradient", "OtelprofDeadRelu", "OtelprofWeightUpdateRatio",
+                 "OtelprofClassImbalance", "OtelprofOvertraining", "OtelprofPoorWeightInitialization"):
+        assert checks[rule]["status"] == "ok", rule  # judged, not "no data"
+    assert checks["OtelprofSaturatedActivation"]["status"] == "no data"  # no sigmoid/tanh in this model
+
+
+def test_collections_in_code_and_the_read_api_match_what_the_loop_saw(tmp_path: Path) -> None:
+    run, printed = run_job(tmp_path, "code", steps=20, collections=None, via_run=False)
+    trial = read_trial(run)
+    assert trial.collections() == ["gradients", "weights"]
+    assert trial.tensor_names(collection="gradients") == [f"gradients/{n}.{p}" for n in (0, 2, 4, 6)
+                                                          for p in ("weight", "bias")]
+    assert trial.tensor_names(collection="outputs") == []
+    assert trial.steps("gradients/0.weight") == [0, 5, 10, 15]
+    for step in ("5", "10"):
+        seen = printed["seen"][step]
+        assert trial.reduction("gradients/0.weight", int(step), "mean", abs=True) == pytest.approx(
+            seen["grad_abs_mean"], rel=1e-5)
+        assert trial.reduction("0.weight", int(step), "l2") == pytest.approx(seen["weight_l2"], rel=1e-5)
+        assert trial.reduction("0.weight", int(step), "max") == pytest.approx(seen["weight_max"], rel=1e-6)
+    assert all(math.isfinite(v) for v in trial.record("0.weight", 0).reductions.values())
+
+
+def test_without_collections_nothing_is_saved_and_the_checks_table_is_unchanged(tmp_path: Path) -> None:
+    run, _ = run_job(tmp_path, "healthy", steps=12, collections=None)
+    assert not (run / "tensors.jsonl").exists()
+    _, checks = check(run.parent)
+    assert not [name for name in checks if name in ("OtelprofDeadRelu", "OtelprofOvertraining")]
+
+
+# ---------------------------------------------------------------------------------------------- custom rules
+
+def _doc_rule() -> str:
+    text = (ROOT / "docs" / "tensors.md").read_text(encoding="utf-8")
+    match = re.search(r"<!-- custom-rule-example -->\n```python\n(.*?)```", text, re.S)
+    assert match, "docs/tensors.md lost its custom rule example"
+    return match.group(1)
+
+
+def test_the_documented_custom_rule_fires_in_check(tmp_path: Path) -> None:
+    rules = tmp_path / "my_rules.py"
+    rules.write_text(_doc_rule(), encoding="utf-8")
+    sick, _ = run_job(tmp_path, "vanishing", steps=20)
+    code, checks = check(sick.parent, "--rules", str(rules))
+    assert code == 1
+    row = checks["TinyGradients"]
+    assert row["status"] == "fired" and row["severity"] == "warning"
+    assert "rank 0 gradients/0.weight" in row["subjects"]
+    assert row["evaluations"] == 4  # steps 0, 5, 10, 15
+    healthy, _ = run_job(tmp_path, "healthy", steps=20)
+    code, checks = check(healthy.parent, "--rules", str(rules))
+    assert code == 0 and checks["TinyGradients"]["status"] == "ok"
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("x = (", "SyntaxError"),
+    ("x = 1\n", "defines no rule"),
+    ("def rule_boom(trial, step):\n    return 1 / 0\n", "rule rule_boom failed at step 0 of rank 0: ZeroDivisionError"),
+    ("from otelprof.analysis.custom_rules import Rule\nclass R(Rule):\n    severity = 'loud'\n", "severity 'loud'"),
+])
+def test_a_bad_rules_file_is_a_one_line_error_with_exit_2(tmp_path: Path, content: str, message: str) -> None:
+    run, _ = run_job(tmp_path, "healthy", steps=6)
+    rules = tmp_path / "rules.py"
+    rules.write_text(content, encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "otelprof", "check", str(run.parent), "--rules", str(rules)],
+                            env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
