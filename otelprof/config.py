@@ -92,6 +92,7 @@ class Config:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    per_cpu_max: int = 64
 
     @property
     def samples_node(self) -> bool:
@@ -309,6 +310,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "rank": _ranged(int, 0, 1_000_000),
     "local_rank": _ranged(int, 0, 65535),
     "world_size": _ranged(int, 1, 1_000_000),
+    "per_cpu_max": _ranged(int, 0, 1_000_000),
 }
 
 _CHECKS: dict[str, Callable[[Any], None]] = {
@@ -320,6 +322,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "rank": lambda v: _in_range(v, 0, 1_000_000),
     "local_rank": lambda v: _in_range(v, 0, 65535),
     "world_size": lambda v: _in_range(v, 1, 1_000_000),
+    "per_cpu_max": lambda v: _in_range(v, 0, 1_000_000),
     "flush_interval": lambda v: _in_range(v, 0.05, 10.0),
     "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),
     "export_warning_interval": lambda v: _in_range(v, 1.0, 86400.0),
