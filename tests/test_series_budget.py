@@ -39,7 +39,8 @@ def _series(text: str) -> list[str]:
 
 
 def _fake_proc(root: Path, cpus: int, tick: int) -> None:
-    """/proc with the real one's entries (this process's, not the others') but ``stat``: ``cpus`` logical CPUs, CPU 5 the busiest."""
+    """/proc with the real one's entries (this process's, not the others') but ``stat``: ``cpus`` logical CPUs,
+    CPU 5 the busiest."""
     root.mkdir(exist_ok=True)
     for name in os.listdir("/proc"):
         if name != "stat" and (not name.isdigit() or name == str(os.getpid())) and not os.path.lexists(root / name):
@@ -142,7 +143,8 @@ def test_per_cpu_series_on_request_and_the_busiest_row_is_the_busiest_cpu(tmp_pa
     text = render(_registry_after(tmp_path, monkeypatch, summary).collect(), {})
     user = [line for line in text.splitlines() if line.startswith("system_cpu_utilization") and USER in line]
     assert len(user) == 1 and BUSIEST in user[0]
-    assert float(user[0].rsplit(" ", 1)[1]) == pytest.approx(90 / 101)  # CPU 5 a tick: 90 user, 5 system, 5 idle, 1 iowait
+    # CPU 5 a tick: 90 user, 5 system, 5 idle, 1 iowait jiffies
+    assert float(user[0].rsplit(" ", 1)[1]) == pytest.approx(90 / 101)
 
 
 def _registry_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: Config) -> MetricRegistry:
