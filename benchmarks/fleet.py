@@ -327,11 +327,14 @@ class _Handler(BaseHTTPRequestHandler):
         with self.fleet.lock:
             model.advance(time.time(), self.fleet.job_step)
             body = model.exposition().encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:  # the scrape timed out and Prometheus hung up: counted by its scrape_duration
+            pass
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -423,6 +426,9 @@ def report(url: str, args: argparse.Namespace, began: float) -> None:
     for labels, value in sorted(_metric(url, "prometheus_rule_group_last_duration_seconds"),
                                 key=lambda x: x[0].get("rule_group", "")):
         print(f"  {labels['rule_group'].split(';')[-1]:24s} {value:8.3f}  {value / args.scrape:6.1%}")
+    rules = [(float(rule.get("evaluationTime", 0.0)), rule["name"]) for group in
+             get(url, "/api/v1/rules", {})["data"]["groups"] for rule in group["rules"]]
+    print("slowest rules (last evaluation, s): " + ", ".join(f"{name} {t:.2f}" for t, name in sorted(rules)[-6:]))
     for name, promql in (("head series", "prometheus_tsdb_head_series"),
                          ("samples/s appended", "rate(prometheus_tsdb_head_samples_appended_total[2m])"),
                          ("resident memory, bytes", 'process_resident_memory_bytes{job="prometheus"}'),
@@ -444,8 +450,10 @@ def report(url: str, args: argparse.Namespace, began: float) -> None:
                                                     "step": str(args.scrape)})
         latencies.append((time.perf_counter() - t0, where))
         errors += body.get("status") != "success"
+        print(f"  {latencies[-1][0]:7.3f} s  {where}", flush=True)
     latencies.sort(reverse=True)
-    print(f"\ndashboard queries: {len(latencies)} ({errors} errors); slowest:")
+    print(f"\ndashboard queries: {len(latencies)} ({errors} errors), over 2 s: "
+          f"{sum(1 for seconds, _ in latencies if seconds > 2)}; slowest:")
     for seconds, where in latencies[:8]:
         print(f"  {seconds:7.3f} s  {where}")
     firing = {(s["metric"]["alertname"], s["metric"].get("rank", "")) for s in
