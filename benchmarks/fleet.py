@@ -259,6 +259,8 @@ def get(url: str, path: str, params: dict[str, str], timeout: float = 60) -> dic
             return dict(json.load(response))
     except urllib.error.HTTPError as exc:
         return dict(json.load(exc))
+    except OSError as exc:  # no answer within ``timeout``
+        return {"status": "error", "error": f"{exc!r} after {timeout} s"}
 
 
 def judge(url: str, at: float, interval: float) -> set[tuple[str, str]]:
@@ -444,10 +446,10 @@ def report(url: str, args: argparse.Namespace, began: float) -> None:
         q = substitute(expr, range_s, args.scrape)
         t0 = time.perf_counter()
         if instant:
-            body = get(url, "/api/v1/query", {"query": q, "time": f"{end:.3f}"})
+            body = get(url, "/api/v1/query", {"query": q, "time": f"{end:.3f}"}, timeout=30)
         else:
             body = get(url, "/api/v1/query_range", {"query": q, "start": f"{began:.3f}", "end": f"{end:.3f}",
-                                                    "step": str(args.scrape)})
+                                                    "step": str(args.scrape)}, timeout=30)
         latencies.append((time.perf_counter() - t0, where))
         errors += body.get("status") != "success"
         print(f"  {latencies[-1][0]:7.3f} s  {where}", flush=True)
