@@ -96,6 +96,7 @@ class Config:
     collections: str = ""
     save_interval: int = 500
     tensor_histogram_bins: int = 0
+    per_cpu_max: int = 64
 
     @property
     def samples_node(self) -> bool:
@@ -363,6 +364,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "collections": _parse_collections,
     "save_interval": _ranged(int, 1, 1_000_000_000),
     "tensor_histogram_bins": _ranged(int, 0, 256),
+    "per_cpu_max": _ranged(int, 0, 1_000_000),
 }
 
 _CHECKS: dict[str, Callable[[Any], None]] = {
@@ -376,6 +378,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "world_size": lambda v: _in_range(v, 1, 1_000_000),
     "save_interval": lambda v: _in_range(v, 1, 1_000_000_000),
     "tensor_histogram_bins": lambda v: _in_range(v, 0, 256),
+    "per_cpu_max": lambda v: _in_range(v, 0, 1_000_000),
     "flush_interval": lambda v: _in_range(v, 0.05, 10.0),
     "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),
     "export_warning_interval": lambda v: _in_range(v, 1.0, 86400.0),

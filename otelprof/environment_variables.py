@@ -71,6 +71,7 @@ OTELPROF_SAMPLE_INTERVAL_MS = "OTELPROF_SAMPLE_INTERVAL_MS"
 OTELPROF_NODE_SAMPLER_LOCAL_RANK = "OTELPROF_NODE_SAMPLER_LOCAL_RANK"
 OTELPROF_GPU_METRICS = "OTELPROF_GPU_METRICS"
 OTELPROF_GPU_SAMPLING = "OTELPROF_GPU_SAMPLING"
+OTELPROF_PER_CPU_MAX = "OTELPROF_PER_CPU_MAX"
 OTELPROF_TORCH_NATIVE = "OTELPROF_TORCH_NATIVE"
 OTELPROF_DDP_COLLECTIVES = "OTELPROF_DDP_COLLECTIVES"
 OTELPROF_CPU_HIGH_THRESHOLD = "OTELPROF_CPU_HIGH_THRESHOLD"
@@ -225,6 +226,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Sample the GPUs' readings (utilization, memory, power, ...). false where dcgm-exporter already "
            "samples them (mixin `gpu_source=dcgm`): NVML is then only asked once, for the GPU's identity "
            "(`otelprof_gpu_info`, the join to dcgm-exporter's series)."),
+    EnvVar(OTELPROF_PER_CPU_MAX, "per_cpu_max", "64",
+           "Export `system.cpu.utilization` per logical CPU on nodes with at most this many CPUs; on larger "
+           "nodes only the busiest CPU's modes (`cpu` = `busiest`), so per-core series do not dominate a node's "
+           "budget (no alert uses them: the CPU-bottleneck counters are judged per sample, on every CPU). "
+           "0: always the busiest CPU only. The recording keeps every CPU either way."),
     EnvVar(OTELPROF_TORCH_NATIVE, "torch_native", "true",
            "The PyTorch integration's per-step hooks in C where the extension was built (false: the same hooks "
            "in Python, e.g. to compare). Read when `instrument()` is first called."),

@@ -71,6 +71,7 @@ SCRAPE_LABEL_NAMESPACE = "namespace"
 """Added by the PodMonitor / scrape config: the pod's namespace."""
 
 OTHER_LABEL_VALUE = "other"
+CPU_BUSIEST = "busiest"  # the `cpu` label of the busiest CPU's modes on nodes past OTELPROF_PER_CPU_MAX
 """Value of ``phase``/``annotation`` once ``OTELPROF_MAX_LABEL_VALUES`` names are in use, or once a metric has
 ``OTELPROF_MAX_SERIES`` series."""
 PROGRAM_NAMED_LABELS: tuple[str, ...] = (LABEL_PHASE, LABEL_ANNOTATION)

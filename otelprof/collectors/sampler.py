@@ -176,8 +176,7 @@ class Sampler:
     def _update_host(self, host: HostReading, cgroup: CgroupReading | None, available: float) -> None:
         r = self.registry
         cpu = r.gauge(sc.SYSTEM_CPU_UTILIZATION)
-        for index, modes in enumerate(host.cpu_modes):
-            core = str(index)
+        for core, modes in _cpu_rows(host, self.config.per_cpu_max):
             for mode, ratio in modes.items():
                 cpu.set(ratio, (core, mode))
         if host.cpu_busy:
@@ -266,6 +265,16 @@ class Sampler:
                           (sc.SAMPLER_CPU_BOTTLENECK, high_cpu and low_gpu),
                           (sc.SAMPLER_IO_BOTTLENECK, high_io and low_gpu)):
             r.counter(spec).add(1 if hit else 0)
+
+
+def _cpu_rows(host: HostReading, per_cpu_max: int) -> list[tuple[str, dict[str, float]]]:
+    """The ``cpu`` label and modes of each exported row: every CPU up to ``per_cpu_max`` CPUs, else the busiest."""
+    if len(host.cpu_modes) <= per_cpu_max:
+        return [(str(index), modes) for index, modes in enumerate(host.cpu_modes)]
+    if not host.cpu_busy:
+        return []
+    busiest = max(range(len(host.cpu_busy)), key=host.cpu_busy.__getitem__)
+    return [(sc.CPU_BUSIEST, host.cpu_modes[busiest])]
 
 
 def _set_or_remove(gauge: object, value: float | int | None) -> None:

@@ -24,6 +24,14 @@ M = pq.MIXIN
 EXPORTER = sc.prometheus_label(sc.LABEL_EXPORTER)
 REASON = sc.prometheus_label(sc.LABEL_REASON)
 RANK_LEGEND = "rank {{rank}}"
+EXTREMES = 5
+"""Per-rank time series draw this many highest and lowest ranks at each step: 10 lines at 1,024 ranks."""
+SHOWN = f" Shows the {EXTREMES} highest and {EXTREMES} lowest ranks at each moment."
+
+
+def _extremes(expr: str) -> str:
+    """``expr``'s ``EXTREMES`` highest and lowest series at each evaluation (all of them in a small job)."""
+    return f"topk({EXTREMES}, {expr}) or bottomk({EXTREMES}, {expr})"
 
 
 def _step_time() -> Row:
@@ -33,15 +41,17 @@ def _step_time() -> Row:
                               rank_from_field=True)
     return Row(100, "Step time across ranks", [
         timeseries(101, "Mean training step time per rank", f"Exact mean of each rank's training steps over the "
-                   f"last {M.straggler_window} (recording rule). Click a line for the rank's traces.",
-                   [Prom(pq.rule("step_mean", PROC, pq.TRAIN_M), RANK_LEGEND)], "s", min=0, links=[timeline]),
+                   f"last {M.straggler_window} (recording rule). Click a line for the rank's traces." + SHOWN,
+                   [Prom(_extremes(pq.rule("step_mean", PROC, pq.TRAIN_M)), RANK_LEGEND)], "s", min=0,
+                   links=[timeline]),
         timeseries(ids.RANKS_STRAGGLER, "Compute time per step vs the job's median", "Per rank: mean step time "
                    "less exposed collective (all-reduce) time over the last "
                    f"{M.straggler_window}, divided by the median "
                    f"over the job's ranks. Above {M.straggler_ratio:g} the straggler alert fires: that rank holds "
-                   "the others up at every all-reduce.",
-                   [Prom(f"{compute} / on ({JOB}, {PHASE}) group_left() quantile by ({JOB}, {PHASE}) (0.5, {compute})",
-                         RANK_LEGEND)], "none", line_at=M.straggler_ratio, links=[timeline]),
+                   "the others up at every all-reduce." + SHOWN,
+                   [Prom(_extremes(f"{compute} / on ({JOB}, {PHASE}) group_left() quantile by ({JOB}, {PHASE}) "
+                                   f"(0.5, {compute})"), RANK_LEGEND)], "none", line_at=M.straggler_ratio,
+                   links=[timeline]),
         timeseries(103, "Collective time per step", "Per rank: mean time at least one of its gradient all-reduces "
                    "was in flight per training step (DDP communication hook; buckets in flight at once count once), "
                    "and the exposed part: all-reduce time its backward pass did not overlap. Fast ranks wait here "
@@ -52,8 +62,9 @@ def _step_time() -> Row:
                          needs=frozenset({"ddp"}))], "s", min=0, w=8),
         bargauge(104, "Mean training step time per rank", "Exact mean over the dashboard's time range.",
                  [Prom(pq.mean(PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), RANK_LEGEND, instant=True)], "s", w=8),
-        timeseries(105, "Training step time p95 per rank", "95th percentile of each interval's training steps.",
-                   [Prom(pq.rate_quantile(0.95, PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), RANK_LEGEND)], "s",
+        timeseries(105, "Training step time p95 per rank", "95th percentile of each interval's training steps."
+                   + SHOWN, [Prom(_extremes(pq.rate_quantile(0.95, PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M)),
+                                  RANK_LEGEND)], "s",
                    min=0, w=8, links=[timeline]),
         table(106, "Ranks over the range", "Per rank over the dashboard's time range: training steps, mean and "
               "95th-percentile step time, outlier steps, mean data wait share and samples per second.",
@@ -72,12 +83,14 @@ def _input() -> Row:
     return Row(200, "Input pipeline", [
         timeseries(ids.RANKS_WAIT_RATIO, "Data wait share per rank", "Mean share of each training step spent "
                    f"waiting for the next batch over the last {M.input_bound_window} (recording rule); above "
-                   f"{M.input_bound_threshold:.0%} the input-bound alert fires.",
-                   [Prom(pq.rule("dataloader_wait_ratio", PROC, pq.TRAIN_M), RANK_LEGEND)], "percentunit", min=0,
+                   f"{M.input_bound_threshold:.0%} the input-bound alert fires." + SHOWN,
+                   [Prom(_extremes(pq.rule("dataloader_wait_ratio", PROC, pq.TRAIN_M)), RANK_LEGEND)], "percentunit",
+                   min=0,
                    max=1, line_at=M.input_bound_threshold),
         timeseries(202, "Data wait per step p95", "95th percentile of the time each training step waited for its "
-                   "batch, per rank and interval.",
-                   [Prom(pq.rate_quantile(0.95, PROC, sc.DATALOADER_WAIT, (RANK,), pq.TRAIN_M), RANK_LEGEND)], "s",
+                   "batch, per rank and interval." + SHOWN,
+                   [Prom(_extremes(pq.rate_quantile(0.95, PROC, sc.DATALOADER_WAIT, (RANK,), pq.TRAIN_M)),
+                         RANK_LEGEND)], "s",
                    min=0),
     ])
 
@@ -87,8 +100,8 @@ def _progress() -> Row:
     return Row(300, "Progress", [
         timeseries(ids.RANKS_LAST_STEP, "Time since the last step", "Per rank: seconds since its last step of any "
                    f"phase ended; the stalled-training alert fires above {M.stalled_training_threshold}. A rank "
-                   "stuck in a collective shows here while its process still answers scrapes.",
-                   [Prom(f"time() - max by ({JOB}, {NODE}, {RANK}) ({PROC.sel(sc.STEP_LAST_TIMESTAMP)})",
+                   "stuck in a collective shows here while its process still answers scrapes." + SHOWN,
+                   [Prom(_extremes(f"time() - max by ({JOB}, {NODE}, {RANK}) ({PROC.sel(sc.STEP_LAST_TIMESTAMP)})"),
                          RANK_LEGEND)], "s", min=0, line_at=stalled, w=8),
         timeseries(302, "Steps per second", "Steps finished per second by each rank and phase.",
                    [Prom(f"sum by ({RANK}, {PHASE}) ({pq.rate(PROC, sc.STEPS)})", "rank {{rank}} {{phase}}")],
