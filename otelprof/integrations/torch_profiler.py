@@ -11,10 +11,8 @@ background thread so the training thread only pays for starting and stopping the
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 import threading
@@ -28,6 +26,7 @@ from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import logger, warn_once
 from otelprof._version import __version__
+from otelprof.integrations import operators, window_bounds
 from otelprof.recording import schema
 
 _PRECISIONS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -61,6 +60,10 @@ def gpu_activity(name: str) -> str:
     return "kernel"
 
 
+DEFAULT_MAX_EVENTS = 100_000
+"""Events per window when no session configured one (OTELPROF_PROFILE_MAX_EVENTS)."""
+
+
 @dataclass
 class _Window:
     start_step: int
@@ -88,6 +91,21 @@ class _Window:
     flop_count: dict[str, Any] | None = None
     flop_step_ns: int = 0
     """Duration of the counted step (with the counter's cost)."""
+    requested: int = 0
+    """Steps asked for: a window planned or stopped shorter leaves the rest to the next segment (not periodic)."""
+    segment: int = 0
+    """0 for a window as armed; 1, 2, ... for the windows that go on with its remaining steps."""
+    baseline_ns: float = 0.0
+    """Mean period of the steps before the window (a later segment keeps the first one's)."""
+    watch: window_bounds.HeapWatch | None = None
+    steps_profiled: int = 0
+    """Steps that ran (wholly or partly) under the profiler."""
+    whole_steps: int = 0
+    """Steps that ran wholly under the profiler (one fewer than steps_profiled when it stopped mid-step)."""
+    truncated: str | None = None
+    """Why the window stopped before its planned steps: ``events`` (the event cap)."""
+    count_flops: bool = True
+    max_events: int = DEFAULT_MAX_EVENTS
 
 
 UNKNOWN_FREE_WARNING = 1000
@@ -103,23 +121,40 @@ BASELINE_STEPS = 3
 many steps ahead)."""
 AFTER_STEP_WAIT = 10.0
 """Seconds the processing thread waits for the step after the window (to measure the window's overhead)."""
+PROCESS_SHARE = 0.25
+"""Most of the wall-clock time the processing thread runs while it summarises a window: it sleeps three times
+as long as it ran after each chunk of events (operators.CHUNK), so the training thread keeps the interpreter
+at least three quarters of the time."""
+
+
+def _max_events() -> int:
+    from otelprof.session import get_session
+
+    session = get_session()
+    return int(getattr(getattr(session, "config", None), "profile_max_events", DEFAULT_MAX_EVENTS))
 
 
 class ProfileWindows:
-    """Arms and runs windows: started as a step begins, stopped as the window's last step ends,
-    both on the training thread."""
+    """Arms and runs windows: started as a step begins, stopped as the window's last step ends (or, past the
+    event cap, at the module call where the cap was reached), both on the training thread."""
 
     def __init__(self) -> None:
         self._pending: list[_Window] = []
         self._running: _Window | None = None
         self._after: _Window | None = None
         self._counting: _Window | None = None
+        self._processing = 0
         self._lock = threading.Lock()
+        self.costs = window_bounds.EventCosts()
+        self._step_heap = window_bounds.StepHeap()
+        self._hook: Any = None
+        """The global module forward pre-hook that watches a window's heap (installed on the training thread)."""
 
     @property
     def busy(self) -> bool:
-        """A window is armed, running or not yet measured."""
-        return bool(self._pending) or self._running is not None or self._after is not None
+        """A window is armed, running, not yet measured or still being summarised."""
+        return (bool(self._pending) or self._running is not None or self._after is not None
+                or self._processing > 0)
 
     def reset(self) -> None:
         """Forget armed windows (a new session: the hot path's callbacks were cleared)."""
@@ -128,19 +163,61 @@ class ProfileWindows:
             self._running = self._after = None
             if self._counting is not None:
                 self._stop_count(self._counting, 0)
+            self._remove_hook()
 
     def arm(self, start_step: int, num_steps: int, *, chrome_trace: bool = False, top: int = 15,
             trigger: str = "api", phase: str | None = None,
             on_finished: Callable[[float], None] | None = None) -> dict[str, Any]:
         if num_steps < 1 or start_step < 0:
             raise ValueError("profile windows need start_step >= 0 and num_steps >= 1")
+        window = _Window(start_step, num_steps, chrome_trace, top, trigger, phase, on_finished, requested=num_steps)
+        self._add(window)
+        max_events = _max_events()
+        per_step = self.costs.events_per_step.get(phase or hot.current_phase())
+        return {"armed": True, "kind": "torch.profiler", "start_step": start_step, "num_steps": num_steps,
+                "max_events": max_events,
+                "steps_per_window": self.costs.plan(num_steps, phase or hot.current_phase(), max_events)
+                if per_step else None}
+
+    def _add(self, window: _Window) -> None:
         with self._lock:
-            self._pending.append(_Window(start_step, num_steps, chrome_trace, top, trigger, phase, on_finished))
+            self._pending.append(window)
             self._pending.sort(key=lambda w: w.start_step)
             if self._on_begin not in hot._step_begin:
                 hot._step_begin.append(self._on_begin)
-        return {"armed": True, "kind": "torch.profiler", "start_step": start_step, "num_steps": num_steps}
 
+    # ------------------------------------------------------------------ the heap watch
+    def _install_hook(self) -> None:
+        """On the training thread: module calls become checkpoints of the heap watch."""
+        if self._hook is None:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._hook = register_module_forward_pre_hook(self._checkpoint)
+
+    def _remove_hook(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()  # safe inside a hook: Module calls iterate over a copy
+            self._hook = None
+
+    def _checkpoint(self, module: Any, args: Any) -> None:
+        """Global forward pre-hook: the step's own heap growth before a window; in a window, past the event
+        cap, the window stops here."""
+        try:
+            window = self._running
+            if window is None:
+                self._step_heap.checkpoint()
+                return
+            watch = window.watch
+            if watch is None or watch.events() < window.max_events:
+                return
+            with self._lock:
+                if self._running is window:
+                    self._stop(window, "events", mid_step=True)
+        except Exception as exc:  # never into the model's forward
+            warn_once("profile:watch", "otelprof: the profiling window watch failed (%s); it is off", exc)
+            self._remove_hook()
+
+    # ------------------------------------------------------------------ step callbacks
     def _on_begin(self, step: hot.StepContext) -> None:
         now = time.perf_counter_ns()
         with self._lock:
@@ -160,6 +237,9 @@ class ProfileWindows:
             if window.phase is not None and step.phase != window.phase:
                 return
             window.begins.append(now)
+            if step.number + BASELINE_STEPS >= window.start_step:
+                self._install_hook()
+                self._step_heap.step_began()
             if step.number < window.start_step:
                 return
             self._pending.pop(0)
@@ -167,22 +247,43 @@ class ProfileWindows:
             window.phase = step.phase
             if not self._pending and self._after is None:
                 hot._step_begin.remove(self._on_begin)
+            window.max_events = _max_events()
+            window.num_steps = self.costs.plan(window.num_steps, step.phase, window.max_events)
+            if not window.baseline_ns:
+                window.baseline_ns = _baseline_ns(window)
             if self._start(window):
                 hot._step_boundary.append(self._on_end)
+            elif not self._pending:
+                self._remove_hook()
 
     def _on_end(self) -> None:
         with self._lock:
             window = self._running
             if window is None:
                 return
-            if hot.next_step_number(window.phase) < window.start_step + window.num_steps:
+            done = hot.next_step_number(window.phase) - window.start_step
+            if done >= window.num_steps:
+                self._stop(window, None, mid_step=False)
+            elif window.watch is not None and window.watch.events(force=True) >= window.max_events:
+                self._stop(window, "events", mid_step=False)
+            else:
                 hot._step_boundary.append(self._on_end)
-                return
-            self._running = None
-            self._after = window  # the next step's start closes the window's measurement
-            if self._on_begin not in hot._step_begin:
-                hot._step_begin.append(self._on_begin)
-            self._finish(window)
+
+    def _stop(self, window: _Window, truncated: str | None, *, mid_step: bool) -> None:
+        """End a running window (lock held, training thread): at its last step's end, or early."""
+        done = hot.next_step_number(window.phase) - window.start_step  # the step under way counts (mid-step)
+        window.steps_profiled = done
+        window.whole_steps = done - 1 if mid_step else done
+        window.truncated = truncated
+        if window.watch is not None:
+            window.watch.events(force=True)
+        self._running = None
+        self._after = window  # the next step's start closes the window's measurement
+        if self._on_begin not in hot._step_begin:
+            hot._step_begin.append(self._on_begin)
+        if not self._pending:
+            self._remove_hook()
+        self._finish(window)
 
     def _start_count(self, window: _Window) -> None:
         """Count the FLOPs of this step (the one after the window) until its end."""
@@ -190,7 +291,7 @@ class ProfileWindows:
         from otelprof.session import get_session
 
         session = get_session()
-        if session is not None and session.config.profile_flops:
+        if session is not None and session.config.profile_flops and window.count_flops:
             window.counter = flops.start()
         if window.counter is None:
             window.counted.set()
@@ -235,6 +336,8 @@ class ProfileWindows:
                 before = torch.empty(16) if memory else None
                 window.profiler.start()
                 del before  # see UNKNOWN_FREE_WARNING
+            # from here: what starting the profiler allocates once (Kineto's buffers) is no event
+            window.watch = window_bounds.HeapWatch(self.costs.live_bytes_per_event, self._step_heap.most)
         except Exception as exc:  # another profiler is active, or Kineto is unavailable
             warn_once("profile:start", "otelprof: cannot start torch.profiler (%s); window skipped", exc)
             return False
@@ -257,7 +360,21 @@ class ProfileWindows:
         except Exception as exc:
             warn_once("profile:stop", "otelprof: torch.profiler failed to stop (%s)", exc)
             return
-        threading.Thread(target=_summarize, args=(window, ended_ns), name="otelprof-profile", daemon=True).start()
+        self._processing += 1
+        threading.Thread(target=_summarize, args=(self, window, ended_ns), name="otelprof-profile",
+                         daemon=True).start()
+
+    def _processed(self, window: _Window) -> None:
+        """The processing thread is done with ``window``: a capture or ``profile_window`` left steps for the
+        next segment goes on with them from the next step (one segment in memory at a time)."""
+        remaining = window.requested - window.steps_profiled
+        if remaining > 0 and window.steps_profiled > 0 and window.trigger != "periodic" and hot._active is not None:
+            follow = _Window(hot.next_step_number(window.phase), remaining, window.chrome_trace, window.top,
+                             window.trigger, window.phase, window.on_finished, requested=remaining,
+                             segment=window.segment + 1, baseline_ns=window.baseline_ns, count_flops=False)
+            self._add(follow)
+        with self._lock:
+            self._processing -= 1
 
 
 @contextlib.contextmanager
@@ -286,115 +403,177 @@ def _quiet_stderr() -> Iterator[None]:
 
 def _baseline_ns(window: _Window) -> float:
     """Mean period of the steps just before the window (0: unknown)."""
+    if window.baseline_ns:
+        return window.baseline_ns
     begins = list(window.begins)
     return (begins[-1] - begins[0]) / (len(begins) - 1) if len(begins) >= 2 else 0.0
 
 
-def _step_overhead(window: _Window) -> float:
-    """The window's steps (with starting and stopping the profiler) beyond as many steps at the baseline pace,
-    and the FLOP-counted step beyond one."""
+def _step_costs(window: _Window) -> tuple[float, float]:
+    """Seconds the window's steps (with starting and stopping the profiler) took beyond as many steps at the
+    baseline pace, and the FLOP-counted step beyond one."""
     baseline = _baseline_ns(window)
-    if not baseline or not window.after_ns:
-        return 0.0
-    window_ns = max((window.after_ns - window.begins[-1]) - window.num_steps * baseline, 0.0)
-    return (window_ns + max(window.flop_step_ns - baseline, 0.0)) / 1e9
+    if not baseline or not window.after_ns or not window.begins:
+        return 0.0, 0.0
+    steps = window.steps_profiled or window.num_steps
+    window_ns = max((window.after_ns - window.begins[-1]) - steps * baseline, 0.0)
+    return window_ns / 1e9, max(window.flop_step_ns - baseline, 0.0) / 1e9
 
 
-def _device_time(event: Any, attribute: str) -> float:
-    for name in (attribute.replace("cuda", "device"), attribute):
-        value = getattr(event, name, None)
-        if value is not None:
-            return float(value)
-    return 0.0
+def _step_overhead(window: _Window) -> float:
+    """The window's steps beyond as many steps at the baseline pace, and the FLOP-counted step beyond one."""
+    steps_s, flop_s = _step_costs(window)
+    return steps_s + flop_s
 
 
-def summarize_profile(profiler: Any, top: int) -> dict[str, Any]:
-    """Top operators and GPU mixes from a stopped ``torch.profiler.profile``."""
-    averages = list(profiler.key_averages())
-    cpu = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
-    gpu = sorted((e for e in averages if _device_time(e, "self_cuda_time_total") > 0),
-                 key=lambda e: _device_time(e, "self_cuda_time_total"), reverse=True)[:top]
+def summarize_parsed(parsed: operators.ParsedTrace, top: int) -> dict[str, Any]:
+    """Top operators and GPU mixes of a parsed window (the ``cpu_ops``, ``gpu_ops``, ``gpu_activity_s`` and
+    ``kernel_precision_s`` of its record)."""
     precision: dict[str, float] = {}
     activity: dict[str, float] = {}
-    for event in profiler.events() or []:
-        device = str(getattr(event, "device_type", "")).upper()
-        if "CUDA" not in device:
-            continue
-        duration = float(getattr(event, "device_time", 0.0) or getattr(event, "cuda_time", 0.0) or 0.0) / 1e6
-        kind = gpu_activity(event.name)
+    for event in parsed.device:
+        duration = (event.end_ns - event.start_ns) / 1e9
+        kind = gpu_activity(event.name) if event.kind == "kernel" else event.kind
         activity[kind] = activity.get(kind, 0.0) + duration
         if kind == "kernel":
             label = kernel_precision(event.name)
             precision[label] = precision.get(label, 0.0) + duration
-    return {
-        "cpu_ops": [{"name": e.key, "calls": int(e.count), "self_s": e.self_cpu_time_total / 1e6,
-                     "total_s": e.cpu_time_total / 1e6} for e in cpu],
-        "gpu_ops": [{"name": e.key, "calls": int(e.count), "self_s": _device_time(e, "self_cuda_time_total") / 1e6,
-                     "total_s": _device_time(e, "cuda_time_total") / 1e6} for e in gpu],
-        "gpu_activity_s": dict(activity),
-        "kernel_precision_s": dict(precision),
-    }
+
+    def rows(table: dict[str, list[float]]) -> list[dict[str, Any]]:
+        ranked = sorted(table.items(), key=lambda kv: -kv[1][0])[:top]
+        return [{"name": name, "calls": int(v[2]), "self_s": v[0], "total_s": v[1]} for name, v in ranked]
+
+    return {"cpu_ops": rows(operators.host_table(parsed)), "gpu_ops": rows(operators.device_table(parsed)),
+            "gpu_activity_s": activity, "kernel_precision_s": precision}
 
 
-def _kineto_trace(window: _Window, keep: str | None) -> dict[str, Any] | None:
-    """The window's Kineto trace as JSON (written to ``keep`` when given, else to a temporary file)."""
-    fd, path = tempfile.mkstemp(prefix="otelprof-profile-", suffix=".json")
-    os.close(fd)
+class _Pacer:
+    """Sleeps after each chunk so that the processing thread runs at most PROCESS_SHARE of the wall clock."""
+
+    def __init__(self) -> None:
+        self._mark = time.thread_time()
+
+    def pause(self) -> None:
+        ran = time.thread_time() - self._mark
+        time.sleep(min(ran * (1 / PROCESS_SHARE - 1), 1.0))
+        self._mark = time.thread_time()
+
+
+def _export(window: _Window, keep: str | None) -> str | None:
+    """The window's Kineto trace written to ``keep`` or a temporary file (its path), after which the profiler's
+    results are freed; None when it cannot be written."""
+    if keep is None:
+        fd, path = tempfile.mkstemp(prefix="otelprof-profile-", suffix=".json")
+        os.close(fd)
+    else:
+        path = keep
     try:
         window.profiler.export_chrome_trace(path)
-        with open(path, encoding="utf-8") as f:
-            trace = json.load(f)
-        if keep is not None:
-            shutil.move(path, keep)
-        return trace if isinstance(trace, dict) else None
-    except (OSError, ValueError, RuntimeError) as exc:
-        warn_once("profile:trace", "otelprof: cannot read the profiler's trace (%s); no operator spans", exc)
+        return path
+    except (OSError, RuntimeError) as exc:
+        warn_once("profile:trace", "otelprof: cannot write the profiler's trace (%s); no operator spans", exc)
+        if keep is None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         return None
     finally:
-        if os.path.exists(path):
-            os.unlink(path)
+        _release(window)
 
 
-def _summarize(window: _Window, ended_ns: int) -> None:
+def _release(window: _Window) -> None:
+    """Free the profiler's results now (they hold about 2 kB an event; the profiler object is in a reference cycle
+    that only the garbage collector would break)."""
+    inner = getattr(window.profiler, "profiler", None)
+    if inner is not None:
+        with contextlib.suppress(AttributeError):
+            inner.kineto_results = None
+    window.profiler = None
+
+
+def _read(path: str, max_events: int, pacer: _Pacer, shift_ns: int) -> tuple[operators.ParsedTrace, int, int]:
+    """The trace file parsed in bounded memory: at most ``max_events`` events kept; (parsed, kept, dropped)."""
+    collector = operators.TraceCollector(max_events, pacer.pause)
+    header: dict[str, Any] = {}
+    for index, event in enumerate(operators.read_trace_file(path, header)):
+        collector.add(event)
+        if index % operators.CHUNK == operators.CHUNK - 1:
+            pacer.pause()
+    base = header.get("baseTimeNanoseconds")
+    parsed = collector.finish((base if isinstance(base, int) else 0) + shift_ns)
+    return parsed, collector.kept, collector.dropped
+
+
+def _summarize(windows: ProfileWindows, window: _Window, ended_ns: int) -> None:
     began = time.thread_time()
     try:
-        _process(window, ended_ns, began)
+        _process(windows, window, ended_ns, began)
     except Exception:
         logger.exception("otelprof: summarizing a profiling window failed")
         if window.on_finished is not None:
             window.on_finished(0.0)
+    finally:
+        _release(window)
+        windows._processed(window)
 
 
-def _process(window: _Window, ended_ns: int, began: float) -> None:
-    from otelprof.integrations import operators
+def _process(windows: ProfileWindows, window: _Window, ended_ns: int, began: float) -> None:
     from otelprof.session import get_session
 
     session = get_session()
-    summary = summarize_profile(window.profiler, window.top)
     if session is None:
         return
     config = session.config
-    record: dict[str, Any] = {"start_step": window.start_step, "num_steps": window.num_steps,
+    max_events = window.max_events
+    pacer = _Pacer()
+    record: dict[str, Any] = {"start_step": window.start_step, "num_steps": window.steps_profiled or window.num_steps,
                               "phase": window.phase, "trigger": window.trigger,
-                              "t": window.started_ns, "d": ended_ns - window.started_ns, **summary}
+                              "t": window.started_ns, "d": ended_ns - window.started_ns}
     keep = None
     if window.chrome_trace and session.run_dir is not None:
         keep = str(session.run_dir / f"profile-step{window.start_step}.trace.json")
-    trace = _kineto_trace(window, keep)
+    path = _export(window, keep)
+    kept = dropped = 0
+    summary = summarize_parsed(operators.ParsedTrace(), window.top)
     recorder = session.recorder
-    if trace is not None:
-        if keep is not None:
-            record["trace_file"] = os.path.basename(keep)
-        parsed = operators.parse_kineto_trace(trace, window.shift_ns)
-        window_stats = operators.window_summary(parsed, config.profile_top_k, kernel_precision)
-        record["operators"] = window_stats
-        recorder.drain()  # the window's step records, so that their spans exist
-        steps = recorder.window_steps(window.phase or hot.current_phase(), window.start_step, window.num_steps)
-        spans, dropped = operators.operator_spans(recorder.span_builder, parsed, steps, config.profile_max_spans)
-        recorder.add_spans(spans, dropped)
-        record["operator_spans"] = len(spans)
-        record["operator_spans_dropped"] = dropped
-        operators.set_metrics(session.registry, window_stats, window.num_steps)
+    if path is not None:
+        try:
+            parsed, kept, dropped = _read(path, max_events, pacer, window.shift_ns)
+        except (OSError, ValueError) as exc:
+            warn_once("profile:read", "otelprof: cannot read the profiler's trace (%s); no operator spans", exc)
+            parsed = None
+        finally:
+            if keep is None:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        if parsed is not None:
+            summary = summarize_parsed(parsed, window.top)
+            if keep is not None:
+                record["trace_file"] = os.path.basename(keep)
+            window_stats = operators.window_summary(parsed, config.profile_top_k, kernel_precision)
+            record["operators"] = window_stats
+            recorder.drain()  # the window's step records, so that their spans exist
+            steps = recorder.window_steps(window.phase or hot.current_phase(), window.start_step,
+                                          window.steps_profiled or window.num_steps)
+            spans, spans_dropped = operators.operator_spans(recorder.span_builder, parsed, steps,
+                                                            config.profile_max_spans)
+            recorder.add_spans(spans, spans_dropped)
+            record["operator_spans"] = len(spans)
+            record["operator_spans_dropped"] = spans_dropped
+            operators.set_metrics(session.registry, window_stats, max(window.steps_profiled, 1))
+            del parsed, spans
+    record.update(summary)
+    if dropped and window.truncated is None:
+        window.truncated = "events"
+    growth = window.watch.growth() if window.watch is not None else 0
+    windows.costs.learn(window.phase, kept + dropped, window.whole_steps, growth)
+    record["events"] = {"kept": kept, "dropped": dropped, "max": max_events, "heap_growth_bytes": growth,
+                        "per_step": round(windows.costs.events_per_step.get(window.phase or "", 0.0), 1)}
+    record["segment"] = window.segment
+    if window.truncated is not None:
+        record["truncated"] = window.truncated
+        warn_once("profile:truncated", "otelprof: a profiling window reached %d profiler events (%s steps of "
+                  "phase %s); windows stop there and later ones are planned shorter (OTELPROF_PROFILE_MAX_EVENTS)",
+                  max_events, window.steps_profiled, window.phase)
     if window.measured.wait(AFTER_STEP_WAIT):
         window.counted.wait(AFTER_STEP_WAIT)
     if window.flop_count is not None:
@@ -405,13 +584,16 @@ def _process(window: _Window, ended_ns: int, began: float) -> None:
                                 config.peak_flops)
         record["flops"] = figures
         flops.set_metrics(session.registry, figures)
-    overhead = _step_overhead(window) + (time.thread_time() - began)
+    steps_s, flop_s = _step_costs(window)
+    processing_s = time.thread_time() - began
+    overhead = steps_s + flop_s + processing_s
     record["overhead_s"] = overhead
+    record["cost"] = {"steps_s": steps_s, "flop_step_s": flop_s, "processing_s": processing_s}
     if session.writer is not None:
         session.writer.add_json(schema.PROFILES, record)
     tracer = session.tracer_provider.get_tracer(sc.SCOPE_NAME, __version__)
     span = tracer.start_span(sc.SPAN_PROFILE, start_time=window.started_ns, attributes={
-        sc.ATTR_PROFILE_START: window.start_step, sc.ATTR_PROFILE_STEPS: window.num_steps,
+        sc.ATTR_PROFILE_START: window.start_step, sc.ATTR_PROFILE_STEPS: record["num_steps"],
         sc.ATTR_PROFILE_TRIGGER: window.trigger})
     for device, ops in (("cpu", summary["cpu_ops"]), ("gpu", summary["gpu_ops"])):
         for op in ops:
@@ -422,8 +604,17 @@ def _process(window: _Window, ended_ns: int, began: float) -> None:
                            timestamp=ended_ns)
     span.end(end_time=ended_ns)
     with session.registry.lock:
-        session.registry.counter(sc.PROFILE_WINDOWS).add(1)
-        session.registry.counter(sc.PROFILE_OVERHEAD).add(overhead)
+        registry = session.registry
+        registry.counter(sc.PROFILE_WINDOWS).add(1)
+        registry.counter(sc.PROFILE_OVERHEAD).add(overhead)
+        cost = registry.counter(sc.PROFILE_COST)
+        for part, seconds in (("steps", steps_s), ("flop_step", flop_s), ("processing", processing_s)):
+            cost.add(seconds, (part,))
+        events = registry.counter(sc.PROFILE_EVENTS)
+        events.add(kept, ("kept",))
+        events.add(dropped, ("dropped",))
+        if window.truncated is not None:
+            registry.counter(sc.PROFILE_TRUNCATED).add(1, (window.truncated,))
     if window.on_finished is not None:
         window.on_finished(overhead)
 
