@@ -91,8 +91,9 @@ class _Window:
     flop_count: dict[str, Any] | None = None
     flop_step_ns: int = 0
     """Duration of the counted step (with the counter's cost)."""
-    requested: int = 0
-    """Steps asked for: a window planned or stopped shorter leaves the rest to the next segment (not periodic)."""
+    until_step: int = 0
+    """A window asked for steps start_step .. until_step - 1 (set as it starts): one planned or stopped shorter
+    leaves the rest to the next segment, from the step after it was summarised (not a periodic window)."""
     segment: int = 0
     """0 for a window as armed; 1, 2, ... for the windows that go on with its remaining steps."""
     baseline_ns: float = 0.0
@@ -170,7 +171,7 @@ class ProfileWindows:
             on_finished: Callable[[float], None] | None = None) -> dict[str, Any]:
         if num_steps < 1 or start_step < 0:
             raise ValueError("profile windows need start_step >= 0 and num_steps >= 1")
-        window = _Window(start_step, num_steps, chrome_trace, top, trigger, phase, on_finished, requested=num_steps)
+        window = _Window(start_step, num_steps, chrome_trace, top, trigger, phase, on_finished)
         self._add(window)
         max_events = _max_events()
         per_step = self.costs.events_per_step.get(phase or hot.current_phase())
@@ -248,6 +249,8 @@ class ProfileWindows:
             if not self._pending and self._after is None:
                 hot._step_begin.remove(self._on_begin)
             window.max_events = _max_events()
+            if not window.until_step:
+                window.until_step = step.number + window.num_steps
             window.num_steps = self.costs.plan(window.num_steps, step.phase, window.max_events)
             if not window.baseline_ns:
                 window.baseline_ns = _baseline_ns(window)
@@ -275,6 +278,8 @@ class ProfileWindows:
         window.steps_profiled = done
         window.whole_steps = done - 1 if mid_step else done
         window.truncated = truncated
+        if mid_step:  # a step past the event cap: counting its FLOPs would cost as much again, in Python
+            window.count_flops = False
         if window.watch is not None:
             window.watch.events(force=True)
         self._running = None
@@ -367,10 +372,10 @@ class ProfileWindows:
     def _processed(self, window: _Window) -> None:
         """The processing thread is done with ``window``: a capture or ``profile_window`` left steps for the
         next segment goes on with them from the next step (one segment in memory at a time)."""
-        remaining = window.requested - window.steps_profiled
-        if remaining > 0 and window.steps_profiled > 0 and window.trigger != "periodic" and hot._active is not None:
-            follow = _Window(hot.next_step_number(window.phase), remaining, window.chrome_trace, window.top,
-                             window.trigger, window.phase, window.on_finished, requested=remaining,
+        start = hot.next_step_number(window.phase)
+        if window.until_step > start and window.trigger != "periodic" and hot._active is not None:
+            follow = _Window(start, window.until_step - start, window.chrome_trace, window.top, window.trigger,
+                             window.phase, window.on_finished, until_step=window.until_step,
                              segment=window.segment + 1, baseline_ns=window.baseline_ns, count_flops=False)
             self._add(follow)
         with self._lock:
@@ -402,11 +407,18 @@ def _quiet_stderr() -> Iterator[None]:
 
 
 def _baseline_ns(window: _Window) -> float:
-    """Mean period of the steps just before the window (0: unknown)."""
+    """Mean period of the steps just before the window; without any (a capture starts at the next step), the
+    median of the phase's recent steps as the recorder saw them (0: unknown)."""
     if window.baseline_ns:
         return window.baseline_ns
     begins = list(window.begins)
-    return (begins[-1] - begins[0]) / (len(begins) - 1) if len(begins) >= 2 else 0.0
+    if len(begins) >= 2:
+        return (begins[-1] - begins[0]) / (len(begins) - 1)
+    from otelprof.session import get_session
+
+    recorder = getattr(get_session(), "recorder", None)
+    typical = getattr(recorder, "typical_step", None)
+    return typical(window.phase or hot.current_phase()) * 1e9 if typical is not None else 0.0
 
 
 def _step_costs(window: _Window) -> tuple[float, float]:
