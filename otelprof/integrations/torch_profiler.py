@@ -158,8 +158,11 @@ class ProfileWindows:
                 or self._processing > 0)
 
     def reset(self) -> None:
-        """Forget armed windows (a new session: the hot path's callbacks were cleared)."""
+        """Forget armed windows and what earlier windows measured (a new session: the hot path's callbacks were
+        cleared, and its steps may be another loop's)."""
         with self._lock:
+            self.costs = window_bounds.EventCosts()
+            self._step_heap = window_bounds.StepHeap()
             self._pending.clear()
             self._running = self._after = None
             if self._counting is not None:
