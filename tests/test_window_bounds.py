@@ -7,6 +7,7 @@ wall-clock thresholds."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -20,10 +21,10 @@ import pytest
 import torch
 
 import otelprof
+from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof.integrations import operators, window_bounds
 from otelprof.integrations import torch as otorch
-from otelprof.integrations.torch_profiler import windows
 from otelprof.recording.reader import read_recording
 from tests.servers import free_port
 
@@ -150,7 +151,7 @@ def test_a_window_past_the_cap_stops_mid_step_and_says_so(tmp_path: Path, caplog
         assert events["per_step"] >= events["kept"] + events["dropped"] > 1000
         assert window["operators"]["operators"] <= events["kept"]
         _check_cost(window)
-    for before, after in zip(found, found[1:]):
+    for before, after in itertools.pairwise(found):
         assert after["start_step"] > before["start_step"]  # one segment at a time, never overlapping
     assert truncated[("events",)] == len(found)
     assert kept[("kept",)] == sum(w["events"]["kept"] for w in found)
@@ -158,8 +159,6 @@ def test_a_window_past_the_cap_stops_mid_step_and_says_so(tmp_path: Path, caplog
 
 
 def hot_next() -> int:
-    from otelprof import hotpath as hot
-
     return hot.next_step_number()
 
 
@@ -204,7 +203,7 @@ def test_an_expensive_window_stretches_the_interval_to_stay_within_the_budget(tm
     for window in found:
         _check_cost(window)
         assert window["trigger"] == "periodic"
-    for before, after in zip(found, found[1:]):
+    for before, after in itertools.pairwise(found):
         cost = before["overhead_s"]
         assert cost / budget > every  # the window was expensive: the interval had to stretch
         gap = (after["t"] - (before["t"] + before["d"])) / 1e9
