@@ -150,6 +150,9 @@ class ProfileWindows:
         self._step_heap = window_bounds.StepHeap()
         self._hook: Any = None
         """The global module forward pre-hook that watches a window's heap (installed on the training thread)."""
+        self._thread = 0
+        """That thread's id: module calls on other threads are no checkpoints."""
+        self._compiling: Callable[[], bool] = lambda: False
 
     @property
     def busy(self) -> bool:
@@ -193,9 +196,12 @@ class ProfileWindows:
     # ------------------------------------------------------------------ the heap watch
     def _install_hook(self) -> None:
         """On the training thread: module calls become checkpoints of the heap watch."""
+        self._thread = threading.get_ident()
         if self._hook is None:
+            import torch
             from torch.nn.modules.module import register_module_forward_pre_hook
 
+            self._compiling = torch.compiler.is_compiling
             self._hook = register_module_forward_pre_hook(self._checkpoint)
 
     def _remove_hook(self) -> None:
@@ -207,6 +213,9 @@ class ProfileWindows:
         """Global forward pre-hook: the step's own heap growth before a window; in a window, past the event
         cap, the window stops here."""
         try:
+            # the profiler stops on its own thread only; inside torch.compile's tracing no heap is read
+            if threading.get_ident() != self._thread or self._compiling():
+                return
             window = self._running
             if window is None:
                 self._step_heap.checkpoint()
