@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -483,9 +483,29 @@ class _Pacer:
         self._mark = time.thread_time()
 
 
-def _export(window: _Window, keep: str | None) -> str | None:
-    """The window's Kineto trace written to ``keep`` or a temporary file (its path), after which the profiler's
-    results are freed; None when it cannot be written."""
+class _TraceFile:
+    """A trace file as :func:`_kineto_trace` gives it: ``get("traceEvents")`` streams its events (bounded memory),
+    after which ``get`` answers its other members."""
+
+    def __init__(self, path: str, temporary: bool) -> None:
+        self.path = path
+        self.temporary = temporary
+        self.header: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key == "traceEvents":
+            return operators.read_trace_file(self.path, self.header)
+        return self.header.get(key, default)
+
+    def close(self) -> None:
+        if self.temporary:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+def _kineto_trace(window: _Window, keep: str | None) -> Mapping[str, Any] | _TraceFile | None:
+    """The window's Kineto trace, written to ``keep`` (else a temporary file) and read back as a stream; the
+    profiler's results are freed once it is written. None when it cannot be written."""
     if keep is None:
         fd, path = tempfile.mkstemp(prefix="otelprof-profile-", suffix=".json")
         os.close(fd)
@@ -493,7 +513,7 @@ def _export(window: _Window, keep: str | None) -> str | None:
         path = keep
     try:
         window.profiler.export_chrome_trace(path)
-        return path
+        return _TraceFile(path, keep is None)
     except (OSError, RuntimeError) as exc:
         warn_once("profile:trace", "otelprof: cannot write the profiler's trace (%s); no operator spans", exc)
         if keep is None:
@@ -514,15 +534,16 @@ def _release(window: _Window) -> None:
     window.profiler = None
 
 
-def _read(path: str, max_events: int, pacer: _Pacer, shift_ns: int) -> tuple[operators.ParsedTrace, int, int]:
-    """The trace file parsed in bounded memory: at most ``max_events`` events kept; (parsed, kept, dropped)."""
+def _read(trace: Mapping[str, Any] | _TraceFile, max_events: int, pacer: _Pacer,
+          shift_ns: int) -> tuple[operators.ParsedTrace, int, int]:
+    """The trace parsed in bounded memory: at most ``max_events`` events kept; (parsed, kept, dropped)."""
     collector = operators.TraceCollector(max_events, pacer.pause)
-    header: dict[str, Any] = {}
-    for index, event in enumerate(operators.read_trace_file(path, header)):
+    events = trace.get("traceEvents")
+    for index, event in enumerate(events if isinstance(events, (list, Iterator)) else ()):
         collector.add(event)
         if index % operators.CHUNK == operators.CHUNK - 1:
             pacer.pause()
-    base = header.get("baseTimeNanoseconds")
+    base = trace.get("baseTimeNanoseconds")
     parsed = collector.finish((base if isinstance(base, int) else 0) + shift_ns)
     return parsed, collector.kept, collector.dropped
 
@@ -555,20 +576,21 @@ def _process(windows: ProfileWindows, window: _Window, ended_ns: int, began: flo
     keep = None
     if window.chrome_trace and session.run_dir is not None:
         keep = str(session.run_dir / f"profile-step{window.start_step}.trace.json")
-    path = _export(window, keep)
+    trace = _kineto_trace(window, keep)
+    _release(window)
     kept = dropped = 0
     summary = summarize_parsed(operators.ParsedTrace(), window.top)
     recorder = session.recorder
-    if path is not None:
+    if trace is not None:
         try:
-            parsed, kept, dropped = _read(path, max_events, pacer, window.shift_ns)
+            parsed: operators.ParsedTrace | None
+            parsed, kept, dropped = _read(trace, max_events, pacer, window.shift_ns)
         except (OSError, ValueError) as exc:
             warn_once("profile:read", "otelprof: cannot read the profiler's trace (%s); no operator spans", exc)
             parsed = None
         finally:
-            if keep is None:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+            if isinstance(trace, _TraceFile):
+                trace.close()
         if parsed is not None:
             summary = summarize_parsed(parsed, window.top)
             if keep is not None:
