@@ -121,7 +121,8 @@ BASELINE_STEPS = 3
 """Steps just before a window whose mean period is the window's baseline (a periodic window is armed that
 many steps ahead)."""
 AFTER_STEP_WAIT = 10.0
-"""Seconds the processing thread waits for the step after the window (to measure the window's overhead)."""
+"""Seconds the processing thread waits for the step after the window (to measure the window's overhead), or
+twice the baseline step when that is longer."""
 PROCESS_SHARE = 0.25
 """Most of the wall-clock time the processing thread runs while it summarises a window: it sleeps three times
 as long as it ran after each chunk of events (operators.CHUNK), so the training thread keeps the interpreter
@@ -620,8 +621,9 @@ def _process(windows: ProfileWindows, window: _Window, ended_ns: int, began: flo
         warn_once("profile:truncated", "otelprof: a profiling window reached %d profiler events (%s steps of "
                   "phase %s); windows stop there and later ones are planned shorter (OTELPROF_PROFILE_MAX_EVENTS)",
                   max_events, window.steps_profiled, window.phase)
-    if window.measured.wait(AFTER_STEP_WAIT):
-        window.counted.wait(AFTER_STEP_WAIT)
+    wait = max(AFTER_STEP_WAIT, 2 * _baseline_ns(window) / 1e9)  # slow steps: the step after may take minutes
+    if window.measured.wait(wait):
+        window.counted.wait(wait)
     if window.flop_count is not None:
         from otelprof.integrations import flops
 
