@@ -355,7 +355,8 @@ class ProfileWindows:
                 window.profiler.start()
                 del before  # see UNKNOWN_FREE_WARNING
             # from here: what starting the profiler allocates once (Kineto's buffers) is no event
-            window.watch = window_bounds.HeapWatch(self.costs.live_bytes_per_event, self._step_heap.most)
+            window.watch = window_bounds.HeapWatch(self.costs.live_bytes_per_event, self._step_heap.most,
+                                                   self.costs.events_per_second.get(window.phase or "", 0.0))
         except Exception as exc:  # another profiler is active, or Kineto is unavailable
             warn_once("profile:start", "otelprof: cannot start torch.profiler (%s); window skipped", exc)
             return False
@@ -612,7 +613,7 @@ def _process(windows: ProfileWindows, window: _Window, ended_ns: int, began: flo
     if dropped and window.truncated is None:
         window.truncated = "events"
     growth = window.watch.growth() if window.watch is not None else 0
-    windows.costs.learn(window.phase, kept + dropped, window.whole_steps, growth)
+    windows.costs.learn(window.phase, kept + dropped, window.whole_steps, growth, (ended_ns - window.started_ns) / 1e9)
     record["events"] = {"kept": kept, "dropped": dropped, "max": max_events, "heap_growth_bytes": growth,
                         "per_step": round(windows.costs.events_per_step.get(window.phase or "", 0.0), 1)}
     record["segment"] = window.segment

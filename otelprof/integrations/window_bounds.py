@@ -7,10 +7,11 @@ So a window holds at most ``OTELPROF_PROFILE_MAX_EVENTS`` events:
 
 * it is planned that short: with the events per step measured by earlier windows of the same phase, a window
   gets at most ``max_events / events_per_step`` steps (at least one);
-* it is watched while it runs: at each step boundary and each module call, the process's heap growth since the
-  window began, less what the steps themselves allocate (measured in the steps before it), divided by the heap
-  an event takes while recorded (measured, :data:`LIVE_BYTES_PER_EVENT` until then) estimates the events so far;
-  past the cap the window stops there, mid-step if need be;
+* it is watched while it runs: at each step boundary and each module call (at most once a millisecond), the
+  process's resident memory growth since the window began, less what the steps themselves allocate (measured in
+  the steps before it), divided by the memory an event takes while recorded (measured,
+  :data:`LIVE_BYTES_PER_EVENT` until then), and its time so far at the event rate the last window of the phase
+  measured, estimate the events so far; past the cap the window stops there, mid-step if need be;
 * its trace is read with the same cap: events past it are counted as dropped, never held.
 
 Every figure the watch uses is learned again from each window (:class:`EventCosts`).
@@ -18,8 +19,7 @@ Every figure the watch uses is learned again from each window (:class:`EventCost
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -30,42 +30,23 @@ STOPPED_BYTES_PER_EVENT = 1900
 """Heap an event takes once the profiler stopped and built its results (measured: 2.0 GiB for 1.1 M events), the
 largest the window gets; documented with the cap (docs/performance.md)."""
 CHECK_INTERVAL_NS = 1_000_000
-"""Module calls between two heap reads are at least this far apart (a read costs about a microsecond)."""
+"""Module calls between two memory reads are at least this far apart (a read costs a few microseconds)."""
 MIN_BYTES_PER_EVENT, MAX_BYTES_PER_EVENT = 40.0, 4000.0
 """Bounds of a learned bytes-per-event figure (heap growth is noisy: a window that freed memory learns nothing)."""
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
-def _mallinfo2() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-        function = libc.mallinfo2
-    except (OSError, AttributeError):  # not glibc 2.33+
-        return None
-    function.restype = _MallInfo2
-    function.argtypes = []
-    return function
-
-
-_MALLINFO2 = _mallinfo2()
-_PAGE = 4096
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_statm: list[int] = []
 
 
 def heap_in_use() -> int:
-    """Bytes the C heap has handed out (glibc ``mallinfo2``: in-use arena chunks plus mmapped blocks), else the
-    resident set size; 0 when neither can be read. Unlike the resident size, it grows again when freed memory
-    is reused, so a second window is measured like the first."""
-    if _MALLINFO2 is not None:
-        info = _MALLINFO2()
-        return int(info.uordblks + info.hblkhd)
+    """The process's resident memory in bytes (``/proc/self/statm``, a few microseconds), 0 where it cannot be
+    read. (glibc's ``mallinfo2`` would count reused heap too, but it walks every free chunk: 0.4 s on a heap of
+    200,000 freed tensors.)"""
     try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * _PAGE
+        if not _statm:
+            _statm.append(os.open("/proc/self/statm", os.O_RDONLY))
+        return int(os.pread(_statm[0], 128, 0).split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -79,6 +60,8 @@ class EventCosts:
     """Per phase, the events of one step in the last window of that phase that covered whole steps."""
     step_heap: int = 0
     """The most the heap grew within a step before a window (the steps' own allocations, not the profiler's)."""
+    events_per_second: dict[str, float] = field(default_factory=dict)
+    """Per phase, the events a second the last window recorded while it ran."""
 
     def plan(self, requested: int, phase: str | None, max_events: int) -> int:
         """Steps of a window asked to cover ``requested`` steps that stay within ``max_events``."""
@@ -87,11 +70,14 @@ class EventCosts:
             return requested
         return max(1, min(requested, int(max_events // per_step)))
 
-    def learn(self, phase: str | None, events: int, whole_steps: int, heap_growth: int) -> None:
+    def learn(self, phase: str | None, events: int, whole_steps: int, heap_growth: int, seconds: float = 0.0) -> None:
         """A window of ``events`` events (kept and dropped) over ``whole_steps`` complete steps (0: it stopped
-        within its first step) grew the heap by ``heap_growth`` bytes beyond its steps' own allocations."""
+        within its first step), that ran ``seconds``, grew the heap by ``heap_growth`` bytes beyond its steps' own
+        allocations."""
         if events <= 0:
             return
+        if seconds > 0:
+            self.events_per_second[phase or ""] = events / seconds
         if whole_steps > 0:
             self.events_per_step[phase or ""] = events / whole_steps
         else:  # one step makes more than the window held: at least that many
@@ -102,14 +88,23 @@ class EventCosts:
             self.live_bytes_per_event = measured
 
 
-class HeapWatch:
-    """The heap of a running window: :meth:`events` estimates the events recorded so far."""
+RATE_MARGIN = 1.5
+"""The events a second a window records are taken as this much more than the last window measured (the machine
+may be less busy than it was)."""
 
-    def __init__(self, bytes_per_event: float, step_heap: int) -> None:
+
+class HeapWatch:
+    """A running window: :meth:`events` estimates the events recorded so far, the larger of its resident memory's
+    growth over the memory an event takes and its time so far at the event rate of the last window (memory freed
+    before the window, by the steps or the last window's results, is reused without growing it)."""
+
+    def __init__(self, bytes_per_event: float, step_heap: int, events_per_second: float = 0.0) -> None:
         self.bytes_per_event = bytes_per_event
         self.step_heap = step_heap
+        self.rate = events_per_second * RATE_MARGIN
         self.start = heap_in_use()
         self.peak = self.start
+        self.began_ns = time.perf_counter_ns()
         self._next_ns = 0
 
     def growth(self) -> int:
@@ -123,7 +118,7 @@ class HeapWatch:
         if force or now >= self._next_ns:
             self._next_ns = now + CHECK_INTERVAL_NS
             self.peak = max(self.peak, heap_in_use())
-        return self.growth() / self.bytes_per_event
+        return max(self.growth() / self.bytes_per_event, (now - self.began_ns) / 1e9 * self.rate)
 
 
 class StepHeap:
