@@ -184,7 +184,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_PROFILE_MAX_EVENTS, "profile_max_events", "100000",
            "Profiler events a window may hold (1000-10000000): about 2 kB of memory and 20 us of work each. Windows "
            "are planned short enough from the events per step measured before, and stop early (mid-step if need "
-           "be) when the heap shows the cap reached; a longer capture goes on in further windows."),
+           "be) when their memory growth or their time at the measured event rate says the cap is reached; a longer "
+           "capture goes on in further windows."),
     EnvVar(OTELPROF_PEAK_FLOPS, "peak_flops", "0",
            "Peak FLOP/s of the device for MFU, replacing the built-in table of GPU models and dtypes (0: the table; "
            "a CPU run has no utilization unless this is set)."),

@@ -36,17 +36,20 @@ MIN_BYTES_PER_EVENT, MAX_BYTES_PER_EVENT = 40.0, 4000.0
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_statm: list[int] = []
+_statm: dict[int, int] = {}
+"""Process id -> its open ``/proc/<pid>/statm`` (a forked child opens its own)."""
 
 
 def heap_in_use() -> int:
-    """The process's resident memory in bytes (``/proc/self/statm``, a few microseconds), 0 where it cannot be
-    read. (glibc's ``mallinfo2`` would count reused heap too, but it walks every free chunk: 0.4 s on a heap of
-    200,000 freed tensors.)"""
+    """The memory the window watch reads: the process's resident size in bytes (``/proc/<pid>/statm``, a few
+    microseconds), 0 where it cannot be read. (glibc's ``mallinfo2`` would count reused heap too, but it walks
+    every free chunk: 0.4 s on a heap of 200,000 freed tensors.)"""
+    pid = os.getpid()
     try:
-        if not _statm:
-            _statm.append(os.open("/proc/self/statm", os.O_RDONLY))
-        return int(os.pread(_statm[0], 128, 0).split()[1]) * _PAGE
+        fd = _statm.get(pid)
+        if fd is None:
+            fd = _statm[pid] = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+        return int(os.pread(fd, 128, 0).split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return 0
 
