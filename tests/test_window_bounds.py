@@ -148,7 +148,7 @@ def test_a_window_past_the_cap_stops_mid_step_and_says_so(tmp_path: Path, caplog
         assert window["truncated"] == "events" and window["num_steps"] == 1  # stopped within its step
         events = window["events"]
         assert events["max"] == 2000 and 0 < events["kept"] <= 2000
-        assert events["per_step"] >= events["kept"] + events["dropped"] > 1000
+        assert events["per_step"] >= events["kept"] + events["dropped"] > 0  # a step makes at least as many
         assert window["operators"]["operators"] <= events["kept"]
         _check_cost(window)
     for before, after in itertools.pairwise(found):
