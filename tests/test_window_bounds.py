@@ -150,6 +150,7 @@ def test_a_window_past_the_cap_stops_mid_step_and_says_so(tmp_path: Path, caplog
         assert events["max"] == 2000 and 0 < events["kept"] <= 2000
         assert events["per_step"] >= events["kept"] + events["dropped"] > 0  # a step makes at least as many
         assert window["operators"]["operators"] <= events["kept"]
+        assert window["operator_spans"] > 0  # under the step it stopped in, once that step ended
         _check_cost(window)
     for before, after in itertools.pairwise(found):
         assert after["start_step"] > before["start_step"]  # one segment at a time, never overlapping

@@ -287,7 +287,8 @@ class ProfileWindows:
 
     def _stop(self, window: _Window, truncated: str | None, *, mid_step: bool) -> None:
         """End a running window (lock held, training thread): at its last step's end, or early."""
-        done = hot.next_step_number(window.phase) - window.start_step  # the step under way counts (mid-step)
+        # the step under way counts (mid-step); at least one step ran under the profiler whatever the numbering
+        done = max(hot.next_step_number(window.phase) - window.start_step, 1)
         window.steps_profiled = done
         window.whole_steps = done - 1 if mid_step else done
         window.truncated = truncated
@@ -583,6 +584,7 @@ def _process(windows: ProfileWindows, window: _Window, ended_ns: int, began: flo
     kept = dropped = 0
     summary = summarize_parsed(operators.ParsedTrace(), window.top)
     recorder = session.recorder
+    wait = max(AFTER_STEP_WAIT, 2 * _baseline_ns(window) / 1e9)  # slow steps: the step after may take minutes
     if trace is not None:
         try:
             parsed: operators.ParsedTrace | None
@@ -599,6 +601,7 @@ def _process(windows: ProfileWindows, window: _Window, ended_ns: int, began: flo
                 record["trace_file"] = os.path.basename(keep)
             window_stats = operators.window_summary(parsed, config.profile_top_k, kernel_precision)
             record["operators"] = window_stats
+            window.measured.wait(wait)  # a window stopped mid-step: its last step's record comes as it ends
             recorder.drain()  # the window's step records, so that their spans exist
             steps = recorder.window_steps(window.phase or hot.current_phase(), window.start_step,
                                           window.steps_profiled or window.num_steps)
@@ -622,7 +625,6 @@ def _process(windows: ProfileWindows, window: _Window, ended_ns: int, began: flo
         warn_once("profile:truncated", "otelprof: a profiling window reached %d profiler events (%s steps of "
                   "phase %s); windows stop there and later ones are planned shorter (OTELPROF_PROFILE_MAX_EVENTS)",
                   max_events, window.steps_profiled, window.phase)
-    wait = max(AFTER_STEP_WAIT, 2 * _baseline_ns(window) / 1e9)  # slow steps: the step after may take minutes
     if window.measured.wait(wait):
         window.counted.wait(wait)
     if window.flop_count is not None:
