@@ -234,8 +234,8 @@ class Recorder:
     def typical_step(self, phase: str) -> float:
         """Median duration in seconds of the last steps of ``phase`` the recorder saw (0: none yet): the baseline
         of a profiling window that had no steps of its own before it (a capture)."""
-        detector = self._outliers.get(phase)
-        recent = sorted(detector.window) if detector is not None else []
+        judge = self._outliers.get(phase)
+        recent = sorted(judge.time.window) if judge is not None else []
         return recent[len(recent) // 2] if recent else 0.0
 
     def window_steps(self, phase: str, start_step: int, num_steps: int) -> list[StepSpan]:
