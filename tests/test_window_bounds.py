@@ -159,6 +159,53 @@ def test_a_window_past_the_cap_stops_mid_step_and_says_so(tmp_path: Path, caplog
     assert sum("profiler events" in r.getMessage() for r in caplog.records) == 1  # said once
 
 
+class WarmingUp(torch.nn.Module):
+    """A model whose first call allocates a large buffer it keeps (lazy initialisation: the job's warm-up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buffer: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.buffer is None:
+            self.buffer = torch.ones(16 * 1024 * 1024)  # 64 MiB, every page touched
+        return x.add(1.0)
+
+
+def test_a_window_over_the_jobs_first_steps_is_not_stopped_by_their_warm_up_memory(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # 64 MiB grown in the window's first step is 560,000 events at 120 B each, past the default cap of 100,000;
+    # with no step measured before the window, that growth is the steps' own (the time estimate still bounds it)
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, profile_every=0, profile_flops=False)
+    model = WarmingUp()
+    otorch.instrument(model=model)
+    learned = otorch_windows().costs.live_bytes_per_event
+    otorch.profile_window(0, 2)
+    _steps(model, 4, 3)
+    [window] = _profiles(session, 1)
+    otelprof.shutdown()
+    assert model.buffer is not None
+    assert "truncated" not in window and window["num_steps"] == 2 and window["events"]["dropped"] == 0
+    assert window["events"]["heap_growth_bytes"] == 0  # nothing taken for events, nothing learned from it
+    assert otorch_windows().costs.live_bytes_per_event == learned
+    assert not any("profiler events" in r.getMessage() for r in caplog.records)
+
+
+def test_the_heap_watch_counts_growth_only_against_a_measured_step() -> None:
+    unknown, measured = window_bounds.HeapWatch(120.0, None), window_bounds.HeapWatch(120.0, 0)
+    block = torch.ones(8 * 1024 * 1024)  # 32 MiB
+    assert unknown.events(force=True) >= 0 and measured.events(force=True) >= 0
+    assert unknown.growth() == 0
+    assert measured.growth() >= 16 * 1024 * 1024  # most of the block's pages are resident
+    del block
+
+
+def otorch_windows() -> Any:
+    from otelprof.integrations.torch_profiler import windows
+
+    return windows
+
+
 def hot_next() -> int:
     return hot.next_step_number()
 

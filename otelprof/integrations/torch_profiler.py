@@ -449,7 +449,8 @@ class ProfileWindows:
                     window.profiler.start()
                     del before  # see UNKNOWN_FREE_WARNING
             # from here: what starting the profiler allocates once (Kineto's buffers) is no event
-            window.watch = window_bounds.HeapWatch(self.costs.live_bytes_per_event, self._step_heap.most,
+            step_heap = self._step_heap.most if self._step_heap.measured else None  # unknown: no memory estimate
+            window.watch = window_bounds.HeapWatch(self.costs.live_bytes_per_event, step_heap,
                                                    self.costs.events_per_second.get(window.phase or "", 0.0))
         except Exception as exc:  # another profiler is active, or Kineto is unavailable
             window.thread = 0

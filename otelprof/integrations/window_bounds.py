@@ -9,8 +9,9 @@ So a window holds at most ``OTELPROF_PROFILE_MAX_EVENTS`` events:
   gets at most ``max_events / events_per_step`` steps (at least one);
 * it is watched while it runs: at each step boundary and each module call (at most once a millisecond), the
   process's resident memory growth since the window began, less what the steps themselves allocate (measured in
-  the steps before it), divided by the memory an event takes while recorded (measured,
-  :data:`LIVE_BYTES_PER_EVENT` until then), and its time so far at the event rate the last window of the phase
+  the steps before it; with no step measured before it, as at a job's first steps, memory is not used),
+  divided by the memory an event takes while recorded (measured, :data:`LIVE_BYTES_PER_EVENT` until then), and
+  its time so far at the event rate the last window of the phase
   measured, estimate the events so far; past the cap the window stops there, mid-step if need be;
 * its trace is read with the same cap: events past it are counted as dropped, never held.
 
@@ -107,9 +108,11 @@ class HeapWatch:
     growth over the memory an event takes and its time so far at the event rate of the last window (memory freed
     before the window, by the steps or the last window's results, is reused without growing it)."""
 
-    def __init__(self, bytes_per_event: float, step_heap: int, events_per_second: float = 0.0) -> None:
+    def __init__(self, bytes_per_event: float, step_heap: int | None, events_per_second: float = 0.0) -> None:
         self.bytes_per_event = bytes_per_event
         self.step_heap = step_heap
+        """None: no step was measured before the window (its first steps may be the job's warm-up, whose lazy
+        allocations are no events): the time estimate alone bounds it, and its growth teaches nothing."""
         self.rate = events_per_second * RATE_MARGIN if events_per_second > 0 else FIRST_RATE
         self.start = heap_in_use()
         self.peak = self.start
@@ -117,7 +120,10 @@ class HeapWatch:
         self._next_ns = 0
 
     def growth(self) -> int:
-        """Heap growth so far beyond what the steps allocate of their own (bytes, at least 0)."""
+        """Heap growth so far beyond what the steps allocate of their own (bytes, at least 0; 0 when the steps'
+        own growth is unknown)."""
+        if self.step_heap is None:
+            return 0
         return max(self.peak - self.start - self.step_heap, 0)
 
     def events(self, force: bool = False) -> float:
@@ -136,6 +142,8 @@ class StepHeap:
     def __init__(self) -> None:
         self.begin = 0
         self.most = 0
+        self.measured = False
+        """A step was read before a window (else ``most`` says nothing)."""
         self._next_ns = 0
 
     def step_began(self) -> None:
@@ -146,3 +154,4 @@ class StepHeap:
         if self.begin and now >= self._next_ns:
             self._next_ns = now + CHECK_INTERVAL_NS
             self.most = max(self.most, heap_in_use() - self.begin)
+            self.measured = True
