@@ -191,6 +191,26 @@ def test_a_window_over_the_jobs_first_steps_is_not_stopped_by_their_warm_up_memo
     assert not any("profiler events" in r.getMessage() for r in caplog.records)
 
 
+def test_a_window_of_steps_that_wait_is_not_cut_by_the_first_window_rate(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # three steps of 0.3 s waiting (I/O, a GPU) with a few operators: 0.9 s of wall clock is 180,000 events at the
+    # first window's 200,000 a second, past the default cap; CPU time of the window's thread is what records events
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, profile_every=0, profile_flops=False)
+    model = Tiny()
+    otorch.instrument(model=model)
+    otorch.profile_window(1, 3)
+    x = torch.randn(4)
+    for _ in range(6):
+        with otelprof.step():
+            model(x)
+            time.sleep(0.3)
+    [window] = _profiles(session, 1)
+    otelprof.shutdown()
+    assert "truncated" not in window and window["num_steps"] == 3 and window["events"]["dropped"] == 0
+    assert 0 < window["events"]["kept"] < 100_000
+    assert not any("profiler events" in r.getMessage() for r in caplog.records)
+
+
 def test_the_heap_watch_counts_growth_only_against_a_measured_step() -> None:
     unknown, measured = window_bounds.HeapWatch(120.0, None), window_bounds.HeapWatch(120.0, 0)
     block = torch.ones(8 * 1024 * 1024)  # 32 MiB
@@ -198,6 +218,12 @@ def test_the_heap_watch_counts_growth_only_against_a_measured_step() -> None:
     assert unknown.growth() == 0
     assert measured.growth() >= 16 * 1024 * 1024  # most of the block's pages are resident
     del block
+
+
+def test_busy_time_is_cpu_time_allowing_for_a_busy_machine_never_past_the_wall_clock() -> None:
+    assert window_bounds.busy_seconds(1.0, 0.1) == pytest.approx(0.1 / window_bounds.MIN_CPU_SHARE)  # mostly waited
+    assert window_bounds.busy_seconds(1.0, 0.9) == 1.0  # ran throughout
+    assert window_bounds.busy_seconds(1.0, 0.0) == 0.0  # slept: no events recorded
 
 
 def otorch_windows() -> Any:

@@ -759,7 +759,8 @@ def _process(windows: ProfileWindows, window: _Window, ended_ns: int, began: flo
     if dropped and window.truncated is None:
         window.truncated = "events"
     growth = window.watch.growth() if window.watch is not None else 0
-    windows.costs.learn(window.phase, kept + dropped, window.whole_steps, growth, (ended_ns - window.started_ns) / 1e9)
+    busy_s = window.watch.busy_seconds if window.watch is not None else 0.0  # as the watch reads it
+    windows.costs.learn(window.phase, kept + dropped, window.whole_steps, growth, busy_s)
     record["events"] = {"kept": kept, "dropped": dropped, "max": max_events, "heap_growth_bytes": growth,
                         "per_step": round(windows.costs.events_per_step.get(window.phase or "", 0.0), 1)}
     record["segment"] = window.segment

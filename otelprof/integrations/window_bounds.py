@@ -11,7 +11,7 @@ So a window holds at most ``OTELPROF_PROFILE_MAX_EVENTS`` events:
   process's resident memory growth since the window began, less what the steps themselves allocate (measured in
   the steps before it; with no step measured before it, as at a job's first steps, memory is not used),
   divided by the memory an event takes while recorded (measured, :data:`LIVE_BYTES_PER_EVENT` until then), and
-  its time so far at the event rate the last window of the phase
+  its busy time so far (:func:`busy_seconds`) at the event rate the last window of the phase
   measured, estimate the events so far; past the cap the window stops there, mid-step if need be;
 * its trace is read with the same cap: events past it are counted as dropped, never held.
 
@@ -65,7 +65,7 @@ class EventCosts:
     step_heap: int = 0
     """The most the heap grew within a step before a window (the steps' own allocations, not the profiler's)."""
     events_per_second: dict[str, float] = field(default_factory=dict)
-    """Per phase, the events a second the last window recorded while it ran."""
+    """Per phase, the events a busy second the last window recorded while it ran."""
 
     def plan(self, requested: int, phase: str | None, max_events: int) -> int:
         """Steps of a window asked to cover ``requested`` steps that stay within ``max_events``."""
@@ -75,9 +75,9 @@ class EventCosts:
         return max(1, min(requested, int(max_events // per_step)))
 
     def learn(self, phase: str | None, events: int, whole_steps: int, heap_growth: int, seconds: float = 0.0) -> None:
-        """A window of ``events`` events (kept and dropped) over ``whole_steps`` complete steps (0: it stopped
-        within its first step), that ran ``seconds``, grew the heap by ``heap_growth`` bytes beyond its steps' own
-        allocations."""
+        """A window of ``events`` events (kept and dropped) over ``whole_steps`` complete steps (0: it stopped within
+        its first step), that ran ``seconds`` (busy seconds), grew the heap by ``heap_growth`` bytes
+        beyond its steps' own allocations."""
         if events <= 0:
             return
         if seconds > 0:
@@ -96,17 +96,31 @@ RATE_MARGIN = 1.5
 """The events a second a window records are taken as this much more than the last window measured (the machine
 may be less busy than it was)."""
 FIRST_RATE = 200_000.0
-"""Events a second assumed before any window of the phase measured its rate, so that a first window stops after
-max_events / FIRST_RATE seconds at the latest (0.5 s at the default cap). Resident memory alone missed it: an
-LBFGS step of pytorch/examples' time_sequence_prediction frees and reuses so much memory that a window recorded
-2.0 M events while the resident size grew by 12 MB. The profiler records up to 0.65-2 M tiny CPU operators' events
-a second (measured), so a first window can still run past the cap by a few times, once."""
+"""Events a busy second (:func:`busy_seconds`) assumed before any window of the phase measured its rate, so that a
+first window stops after max_events / FIRST_RATE busy seconds at the latest (0.5 s at the default cap; a step that
+sleeps or waits for I/O records no events while it waits, and is not cut short for it). Resident memory
+alone missed it: an LBFGS step of pytorch/examples' time_sequence_prediction frees and reuses so much memory that
+a window recorded 2.0 M events while the resident size grew by 12 MB. The profiler records up to 0.65-2 M tiny CPU
+operators' events a second (measured), so a first window can still run past the cap by a few times, once."""
+
+
+MIN_CPU_SHARE = 0.5
+"""A thread that runs gets at least this share of a core while the machine is busy (its CPU time then lags the
+wall clock)."""
+
+
+def busy_seconds(wall: float, cpu: float) -> float:
+    """The time a window's thread spent recording events: its CPU time, over :data:`MIN_CPU_SHARE` for the time it
+    waited for a core, never more than the wall clock. A step that sleeps, waits for I/O or for another thread
+    records no events meanwhile (the wall clock alone cut a window of 0.3 s steps at its second step)."""
+    return min(wall, cpu / MIN_CPU_SHARE)
 
 
 class HeapWatch:
     """A running window: :meth:`events` estimates the events recorded so far, the larger of its resident memory's
-    growth over the memory an event takes and its time so far at the event rate of the last window (memory freed
-    before the window, by the steps or the last window's results, is reused without growing it)."""
+    growth over the memory an event takes and its busy time so far at the event rate of the last window (memory
+    freed before the window, by the steps or the last window's results, is reused without growing it). Made and
+    read on the window's thread (the CPU time it reads is that thread's)."""
 
     def __init__(self, bytes_per_event: float, step_heap: int | None, events_per_second: float = 0.0) -> None:
         self.bytes_per_event = bytes_per_event
@@ -117,6 +131,9 @@ class HeapWatch:
         self.start = heap_in_use()
         self.peak = self.start
         self.began_ns = time.perf_counter_ns()
+        self.began_cpu_ns = time.thread_time_ns()
+        self.busy_seconds = 0.0
+        """The window's busy time at the last estimate (:func:`busy_seconds`; a window's rate is per busy second)."""
         self._next_ns = 0
 
     def growth(self) -> int:
@@ -133,7 +150,8 @@ class HeapWatch:
         if force or now >= self._next_ns:
             self._next_ns = now + CHECK_INTERVAL_NS
             self.peak = max(self.peak, heap_in_use())
-        return max(self.growth() / self.bytes_per_event, (now - self.began_ns) / 1e9 * self.rate)
+        self.busy_seconds = busy_seconds((now - self.began_ns) / 1e9, (time.thread_time_ns() - self.began_cpu_ns) / 1e9)
+        return max(self.growth() / self.bytes_per_event, self.busy_seconds * self.rate)
 
 
 class StepHeap:
