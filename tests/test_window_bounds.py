@@ -194,7 +194,7 @@ def test_a_window_over_the_jobs_first_steps_is_not_stopped_by_their_warm_up_memo
 def test_a_window_of_steps_that_wait_is_not_cut_by_the_first_window_rate(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # three steps of 0.3 s waiting (I/O, a GPU) with a few operators: 0.9 s of wall clock is 180,000 events at the
-    # first window's 200,000 a second, past the default cap; CPU time of the window's thread is what records events
+    # first window's 200,000 a second, past the default cap; the busy time of the window's thread records events
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, profile_every=0, profile_flops=False)
     model = Tiny()
     otorch.instrument(model=model)
@@ -230,6 +230,37 @@ def otorch_windows() -> Any:
     from otelprof.integrations.torch_profiler import windows
 
     return windows
+
+
+def test_the_watch_stops_a_window_past_its_cap_on_the_thread_that_started_it(tmp_path: Path) -> None:
+    import threading
+
+    from otelprof.integrations.torch_profiler import windows
+
+    session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, profile_every=0, profile_flops=False,
+                            profile_max_events=2000)
+    model = Tiny()
+    otorch.instrument(model=model)
+    otorch.profile_window(hot_next(), 10)
+    x = torch.randn(4)
+    calls = 0
+    with otelprof.step():
+        running = windows._running
+        assert running is not None and torch.autograd.profiler._is_profiler_enabled
+        helper = Tiny()  # not the instrumented model: its calls are module calls, no steps
+        other = threading.Thread(target=lambda: [helper(x) for _ in range(3000)])  # on another thread
+        other.start()
+        other.join()
+        assert windows._running is running  # not a checkpoint: the profiler is this thread's to stop
+        assert torch.autograd.profiler._is_profiler_enabled
+        while windows._running is running and calls < 100_000:
+            model(x)  # a checkpoint of the window's own thread
+            calls += 1
+        assert windows._running is None and not torch.autograd.profiler._is_profiler_enabled  # stopped mid-step
+    [window] = _profiles(session, 1)
+    otelprof.shutdown()
+    assert window["truncated"] == "events" and window["num_steps"] == 1 and window["segment"] == 0
+    assert 0 < window["events"]["kept"] <= 2000
 
 
 def hot_next() -> int:
