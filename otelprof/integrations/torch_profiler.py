@@ -449,7 +449,9 @@ class ProfileWindows:
                     window.profiler.start()
                     del before  # see UNKNOWN_FREE_WARNING
             # from here: what starting the profiler allocates once (Kineto's buffers) is no event
-            step_heap = self._step_heap.most if self._step_heap.measured else None  # unknown: no memory estimate
+            # a window over the job's first steps with none measured before it: their lazy allocations are no events
+            warm_up = not self._step_heap.measured and window.start_step < BASELINE_STEPS
+            step_heap = None if warm_up else self._step_heap.most
             window.watch = window_bounds.HeapWatch(self.costs.live_bytes_per_event, step_heap,
                                                    self.costs.events_per_second.get(window.phase or "", 0.0))
         except Exception as exc:  # another profiler is active, or Kineto is unavailable

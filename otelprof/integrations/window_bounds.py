@@ -9,7 +9,7 @@ So a window holds at most ``OTELPROF_PROFILE_MAX_EVENTS`` events:
   gets at most ``max_events / events_per_step`` steps (at least one);
 * it is watched while it runs: at each step boundary and each module call (at most once a millisecond), the
   process's resident memory growth since the window began, less what the steps themselves allocate (measured in
-  the steps before it; with no step measured before it, as at a job's first steps, memory is not used),
+  the steps before it; a window over a job's first steps with none measured before it is not judged by memory),
   divided by the memory an event takes while recorded (measured, :data:`LIVE_BYTES_PER_EVENT` until then), and
   its busy time so far (:func:`busy_seconds`) at the event rate the last window of the phase
   measured, estimate the events so far; past the cap the window stops there, mid-step if need be;
@@ -125,7 +125,7 @@ class HeapWatch:
     def __init__(self, bytes_per_event: float, step_heap: int | None, events_per_second: float = 0.0) -> None:
         self.bytes_per_event = bytes_per_event
         self.step_heap = step_heap
-        """None: no step was measured before the window (its first steps may be the job's warm-up, whose lazy
+        """None: the window covers the job's first steps and no step was measured before it (the warm-up's lazy
         allocations are no events): the time estimate alone bounds it, and its growth teaches nothing."""
         self.rate = events_per_second * RATE_MARGIN if events_per_second > 0 else FIRST_RATE
         self.start = heap_in_use()
