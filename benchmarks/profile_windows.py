@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -62,7 +63,7 @@ def _profiler(steps: int) -> float:
         return (time.perf_counter() - began) / steps
 
 
-def _otelprof(steps: int, overheads: list[float], every: float = 600.0) -> float:
+def _otelprof(steps: int, windows: list[dict[str, Any]], every: float = 600.0) -> float:
     step, model, optimizer = _parts()
     with tempfile.TemporaryDirectory() as tmp:
         session = otelprof.init(record_dir=tmp, system_metrics=False, profile_warmup=0.0, profile_every=every,
@@ -81,7 +82,7 @@ def _otelprof(steps: int, overheads: list[float], every: float = 600.0) -> float
             time.sleep(0.05)
         run_dir = session.run_dir
         otelprof.shutdown()
-        overheads.extend(p["overhead_s"] for p in read_recording(run_dir).ranks[0].profiles())
+        windows.extend(read_recording(run_dir).ranks[0].profiles())
         otorch.uninstrument()
     return elapsed
 
@@ -92,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    overheads: list[float] = []
+    windows: list[dict[str, Any]] = []
     variants: dict[str, Callable[[], float]] = {
         "bare": lambda: _bare(args.steps),
-        "otelprof": lambda: _otelprof(args.steps, overheads),
+        "otelprof": lambda: _otelprof(args.steps, windows),
         "no-window": lambda: _otelprof(args.steps, [], every=0.0),
         "profiler": lambda: _profiler(args.steps),
     }
@@ -111,12 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in results.items():
         median = statistics.median(values)
         print(f"  {name:9} {median * 1e3:8.3f} ms   ({(median / bare - 1) * 100:+6.1f} % vs bare)")
+    overheads = [w["overhead_s"] for w in windows]
     if overheads:
         window = statistics.median(overheads)
         print(f"periodic window (3 steps): overhead X median {window * 1e3:.1f} ms over {len(overheads)} windows "
               f"(min {min(overheads) * 1e3:.1f}, max {max(overheads) * 1e3:.1f})")
         print(f"amortized at the default 600 s interval: {window / 600 * 100:.4f} % of training time "
               f"(budget 1 %: the interval stretches past {window / 0.01:.1f} s only when X exceeds 6 s)")
+        for part in ("steps_s", "flop_step_s", "processing_s"):
+            values = [w["cost"][part] for w in windows if "cost" in w]
+            if values:
+                print(f"  of which {part[:-2]:10} median {statistics.median(values) * 1e3:.1f} ms")
+        kept = [w["events"]["kept"] for w in windows if "events" in w]
+        if kept:
+            print(f"profiler events per window: median {statistics.median(kept):.0f} "
+                  f"(cap OTELPROF_PROFILE_MAX_EVENTS {windows[0]['events']['max']})")
     return 0
 
 

@@ -61,6 +61,7 @@ class Config:
     profile_top_k: int = 10
     profile_flops: bool = True
     profile_memory: bool = True
+    profile_max_events: int = 100_000
     peak_flops: float = 0.0
     outlier_sigma: float = thresholds.OUTLIER_SIGMA
     outlier_min_steps: int = 20
@@ -338,6 +339,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "profile_top_k": _ranged(int, 1, 100),
     "profile_flops": _parse_bool,
     "profile_memory": _parse_bool,
+    "profile_max_events": _ranged(int, 1000, 10_000_000),
     "peak_flops": _ranged(float, 0.0, 1e20),
     "outlier_sigma": _ranged(float, 0.0, 100.0),
     "outlier_min_steps": _ranged(int, 2, 1_000_000),
@@ -393,6 +395,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "profile_budget": lambda v: _in_range(v, 0.0, 1.0),
     "profile_max_spans": lambda v: _in_range(v, 0, 100_000),
     "profile_top_k": lambda v: _in_range(v, 1, 100),
+    "profile_max_events": lambda v: _in_range(v, 1000, 10_000_000),
     "peak_flops": lambda v: _in_range(v, 0.0, 1e20),
     "outlier_sigma": lambda v: _in_range(v, 0.0, 100.0),
     "outlier_min_ratio": lambda v: _in_range(v, 1.0, 100.0),

@@ -58,6 +58,7 @@ OTELPROF_PROFILE_MAX_SPANS = "OTELPROF_PROFILE_MAX_SPANS"
 OTELPROF_PROFILE_TOP_K = "OTELPROF_PROFILE_TOP_K"
 OTELPROF_PROFILE_FLOPS = "OTELPROF_PROFILE_FLOPS"
 OTELPROF_PROFILE_MEMORY = "OTELPROF_PROFILE_MEMORY"
+OTELPROF_PROFILE_MAX_EVENTS = "OTELPROF_PROFILE_MAX_EVENTS"
 OTELPROF_PEAK_FLOPS = "OTELPROF_PEAK_FLOPS"
 OTELPROF_OUTLIER_SIGMA = "OTELPROF_OUTLIER_SIGMA"
 OTELPROF_OUTLIER_MIN_STEPS = "OTELPROF_OUTLIER_MIN_STEPS"
@@ -186,6 +187,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_PROFILE_MEMORY, "profile_memory", "true",
            "Profiling windows record allocations (`torch.profiler` `profile_memory`): the top allocating "
            "operators and each window's memory curve."),
+    EnvVar(OTELPROF_PROFILE_MAX_EVENTS, "profile_max_events", "100000",
+           "Profiler events a window may hold (1000-10000000): about 2 kB of memory and 20 us of work each. Windows "
+           "are planned short enough from the events per step measured before, and stop early (mid-step if need "
+           "be) when their memory growth or their time at the measured event rate says the cap is reached; a longer "
+           "capture goes on in further windows."),
     EnvVar(OTELPROF_PEAK_FLOPS, "peak_flops", "0",
            "Peak FLOP/s of the device for MFU, replacing the built-in table of GPU models and dtypes (0: the table; "
            "a CPU run has no utilization unless this is set)."),

@@ -231,6 +231,13 @@ class Recorder:
     def span_builder(self) -> SpanBuilder:
         return self._spans
 
+    def typical_step(self, phase: str) -> float:
+        """Median duration in seconds of the last steps of ``phase`` the recorder saw (0: none yet): the baseline
+        of a profiling window that had no steps of its own before it (a capture)."""
+        judge = self._outliers.get(phase)
+        recent = sorted(judge.time.window) if judge is not None else []
+        return recent[len(recent) // 2] if recent else 0.0
+
     def window_steps(self, phase: str, start_step: int, num_steps: int) -> list[StepSpan]:
         """The spans of a window's steps that were traced (a sampler may have dropped some)."""
         with self._drain_lock:

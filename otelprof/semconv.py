@@ -53,6 +53,9 @@ LABEL_DEVICE_KIND = "device"
 LABEL_OPERATOR = "operator"
 LABEL_CATEGORY = "category"
 LABEL_PRECISION = "precision"
+LABEL_COST_PART = "part"
+PROFILE_COST_PARTS: tuple[str, ...] = ("steps", "flop_step", "processing")
+LABEL_EVENT_OUTCOME = "outcome"
 OPERATOR_CATEGORIES: tuple[str, ...] = ("matmul", "convolution", "attention", "normalization", "elementwise",
                                         "memory_copy", "communication", "other")
 GPU_LABELS: tuple[str, ...] = (LABEL_GPU, LABEL_HW_ID)
@@ -296,7 +299,8 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
                   "could not use (a name that is not a string, a value that is not a number); record_error: "
                   "records the recorder failed to process."),
     AttributeSpec(LABEL_REASON, "metric", "Why a span was built; on otelprof.sampler.errors the error; "
-                  "on otelprof.gpu.throttle the clock-event reason."),
+                  "on otelprof.gpu.throttle the clock-event reason; on otelprof.profile.truncated why the window "
+                  "stopped early (events)."),
     AttributeSpec(LABEL_GPU, "metric", "GPU index as NVML numbers them in the container."),
     AttributeSpec(LABEL_HW_ID, "metric", "GPU UUID (OTel hw.id); `MIG-...` for a MIG instance."),
     AttributeSpec(LABEL_HW_PARENT, "metric", "On otelprof.gpu.info of a MIG instance: its GPU's UUID."),
@@ -314,6 +318,9 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
     AttributeSpec(LABEL_SOURCE, "metric", "Telemetry source of a sampler error: psutil, cgroup, nvml."),
     AttributeSpec(LABEL_ENDPOINT, "metric", "Which in-process server: metrics (/metrics) or control."),
     AttributeSpec(LABEL_METRIC, "metric", "The OTel name of the metric whose label sets were folded."),
+    AttributeSpec(LABEL_COST_PART, "metric", "Part of a profiling window's cost: " + ", ".join(PROFILE_COST_PARTS)
+                  + "."),
+    AttributeSpec(LABEL_EVENT_OUTCOME, "metric", "kept or dropped (profiler events past the window's cap)."),
     AttributeSpec(LABEL_DEVICE_KIND, "metric", "cpu (host operators) or gpu (kernels, memcpy, memset)."),
     AttributeSpec(LABEL_OPERATOR, "metric", "Operator or kernel name (120 characters at most): the last window's "
                   "top `OTELPROF_PROFILE_TOP_K` by self time, the rest summed as `other`."),
@@ -472,6 +479,25 @@ PROFILE_OVERHEAD = MetricSpec(
     "otelprof.profile.overhead", Kind.COUNTER, "s",
     "Time the profiling windows added to training: each window's steps (and starting/stopping the profiler) "
     "beyond the same number of steps just before it, plus the window's processing time.")
+PROFILE_COST = MetricSpec(
+    "otelprof.profile.cost", Kind.COUNTER, "s",
+    "What the profiling windows cost training, by part: steps (the window's steps, with starting and stopping the "
+    "profiler, beyond as many steps at the pace just before it), flop_step (the FLOP-counted step after it beyond "
+    "one step) and processing (CPU time of the thread summarising it, which holds the interpreter's lock while it "
+    "runs). The parts add up to otelprof.profile.overhead; the periodic schedule keeps it within "
+    "OTELPROF_PROFILE_BUDGET of its interval.", (LABEL_COST_PART,))
+PROFILE_EVENTS = MetricSpec(
+    "otelprof.profile.events", Kind.COUNTER, "{event}",
+    "Profiler events of the profiling windows: kept (summarised) or dropped (past OTELPROF_PROFILE_MAX_EVENTS in "
+    "a window).", (LABEL_EVENT_OUTCOME,))
+PROFILE_TRUNCATED = MetricSpec(
+    "otelprof.profile.truncated", Kind.COUNTER, "{window}",
+    "Profiling windows that stopped before their planned steps, by reason: events (the window reached "
+    "OTELPROF_PROFILE_MAX_EVENTS).", (LABEL_REASON,))
+PROFILE_INTERVAL = MetricSpec(
+    "otelprof.profile.interval", Kind.GAUGE, "s",
+    "Seconds from the end of the last periodic profiling window to the next: OTELPROF_PROFILE_EVERY, or the last "
+    "window's cost divided by OTELPROF_PROFILE_BUDGET when that is longer.")
 OPERATOR_SELF_TIME = MetricSpec(
     "otelprof.operator.self_time", Kind.GAUGE, "s",
     "Per profiled step in the last profiling window: self time of each of the top operators (cpu) and kernels "
@@ -712,6 +738,7 @@ STEP_METRICS: tuple[MetricSpec, ...] = (
 FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
     DATALOADER_WORKERS, DATALOADER_PIN_MEMORY, CUDA_MEMORY_ALLOCATED, CUDA_MEMORY_RESERVED, CUDA_MEMORY_PEAK,
     CUDA_MEMORY_FRAGMENTATION, REGION_DEVICE_DURATION, INTEGRATION_ERRORS, PROFILE_WINDOWS, PROFILE_OVERHEAD,
+    PROFILE_COST, PROFILE_EVENTS, PROFILE_TRUNCATED, PROFILE_INTERVAL,
     OPERATOR_SELF_TIME,
     OPERATOR_TOTAL_TIME, OPERATOR_CALLS, OPERATOR_LAUNCHES, OPERATOR_CATEGORY_TIME, OPERATOR_HOST_RATIO,
     KERNEL_PRECISION, OPERATOR_ALLOCATED, PROFILE_MEMORY_PEAK, MODEL_FLOPS, MODEL_FLOPS_ACHIEVED,

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,75 +113,190 @@ def parse_kineto_trace(trace: Mapping[str, Any], shift_ns: int = 0) -> ParsedTra
     Timestamps become Unix ns: ``ts`` (µs) plus the trace's ``baseTimeNanoseconds`` when it has one, plus
     ``shift_ns`` (the caller's correction from the profiler's clock to its own). Malformed events are skipped.
     """
-    base_ns = _int(trace.get("baseTimeNanoseconds"))
     events = trace.get("traceEvents")
     if not isinstance(events, list):
         return ParsedTrace()
-    host: list[tuple[int, int, int, str, str, int | None]] = []  # start, end, thread, name, cat, correlation
-    device_raw: list[tuple[dict[str, Any], int, int]] = []
-    memory_raw: list[tuple[int, int, Mapping[str, Any]]] = []
+    collector = TraceCollector()
     for event in events:
+        collector.add(event)
+    return collector.finish(_int(trace.get("baseTimeNanoseconds")) + shift_ns)
+
+
+class TraceCollector:
+    """:func:`parse_kineto_trace` one event at a time, keeping at most ``max_events`` of them (host operators,
+    launches, device and memory events; the rest are counted in ``dropped``), so that a trace read as a stream
+    (:func:`read_trace_file`) is parsed in bounded memory. ``pause`` is called every :data:`CHUNK` events
+    while nesting, to let other threads run."""
+
+    def __init__(self, max_events: int = 0, pause: Callable[[], None] | None = None) -> None:
+        self.max_events = max_events
+        self.pause = pause
+        self.kept = 0
+        self.dropped = 0
+        self._host: list[tuple[int, int, int, str, str, int | None]] = []  # start, end, thread, name, cat, corr
+        self._device: list[tuple[dict[str, Any], int, int]] = []
+        self._memory: list[tuple[int, int, Mapping[str, Any]]] = []
+
+    def add(self, event: Any) -> None:
         if not isinstance(event, dict):
-            continue
-        if event.get("ph") in ("i", "I") and event.get("name") == MEMORY_EVENT:
+            return
+        phase = event.get("ph")
+        if phase in ("i", "I") and event.get("name") == MEMORY_EVENT:
+            if self._full():
+                return
             with contextlib.suppress(KeyError, TypeError, ValueError):
-                memory_raw.append((round(float(event["ts"]) * 1000) + base_ns + shift_ns, _int(event.get("tid")),
-                                   _args(event)))
-            continue
-        if event.get("ph") != "X":
-            continue
+                self._memory.append((round(float(event["ts"]) * 1000), _int(event.get("tid")), _args(event)))
+                self.kept += 1
+            return
+        if phase != "X":
+            return
         category = event.get("cat")
+        host = category in HOST_CATEGORIES or category in LAUNCH_CATEGORIES
+        if not host and category not in DEVICE_CATEGORIES:
+            return
         try:
-            start = round(float(event["ts"]) * 1000) + base_ns + shift_ns
+            start = round(float(event["ts"]) * 1000)
             end = start + max(round(float(event.get("dur", 0)) * 1000), 0)
         except (KeyError, TypeError, ValueError):
-            continue
-        args = _args(event)
-        if category in HOST_CATEGORIES or category in LAUNCH_CATEGORIES:
+            return
+        if self._full():
+            return
+        self.kept += 1
+        if host:
+            args = _args(event)
             correlation = _int(args.get("correlation"), -1) if category in LAUNCH_CATEGORIES else None
-            host.append((start, end, _int(event.get("tid")), str(event.get("name", "")), category,
-                         None if correlation == -1 else correlation))
-        elif category in DEVICE_CATEGORIES:
-            device_raw.append((event, start, end))
-    parsed = ParsedTrace()
-    launches: dict[int, tuple[int | None, int]] = {}  # correlation -> (launching operator, launch time)
-    # Nest per thread: sorted by start, longest first, an event's parent is the innermost open one enclosing it.
-    host.sort(key=lambda h: (h[2], h[0], -h[1]))
-    stack: list[int] = []
-    thread = None
-    for start, end, tid, name, category, correlation in host:
-        if tid != thread:
-            thread, stack = tid, []
-        while stack and parsed.operators[stack[-1]].end_ns < end:
-            stack.pop()  # ended before this one, or overlaps it without enclosing it: not a parent
-        parent = stack[-1] if stack else None
-        if category in LAUNCH_CATEGORIES:
-            if correlation is not None:
-                launches[correlation] = (parent, start)
-            if parent is not None:
-                parsed.operators[parent].launches += 1
-            continue
-        depth = parsed.operators[parent].depth + 1 if parent is not None else 0
-        parsed.operators.append(Operator(name, start, end, tid, parent, depth))
-        stack.append(len(parsed.operators) - 1)
-    for op in parsed.operators:
-        op.self_ns = op.end_ns - op.start_ns
-    for op in parsed.operators:
-        if op.parent is not None:
-            parsed.operators[op.parent].self_ns -= op.end_ns - op.start_ns
-    for event, start, end in device_raw:
-        args = _args(event)
-        correlation = _int(args.get("correlation"), -1)
-        launcher, launch_ns = launches.get(correlation, (None, None))
-        raw_bytes = args.get("bytes")
-        parsed.device.append(DeviceOp(
-            str(event.get("name", "")), DEVICE_CATEGORIES[str(event.get("cat"))], start, end,
-            _int(args.get("device"), _int(event.get("pid"))), _int(args.get("stream"), _int(event.get("tid"))),
-            None if correlation == -1 else correlation, launcher, _dims(args.get("grid")), _dims(args.get("block")),
-            _int(raw_bytes) if raw_bytes is not None else None, launch_ns))
-    parsed.device.sort(key=lambda d: d.start_ns)
-    parsed.memory = _memory_events(parsed.operators, memory_raw)
-    return parsed
+            self._host.append((start, end, _int(event.get("tid")), str(event.get("name", "")), str(category),
+                               None if correlation == -1 else correlation))
+        else:
+            self._device.append((event, start, end))
+
+    def _full(self) -> bool:
+        if self.max_events and self.kept >= self.max_events:
+            self.dropped += 1
+            return True
+        return False
+
+    def _tick(self, index: int) -> None:
+        if self.pause is not None and index % CHUNK == CHUNK - 1:
+            self.pause()
+
+    def finish(self, offset_ns: int = 0) -> ParsedTrace:
+        """The parsed trace; ``offset_ns`` is added to every ``ts`` (the trace's base time and the clock shift)."""
+        parsed = ParsedTrace()
+        launches: dict[int, tuple[int | None, int]] = {}  # correlation -> (launching operator, launch time)
+        # Nest per thread: sorted by start, longest first, an event's parent is the innermost open one enclosing it.
+        host, self._host = self._host, []
+        host.sort(key=lambda h: (h[2], h[0], -h[1]))
+        stack: list[int] = []
+        thread = None
+        for index, (start, end, tid, name, category, correlation) in enumerate(host):
+            self._tick(index)
+            start, end = start + offset_ns, end + offset_ns
+            if tid != thread:
+                thread, stack = tid, []
+            while stack and parsed.operators[stack[-1]].end_ns < end:
+                stack.pop()  # ended before this one, or overlaps it without enclosing it: not a parent
+            parent = stack[-1] if stack else None
+            if category in LAUNCH_CATEGORIES:
+                if correlation is not None:
+                    launches[correlation] = (parent, start)
+                if parent is not None:
+                    parsed.operators[parent].launches += 1
+                continue
+            depth = parsed.operators[parent].depth + 1 if parent is not None else 0
+            parsed.operators.append(Operator(name, start, end, tid, parent, depth))
+            stack.append(len(parsed.operators) - 1)
+        del host
+        for op in parsed.operators:
+            op.self_ns = op.end_ns - op.start_ns
+        for op in parsed.operators:
+            if op.parent is not None:
+                parsed.operators[op.parent].self_ns -= op.end_ns - op.start_ns
+        device, self._device = self._device, []
+        for index, (event, start, end) in enumerate(device):
+            self._tick(index)
+            args = _args(event)
+            correlation = _int(args.get("correlation"), -1)
+            launcher, launch_ns = launches.get(correlation, (None, None))
+            raw_bytes = args.get("bytes")
+            parsed.device.append(DeviceOp(
+                str(event.get("name", "")), DEVICE_CATEGORIES[str(event.get("cat"))], start + offset_ns,
+                end + offset_ns, _int(args.get("device"), _int(event.get("pid"))),
+                _int(args.get("stream"), _int(event.get("tid"))), None if correlation == -1 else correlation,
+                launcher, _dims(args.get("grid")), _dims(args.get("block")),
+                _int(raw_bytes) if raw_bytes is not None else None, launch_ns))
+        parsed.device.sort(key=lambda d: d.start_ns)
+        memory, self._memory = self._memory, []
+        parsed.memory = _memory_events(parsed.operators, [(t + offset_ns, tid, args) for t, tid, args in memory])
+        return parsed
+
+
+CHUNK = 2000
+"""Events handled between two pauses of a paced parse."""
+READ_BYTES = 1 << 20
+"""Bytes of a trace file read at a time by :func:`read_trace_file`."""
+
+
+def read_trace_file(path: str, header: dict[str, Any]) -> Iterator[Any]:
+    """The ``traceEvents`` of a Kineto (Chrome) trace file one at a time, reading :data:`READ_BYTES` at a time
+    (``json.load`` of a whole trace takes about three times its size in memory). The file's other top-level
+    members go into ``header`` as they are read (Kineto writes ``baseTimeNanoseconds`` before or after the
+    events, depending on its version): complete once the iterator is exhausted. Raises ``ValueError`` on a
+    file that is not a JSON object."""
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as f:
+        buffer = ""
+        position = 0
+
+        def fill() -> bool:
+            nonlocal buffer, position
+            chunk = f.read(READ_BYTES)
+            buffer = buffer[position:] + chunk
+            position = 0
+            return bool(chunk)
+
+        def skip(chars: str) -> str:
+            """Skip whitespace and ``chars``; the next character ('' at the end of the file)."""
+            nonlocal position
+            while True:
+                while position < len(buffer) and (buffer[position].isspace() or buffer[position] in chars):
+                    position += 1
+                if position < len(buffer):
+                    return buffer[position]
+                if not fill():
+                    return ""
+
+        def value() -> Any:
+            nonlocal position
+            while True:
+                try:
+                    item, end = decoder.raw_decode(buffer, position)
+                except ValueError:
+                    if fill():
+                        continue
+                    raise
+                if end == len(buffer) and fill():  # a number may go on in the next chunk
+                    continue
+                position = end
+                return item
+
+        if skip("") != "{":
+            raise ValueError("not a JSON object")
+        position += 1
+        while True:
+            if skip(",") == "}":
+                return
+            key = value()
+            if not isinstance(key, str) or skip("") != ":":
+                raise ValueError("not a JSON object")
+            position += 1
+            if skip("") != "[" or key != "traceEvents":
+                header[key] = value()
+                continue
+            position += 1
+            while skip(",") not in ("]", ""):
+                yield value()
+            position += 1
 
 
 MEMORY_EVENT = "[memory]"
@@ -335,9 +451,8 @@ def _top(table: dict[str, list[float]], top: int) -> list[dict[str, Any]]:
     return out
 
 
-def window_summary(parsed: ParsedTrace, top: int, precision: Any = None) -> dict[str, Any]:
-    """Top operators and kernels (the rest as ``other``), time per category, host vs device operator time
-    and the kernel precision mix of one window. ``total_s`` of an operator counts a recursive call once."""
+def host_table(parsed: ParsedTrace) -> dict[str, list[float]]:
+    """Per host operator name: [self s, total s (a recursive call counted once), calls, launches]."""
     host: dict[str, list[float]] = {}
     for op in parsed.operators:
         row = host.setdefault(op.name, [0.0, 0.0, 0.0, 0.0])
@@ -346,20 +461,33 @@ def window_summary(parsed: ParsedTrace, top: int, precision: Any = None) -> dict
             row[1] += (op.end_ns - op.start_ns) / 1e9
         row[2] += 1
         row[3] += op.launches
+    return host
+
+
+def device_table(parsed: ParsedTrace) -> dict[str, list[float]]:
+    """Per kernel, memcpy or memset name: [time s, time s, calls, calls] (the rows of :func:`host_table`)."""
     kernels: dict[str, list[float]] = {}
+    for event in parsed.device:
+        seconds = (event.end_ns - event.start_ns) / 1e9
+        row = kernels.setdefault(event.name, [0.0, 0.0, 0.0, 0.0])
+        row[0] += seconds
+        row[1] += seconds
+        row[2] += 1
+        row[3] += 1
+    return kernels
+
+
+def window_summary(parsed: ParsedTrace, top: int, precision: Any = None) -> dict[str, Any]:
+    """Top operators and kernels (the rest as ``other``), time per category, host vs device operator time
+    and the kernel precision mix of one window. ``total_s`` of an operator counts a recursive call once."""
     categories: dict[str, float] = {}
     precisions: dict[str, float] = {}
     device_s = 0.0
     kinds: dict[str, float] = {}
     for event in parsed.device:
         seconds = (event.end_ns - event.start_ns) / 1e9
-        kinds[event.kind] = kinds.get(event.kind, 0.0) + seconds
-        row = kernels.setdefault(event.name, [0.0, 0.0, 0.0, 0.0])
-        row[0] += seconds
-        row[1] += seconds
-        row[2] += 1
-        row[3] += 1
         device_s += seconds
+        kinds[event.kind] = kinds.get(event.kind, 0.0) + seconds
         category = categorize(event.name) if event.kind == "kernel" else "memory_copy"
         categories[category] = categories.get(category, 0.0) + seconds
         if event.kind == "kernel" and precision is not None:
@@ -375,8 +503,8 @@ def window_summary(parsed: ParsedTrace, top: int, precision: Any = None) -> dict
     return {
         "overlap": overlap_summary(parsed),
         "memory": memory_summary(parsed, top),
-        "ops": _top(host, top),
-        "kernels": _top(kernels, top),
+        "ops": _top(host_table(parsed), top),
+        "kernels": _top(device_table(parsed), top),
         "host_op_s": host_s,
         "device_op_s": device_s,
         "categories_s": {"cpu": host_categories, "gpu": categories},

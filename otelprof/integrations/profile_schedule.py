@@ -4,10 +4,12 @@ A daemon thread sleeps until a window is due, then arms one on the process's
 :data:`~otelprof.integrations.torch_profiler.windows` (nothing runs on the training thread until the window's
 steps). The first window is due ``OTELPROF_PROFILE_WARMUP`` seconds after ``init()`` and starts no earlier
 than step ``OTELPROF_PROFILE_WARMUP_STEPS``; then one every ``OTELPROF_PROFILE_EVERY`` seconds. A window
-that cost X seconds more than its steps' usual time (measured against the steps just before it, plus its
-processing) delays the next one by at least X / ``OTELPROF_PROFILE_BUDGET``, so the amortized cost stays
-within the budget. Jobs that never import torch are never profiled; a window already armed or running
-(``profile_window``, a capture) makes the schedule skip its turn.
+that cost X seconds (its whole cost to training as torch_profiler measures it: its steps beyond the pace of the
+steps just before it, the FLOP-counted step after it, and the CPU time of summarising it, which holds the
+interpreter's lock) delays the next one by at least X / ``OTELPROF_PROFILE_BUDGET``, so the amortized cost stays
+within the budget; the interval in force is ``otelprof.profile.interval``. Jobs that never import torch are never
+profiled; a window already armed, running or being summarised (``profile_window``, a capture) makes the schedule
+skip its turn.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 import threading
 
 from otelprof import hotpath as hot
+from otelprof import semconv as sc
 from otelprof._log import logger
 from otelprof.config import Config
 
@@ -84,6 +87,16 @@ class PeriodicWindows:
                 return
             self.windows_run += 1
             delay = self.next_delay = self.interval_after(self._overhead)
+            self._export_interval(delay)
+
+    @staticmethod
+    def _export_interval(seconds: float) -> None:
+        from otelprof.session import get_session
+
+        session = get_session()
+        if session is not None:
+            with session.registry.lock:
+                session.registry.gauge(sc.PROFILE_INTERVAL).set(seconds)
 
     def _on_finished(self, overhead: float) -> None:
         self._overhead = overhead

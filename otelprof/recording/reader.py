@@ -717,6 +717,17 @@ def _profile(record: Any) -> dict[str, Any]:
             out[key] = _int(record[key], 0, INT64)
     if "overhead_s" in record:
         out["overhead_s"] = _seconds(record["overhead_s"])
+    if record.get("truncated") is not None:
+        out["truncated"] = _str(record["truncated"])
+    if "segment" in record:
+        out["segment"] = _int(record["segment"], 0, INT64)
+    if record.get("events") is not None:  # the window's event cap and what it kept (torch_profiler.py)
+        out["events"] = {key: _int(value, 0, INT64) if key != "per_step" else _seconds(value)
+                         for key, value in _entries(record["events"], dict).items()
+                         if key in ("kept", "dropped", "max", "heap_growth_bytes", "per_step")}
+    if record.get("cost") is not None:  # the window's cost to training by part (sums to overhead_s)
+        out["cost"] = {key: _seconds(value) for key, value in _entries(record["cost"], dict).items()
+                       if key in ("steps_s", "flop_step_s", "processing_s")}
     if record.get("operators") is not None:
         out["operators"] = _operators(record["operators"])
     if record.get("flops") is not None:
