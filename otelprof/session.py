@@ -37,7 +37,7 @@ from otelprof.integrations.torch_profiler import CLOSE_WAIT
 from otelprof.integrations.torch_profiler import windows as profile_windows
 from otelprof.metrics import MetricRegistry
 from otelprof.recorder import Recorder, SpanSink
-from otelprof.recording import otlp_json, schema
+from otelprof.recording import otlp_json, remote, schema
 from otelprof.recording.writer import RecordingWriter
 from otelprof.resource import build_resource, identity_labels
 
@@ -77,7 +77,7 @@ class Session:
         self.run_dir: Path | None = None
         self.writer: RecordingWriter | None = None
         if config.record:
-            self.run_dir = Path(config.record_dir) / config.run_id / schema.rank_dir_name(config.rank)
+            self.run_dir = remote.local_root(config) / config.run_id / schema.rank_dir_name(config.rank)
             self.writer = RecordingWriter(self.run_dir, self._manifest(), self._writer_dropped, self._writer_bytes)
         self.sampler: Sampler | None = None
         if config.system_metrics:
@@ -124,6 +124,9 @@ class Session:
             if not self.control.start(config.control_host, config.control_rank_port):
                 self.control = None
         self._sigterm: _sigterm.SigtermHandler | None = None
+        self.uploader: remote.Uploader | None = None
+        if self.writer is not None and self.run_dir is not None and remote.is_url(config.record_dir):
+            self.uploader = remote.start_uploader(config, self.run_dir, self.writer, self._upload_dropped)
         self._thread = threading.Thread(target=self._run, name="otelprof-recorder", daemon=True)
         self._thread.start()
         hot._activate(self.recorder)
@@ -166,6 +169,9 @@ class Session:
 
     def _writer_dropped(self, amount: int) -> None:
         self.recorder.count_dropped(sc.DROPPED_RECORDING, amount)
+
+    def _upload_dropped(self, amount: int) -> None:
+        self.recorder.count_dropped(sc.DROPPED_RECORDING_UPLOAD, amount)
 
     def _writer_bytes(self, amount: int) -> None:
         with self.registry.lock:
@@ -315,6 +321,8 @@ class Session:
         key = schema.SIGTERM if name == "SIGTERM" else name.lower()
         if self.writer is not None and key not in self.writer.manifest:
             self.writer.update_manifest(**{key: time.time()})
+        if self.uploader is not None:
+            self.uploader.wake()
 
     def flush(self, timeout: float | None = None) -> None:
         """Process pending records, write the recording and push queued exports (bounded wait)."""
@@ -360,6 +368,8 @@ class Session:
                 # Exporters abandoned at the deadline count their losses only now.
                 self.writer.update_manifest(dropped=self._dropped_summary())
                 self.writer.close()
+            if self.uploader is not None:
+                self.uploader.close(max(deadline - time.monotonic(), 0.0))
             if self.prometheus is not None:
                 self.prometheus.stop()
             if self.control is not None:
@@ -397,6 +407,8 @@ class Session:
             self._thread.join(1.0)
             if self.sampler is not None:
                 self.sampler.stop(1.0)
+            if self.uploader is not None:
+                self.uploader.discard()
             if self.writer is not None:
                 self.writer.remove(self._pid)
             deadline = time.monotonic() + self.config.shutdown_timeout
