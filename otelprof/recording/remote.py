@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,11 @@ def is_url(text: str) -> bool:
 
 
 def filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec filesystem and path of ``url``. Raises ImportError or ValueError when it cannot be used."""
+    """The fsspec filesystem and path of ``url`` (a new instance: no listing cached from an earlier call).
+    Raises ImportError or ValueError when it cannot be used."""
     import fsspec  # an optional dependency: the storage extra
 
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True)
     return fs, str(path).rstrip("/")
 
 
@@ -260,6 +262,9 @@ def start_uploader(config: Any, rank_dir: Path, writer: Any, on_dropped: Callabl
     remote_dir = "/".join(p for p in (root, config.run_id, rank_dir.name) if p)
     uploader = Uploader(fs, remote_dir, rank_dir, writer, config.record_upload_interval,
                         config.record_spool_max_bytes, on_dropped, shown)
+    # Storage clients close their connections from weakref finalizers at exit; registering that exit hook now,
+    # before init() registers the session's shutdown, makes the shutdown (and its last upload) run first.
+    weakref.finalize(uploader, int)
     uploader.start()
     return uploader
 
