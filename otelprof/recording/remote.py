@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -56,6 +57,24 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, str(path).rstrip("/")
 
 
+def _problem(url: str) -> str:
+    """Why ``url`` cannot be written ("" when it may be): checked at init without importing the storage client."""
+    match = _URL.match(url)
+    scheme = match.group(1).lower() if match else ""
+    try:
+        from fsspec.registry import known_implementations, registry
+    except ImportError:
+        return f"needs {INSTALL_HINT}"
+    if scheme in registry:
+        return ""
+    if scheme not in known_implementations:
+        return f"cannot be used (fsspec knows no {scheme}:// storage)"
+    package = str(known_implementations[scheme]["class"]).split(".")[0]
+    if importlib.util.find_spec(package) is None:
+        return f"needs the {package} package ({INSTALL_HINT})"
+    return ""
+
+
 def local_root(config: Any) -> Path:
     """Where the recording is written on this machine: ``record_dir``, or the spool when it is a URL."""
     if not is_url(config.record_dir):
@@ -81,10 +100,12 @@ def _size(path: Path) -> int:
 class Uploader:
     """Uploads one rank's spooled recording to ``<url>/<run-id>/rank-<rank>/`` on a daemon thread."""
 
-    def __init__(self, fs: Any, remote_dir: str, rank_dir: Path, writer: Any, interval: float, max_bytes: int,
+    def __init__(self, url: str, remote_subdir: str, rank_dir: Path, writer: Any, interval: float, max_bytes: int,
                  on_dropped: Callable[[int], None], shown: str) -> None:
-        self._fs = fs
-        self._remote = remote_dir
+        self._url = url
+        self._fs: Any = None  # made on first use, off the training thread (the storage client imports slowly)
+        self._subdir = remote_subdir
+        self._remote = ""
         self._dir = rank_dir
         self._pending = rank_dir / PENDING
         self._writer = writer
@@ -110,6 +131,8 @@ class Uploader:
         self._wake.set()
 
     def _run(self) -> None:
+        with self._lock:
+            self._connect()  # now, not at exit: the interpreter's exit allows no new threads for the client
         while not self._stop.is_set():
             self._wake.wait(self._interval)
             self._wake.clear()
@@ -197,6 +220,19 @@ class Uploader:
             warn_once("recording:spool", "otelprof: the upload spool %s passed OTELPROF_RECORD_SPOOL_MAX_BYTES (%d); "
                       "its oldest parts are deleted and their lines counted as dropped", self._dir, self._max_bytes)
 
+    def _connect(self) -> bool:
+        if self._fs is not None:
+            return True
+        try:
+            self._fs, root = filesystem(self._url)
+        except Exception as exc:
+            warn_once("recording:remote", "otelprof: OTELPROF_RECORD_DIR=%s cannot be used (%s); the recording "
+                      "stays in %s", self._shown, sanitize(f"{type(exc).__name__}: {exc}"), self._dir)
+            self._stop.set()
+            return False
+        self._remote = "/".join(p for p in (root, self._subdir) if p)
+        return True
+
     def _put(self, local: Path, remote: str) -> bool:
         try:
             self._fs.put_file(str(local), remote)
@@ -214,6 +250,8 @@ class Uploader:
         return True
 
     def _upload(self) -> bool:
+        if not self._connect():
+            return False
         for part in self._parts():
             stamp, _, name = part.name.partition(".")
             size = _size(part)
@@ -249,18 +287,12 @@ def start_uploader(config: Any, rank_dir: Path, writer: Any, on_dropped: Callabl
     cannot be used: the recording stays in the spool."""
     url = config.record_dir
     shown = sanitize(url, 200)
-    try:
-        fs, root = filesystem(url)
-    except ImportError as exc:
-        warn_once("recording:remote", "otelprof: OTELPROF_RECORD_DIR=%s needs %s (%s); the recording stays in %s",
-                  shown, INSTALL_HINT, sanitize(str(exc)), rank_dir)
+    problem = _problem(url)
+    if problem:
+        warn_once("recording:remote", "otelprof: OTELPROF_RECORD_DIR=%s %s; the recording stays in %s", shown,
+                  problem, rank_dir)
         return None
-    except Exception as exc:
-        warn_once("recording:remote", "otelprof: OTELPROF_RECORD_DIR=%s cannot be used (%s); the recording stays "
-                  "in %s", shown, sanitize(f"{type(exc).__name__}: {exc}"), rank_dir)
-        return None
-    remote_dir = "/".join(p for p in (root, config.run_id, rank_dir.name) if p)
-    uploader = Uploader(fs, remote_dir, rank_dir, writer, config.record_upload_interval,
+    uploader = Uploader(url, f"{config.run_id}/{rank_dir.name}", rank_dir, writer, config.record_upload_interval,
                         config.record_spool_max_bytes, on_dropped, shown)
     # Storage clients close their connections from weakref finalizers at exit; registering that exit hook now,
     # before init() registers the session's shutdown, makes the shutdown (and its last upload) run first.
