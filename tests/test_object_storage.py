@@ -332,3 +332,4 @@ def test_kubernetes_overlay_records_to_object_storage() -> None:
     assert volume["emptyDir"]["sizeLimit"] == "2Gi"
     ranks = sum(1 for p in trainer["ports"] if p["name"].startswith("metrics-"))
     assert ranks * config.record_spool_max_bytes < 2 * 2**30  # every rank's spool fits the volume
+    assert config.shutdown_timeout < job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
