@@ -333,3 +333,29 @@ def test_kubernetes_overlay_records_to_object_storage() -> None:
     ranks = sum(1 for p in trainer["ports"] if p["name"].startswith("metrics-"))
     assert ranks * config.record_spool_max_bytes < 2 * 2**30  # every rank's spool fits the volume
     assert config.shutdown_timeout < job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+
+
+def test_a_restarted_process_uploads_the_parts_its_predecessor_left(s3: S3, tmp_path: Path) -> None:
+    s3.client().create_bucket(Bucket="restart")
+    spool = tmp_path / "spool"
+    code = ("import sys, otelprof\nfor _ in range(int(sys.argv[1])):\n    with otelprof.step():\n"
+            "        otelprof.record('loss', 1.0)\n")
+    settings = {"OTELPROF_RECORD_DIR": "s3://restart/runs", "OTELPROF_RECORD_SPOOL_DIR": str(spool),
+                "OTELPROF_RUN_ID": "resumed", "OTELPROF_SYSTEM_METRICS": "false", "AWS_MAX_ATTEMPTS": "1"}
+    s3.stop()  # the first process never reaches the storage
+    first = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", code, "30"],
+                           capture_output=True, text=True, timeout=120, env=_env(s3, **settings), cwd=tmp_path)
+    assert first.returncode == 0 and "Traceback" not in first.stderr, first.stderr
+    assert first.stderr.count("uploading the run recording to s3://restart/runs failed") == 1, first.stderr
+    left = list((spool / "resumed" / "rank-0" / remote.PENDING).glob("*.steps.jsonl"))
+    assert left, "the parts wait in the spool"
+    s3.restart()
+    assert s3.keys("restart") == []
+    second = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", code, "12"],
+                            capture_output=True, text=True, timeout=120, env=_env(s3, **settings), cwd=tmp_path)
+    assert second.returncode == 0 and "failed" not in second.stderr, second.stderr
+    local = remote.local_copy("s3://restart/runs/resumed")
+    lines = [json.loads(line) for line in (local / "rank-0" / "steps.jsonl").read_text().splitlines()]
+    numbers = [d["n"] for d in lines if d["k"] == "s"]
+    assert numbers == list(range(30)) + list(range(12))  # the first process's steps, then the second's
+    assert not any(spool.rglob("*.jsonl"))

@@ -231,6 +231,10 @@ class Uploader:
             self._stop.set()
             return False
         self._remote = "/".join(p for p in (root, self._subdir) if p)
+        # One request now makes the client's connection pool: at the interpreter's exit (the last upload) the
+        # client could not make it any more (it starts a thread for that). Its failure is the next put's to tell.
+        with contextlib.suppress(Exception):
+            self._fs.exists(self._remote)
         return True
 
     def _put(self, local: Path, remote: str) -> bool:
