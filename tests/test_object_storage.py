@@ -359,3 +359,49 @@ def test_a_restarted_process_uploads_the_parts_its_predecessor_left(s3: S3, tmp_
     numbers = [d["n"] for d in lines if d["k"] == "s"]
     assert numbers == list(range(30)) + list(range(12))  # the first process's steps, then the second's
     assert not any(spool.rglob("*.jsonl"))
+
+
+GRACEFUL_LOOP = """
+import signal, sys, time
+stop = []
+signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))  # the application's graceful stop
+import otelprof
+otelprof.init(system_metrics=False, profile_every=0)
+number = 0
+while not stop:
+    with otelprof.step():
+        time.sleep(0.002)
+    print(number, flush=True)
+    number += 1
+print("stopping", flush=True)
+sys.stdin.readline()
+otelprof.shutdown()
+"""
+
+
+def test_sigterm_to_a_graceful_job_uploads_at_once(s3: S3, tmp_path: Path) -> None:
+    s3.client().create_bucket(Bucket="graceful")
+    script = tmp_path / "loop.py"
+    script.write_text(GRACEFUL_LOOP)
+    env = _env(s3, OTELPROF_RECORD_DIR="s3://graceful", OTELPROF_RECORD_SPOOL_DIR=str(tmp_path / "spool"),
+               OTELPROF_RECORD_UPLOAD_INTERVAL="3600", OTELPROF_RUN_ID="graceful")
+    job = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    assert job.stdin is not None and job.stdout is not None and job.stderr is not None
+    out, err = Lines(job.stdout), Lines(job.stderr)
+    try:
+        out.wait_for("20\n")
+        job.send_signal(signal.SIGTERM)
+        out.wait_for("stopping")
+        _wait(lambda: any(".parts/" in k and "steps" in k for k in s3.keys("graceful")), "the upload on SIGTERM")
+        assert job.poll() is None  # uploaded while the job still runs, not at its exit
+        job.stdin.write("\n")
+        job.stdin.flush()
+        assert job.wait(120) == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert err.text() == ""
+    manifest = json.loads((remote.local_copy("s3://graceful") / "rank-0" / "manifest.json").read_text())
+    assert "sigterm" in manifest and manifest["status"] == "finished"
