@@ -63,6 +63,19 @@ def clean_name(name: str) -> str:
     return name
 
 
+def encodable(text: str) -> str:
+    """``text`` with every character UTF-8 cannot encode (a lone surrogate: a byte that is not UTF-8 in an
+    environment variable, or half a pair in an argument) written as ``?``: what every exporter can encode."""
+    if type(text) is not str:
+        text = str.__str__(text)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 def name_argument(name: object, kind: str, what: str) -> str | None:
     """The name to use for a name argument that is not a plain ``str`` (or is empty), or None to drop it."""
     if isinstance(name, str) and str.__len__(name):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 import threading
 
 logger = logging.getLogger("otelprof")
@@ -39,6 +42,36 @@ def sanitize(text: str, limit: int = 160) -> str:
     cleaned = " ".join("".join(c if " " <= c <= "~" else "?" if c not in "\t\n\r" else " "
                                for c in text[: limit * 4]).split())
     return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
+
+
+def escape(text: str, limit: int = 300) -> str:
+    """``text`` fit for one printed line, nothing lost: control characters (newlines, terminal escapes, bidi
+    overrides) and lone surrogates written as Python escapes (``\\x1b``, ``\\n``), cut at ``limit`` characters.
+    For every printed or logged string that comes from outside (a recording, a request, an argument)."""
+    clean = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit + 1])
+    return clean if len(clean) <= limit else clean[:limit - 3] + "..."
+
+
+def say(text: str) -> None:
+    """Write ``text`` to stderr; never raises and leaves nothing behind in Python's buffer when stderr is closed,
+    full (``/dev/full``) or a pipe nobody reads (a buffered line that cannot be written makes the interpreter
+    exit with status 120 at its end)."""
+    stream = sys.stderr
+    if stream is None:  # started with fd 2 closed
+        return
+    try:
+        fd = stream.fileno()
+    except Exception:  # replaced by an object without a descriptor (an in-memory capture)
+        try:
+            stream.write(text)
+            stream.flush()
+        except Exception:
+            pass
+        return
+    with contextlib.suppress(Exception):
+        stream.flush()  # what the program wrote first comes first
+    with contextlib.suppress(Exception):
+        os.write(fd, text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace"))
 
 
 def describe_exception(exc: BaseException) -> str:

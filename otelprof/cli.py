@@ -29,10 +29,16 @@ def _cmd_env(args: argparse.Namespace) -> int:
         elif var.secret:
             shown = "(set, hidden)" if current else "(empty)"
         else:
-            shown = f"= {current}"
+            shown = f"= {one_line(current)}"
         print(f"{var.name:<{width}}  {shown}")
         print(f"{'':<{width}}  default: {var.default or '(empty)'}")
         print(f"{'':<{width}}  {var.description}")
+    from otelprof.config import unknown_variables
+
+    for name in unknown_variables(os.environ):
+        close = ev.closest(name)
+        print(f"{one_line(name, 80)}  is not an otelprof setting: ignored"
+              + (f" (did you mean {close}?)" if close else ""))
     return 0
 
 
@@ -151,13 +157,14 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=args.timeout) as response:
-            print(response.read().decode())
+            print(one_line(response.read().decode(errors="replace"), 4000))
             return 0
     except urllib.error.HTTPError as error:
-        print(f"otelprof capture: {url} answered {error.code}: {error.read().decode(errors='replace')}",
+        print(f"otelprof capture: {one_line(url)} answered {error.code}: "
+              f"{one_line(error.read().decode(errors='replace'))}",
               file=sys.stderr)
     except (urllib.error.URLError, OSError) as error:
-        print(f"otelprof capture: cannot reach {url}: {error}", file=sys.stderr)
+        print(f"otelprof capture: cannot reach {one_line(url)}: {one_line(str(error))}", file=sys.stderr)
     return 1
 
 
@@ -267,7 +274,7 @@ def _cmd_webhook(args: argparse.Namespace) -> int:
         if args.targets_file:
             actions.parse_targets_text(Path(args.targets_file).read_text(encoding="utf-8"))
     except (OSError, actions.TargetError) as exc:
-        print(f"otelprof webhook: {exc}", file=sys.stderr)
+        print(f"otelprof webhook: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     if not token:
         print("otelprof webhook: a bearer token is required: set OTELPROF_WEBHOOK_TOKEN or --token-file",
@@ -490,8 +497,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def one_line(text: str, limit: int = 300) -> str:
     """``text`` fit for a one-line message: control characters (newlines, terminal escapes) escaped, cut
     at ``limit`` characters."""
-    clean = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit + 1])
-    return clean if len(clean) <= limit else clean[:limit - 3] + "..."
+    from otelprof._log import escape
+
+    return escape(text, limit)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from typing import Any
 
 from otelprof import environment_variables as ev
 from otelprof import thresholds
-from otelprof._log import warn_once
+from otelprof._arguments import encodable
+from otelprof._log import escape, warn_once
 
 EXPORTERS_TRACES = ("otlp", "console", "none")
 EXPORTERS_METRICS = ("otlp", "prometheus", "console", "none")
@@ -108,7 +109,8 @@ class Config:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly view (the recording's manifest keeps it); secrets are redacted."""
-        values = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        values = {k: list(v) if isinstance(v, tuple) else encodable(v) if isinstance(v, str) else v
+                  for k, v in asdict(self).items()}
         for var in ev.ENV_VARS:
             if var.secret and var.field is not None and values.get(var.field):
                 values[var.field] = "(set)"
@@ -143,7 +145,46 @@ class Config:
             except Exception as exc:  # whatever the value does (an int too large for a float, a raising __int__)
                 fallback = values.get(key, getattr(cls, key))
                 builder.problem(key, f"init({key}={_show(value)}) is invalid ({_reason(exc)}); using {fallback!r}")
+        _check_rank_ports(values, builder)
+        _check_unknown_variables(env)
+        for key in _TEXT_FIELDS:
+            if isinstance(values.get(key), str):
+                values[key] = encodable(values[key])
         return cls(**values)
+
+
+_TEXT_FIELDS = ("job_name", "run_id", "pod_name", "pod_namespace", "node_name", "container_name")
+"""Settings that become resource attributes and labels: they must encode to UTF-8 (a byte that is not UTF-8 in
+an environment variable reaches Python as a lone surrogate)."""
+
+
+def _check_rank_ports(values: dict[str, Any], builder: _Builder) -> None:
+    """Base port + local rank must be a port: past 65535 the endpoint is not started (one warning)."""
+    local_rank = values.get("local_rank", Config.local_rank)
+    for key, variable, what in (("prometheus_port", ev.OTEL_EXPORTER_PROMETHEUS_PORT, "/metrics"),
+                                ("control_port", ev.OTELPROF_CONTROL_PORT, "the control endpoint")):
+        base = values.get(key, getattr(Config, key))
+        if base and base + local_rank > 65535:
+            builder.problem(key, f"{variable}={base} + local rank {local_rank} is port {base + local_rank}, above "
+                                 f"65535; {what} is not served by this process (lower {variable})")
+            values[key] = 0
+            if key == "prometheus_port":
+                values["metrics_exporters"] = tuple(e for e in values.get("metrics_exporters", ())
+                                                    if e != "prometheus")
+
+
+def _check_unknown_variables(env: Mapping[str, str]) -> None:
+    """An ``OTELPROF_*`` variable otelprof does not know (a misspelling) is named once, with the closest one."""
+    for name in unknown_variables(env):
+        close = ev.closest(name)
+        hint = f"; did you mean {close}?" if close else ""
+        warn_once(f"config:unknown:{name}", "otelprof: %s is not an otelprof setting and is ignored%s "
+                  "(otelprof env lists them)", escape(name, 80), hint)
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """The ``OTELPROF_*`` variables in ``env`` that otelprof does not read."""
+    return sorted(name for name in env if name.startswith("OTELPROF_") and not ev.known(name))
 
 
 def _coerce_override(key: str, value: Any) -> Any:

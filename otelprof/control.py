@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otelprof._http import BackgroundServer, Limits, QuietHandler
-from otelprof._log import logger, warn_once
+from otelprof._log import escape, logger, warn_once
 from otelprof.metrics import MetricRegistry, endpoint_counter
 from otelprof.semconv import ENDPOINT_CONTROL
 
@@ -84,7 +84,7 @@ class ControlServer:
     def start(self, host: str, port: int) -> bool:
         if host not in LOOPBACK and not self._token:
             warn_once("control:token", "otelprof: the control endpoint on %s needs OTELPROF_CONTROL_TOKEN off "
-                      "loopback; it is not started", host)
+                      "loopback; it is not started", escape(host))
             return False
         control = self
 
@@ -111,8 +111,9 @@ class ControlServer:
 
         try:
             self.address = self._server.start(host, port, Handler, "otelprof-control")
-        except OSError as exc:
-            warn_once("control:bind", "otelprof: cannot serve the control endpoint on %s:%d (%s)", host, port, exc)
+        except (OSError, OverflowError) as exc:  # OverflowError: a port above 65535
+            warn_once("control:bind", "otelprof: cannot serve the control endpoint on %s:%d (%s)", escape(host), port,
+                      escape(str(exc)))
             return False
         return True
 

@@ -290,3 +290,22 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(LOCAL_RANK, "local_rank", "0", "Rank within the node (set by torchrun); offsets the /metrics port."),
     EnvVar(WORLD_SIZE, "world_size", "1", "Number of ranks (set by torchrun)."),
 )
+
+INTERNAL = frozenset({"OTELPROF_RUN", "OTELPROF_RUN_TORCH", "OTELPROF_RUN_GRAD_NORM", "OTELPROF_SCREENSHOTS",
+                      "OTELPROF_DASHBOARD_PREVIEW"})
+"""``OTELPROF_*`` names that are not settings: what ``otelprof run`` tells the processes it starts, and the test
+suite's switches. Known, so not reported as misspellings."""
+
+
+def known(name: str) -> bool:
+    """Whether otelprof reads the variable ``name``."""
+    return name in INTERNAL or any(var.name == name for var in ENV_VARS)
+
+
+def closest(name: str) -> str | None:
+    """The setting whose name is closest to ``name`` (a misspelling of it), or None when none is close."""
+    import difflib
+
+    names = [var.name for var in ENV_VARS if var.name.startswith("OTELPROF_")]
+    found = difflib.get_close_matches(name.upper(), names, n=1, cutoff=0.75)
+    return found[0] if found else None

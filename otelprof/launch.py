@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import atexit
 import os
-import sys
 from pathlib import Path
 from typing import Any
+
+from otelprof import _log
 
 RUN_TORCH = "OTELPROF_RUN_TORCH"
 RUN_GRAD_NORM = "OTELPROF_RUN_GRAD_NORM"
@@ -68,7 +69,7 @@ def start(spawned: bool = False, **overrides: Any) -> None:
             if not spawned:
                 spawned_ranks.offer(session)
     except Exception as exc:  # the training program must start regardless
-        sys.stderr.write(f"otelprof: automatic instrumentation failed: {exc!r}\n")
+        _log.say(f"otelprof: automatic instrumentation failed: {_log.escape(repr(exc))}\n")
 
 
 def finish() -> None:
@@ -80,7 +81,7 @@ def finish() -> None:
         otorch._end_open_steps()
         otelprof.shutdown()
     except Exception as exc:
-        sys.stderr.write(f"otelprof: shutting down failed: {exc!r}\n")
+        _log.say(f"otelprof: shutting down failed: {_log.escape(repr(exc))}\n")
 
 
 def shown(path: Path) -> str:
@@ -102,30 +103,22 @@ def _announce(session: object) -> None:
     if config.quiet or config.rank != 0:
         return
     if session.run_dir is None:
-        sys.stderr.write(f"otelprof: run {config.run_id}, not recorded locally (OTELPROF_RECORD=false)\n")
+        _log.say(f"otelprof: run {_log.escape(config.run_id)}, not recorded locally (OTELPROF_RECORD=false)\n")
         return
     run = session.run_dir.parent
-    where = shown(run)
+    where, run_id = _log.escape(shown(run)), _log.escape(config.run_id)
     from otelprof.recording import remote
 
     if remote.is_url(config.record_dir):  # the spool is deleted once the upload is complete
-        from otelprof._log import sanitize
-
-        url = sanitize(f"{config.record_dir.rstrip('/')}/{config.run_id}", 300)
-        sys.stderr.write(f"otelprof: recording run {config.run_id} to {url} (spooled in {where})\n")
-        _exit = (f"otelprof: run {config.run_id} uploaded; report: otelprof report {url}\n", run.resolve(),
-                 os.getpid(), False)
+        url = _log.escape(f"{config.record_dir.rstrip('/')}/{config.run_id}")
+        _log.say(f"otelprof: recording run {run_id} to {url} (spooled in {where})\n")
+        _exit = (f"otelprof: run {run_id} uploaded; report: otelprof report {url}\n", run.resolve(), os.getpid(), False)
         return
-    sys.stderr.write(f"otelprof: recording run {config.run_id} to {where}\n")
-    _exit = (f"otelprof: run {config.run_id} recorded; report: otelprof report {where}\n", run.resolve(), os.getpid(),
-             True)
+    _log.say(f"otelprof: recording run {run_id} to {where}\n")
+    _exit = (f"otelprof: run {run_id} recorded; report: otelprof report {where}\n", run.resolve(), os.getpid(), True)
 
 
 def _say_exit() -> None:
     if _exit is None or _exit[2] != os.getpid() or any(_exit[1].glob("rank-*/manifest.json")) != _exit[3]:
         return  # a local recording is there; an uploaded one is no longer in the spool
-    try:
-        sys.stderr.write(_exit[0])
-        sys.stderr.flush()
-    except (OSError, ValueError):  # stderr closed
-        pass
+    _log.say(_exit[0])

@@ -7,12 +7,20 @@ process runs on: Python, PyTorch, OS, CPU, cloud instance type, GPUs) are overri
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
+from collections.abc import Iterator, Mapping
+from typing import Any
+from urllib import parse
 
-from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from opentelemetry.sdk.resources import Resource
 
+from otelprof import environment_variables as ev
 from otelprof import semconv as sc
+from otelprof._arguments import encodable
+from otelprof._log import escape, warn_once
 from otelprof._version import __version__
 from otelprof.collectors import environment
 from otelprof.config import Config
@@ -45,10 +53,58 @@ def build_resource(config: Config, extra: dict[str, str | int] | None = None) ->
     ):
         if value:
             detected[key] = value
-    from_env = OTELResourceDetector().detect()
-    resource = Resource.create({}).merge(Resource(detected, sc.SCHEMA_URL)).merge(from_env)
+    with _sdk_quiet():  # Resource.create runs the SDK's own OTEL_RESOURCE_ATTRIBUTES detector
+        resource = Resource.create({}).merge(Resource(detected, sc.SCHEMA_URL)).merge(
+            Resource(environment_attributes(os.environ)))
     # OTELPROF_JOB_NAME is the most explicit job name there is.
-    return resource.merge(Resource({sc.SERVICE_NAME: config.job_name}, sc.SCHEMA_URL))
+    resource = resource.merge(Resource({sc.SERVICE_NAME: config.job_name}, sc.SCHEMA_URL))
+    return Resource({key: _encodable(value) for key, value in resource.attributes.items()}, resource.schema_url)
+
+
+def environment_attributes(env: Mapping[str, str]) -> dict[str, str]:
+    """``OTEL_RESOURCE_ATTRIBUTES`` (``key=value`` pairs, values percent-encoded, separated by commas) and
+    ``OTEL_SERVICE_NAME``, as the SDK reads them; empty entries (``a=b,``) are skipped, an entry that is not
+    ``key=value`` is named once in a warning and skipped."""
+    attributes: dict[str, str] = {}
+    for item in env.get(ev.OTEL_RESOURCE_ATTRIBUTES, "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            warn_once("resource:attributes", "otelprof: %s has an entry that is not key=value (%s); it is ignored",
+                      ev.OTEL_RESOURCE_ATTRIBUTES, escape(item, 80))
+            continue
+        attributes[encodable(key.strip())] = encodable(parse.unquote(value.strip()))
+    service_name = env.get(ev.OTEL_SERVICE_NAME)
+    if service_name:
+        attributes[sc.SERVICE_NAME] = encodable(service_name)
+    return attributes
+
+
+def _encodable(value: Any) -> Any:
+    if isinstance(value, str):
+        return encodable(value)
+    if isinstance(value, tuple) and any(isinstance(item, str) for item in value):
+        return tuple(encodable(item) if isinstance(item, str) else item for item in value)
+    return value
+
+
+class _DropEnvWarnings(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Invalid key value resource attribute pair")
+
+
+@contextlib.contextmanager
+def _sdk_quiet() -> Iterator[None]:
+    """The SDK's unprefixed warnings about ``OTEL_RESOURCE_ATTRIBUTES`` left out: :func:`environment_attributes`
+    says it once, as otelprof."""
+    sdk_logger = logging.getLogger("opentelemetry.sdk.resources")
+    quiet = _DropEnvWarnings()
+    sdk_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        sdk_logger.removeFilter(quiet)
 
 
 def identity_labels(resource: Resource) -> dict[str, str]:

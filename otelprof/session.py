@@ -7,6 +7,7 @@ Owns the background thread, the lifecycle times, and the process hooks
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -24,7 +25,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otelprof import _arguments, _sigterm
 from otelprof import hotpath as hot
 from otelprof import semconv as sc
-from otelprof._log import logger, reset_warnings, warn_once
+from otelprof._log import escape, logger, reset_warnings, warn_once
 from otelprof._version import __version__
 from otelprof.collectors.environment import gpu_attributes
 from otelprof.collectors.sampler import Sampler
@@ -38,10 +39,12 @@ from otelprof.integrations.torch_profiler import windows as profile_windows
 from otelprof.metrics import MetricRegistry
 from otelprof.recorder import Recorder, SpanSink
 from otelprof.recording import otlp_json, remote, schema
-from otelprof.recording.writer import RecordingWriter
+from otelprof.recording.writer import RecordingWriter, claim
 from otelprof.resource import build_resource, identity_labels
 
 _session: Session | None = None
+_starting: Session | None = None
+"""The session being built: what it began is undone when building it fails (:func:`_abandon`)."""
 _session_lock = threading.Lock()
 _fork_hook_installed = False
 
@@ -63,8 +66,24 @@ class Session:
     """A running otelprof session. Use ``otelprof.init()`` rather than building one directly."""
 
     def __init__(self, config: Config) -> None:
+        global _starting
+        _starting = self
         if not config.run_id:
             config = dataclasses.replace(config, run_id=new_run_id())
+        # Resolved now: a script that changes directory (os.chdir, Hydra's job.chdir) still finishes its recording.
+        if not remote.is_url(config.record_dir):  # a URL stays as it is; its spool is resolved likewise
+            config = dataclasses.replace(config, record_dir=os.path.abspath(config.record_dir))
+        elif config.record_spool_dir:
+            config = dataclasses.replace(config, record_spool_dir=os.path.abspath(config.record_spool_dir))
+        lock = None
+        if config.record:
+            run_id, lock = claim(remote.local_root(config), config.run_id, config.rank, os.getpid(),
+                                 _process_start_time())
+            if run_id != config.run_id:
+                warn_once("recording:collision", "otelprof: run %s rank %d is recorded in %s by another process "
+                          "(two jobs given one run id, or a restart); this process records it as run %s",
+                          escape(config.run_id), config.rank, escape(config.record_dir), escape(run_id))
+                config = dataclasses.replace(config, run_id=run_id)
         self.config = config
         self._pid = os.getpid()
         self._closed = False
@@ -78,7 +97,8 @@ class Session:
         self.writer: RecordingWriter | None = None
         if config.record:
             self.run_dir = remote.local_root(config) / config.run_id / schema.rank_dir_name(config.rank)
-            self.writer = RecordingWriter(self.run_dir, self._manifest(), self._writer_dropped, self._writer_bytes)
+            self.writer = RecordingWriter(self.run_dir, self._manifest(), self._writer_dropped, self._writer_bytes,
+                                          lock)
         self.sampler: Sampler | None = None
         if config.system_metrics:
             self.sampler = Sampler(config, self.registry, self.writer)
@@ -242,7 +262,7 @@ class Session:
         if self._stop_reason is None:
             self._stop_reason = reason
             logger.warning("otelprof: stop requested (%s%s); stopping at the next step boundary",
-                           reason, f", alert {alert}" if alert else "")
+                           escape(reason), f", alert {escape(alert)}" if alert else "")
             if self.writer is not None:
                 self.writer.update_manifest(stop={"reason": reason, "alert": alert, "time": time.time()})
             hot._step_boundary.append(self._at_stop_boundary)
@@ -446,7 +466,7 @@ def _make_exporter(factory: Any, kind: str, protocol: str, name: str) -> Any:
         return factory(kind, protocol)
     except Exception as exc:
         warn_once(f"exporter:{name}", "otelprof: cannot create the %s exporter (%s); it is off, the recording "
-                  "and the other exporters go on", name, exc)
+                  "and the other exporters go on", name, escape(str(exc)))
         return None
 
 
@@ -487,7 +507,7 @@ class _DisabledSession:
 
 def init(**overrides: Any) -> Session | _DisabledSession:
     """Start otelprof for this process (idempotent: a second call returns the running session)."""
-    global _session, _fork_hook_installed
+    global _session, _starting, _fork_hook_installed
     try:
         with _session_lock:
             if _session is not None:
@@ -498,7 +518,7 @@ def init(**overrides: Any) -> Session | _DisabledSession:
             if config.disabled:
                 return _DisabledSession(config)
             session = Session(config)
-            _session = session
+            _session, _starting = session, None
             if not _fork_hook_installed:
                 os.register_at_fork(after_in_child=_after_fork_in_child)
                 _fork_hook_installed = True
@@ -506,9 +526,32 @@ def init(**overrides: Any) -> Session | _DisabledSession:
             if config.handle_sigterm:
                 session._sigterm = _sigterm.install(session)
             return session
-    except Exception:
-        logger.exception("otelprof: init() failed; training goes on without otelprof")
+    except Exception as exc:
+        logger.warning("otelprof: init() failed (%s); training goes on without otelprof", escape(repr(exc)))
+        logger.debug("otelprof: init() failed", exc_info=True)
+        _abandon()
         return _DisabledSession(Config())
+
+
+def _abandon() -> None:
+    """Undo what a session that failed to start began: its endpoints, its sampler, its recording directory."""
+    global _starting
+    session, _starting = _starting, None
+    if session is None or session is _session:
+        return
+    for part in ("prometheus", "control"):
+        server = session.__dict__.get(part)
+        if server is not None:
+            with contextlib.suppress(Exception):
+                server.stop()
+    sampler = session.__dict__.get("sampler")
+    if sampler is not None:
+        with contextlib.suppress(Exception):
+            sampler.stop(1.0)
+    writer = session.__dict__.get("writer")
+    if writer is not None:
+        with contextlib.suppress(Exception):
+            writer.remove(os.getpid())
 
 
 def shutdown(timeout: float | None = None) -> None:

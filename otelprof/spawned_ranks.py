@@ -206,7 +206,9 @@ def become_rank() -> None:
         # A multiprocessing child ends through its finalizers (a forkserver child through os._exit, no atexit).
         multiprocessing.util.Finalize(None, launch.finish, exitpriority=-100)
     except Exception as exc:  # the rank trains regardless
-        sys.stderr.write(f"otelprof: automatic instrumentation failed: {exc!r}\n")
+        from otelprof import _log
+
+        _log.say(f"otelprof: automatic instrumentation failed: {_log.escape(repr(exc))}\n")
 
 
 def _wait_for(spawner: Spawner) -> None:

@@ -66,3 +66,43 @@ def test_demo_records_a_run_and_prints_where(tmp_path: Path) -> None:
     assert {sc.REGION_DATALOADER, "forward", "backward", "optimizer"} <= {a.name for a in rank.steps[0].annotations}
     assert {a.name for a in rank.annotations} >= {"initialization", "checkpoint"}
     assert rank.manifest["status"] == "finished"
+
+
+def test_what_a_control_endpoint_answers_is_printed_escaped(tmp_path: Path) -> None:
+    """``otelprof capture`` prints the endpoint's answer: a hostile one can neither forge lines nor drive the
+    terminal."""
+    import http.server
+    import threading
+
+    hostile = b'{"armed": true, "note": "\x1b[2J\x1b]0;pwned\x07"}\notelprof capture: forged\n'
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200 if self.path == "/v1/capture" else 500)
+            self.send_header("Content-Length", str(len(hostile)))
+            self.end_headers()
+            self.wfile.write(hostile)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "otelprof", "capture", f"127.0.0.1:{server.server_port}"],
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n") == 1 and "\x1b" not in proc.stdout and "\x07" not in proc.stdout
+    assert proc.stdout.startswith('{"armed": true, "note": "\\x1b[2J\\x1b]0;pwned\\x07"}\\notelprof capture: forged')
+
+
+def test_env_names_a_misspelt_variable(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTELPROF_SPAN_BUGDET", "0.5")
+    assert main(["env"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "OTELPROF_SPAN_BUGDET  is not an otelprof setting: ignored (did you mean OTELPROF_SPAN_BUDGET?)")

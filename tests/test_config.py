@@ -104,3 +104,36 @@ def test_every_config_field_is_documented() -> None:
     from dataclasses import fields
 
     assert {f.name for f in fields(Config)} == documented
+
+
+def test_a_rank_port_past_65535_turns_that_endpoint_off(caplog: pytest.LogCaptureFixture) -> None:
+    env = {ev.OTEL_EXPORTER_PROMETHEUS_PORT: "65535", ev.OTELPROF_CONTROL_PORT: "65000", ev.LOCAL_RANK: "1",
+           ev.OTEL_METRICS_EXPORTER: "prometheus,otlp"}
+    with caplog.at_level(logging.WARNING, logger="otelprof"):
+        config = Config.from_env(env)
+    assert (config.prometheus_port, config.metrics_exporters) == (0, ("otlp",))  # no /metrics at all
+    assert config.control_rank_port == 65001
+    assert [r.getMessage() for r in caplog.records] == [
+        "otelprof: OTEL_EXPORTER_PROMETHEUS_PORT=65535 + local rank 1 is port 65536, above 65535; /metrics is not "
+        "served by this process (lower OTEL_EXPORTER_PROMETHEUS_PORT)"]
+    assert Config.from_env({ev.OTELPROF_CONTROL_PORT: "65535"}, local_rank=3).control_port == 0  # an argument too
+    with pytest.raises(ConfigError, match="port 65536"):
+        Config.from_env(env, strict=True)
+
+
+def test_text_settings_are_made_encodable() -> None:
+    config = Config.from_env({ev.OTELPROF_JOB_NAME: "caf\udce9", ev.OTELPROF_NODE_NAME: "n\udcff"},
+                             pod_name="p\ud800", record_dir="runs-\udce9")
+    assert (config.job_name, config.node_name, config.pod_name) == ("caf?", "n?", "p?")
+    assert config.record_dir == "runs-\udce9"  # a path: the file system takes it as it is
+    assert config.as_dict()["record_dir"] == "runs-?"  # the manifest is strict JSON
+
+
+def test_unknown_otelprof_variables_and_their_closest_setting() -> None:
+    from otelprof.config import unknown_variables
+
+    env = {"OTELPROF_PROFIL_EVERY": "0", "OTELPROF_RUN": "1", ev.OTELPROF_QUIET: "1", "OTEL_FOO": "x"}
+    assert unknown_variables(env) == ["OTELPROF_PROFIL_EVERY"]
+    assert ev.closest("OTELPROF_PROFIL_EVERY") == ev.OTELPROF_PROFILE_EVERY
+    assert ev.closest("OTELPROF_RECORDDIR") == ev.OTELPROF_RECORD_DIR
+    assert ev.closest("OTELPROF_ZZZ") is None

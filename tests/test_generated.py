@@ -12,6 +12,8 @@ from otelprof.generate import DOC_BLOCKS, render_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_BYTES = 40_000
+PROJECT_FILES = "https://github.com/otelprof/otelprof/blob/main/"
+"""Where the project's files are published ([project.urls] in pyproject.toml)."""
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 _LINK = re.compile(r"(?<!!)\[[^\]\n]*\]\(([^)\s]+)\)")
@@ -65,10 +67,14 @@ def _links(path: Path) -> list[str]:
 def test_relative_links_resolve(document: Path) -> None:
     broken = []
     for link in _links(document):
-        if re.match(r"^[a-z][a-z0-9+.-]*:", link):  # http:, https:, mailto:
+        if link.startswith(PROJECT_FILES):  # the README's links, absolute for the package index
+            target, _, anchor = link.removeprefix(PROJECT_FILES).partition("#")
+            path = ROOT / target
+        elif re.match(r"^[a-z][a-z0-9+.-]*:", link):  # http:, https:, mailto:
             continue
-        target, _, anchor = link.partition("#")
-        path = (document.parent / target).resolve() if target else document
+        else:
+            target, _, anchor = link.partition("#")
+            path = (document.parent / target).resolve() if target else document
         if not path.exists():
             broken.append(f"{link}: no such file")
         elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
@@ -76,9 +82,17 @@ def test_relative_links_resolve(document: Path) -> None:
     assert not broken, f"{document.relative_to(ROOT)}: " + "; ".join(broken)
 
 
+def test_the_readme_links_into_the_project_absolutely() -> None:
+    """The README is also the package index's page, where relative links are dead."""
+    links = _links(ROOT / "README.md")
+    relative = [link for link in links if not re.match(r"^([a-z][a-z0-9+.-]*:|#)", link)]
+    assert not relative, relative
+    assert any(link.startswith(PROJECT_FILES) for link in links)
+
+
 def test_the_link_checker_sees_links_and_anchors() -> None:
     links = _links(ROOT / "README.md")
-    assert "docs/security.md" in links and "#security-and-failure-behaviour" in links
+    assert PROJECT_FILES + "docs/security.md" in links and "#security-and-failure-behaviour" in links
     assert "on-demand-capture-and-stop" in _anchors(ROOT / "docs/pytorch.md")
     assert "the-hooks-in-c" in _anchors(ROOT / "docs/pytorch.md")
     assert "otelprof-report" in _anchors(ROOT / "docs/report.md")

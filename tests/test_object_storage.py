@@ -335,7 +335,7 @@ def test_kubernetes_overlay_records_to_object_storage() -> None:
     assert config.shutdown_timeout < job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
 
 
-def test_a_restarted_process_uploads_the_parts_its_predecessor_left(s3: S3, tmp_path: Path) -> None:
+def test_parts_an_unreachable_storage_left_stay_in_the_spool(s3: S3, tmp_path: Path) -> None:
     s3.client().create_bucket(Bucket="restart")
     spool = tmp_path / "spool"
     code = ("import sys, otelprof\nfor _ in range(int(sys.argv[1])):\n    with otelprof.step():\n"
@@ -354,11 +354,12 @@ def test_a_restarted_process_uploads_the_parts_its_predecessor_left(s3: S3, tmp_
     second = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", code, "12"],
                             capture_output=True, text=True, timeout=120, env=_env(s3, **settings), cwd=tmp_path)
     assert second.returncode == 0 and "failed" not in second.stderr, second.stderr
-    local = remote.local_copy("s3://restart/runs/resumed")
+    # A restart records as a new run (resumed-2: the writer's claim); the predecessor's parts are kept, not lost.
+    local = remote.local_copy("s3://restart/runs/resumed-2")
     lines = [json.loads(line) for line in (local / "rank-0" / "steps.jsonl").read_text().splitlines()]
-    numbers = [d["n"] for d in lines if d["k"] == "s"]
-    assert numbers == list(range(30)) + list(range(12))  # the first process's steps, then the second's
-    assert not any(spool.rglob("*.jsonl"))
+    assert [d["n"] for d in lines if d["k"] == "s"] == list(range(12))
+    kept = [json.loads(line) for part in sorted(left) for line in part.read_text().splitlines()]
+    assert [d["n"] for d in kept if d["k"] == "s"] == list(range(30))
 
 
 GRACEFUL_LOOP = """

@@ -14,6 +14,7 @@ otelprof is imported."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -21,6 +22,19 @@ TYPE_CHECKING = False  # no typing import: this module runs in every Python proc
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
+
+def _say(line: str) -> None:
+    """One line to stderr, escaped; never raises (stderr may be closed, full or a pipe nobody reads) and never
+    leaves the line in Python's buffer, where it would fail again at the exit."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line[:500]) + "\n"
+    stream = sys.stderr
+    if stream is None:  # fd 2 closed
+        return
+    with contextlib.suppress(Exception):
+        stream.flush()
+    with contextlib.suppress(Exception):
+        os.write(stream.fileno(), text.encode("utf-8", "backslashreplace"))
+
 
 LAUNCHERS = frozenset({
     "torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "accelerate.commands.launch",
@@ -96,7 +110,7 @@ def _wrap_init(module: Any) -> None:
 
                 spawned_ranks.become_rank()
             except Exception as exc:  # the rank trains regardless
-                sys.stderr.write(f"otelprof: automatic instrumentation failed: {exc!r}\n")
+                _say(f"otelprof: automatic instrumentation failed: {exc!r}")
         return result
 
     init_process_group._otelprof_rank = True  # type: ignore[attr-defined]
@@ -166,7 +180,7 @@ def _start(role: str) -> None:
         else:
             launch.name_run()
     except Exception as exc:  # the training program must start regardless
-        sys.stderr.write(f"otelprof: automatic instrumentation failed: {exc!r}\n")
+        _say(f"otelprof: automatic instrumentation failed: {exc!r}")
 
 
 def _chain() -> None:
@@ -184,7 +198,7 @@ def _chain() -> None:
                 try:
                     spec.loader.exec_module(importlib.util.module_from_spec(spec))
                 except Exception as exc:
-                    sys.stderr.write(f"otelprof: the original sitecustomize failed: {exc!r}\n")
+                    _say(f"otelprof: the original sitecustomize failed: {exc!r}")
             return
 
 

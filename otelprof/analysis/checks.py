@@ -32,7 +32,7 @@ from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.alerts import Alert, alerts
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.outliers import LossSpikes, StepJudge, in_windows
-from otelprof.recording.reader import RankRecording, Recording
+from otelprof.recording.reader import RankRecording, Recording, group_indexes
 
 BUCKETS = sc.RATIO_BUCKETS
 
@@ -303,19 +303,21 @@ class StepTable:
         (seconds beyond the median step, 0 for a step that is no outlier), and the sparse (step index, value)
         pairs of losses and gradient norms."""
         phases = {}
+        by_phase = group_indexes(phase)  # one pass for every phase: a phase per step costs no more
+        loss_by_phase, norm_by_phase = _by_phase(phase, losses[0]), _by_phase(phase, norms[0])
         for code, name in enumerate(phase_names):
-            mask = list(map(code.__eq__, phase))
-            if not any(mask):
+            mask = by_phase.get(code)  # the phase's steps
+            if not mask:
                 continue
-            starts, ends = list(compress(start, mask)), list(compress(end, mask))
-            waits = list(compress(wait, mask))
+            starts, ends = list(map(start.__getitem__, mask)), list(map(end.__getitem__, mask))
+            waits = list(map(wait.__getitem__, mask))
             waited = [w > 0 and e > s for s, e, w in zip(starts, ends, waits)]
             ratios = [min(w / (e - s), 1.0) for s, e, w in zip(compress(starts, waited), compress(ends, waited),
                                                                    compress(waits, waited))]
-            loss_values, bad_losses = _scalar_series(code, phase, end, *losses)
-            norm_values, bad_norms = _scalar_series(code, phase, end, *norms)
+            loss_values, bad_losses = _scalar_series(loss_by_phase.get(code, ()), end, *losses)
+            norm_values, bad_norms = _scalar_series(norm_by_phase.get(code, ()), end, *norms)
             durations = list(map(operator.sub, ends, starts))
-            compute = map(operator.sub, durations, compress(collective, mask))
+            compute = map(operator.sub, durations, map(collective.__getitem__, mask))
             excess = outliers.get(code) or [0.0] * len(ends)
             spike = list(map(LossSpikes().observe, loss_values.values))
             kept = list(map(operator.not_, spike))
@@ -343,15 +345,24 @@ class StepTable:
                                ([i for i, _ in norms], [v for _, v in norms]))
 
 
-def _scalar_series(code: int, phase: Sequence[int], end: Sequence[float], index: Sequence[int],
+def _by_phase(phase: Sequence[int], index: Sequence[int]) -> dict[int, list[int]]:
+    """Per phase code: the positions in ``index`` (a scalar's step indexes) of its steps."""
+    return group_indexes(map(phase.__getitem__, index))
+
+
+def _scalar_series(mine: Sequence[int], end: Sequence[float], index: Sequence[int],
                    values: Sequence[float]) -> tuple[_Series, array[float]]:
-    """A scalar's finite values of one phase by step end time, and the end times of its non-finite values."""
-    mine = list(map(code.__eq__, map(phase.__getitem__, index)))
-    ends = list(map(end.__getitem__, compress(index, mine)))
-    mine_values = list(compress(values, mine))
+    """A scalar's finite values of one phase (``mine``: their positions in ``index``) by step end time, and the
+    end times of its non-finite values."""
+    ends = [end[index[k]] for k in mine]
+    mine_values = list(map(values.__getitem__, mine))
     finite = list(map(math.isfinite, mine_values))
     return (_Series(compress(ends, finite), compress(mine_values, finite)),
             array("d", compress(ends, map(operator.not_, finite))))
+
+
+FEW_PHASES = 16
+"""Up to this many phases per rank, the step checks look at each phase's steps in every window."""
 
 
 class _Checks:
@@ -366,6 +377,8 @@ class _Checks:
                             min((s.start for s in r.steps), default=None) for r in ranks}
         self.judged: set[str] = set()
         """Checks that compared something with their threshold at least once (past warm-up, with data)."""
+        self._phase_indexes: dict[int, tuple[list[float], list[int], list[tuple[str, PhaseSteps]]]] = {}
+        self._nonfinite: dict[int, list[tuple[str, PhaseSteps]]] = {}
 
     def warm(self, rank: RankData, t: float) -> bool:
         return t - rank.process_start > self.patience
@@ -517,11 +530,29 @@ class _Checks:
 
     # ---------------------------------------------------------------- steps
     def phase_windows(self, rank: RankData, start: float, end: float) -> Iterable[tuple[str, PhaseSteps, int, int]]:
-        """Per phase with steps ending in the window: its columns and the window's index range."""
-        for phase, steps in self.steps[id(rank)].phases.items():
+        """Per phase with steps ending in the window: its columns and the window's index range. With many phases
+        (a run that names one per step) only those with a step in the window are looked at: the evaluations cost
+        the steps in their windows, not every phase each time."""
+        phases = self.steps[id(rank)].phases
+        if len(phases) <= FEW_PHASES:
+            candidates: Iterable[tuple[str, PhaseSteps]] = phases.items()
+        else:
+            ends, order, items = self._phase_index(rank)
+            found = order[bisect.bisect_right(ends, start):bisect.bisect_right(ends, end)]
+            candidates = map(items.__getitem__, sorted(set(found)))  # in the phases' order, as above
+        for phase, steps in candidates:
             i, j = steps.span(start, end)
             if j > i:
                 yield phase, steps, i, j
+
+    def _phase_index(self, rank: RankData) -> tuple[list[float], list[int], list[tuple[str, PhaseSteps]]]:
+        """Every step end of the rank in time order, the position of its phase, and the phases (built once)."""
+        found = self._phase_indexes.get(id(rank))
+        if found is None:
+            items = list(self.steps[id(rank)].phases.items())
+            pairs = sorted((e, k) for k, (_, steps) in enumerate(items) for e in steps.ends)
+            found = self._phase_indexes[id(rank)] = ([e for e, _ in pairs], [k for _, k in pairs], items)
+        return found
 
     def straggler(self, t: float) -> list[Firing]:
         width = seconds(self.c.straggler_window)
@@ -533,8 +564,11 @@ class _Checks:
                     continue
                 for phase, steps, i, j in self.phase_windows(r, t - width, t):
                     compute[(phase, r.rank)] = sum(steps.compute[i:j]) / (j - i)
-            for phase in sorted({p for p, _ in compute}):
-                values = {rank: v for (p, rank), v in compute.items() if p == phase}
+            by_phase: dict[str, dict[int, float]] = {}
+            for (p, rank), v in compute.items():
+                by_phase.setdefault(p, {})[rank] = v
+            for phase in sorted(by_phase):
+                values = by_phase[phase]
                 if len(values) > 1:
                     self.judged.add("RankStraggler")
                     for rank, value in sorted(values.items()):
@@ -631,7 +665,10 @@ class _Checks:
         self.judged.add("NonFiniteValues")  # every recorded loss and gradient norm is judged (its datapoints)
         for r in self.ranks:
             counts: dict[str, int] = {}
-            for phase, steps in self.steps[id(r)].phases.items():
+            if id(r) not in self._nonfinite:  # the phases with a non-finite value at all (few; every time is T x P)
+                self._nonfinite[id(r)] = [(phase, steps) for phase, steps in self.steps[id(r)].phases.items()
+                                          if len(steps.bad_losses) or len(steps.bad_norms)]
+            for phase, steps in self._nonfinite[id(r)]:
                 for name, ends in (("loss", steps.bad_losses), ("grad_norm", steps.bad_norms)):
                     count = bisect.bisect_right(ends, t) - bisect.bisect_right(ends, t - width)
                     if count:
@@ -793,7 +830,7 @@ def evaluate_ranks(ranks: list[RankData], config: MixinConfig | None = None, int
     if not ranks:
         return []
     start = min(r.process_start for r in ranks) if start is None else start
-    end = max(r.end for r in ranks) if end is None else end
+    end = max(max(r.end for r in ranks) if end is None else end, start)
     times = [start + i * interval for i in range(int((end - start) // interval) + 1)]
     if times[-1] < end:
         times.append(end)  # judge the recording's last data too
@@ -950,6 +987,9 @@ def rank_data(rank: RankRecording, config: MixinConfig | None = None) -> RankDat
     last_sample = samples.times[-1] if samples.times else None
     times = [x for x in (life.get("shutdown"), life.get("last_step_end"), last_sample) if x is not None]
     start = float(life.get("process_start") or (first_start if first_start is not None else last_sample or 0.0))
+    first_sample = samples.times[0] if samples.times else None
+    # A clock stepped back between the process start and its data: the run starts at its first data.
+    start = min(x for x in (start, first_start, first_sample) if x is not None)
     return RankData(str(resource.get(sc.SERVICE_NAME, "")), rank.rank,
                     str(resource.get(sc.K8S_NODE_NAME) or resource.get(sc.HOST_NAME, "")), start,
                     max(times) if times else start, sample_table=samples, step_table=steps,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import compress
 
 from otelprof import semconv as sc
 from otelprof.analysis.run import RunView, last_values
@@ -67,10 +66,11 @@ def dataloader_analysis(view: RunView, config: MixinConfig | None = None,
         c = view.ranks[index].step_columns
         if len(c) and region in c.ann_names:
             sums = view.region_sums(index, region)
-            for phase in c.phase_names:
-                mask = c.phase_mask(phase)
-                waits_ns = list(compress(sums, mask))
-                durations_ns = list(compress(c.duration_ns, mask))
+            for phase, mask in c.phase_steps().items():  # mask: the phase's steps
+                if phase not in view.shown_phases():
+                    continue
+                waits_ns = list(map(sums.__getitem__, mask))
+                durations_ns = list(map(c.duration_ns.__getitem__, mask))
                 steps = len(durations_ns)
                 if not steps:
                     continue

@@ -22,7 +22,7 @@ from typing import Any
 
 from otelprof import nesting
 from otelprof import semconv as sc
-from otelprof.analysis.run import RunView
+from otelprof.analysis.run import MAX_PHASES, RunView
 from otelprof.analysis.stats import Bucket, share
 from otelprof.recording.reader import StepColumns
 
@@ -220,6 +220,9 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
     in_steps = math.fsum(phase_time.values())
     between = max(loop_time - in_steps, 0.0)
     phases = [(p, t, share(t, loop_time)) for p, t in sorted(phase_time.items(), key=lambda kv: -kv[1])]
+    if len(phases) > MAX_PHASES:
+        others = math.fsum(t for _, t, _ in phases[MAX_PHASES:])
+        phases[MAX_PHASES:] = [(f"{len(phases) - MAX_PHASES:,} other phases", others, share(others, loop_time))]
     if loop_time:
         phases.append((BETWEEN_STEPS, between, share(between, loop_time)))
     forward = inside.get(sc.REGION_FORWARD, [0, 0.0])[1]
@@ -244,7 +247,9 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
 
 
 def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
-    """Per phase, all ranks: step time split into its top-level regions and what none covers."""
+    """Per phase, all ranks: step time split into its top-level regions and what none covers (the phases of
+    :meth:`RunView.shown_phases`)."""
+    shown = view.shown_phases()
     steps: dict[str, int] = {}
     step_ns: dict[str, int] = {}
     regions: dict[str, dict[str, int]] = {}
@@ -256,7 +261,7 @@ def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
         if not n:
             continue
         view.say(f"step time breakdown of rank {rank.rank}")
-        masks = {name: c.phase_mask(name) for name in c.phase_names} if len(c.phase_names) > 1 else None
+        masks = c.phase_steps() if len(c.phase_names) > 1 else None  # per phase: its steps
         covered = [0] * n
         top_counts = (Counter(compress(c.ann_name, map(not_, c.ann_depth))) if any(c.ann_depth)
                       else Counter(c.ann_name))  # instances directly inside their step, per name code
@@ -267,8 +272,8 @@ def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
             if top == count:  # all top-level: the per-step sums the reader keeps
                 sums = view.region_sums(index, name)
                 covered = list(map(add, covered, sums))
-                totals = ({phase: sum(compress(sums, mask)) for phase, mask in masks.items()} if masks is not None
-                          else {c.phase_names[0]: sum(sums)})
+                totals = ({phase: sum(map(sums.__getitem__, mask)) for phase, mask in masks.items()}
+                          if masks is not None else {c.phase_names[0]: sum(sums)})
             else:
                 totals = {}
                 at, durations, depths = view.region(index, name)
@@ -283,14 +288,15 @@ def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
                     found[name] = found.get(name, 0) + total
         left = list(map(sub, c.duration_ns, covered))
         for phase in c.phase_names:
-            mine = left if masks is None else list(compress(left, masks[phase]))
+            mine = left if masks is None else list(map(left.__getitem__, masks.get(phase, ())))
             steps[phase] = steps.get(phase, 0) + len(mine)
             step_ns[phase] = step_ns.get(phase, 0) + (sum(c.duration_ns) if masks is None
-                                                      else sum(compress(c.duration_ns, masks[phase])))
+                                                      else sum(map(c.duration_ns.__getitem__, masks.get(phase, ()))))
             uncovered[phase] = uncovered.get(phase, 0) + sum(x for x in mine if x > 0)
             overlap[phase] = overlap.get(phase, 0) - sum(x for x in mine if x < 0)
     out = [breakdown(phase, steps[phase], step_ns[phase] / 1e9, {k: v / 1e9 for k, v in regions.get(phase, {}).items()},
-                     uncovered[phase] / 1e9, overlap[phase] / 1e9) for phase in steps if steps[phase]]
+                     uncovered[phase] / 1e9, overlap[phase] / 1e9) for phase in steps
+           if steps[phase] and phase in shown]
     return tuple(sorted(out, key=lambda b: (-b.step_time, b.phase)))
 
 

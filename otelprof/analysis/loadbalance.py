@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from itertools import compress
 
 from otelprof import collectives
 from otelprof import semconv as sc
@@ -110,21 +109,23 @@ def load_balance(view: RunView, config: MixinConfig | None = None, distance_thre
     means = [g.mean for g in gpus]
     ranks = []
     per_phase: dict[str, list[tuple[int, float, float, float, float]]] = {}
+    shown = view.shown_phases()
     for position, info in enumerate(view.info):
         columns = view.ranks[position].step_columns
         if not len(columns):
             continue
         wait = view.region_sums(position, sc.REGION_DATALOADER)
         collective, exposed = collectives.of_columns(columns)
-        for phase in columns.phase_names:
-            mask = columns.phase_mask(phase)
-            durations = list(compress(columns.duration_ns, mask))
+        for phase, mask in columns.phase_steps().items():  # mask: the phase's steps
+            if phase not in shown:
+                continue
+            durations = list(map(columns.duration_ns.__getitem__, mask))
             if durations:
                 n = len(durations)
-                compute = sum(map(_compute, durations, compress(wait, mask), compress(exposed, mask)))
+                compute = sum(map(_compute, durations, map(wait.__getitem__, mask), map(exposed.__getitem__, mask)))
                 per_phase.setdefault(phase, []).append(
                     (info.rank, statistics.median(durations) / 1e9, compute / n / 1e9,
-                     sum(compress(collective, mask)) / n / 1e9, sum(compress(exposed, mask)) / n / 1e9))
+                     sum(map(collective.__getitem__, mask)) / n / 1e9, sum(map(exposed.__getitem__, mask)) / n / 1e9))
     for phase, rows in sorted(per_phase.items()):
         computes = [r[2] for r in rows]
         for rank, median_step, mean_compute, mean_collective, mean_exposed in rows:

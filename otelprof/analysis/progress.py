@@ -33,6 +33,7 @@ from otelprof import semconv as sc
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Series
 from otelprof.analysis.steps import outlier_flags, outlier_threshold
+from otelprof.recording.reader import group_indexes
 
 MAX_POINTS = 400
 """Points per curve at most."""
@@ -209,13 +210,12 @@ def _scalar_points(view: RunView, rs: _RankSteps, index: int, name: str, main: s
     in_steps: dict[str, tuple[list[float], list[float]]] = {}
     for recorded in (n for n in c.scalar_names if canonical(n) == name):
         at, values = c.scalar(recorded)
-        codes = list(map(c.phase.__getitem__, at))
-        for code in sorted(set(codes)):
+        groups = group_indexes(map(c.phase.__getitem__, at))  # per phase code: its values' positions
+        for code in sorted(groups):
             if len(c.phase_names) == 1:
                 where, found = list(at), list(values)
             else:
-                mask = list(map(code.__eq__, codes))
-                where, found = list(compress(at, mask)), list(compress(values, mask))
+                where, found = list(map(at.__getitem__, groups[code])), list(map(values.__getitem__, groups[code]))
             x = map(c.number.__getitem__, where) if code == rs.main_code else map(rs.last_main, where)
             xs, ys = in_steps.setdefault(c.phase_names[code], ([], []))
             xs.extend(x)
@@ -307,11 +307,11 @@ def _timelines(view: RunView, main: str, max_points: int) -> tuple[list[StepTime
 
 def _timeline(view: RunView, index: int, phase: str, origin: float, max_points: int) -> StepTimeline:
     c = view.ranks[index].step_columns
-    mask = c.phase_mask(phase)
-    starts = [t / 1e9 for t in compress(c.start_ns, mask)]
+    mask = c.phase_steps()[phase]  # the phase's steps
+    starts = [c.start_ns[i] / 1e9 for i in mask]
     durations = view.durations(index)[phase]
-    numbers = list(compress(c.number, mask))
-    flags = list(compress(outlier_flags(view, index), mask))
+    numbers = list(map(c.number.__getitem__, mask))
+    flags = list(map(outlier_flags(view, index).__getitem__, mask))
     series = Series.of(starts, durations, origin, max_points)
     marked = [(starts[i] - origin, durations[i], numbers[i]) for i, flag in enumerate(flags) if flag]
     slowest = sorted(sorted(marked, key=lambda m: -m[1])[:MAX_OUTLIER_MARKS])

@@ -8,12 +8,16 @@ import operator
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import repeat
 from typing import Any
 
 from otelprof import semconv as sc
 from otelprof import thresholds
 from otelprof.recording.reader import RankRecording, Recording, SampleColumns
+
+MAX_PHASES = 20
+"""Phases a report section lists one by one: those with the most step time over all ranks (a run may name a phase
+per step); the framework summary adds up the others in one row."""
 
 
 @dataclass(frozen=True)
@@ -105,13 +109,25 @@ class RunView:
         if found is None:
             c = self.ranks[index].step_columns
             found = {}
-            for name in c.phase_names:
-                durations = c.duration_ns if len(c.phase_names) == 1 else compress(c.duration_ns,
-                                                                                    c.phase_mask(name))
+            for name, steps in c.phase_steps().items():
+                durations = c.duration_ns if len(c.phase_names) == 1 else map(c.duration_ns.__getitem__, steps)
                 seconds = list(map(operator.truediv, durations, repeat(1e9)))
                 if seconds:
                     found[name] = seconds
             self._durations[index] = found
+        return found
+
+    def shown_phases(self) -> frozenset[str]:
+        """The :data:`MAX_PHASES` phases with the most step time over all ranks (all of them when there are no
+        more)."""
+        def compute() -> frozenset[str]:
+            totals: dict[str, float] = {}
+            for index in range(len(self.ranks)):
+                for name, seconds in self.durations(index).items():
+                    totals[name] = totals.get(name, 0.0) + math.fsum(seconds)
+            return frozenset(sorted(totals, key=lambda name: (-totals[name], name))[:MAX_PHASES])
+
+        found: frozenset[str] = self.memo("shown_phases", compute)
         return found
 
     def region(self, index: int, name: str) -> tuple[list[int], list[int], list[int]]:

@@ -106,18 +106,20 @@ def outlier_flags(view: RunView, index: int) -> list[bool]:
     """Per step of rank ``index`` (file order): is it an outlier of its phase (never a step otelprof slowed)."""
     c = view.ranks[index].step_columns
     slowed = slowed_steps(view.ranks[index])
-    limits_by_phase = {name: outlier_threshold(_kept(d, slowed, c.phase_mask(name)), view.outlier_sigma,
+    steps_of = c.phase_steps()
+    limits_by_phase = {name: outlier_threshold(_kept(d, slowed, steps_of[name]), view.outlier_sigma,
                                                view.outlier_floor)
                        for name, d in view.durations(index).items()}
     limits = [limits_by_phase.get(name, math.inf) * 1e9 for name in c.phase_names]
     return [d > limits[p] and not s for p, d, s in zip(c.phase, c.duration_ns, slowed)]
 
 
-def _kept(durations: list[float], slowed: list[bool], mask: Sequence[bool]) -> list[float]:
-    """A phase's durations without the steps otelprof slowed (``mask``: the phase's steps among all)."""
-    if not any(slowed):
+def _kept(durations: list[float], slowed: list[bool], steps: Sequence[int]) -> list[float]:
+    """A phase's durations without the steps otelprof slowed (``steps``: the phase's step indexes, its
+    :meth:`~otelprof.recording.reader.StepColumns.phase_steps`)."""
+    if not any(map(slowed.__getitem__, steps)):  # the phase's own steps only: all phases cost one pass
         return durations
-    return [d for d, s in zip(durations, compress(slowed, mask)) if not s]
+    return [d for d, i in zip(durations, steps) if not slowed[i]]
 
 
 def _grown_regions(view: RunView, index: int, phase: str, flags: list[bool]) -> tuple[tuple[str, float], ...]:
@@ -128,9 +130,10 @@ def _grown_regions(view: RunView, index: int, phase: str, flags: list[bool]) -> 
     if not outliers or not others:
         return ()
     c = view.ranks[index].step_columns
+    mine = c.phase_steps()[phase]
     grown = []
     for name in c.ann_names:
-        per_step = list(compress(view.region_sums(index, name), c.phase_mask(phase)))
+        per_step = list(map(view.region_sums(index, name).__getitem__, mine))
         more = (sum(compress(per_step, flags)) / outliers
                 - sum(compress(per_step, map(not_, flags))) / others) / 1e9
         if more > 0:
@@ -138,28 +141,41 @@ def _grown_regions(view: RunView, index: int, phase: str, flags: list[bool]) -> 
     return tuple(sorted(grown, key=lambda kv: -kv[1])[:3])
 
 
+def _by_phase(phase: Sequence[int], at: Sequence[int], values: Sequence[float]) -> dict[int, list[float]]:
+    """A scalar's values (recorded in steps ``at``) per phase code of their step, in one pass."""
+    found: dict[int, list[float]] = {}
+    for step, value in zip(at, values):
+        found.setdefault(phase[step], []).append(value)
+    return found
+
+
 def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
     sigma = view.outlier_sigma
     rows = []
     throughput: dict[str, float] = {}
+    shown = view.shown_phases()
     for index, info in enumerate(view.info):
         view.say(f"step durations of rank {info.rank}")
         c = view.ranks[index].step_columns
         slowed = slowed_steps(view.ranks[index])
-        samples_at, samples = c.scalar("samples")
-        tokens_at, tokens = c.scalar("tokens")
+        samples_by_phase = _by_phase(c.phase, *c.scalar("samples"))
+        tokens_by_phase = _by_phase(c.phase, *c.scalar("tokens"))
+        codes = {name: code for code, name in enumerate(c.phase_names)}
+        steps_of = c.phase_steps()
         for phase, durations in view.durations(index).items():
-            code = c.phase_names.index(phase)
-            mask = c.phase_mask(phase)
-            limit = outlier_threshold(_kept(durations, slowed, mask), sigma, view.outlier_floor)
-            numbers = list(compress(c.number, mask))
-            numbers = [n for n, d, s in zip(numbers, durations, compress(slowed, mask)) if d > limit and not s]
+            if phase not in shown:
+                continue
+            code = codes[phase]
+            mine = steps_of[phase]
+            limit = outlier_threshold(_kept(durations, slowed, mine), sigma, view.outlier_floor)
+            numbers = list(map(c.number.__getitem__, mine))
+            numbers = [n for n, d, i in zip(numbers, durations, mine) if d > limit and not slowed[i]]
             kept = [d for d in durations if d <= limit]
             median = quantile(sorted(durations), 0.5) if durations else math.nan
             excess = math.fsum(d - median for d in durations if d > limit)
             busy = math.fsum(durations)
-            phase_samples = finite(compress(samples, map(code.__eq__, map(c.phase.__getitem__, samples_at))))
-            phase_tokens = finite(compress(tokens, map(code.__eq__, map(c.phase.__getitem__, tokens_at))))
+            phase_samples = finite(samples_by_phase.get(code, ()))
+            phase_tokens = finite(tokens_by_phase.get(code, ()))
             per_second = math.fsum(phase_samples) / busy if phase_samples and busy > 0 else None
             if per_second is not None:
                 throughput[phase] = throughput.get(phase, 0.0) + per_second

@@ -68,6 +68,13 @@ class JobSummary:
     """(rank, Unix seconds) of the ranks that got SIGTERM: evicted, preempted, deleted or stopped."""
 
 
+def _listed(steps_per_phase: dict[str, int], shown: frozenset[str]) -> tuple[tuple[str, int], ...]:
+    """The shown phases' step counts by name, then one row adding up the others."""
+    listed = sorted((phase, n) for phase, n in steps_per_phase.items() if phase in shown)
+    others = [n for phase, n in steps_per_phase.items() if phase not in shown]
+    return tuple(listed + ([(f"{len(others):,} other phases", sum(others))] if others else []))
+
+
 def job_summary(view: RunView) -> JobSummary:
     ranks = []
     steps_per_phase: dict[str, int] = {}
@@ -115,6 +122,6 @@ def job_summary(view: RunView) -> JobSummary:
         tuple(ranks), tuple(sorted({i.node for i in view.info})), start, end, duration, training_start,
         training_end, training, init, final,
         max(share(init or 0.0, whole), 0.0), max(share(training or 0.0, whole), 0.0),
-        max(share(final or 0.0, whole), 0.0), tuple(sorted(steps_per_phase.items())), killed,
+        max(share(final or 0.0, whole), 0.0), _listed(steps_per_phase, view.shown_phases()), killed,
         view.recording.skipped_lines, tuple(missing),
         tuple((r.rank, r.sigterm) for r in ranks if r.sigterm is not None))

@@ -22,8 +22,9 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Metric, Sum
 
+from otelprof._arguments import encodable
 from otelprof._http import BackgroundServer, Limits, QuietHandler
-from otelprof._log import warn_once
+from otelprof._log import escape, warn_once
 from otelprof.metrics import MetricRegistry, endpoint_counter
 from otelprof.semconv import (
     ENDPOINT_METRICS,
@@ -65,7 +66,7 @@ def wants_openmetrics(accept: str) -> bool:
 
 
 def _escape_value(value: object) -> str:
-    return str(value).replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return encodable(str(value)).replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 def _escape_help(text: str, openmetrics: bool = False) -> str:
@@ -241,9 +242,9 @@ class PrometheusEndpoint:
 
         try:
             self.address = self._server.start(host, port, Handler, "otelprof-metrics")
-        except OSError as exc:
+        except (OSError, OverflowError) as exc:  # OverflowError: a port above 65535
             warn_once("prometheus:bind", "otelprof: cannot serve /metrics on %s:%d (%s); this process has no "
-                      "Prometheus endpoint (set OTEL_EXPORTER_PROMETHEUS_PORT)", host, port, exc)
+                      "Prometheus endpoint (set OTEL_EXPORTER_PROMETHEUS_PORT)", escape(host), port, escape(str(exc)))
             return False
         return True
 

@@ -28,7 +28,7 @@ import os
 import re
 import stat
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress, repeat
 from pathlib import Path
@@ -195,6 +195,18 @@ def _annotation(name: str, start_ns: int, duration_ns: int, depth: int, phase: s
     return annotation
 
 
+def group_indexes(codes: Iterable[int]) -> dict[int, list[int]]:
+    """Per code: the positions where it occurs in ``codes``, in order (one pass)."""
+    groups: dict[int, list[int]] = {}
+    for i, code in enumerate(codes):
+        found = groups.get(code)
+        if found is None:
+            groups[code] = [i]
+        else:
+            found.append(i)
+    return groups
+
+
 class StepColumns:
     """One rank's step records as columns, in file order: what analyses of long runs iterate over.
 
@@ -332,10 +344,23 @@ class StepColumns:
         return found
 
     def phase_mask(self, phase: str) -> list[bool]:
-        """Per step: is it of ``phase``."""
-        if phase not in self.phase_names:
+        """Per step: is it of ``phase``. One pass over the steps per call: to go through every phase, use
+        :meth:`phase_steps`."""
+        code = self._index(self.phase_names).get(phase)
+        if code is None:
             return [False] * len(self)
-        return list(map(self.phase_names.index(phase).__eq__, self.phase))
+        return list(map(code.__eq__, self.phase))
+
+    def phase_steps(self) -> dict[str, list[int]]:
+        """Per phase, in the order of :attr:`phase_names`: the indexes of its steps in file order. One pass over
+        the steps for all phases, kept: an analysis that goes through the phases costs steps + phases, not steps
+        times phases (a run that names a phase per step)."""
+        found: tuple[int, int, dict[str, list[int]]] | None = self.__dict__.get("_phase_steps")
+        if found is None or found[0] != len(self) or found[1] != len(self.phase_names):
+            groups = group_indexes(self.phase)
+            found = self.__dict__["_phase_steps"] = (len(self), len(self.phase_names), {
+                name: groups[code] for code, name in enumerate(self.phase_names) if code in groups})
+        return found[2]
 
     def scalar(self, name: str) -> tuple[array[int], array[float]]:
         """(step indexes, values) of one scalar recorded inside steps."""

@@ -266,7 +266,7 @@ class Uploader:
             self.uploaded_bytes += size
         try:
             whole = sorted(p for p in self._dir.iterdir() if p.is_file() and p.name not in APPENDED
-                           and not p.name.endswith(".tmp"))
+                           and not p.name.endswith(".tmp") and not p.name.startswith("."))  # not the writer's .lock
         except OSError:
             return False
         # Other files first, the manifest last: a reader that sees the final manifest sees everything.

@@ -12,10 +12,88 @@ from pathlib import Path
 from typing import IO, Any
 
 from otelprof import semconv as sc
-from otelprof._log import warn_once
+from otelprof._log import escape, warn_once
 from otelprof.recording import schema
 
 _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False, default=str).encode
+
+LOCK = ".lock"
+"""File in a rank directory that the process recording it holds an exclusive ``flock`` on while it runs."""
+MAX_ATTEMPTS = 100
+"""Run ids tried (``<run id>``, ``<run id>-2``, ...) before a process records where it was told to anyway."""
+_held: list[int] = []
+"""Lock descriptors this process holds; a forked child closes its copies (the parent keeps the locks)."""
+_fork_hook: list[bool] = []
+
+
+def claim(record_dir: Path, run_id: str, rank: int, pid: int, started: float) -> tuple[str, int | None]:
+    """The run id this process records rank ``rank`` under, and the locked descriptor that keeps it: ``run_id``,
+    unless another live process holds that rank's directory (two jobs given one run id: a fixed rendezvous id, a
+    reused job id) or an earlier process recorded it (a restart); then the first free ``<run_id>-<n>`` (n = 2, 3,
+    ...), so the ranks of one job that collides land together in the same new run. ``pid`` and ``started`` (its
+    start time, Unix seconds) name this process: a restarted container's process may have the same pid. Never
+    raises: when the directory cannot be made, the writer says so."""
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        candidate = run_id if attempt == 1 else f"{run_id}-{attempt}"
+        directory = record_dir / candidate / schema.rank_dir_name(rank)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return run_id, None
+        if not _lock(fd) or _recorded_by_another(directory, pid, started):
+            os.close(fd)
+            continue
+        if not _fork_hook and hasattr(os, "register_at_fork"):  # installed at the first lock, not at import
+            os.register_at_fork(after_in_child=_forget_locks)
+            _fork_hook.append(True)
+        _held.append(fd)
+        return candidate, fd
+    return run_id, None
+
+
+def _lock(fd: int) -> bool:
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): the manifest check alone
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def _recorded_by_another(directory: Path, pid: int, started: float) -> bool:
+    """Whether ``directory`` holds the manifest of a process other than process ``pid`` started at ``started``."""
+    try:
+        with open(directory / schema.MANIFEST, encoding="utf-8") as handle:
+            manifest = json.load(handle)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("resource"), dict):
+        return True
+    lifecycle = manifest.get("lifecycle")
+    began = lifecycle.get("process_start") if isinstance(lifecycle, dict) else None
+    return manifest["resource"].get(sc.PROCESS_PID) != pid or (
+        isinstance(began, int | float) and abs(began - started) > 1.0)
+
+
+def _release(fd: int | None) -> None:
+    if fd is not None and fd in _held:
+        _held.remove(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _forget_locks() -> None:
+    for fd in _held:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
 
 
 class RecordingWriter:
@@ -30,8 +108,11 @@ class RecordingWriter:
         manifest: dict[str, Any],
         on_dropped: Callable[[int], None],
         on_written: Callable[[int], None],
+        lock: int | None = None,
     ) -> None:
+        """``lock``: the descriptor :func:`claim` locked, released when the writer closes."""
         self.directory = directory
+        self._lock_fd = lock
         self.manifest = manifest
         self._on_dropped = on_dropped
         self._on_written = on_written
@@ -50,7 +131,7 @@ class RecordingWriter:
             return True
         except OSError as exc:
             warn_once("recording:open", "otelprof: cannot write the run recording in %s (%s); "
-                      "training goes on without it", self.directory, exc)
+                      "training goes on without it", escape(str(self.directory)), escape(str(exc)))
             return False
 
     def add(self, file: str, line: str) -> None:
@@ -113,6 +194,8 @@ class RecordingWriter:
                     handle.close()
             self._files.clear()
             self._ok = False
+            _release(self._lock_fd)
+            self._lock_fd = None
             try:
                 with open(self.directory / schema.MANIFEST, encoding="utf-8") as handle:
                     manifest = json.load(handle)
@@ -157,3 +240,5 @@ class RecordingWriter:
                     handle.close()
             self._files.clear()
             self._ok = False
+            _release(self._lock_fd)
+            self._lock_fd = None

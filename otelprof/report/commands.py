@@ -40,7 +40,8 @@ def _progress(quiet: bool) -> Any:
     started = time.monotonic()
 
     def say(message: str) -> None:
-        print(f"[{time.monotonic() - started:6.1f} s] {message}", file=sys.stderr, flush=True)
+        # Messages quote the recording (phase names, node names): escaped, never raw on the terminal.
+        print(f"[{time.monotonic() - started:6.1f} s] {one_line(message, 1000)}", file=sys.stderr, flush=True)
 
     return say
 
@@ -125,7 +126,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if report.rules.error:
         print(f"note: the offline checks could not run: {one_line(report.rules.error)}")
     for missing in report.summary.missing:
-        print(f"note: {missing}")
+        print(f"note: {one_line(missing, 1000)}")
     if report.summary.skipped_lines:
         n = report.summary.skipped_lines
         print(f"note: {n:,} truncated, corrupt or oversized line{'s' if n != 1 else ''} of the recording "
@@ -158,7 +159,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         return _err("timeline", f"cannot write {output}: {exc}")
     other = trace["otherData"]
     print(f"wrote {output} ({size / 2**20:.1f} MiB, {len(trace['traceEvents']):,} events; "
-          f"{other['steps_in_window']:,} of {other['steps_in_run']:,} steps: {other['window']})")
+          f"{other['steps_in_window']:,} of {other['steps_in_run']:,} steps: {one_line(str(other['window']))})")
     if recording.skipped_lines:
         print(f"note: {_skipped(recording)}")
     print("open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing")
@@ -211,7 +212,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for r in summary.rows:
             verdict = "FIRED" if r.triggered else r.status
             print(f"{r.alert:<{width}}  {verdict:<7}  {r.severity:<8}  {f'{r.firing_evaluations}/{r.evaluations}':>9}"
-                  f"  {r.datapoints:>10,}  {', '.join(r.subjects) or '-'}")
+                  f"  {r.datapoints:>10,}  {one_line(', '.join(r.subjects), 1000) or '-'}")
         empty = sum(1 for r in summary.rows if r.status == "no data")
         print(f"\n{len(summary.fired)} of {len(summary.rows)} checks fired"
               + (f", {empty} had no data to judge" if empty else "")
@@ -232,7 +233,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for path in args.runs:
         try:
             run = resolve_run(path)
-            runs.append((run.name or str(run), read_recording(run, samples=True)))
+            runs.append((one_line(run.name or str(run)), read_recording(run, samples=True)))
         except RecordingError as exc:
             return _err("compare", str(exc))
     if len({name for name, _ in runs}) < len(runs):
@@ -272,8 +273,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for row in (header, *rows):
             print("  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w)
                             for i, (x, w) in enumerate(zip(row, widths))))
-    print(f"\nphase {result.phase}; step times pool all ranks' steps; throughput adds the ranks' recorded samples "
-          "per second of step time" + (f"; cost at {args.price_per_hour:g} per node-hour" if args.price_per_hour
+    print(f"\nphase {one_line(result.phase)}; step times pool all ranks' steps; throughput adds the ranks' recorded "
+          "samples per second of step time" + (f"; cost at {args.price_per_hour:g} per node-hour" if args.price_per_hour
                                        is not None else "; --price-per-hour adds the cost")
           + "".join(f"; {name}: {_skipped(rec)}" for name, rec in runs if rec.skipped_lines), file=sys.stderr)
     return 0
