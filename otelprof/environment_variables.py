@@ -41,6 +41,9 @@ OTELPROF_JOB_NAME = "OTELPROF_JOB_NAME"
 OTELPROF_RUN_ID = "OTELPROF_RUN_ID"
 OTELPROF_RECORD = "OTELPROF_RECORD"
 OTELPROF_RECORD_DIR = "OTELPROF_RECORD_DIR"
+OTELPROF_RECORD_SPOOL_DIR = "OTELPROF_RECORD_SPOOL_DIR"
+OTELPROF_RECORD_SPOOL_MAX_BYTES = "OTELPROF_RECORD_SPOOL_MAX_BYTES"
+OTELPROF_RECORD_UPLOAD_INTERVAL = "OTELPROF_RECORD_UPLOAD_INTERVAL"
 OTELPROF_FLUSH_INTERVAL = "OTELPROF_FLUSH_INTERVAL"
 OTELPROF_SHUTDOWN_TIMEOUT = "OTELPROF_SHUTDOWN_TIMEOUT"
 OTELPROF_EXPORT_WARNING_INTERVAL = "OTELPROF_EXPORT_WARNING_INTERVAL"
@@ -119,6 +122,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "Write the local run recording (the embedded default, needs no server)."),
     EnvVar(OTELPROF_RECORD_DIR, "record_dir", "./otelprof-runs",
            "Where recordings go: `<dir>/<run-id>/rank-<rank>/`."),
+    EnvVar(OTELPROF_RECORD_SPOOL_DIR, "record_spool_dir", "(temp dir)/otelprof-spool",
+           "With an object-storage `OTELPROF_RECORD_DIR` (`s3://`, `gs://`, `az://`): the local directory the "
+           "recording is written to before it is uploaded (see docs/storage.md)."),
+    EnvVar(OTELPROF_RECORD_SPOOL_MAX_BYTES, "record_spool_max_bytes", "1073741824",
+           "Most bytes of not-yet-uploaded recording kept in the spool; past it the oldest parts are deleted "
+           "and their lines counted as dropped (`exporter=\"recording_upload\"`); 65536-1e12."),
+    EnvVar(OTELPROF_RECORD_UPLOAD_INTERVAL, "record_upload_interval", "30",
+           "Seconds between background uploads of the recording to object storage (also at exit and on "
+           "SIGTERM); 0.2-3600."),
     EnvVar(OTELPROF_FLUSH_INTERVAL, "flush_interval", "0.5",
            "Seconds between background flushes of the recording (a SIGKILL loses at most this much); 0.05-10."),
     EnvVar(OTELPROF_SHUTDOWN_TIMEOUT, "shutdown_timeout", "3",

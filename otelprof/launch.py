@@ -29,9 +29,10 @@ from otelprof import _log
 RUN_TORCH = "OTELPROF_RUN_TORCH"
 RUN_GRAD_NORM = "OTELPROF_RUN_GRAD_NORM"
 
-_exit: tuple[str, Path, int] | None = None
+_exit: tuple[str, Path, int, bool] | None = None
 """The exit line, the recording it names (said only if it is there) and the process that says it (not a forked
-child, which inherits the exit handlers)."""
+child, which inherits the exit handlers); last, whether the recording is to be there: not when it was uploaded
+(object storage), the line is said only once the local spool is empty."""
 
 
 def name_run() -> None:
@@ -106,11 +107,18 @@ def _announce(session: object) -> None:
         return
     run = session.run_dir.parent
     where, run_id = _log.escape(shown(run)), _log.escape(config.run_id)
+    from otelprof.recording import remote
+
+    if remote.is_url(config.record_dir):  # the spool is deleted once the upload is complete
+        url = _log.escape(f"{config.record_dir.rstrip('/')}/{config.run_id}")
+        _log.say(f"otelprof: recording run {run_id} to {url} (spooled in {where})\n")
+        _exit = (f"otelprof: run {run_id} uploaded; report: otelprof report {url}\n", run.resolve(), os.getpid(), False)
+        return
     _log.say(f"otelprof: recording run {run_id} to {where}\n")
-    _exit = (f"otelprof: run {run_id} recorded; report: otelprof report {where}\n", run.resolve(), os.getpid())
+    _exit = (f"otelprof: run {run_id} recorded; report: otelprof report {where}\n", run.resolve(), os.getpid(), True)
 
 
 def _say_exit() -> None:
-    if _exit is None or _exit[2] != os.getpid() or not any(_exit[1].glob("rank-*/manifest.json")):
-        return
+    if _exit is None or _exit[2] != os.getpid() or any(_exit[1].glob("rank-*/manifest.json")) != _exit[3]:
+        return  # a local recording is there; an uploaded one is no longer in the spool
     _log.say(_exit[0])

@@ -38,7 +38,7 @@ from otelprof.integrations.torch_profiler import CLOSE_WAIT
 from otelprof.integrations.torch_profiler import windows as profile_windows
 from otelprof.metrics import MetricRegistry
 from otelprof.recorder import Recorder, SpanSink
-from otelprof.recording import otlp_json, schema
+from otelprof.recording import otlp_json, remote, schema
 from otelprof.recording.writer import RecordingWriter, claim
 from otelprof.resource import build_resource, identity_labels
 
@@ -71,10 +71,13 @@ class Session:
         if not config.run_id:
             config = dataclasses.replace(config, run_id=new_run_id())
         # Resolved now: a script that changes directory (os.chdir, Hydra's job.chdir) still finishes its recording.
-        config = dataclasses.replace(config, record_dir=os.path.abspath(config.record_dir))
+        if not remote.is_url(config.record_dir):  # a URL stays as it is; its spool is resolved likewise
+            config = dataclasses.replace(config, record_dir=os.path.abspath(config.record_dir))
+        elif config.record_spool_dir:
+            config = dataclasses.replace(config, record_spool_dir=os.path.abspath(config.record_spool_dir))
         lock = None
         if config.record:
-            run_id, lock = claim(Path(config.record_dir), config.run_id, config.rank, os.getpid(),
+            run_id, lock = claim(remote.local_root(config), config.run_id, config.rank, os.getpid(),
                                  _process_start_time())
             if run_id != config.run_id:
                 warn_once("recording:collision", "otelprof: run %s rank %d is recorded in %s by another process "
@@ -93,7 +96,7 @@ class Session:
         self.run_dir: Path | None = None
         self.writer: RecordingWriter | None = None
         if config.record:
-            self.run_dir = Path(config.record_dir) / config.run_id / schema.rank_dir_name(config.rank)
+            self.run_dir = remote.local_root(config) / config.run_id / schema.rank_dir_name(config.rank)
             self.writer = RecordingWriter(self.run_dir, self._manifest(), self._writer_dropped, self._writer_bytes,
                                           lock)
         self.sampler: Sampler | None = None
@@ -141,6 +144,9 @@ class Session:
             if not self.control.start(config.control_host, config.control_rank_port):
                 self.control = None
         self._sigterm: _sigterm.SigtermHandler | None = None
+        self.uploader: remote.Uploader | None = None
+        if self.writer is not None and self.run_dir is not None and remote.is_url(config.record_dir):
+            self.uploader = remote.start_uploader(config, self.run_dir, self.writer, self._upload_dropped)
         self._thread = threading.Thread(target=self._run, name="otelprof-recorder", daemon=True)
         self._thread.start()
         hot._activate(self.recorder)
@@ -183,6 +189,9 @@ class Session:
 
     def _writer_dropped(self, amount: int) -> None:
         self.recorder.count_dropped(sc.DROPPED_RECORDING, amount)
+
+    def _upload_dropped(self, amount: int) -> None:
+        self.recorder.count_dropped(sc.DROPPED_RECORDING_UPLOAD, amount)
 
     def _writer_bytes(self, amount: int) -> None:
         with self.registry.lock:
@@ -332,6 +341,8 @@ class Session:
         key = schema.SIGTERM if name == "SIGTERM" else name.lower()
         if self.writer is not None and key not in self.writer.manifest:
             self.writer.update_manifest(**{key: time.time()})
+        if self.uploader is not None:
+            self.uploader.wake()
 
     def flush(self, timeout: float | None = None) -> None:
         """Process pending records, write the recording and push queued exports (bounded wait)."""
@@ -377,6 +388,8 @@ class Session:
                 # Exporters abandoned at the deadline count their losses only now.
                 self.writer.update_manifest(dropped=self._dropped_summary())
                 self.writer.close()
+            if self.uploader is not None:
+                self.uploader.close(max(deadline - time.monotonic(), 0.0))
             if self.prometheus is not None:
                 self.prometheus.stop()
             if self.control is not None:
@@ -414,6 +427,8 @@ class Session:
             self._thread.join(1.0)
             if self.sampler is not None:
                 self.sampler.stop(1.0)
+            if self.uploader is not None:
+                self.uploader.discard()
             if self.writer is not None:
                 self.writer.remove(self._pid)
             deadline = time.monotonic() + self.config.shutdown_timeout

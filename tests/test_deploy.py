@@ -18,7 +18,7 @@ from tests.servers import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS = ["base", "overlays/kube-prometheus-stack", "overlays/kube-prometheus-stack/alertmanager",
-            "overlays/plain-prometheus"]
+            "overlays/plain-prometheus", "overlays/object-storage"]
 CRD_DIR = ROOT.parent / "shared" / "schemas" / "prometheus-operator-v0.93.0"
 CRD_FILES = {"AlertmanagerConfig": "monitoring.coreos.com_alertmanagerconfigs.yaml",
              "PodMonitor": "monitoring.coreos.com_podmonitors.yaml",

@@ -205,6 +205,33 @@ class RecordingWriter:
                 return
             shutil.rmtree(self.directory, ignore_errors=True)
 
+    def rotate(self, name: str, target: Path) -> bool:
+        """Move what file ``name`` holds to ``target`` and go on appending to an empty file (the uploader's
+        hand-over, :mod:`otelprof.recording.remote`); False when there was nothing to move or it failed."""
+        with self._lock:
+            if not self._ok or name not in self._files:
+                return False
+            path = self.directory / name
+            try:
+                if path.stat().st_size == 0:
+                    return False
+            except OSError:
+                return False
+            with contextlib.suppress(OSError):
+                self._files[name].close()
+            try:
+                os.replace(path, target)
+                moved = True
+            except OSError:
+                moved = False
+            try:
+                self._files[name] = open(path, "a", encoding="utf-8")  # noqa: SIM115
+            except OSError as exc:
+                self._ok = False
+                warn_once("recording:open", "otelprof: cannot write the run recording in %s (%s); "
+                          "training goes on without it", self.directory, exc)
+            return moved
+
     def close(self) -> None:
         self.flush()
         with self._lock:

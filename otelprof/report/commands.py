@@ -47,7 +47,15 @@ def _progress(quiet: bool) -> Any:
 
 
 def resolve_run(path: str) -> Path:
-    """A run directory; a directory of runs (``./otelprof-runs``) means its newest run."""
+    """A run directory; a directory of runs (``./otelprof-runs``) means its newest run. A URL (``s3://...``) is
+    downloaded first (:func:`otelprof.recording.remote.local_copy`)."""
+    from otelprof.recording import remote
+
+    if remote.is_url(path):
+        try:
+            return remote.local_copy(path)
+        except remote.RemoteError as exc:
+            raise RecordingError(str(exc)) from None
     root = Path(path)
     if not root.exists():
         raise RecordingError(f"{root} does not exist")

@@ -1,0 +1,387 @@
+"""Recordings in object storage (``OTELPROF_RECORD_DIR=s3://bucket/prefix``, ``gs://``, ``az://``) via fsspec.
+
+Writing: the recording is written to a local spool directory as usual; a daemon thread uploads it every
+``OTELPROF_RECORD_UPLOAD_INTERVAL`` seconds, on SIGTERM and at exit. Object stores cannot append, so each
+``*.jsonl`` file goes up as parts: the uploader takes what the file holds over from the writer (a rename under
+the writer's lock; the writer goes on with an empty file), keeps it in ``.upload/`` and puts it as
+``<file>.parts/<stamp>`` (``stamp``: 20-digit nanoseconds, increasing; the parts' order is the file's order).
+A part leaves the disk only once it is stored, so a failed upload is retried as it stands: the same name again,
+never a duplicate line. ``manifest.json`` and other files go up whole when they changed. The spool holds at
+most ``OTELPROF_RECORD_SPOOL_MAX_BYTES`` of parts not uploaded yet; past that the oldest are deleted and their
+lines counted as dropped. Nothing here blocks a step or raises into the job.
+
+Reading: :func:`local_copy` downloads one run (parts joined back into their files) to a temporary directory
+the readers take as any local recording.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from otelprof._log import info_once, logger, sanitize, warn_once
+from otelprof.recording import schema
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+PARTS = ".parts"
+"""Suffix of the folder of a file's parts: ``steps.jsonl.parts/<stamp>``."""
+PENDING = ".upload"
+"""Spool folder (in the rank directory) of parts taken over from the writer and not uploaded yet."""
+APPENDED = (schema.STEPS, schema.SPANS, schema.METRICS, schema.SAMPLES, schema.PROFILES)
+INSTALL_HINT = "pip install 'otelprof[storage]' (fsspec and s3fs; gcsfs or adlfs for gs:// or az://)"
+
+
+def is_url(text: str) -> bool:
+    """Whether ``text`` names object storage (``scheme://...``, not ``file://``) rather than a local path."""
+    match = _URL.match(text)
+    return match is not None and match.group(1).lower() != "file"
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem and path of ``url`` (a new instance: no listing cached from an earlier call).
+    Raises ImportError or ValueError when it cannot be used."""
+    import fsspec  # an optional dependency: the storage extra
+
+    fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True)
+    return fs, str(path).rstrip("/")
+
+
+def _problem(url: str) -> str:
+    """Why ``url`` cannot be written ("" when it may be): checked at init without importing the storage client."""
+    match = _URL.match(url)
+    scheme = match.group(1).lower() if match else ""
+    try:
+        from fsspec.registry import known_implementations, registry
+    except ImportError:
+        return f"needs {INSTALL_HINT}"
+    if scheme in registry:
+        return ""
+    if scheme not in known_implementations:
+        return f"cannot be used (fsspec knows no {scheme}:// storage)"
+    package = str(known_implementations[scheme]["class"]).split(".")[0]
+    if importlib.util.find_spec(package) is None:
+        return f"needs the {package} package ({INSTALL_HINT})"
+    return ""
+
+
+def local_root(config: Any) -> Path:
+    """Where the recording is written on this machine: ``record_dir``, or the spool when it is a URL."""
+    if not is_url(config.record_dir):
+        return Path(config.record_dir)
+    return Path(config.record_spool_dir or os.path.join(tempfile.gettempdir(), "otelprof-spool"))
+
+
+def _lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as handle:
+            return sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
+    except OSError:
+        return 0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+class Uploader:
+    """Uploads one rank's spooled recording to ``<url>/<run-id>/rank-<rank>/`` on a daemon thread."""
+
+    def __init__(self, url: str, remote_subdir: str, rank_dir: Path, writer: Any, interval: float, max_bytes: int,
+                 on_dropped: Callable[[int], None], shown: str) -> None:
+        self._url = url
+        self._fs: Any = None  # made on first use, off the training thread (the storage client imports slowly)
+        self._subdir = remote_subdir
+        self._remote = ""
+        self._dir = rank_dir
+        self._pending = rank_dir / PENDING
+        self._writer = writer
+        self._interval = interval
+        self._max_bytes = max_bytes
+        self._on_dropped = on_dropped
+        self._shown = shown
+        self._stamp = 0
+        self._sent: dict[str, tuple[int, int]] = {}  # whole files: (mtime_ns, size) last uploaded
+        self._failing = False
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.uploaded_bytes = 0
+        self.dropped_lines = 0
+        self._thread = threading.Thread(target=self._run, name="otelprof-upload", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Upload now (SIGTERM), without waiting."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        with self._lock:
+            self._connect()  # now, not at exit: the interpreter's exit allows no new threads for the client
+        while not self._stop.is_set():
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            self.sync(final=False)
+
+    def close(self, timeout: float) -> bool:
+        """Stop the thread and upload everything left (bounded by ``timeout``). True when all is stored; then
+        the local spool of this rank is deleted."""
+        deadline = time.monotonic() + timeout
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(max(deadline - time.monotonic(), 0.0))
+        result: list[bool] = []
+        final = threading.Thread(target=lambda: result.append(self.sync(final=True)), name="otelprof-upload-final",
+                                 daemon=True)
+        final.start()
+        final.join(max(deadline - time.monotonic(), 0.0))
+        done = bool(result and result[0])
+        if done:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self._dir.parent.rmdir()  # the run's spool folder, once no rank of this node is left in it
+        elif not result:
+            warn_once("recording:upload-exit", "otelprof: the upload of the run recording to %s did not finish "
+                      "before the shutdown timeout; what is left stays in %s", self._shown, self._dir)
+        return done
+
+    def discard(self) -> None:
+        """Stop without uploading more (the session's recording is discarded)."""
+        self._stop.set()
+        self._wake.set()
+
+    # ------------------------------------------------------------------ one round
+    def sync(self, final: bool) -> bool:
+        """Take over, bound and upload; True when nothing is left to upload. Never raises."""
+        try:
+            with self._lock:
+                self._take_over(final)
+                self._bound()
+                return self._upload()
+        except Exception:
+            logger.exception("otelprof: internal error while uploading the run recording")
+            return False
+
+    def _next_stamp(self) -> str:
+        self._stamp = max(self._stamp + 1, time.time_ns())
+        return f"{self._stamp:020d}"
+
+    def _take_over(self, final: bool) -> None:
+        try:
+            self._pending.mkdir(exist_ok=True)
+        except OSError:
+            return
+        for name in APPENDED:
+            target = self._pending / f"{self._next_stamp()}.{name}"
+            if final:  # the writer is closed: its files are ours
+                source = self._dir / name
+                with contextlib.suppress(OSError):
+                    if source.stat().st_size > 0:
+                        os.replace(source, target)
+            else:
+                self._writer.rotate(name, target)
+
+    def _parts(self) -> list[Path]:
+        try:
+            return sorted(p for p in self._pending.iterdir() if p.is_file())
+        except OSError:
+            return []
+
+    def _bound(self) -> None:
+        parts = self._parts()
+        sizes = {p: _size(p) for p in parts}
+        total = sum(sizes.values())
+        for part in parts:
+            if total <= self._max_bytes:
+                return
+            lines = _lines(part)
+            with contextlib.suppress(OSError):
+                part.unlink()
+            total -= sizes[part]
+            self.dropped_lines += lines
+            self._on_dropped(lines)
+            warn_once("recording:spool", "otelprof: the upload spool %s passed OTELPROF_RECORD_SPOOL_MAX_BYTES (%d); "
+                      "its oldest parts are deleted and their lines counted as dropped", self._dir, self._max_bytes)
+
+    def _connect(self) -> bool:
+        if self._fs is not None:
+            return True
+        try:
+            self._fs, root = filesystem(self._url)
+        except Exception as exc:
+            warn_once("recording:remote", "otelprof: OTELPROF_RECORD_DIR=%s cannot be used (%s); the recording "
+                      "stays in %s", self._shown, sanitize(f"{type(exc).__name__}: {exc}"), self._dir)
+            self._stop.set()
+            return False
+        self._remote = "/".join(p for p in (root, self._subdir) if p)
+        # One request now makes the client's connection pool: at the interpreter's exit (the last upload) the
+        # client could not make it any more (it starts a thread for that). Its failure is the next put's to tell.
+        with contextlib.suppress(Exception):
+            self._fs.exists(self._remote)
+        return True
+
+    def _put(self, local: Path, remote: str) -> bool:
+        try:
+            self._fs.put_file(str(local), remote)
+        except Exception as exc:  # whatever the storage client raises: the job goes on
+            if not self._failing:
+                self._failing = True
+                warn_once("recording:upload", "otelprof: uploading the run recording to %s failed (%s); it waits "
+                          "in %s (at most OTELPROF_RECORD_SPOOL_MAX_BYTES) and is retried every %g s; training "
+                          "goes on", self._shown, sanitize(f"{type(exc).__name__}: {exc}"), self._dir,
+                          self._interval)
+            return False
+        if self._failing:
+            self._failing = False
+            info_once("recording:upload-resumed", "otelprof: uploading the run recording to %s resumed", self._shown)
+        return True
+
+    def _upload(self) -> bool:
+        if not self._connect():
+            return False
+        for part in self._parts():
+            stamp, _, name = part.name.partition(".")
+            size = _size(part)
+            if not self._put(part, f"{self._remote}/{name}{PARTS}/{stamp}"):
+                return False
+            with contextlib.suppress(OSError):
+                part.unlink()
+            self.uploaded_bytes += size
+        try:
+            whole = sorted(p for p in self._dir.iterdir() if p.is_file() and p.name not in APPENDED
+                           and not p.name.endswith(".tmp") and not p.name.startswith("."))  # not the writer's .lock
+        except OSError:
+            return False
+        # Other files first, the manifest last: a reader that sees the final manifest sees everything.
+        whole.sort(key=lambda p: p.name == schema.MANIFEST)
+        for path in whole:
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            key = (stat.st_mtime_ns, stat.st_size)
+            if self._sent.get(path.name) == key:
+                continue
+            if not self._put(path, f"{self._remote}/{path.name}"):
+                return False
+            self._sent[path.name] = key
+            self.uploaded_bytes += stat.st_size
+        return True
+
+
+def start_uploader(config: Any, rank_dir: Path, writer: Any, on_dropped: Callable[[int], None]) -> Uploader | None:
+    """The uploader of ``rank_dir`` to ``config.record_dir`` (a URL), started; None (one warning) when the URL
+    cannot be used: the recording stays in the spool."""
+    url = config.record_dir
+    shown = sanitize(url, 200)
+    problem = _problem(url)
+    if problem:
+        warn_once("recording:remote", "otelprof: OTELPROF_RECORD_DIR=%s %s; the recording stays in %s", shown,
+                  problem, rank_dir)
+        return None
+    uploader = Uploader(url, f"{config.run_id}/{rank_dir.name}", rank_dir, writer, config.record_upload_interval,
+                        config.record_spool_max_bytes, on_dropped, shown)
+    # Storage clients close their connections from weakref finalizers at exit; registering that exit hook now,
+    # before init() registers the session's shutdown, makes the shutdown (and its last upload) run first.
+    weakref.finalize(uploader, int)
+    uploader.start()
+    return uploader
+
+
+# ---------------------------------------------------------------------- reading
+
+class RemoteError(Exception):
+    """A recording URL that cannot be read (one line, for the command's error)."""
+
+
+def local_copy(url: str) -> Path:
+    """Download the run ``url`` names (a rank folder, a run folder, or a folder of runs: its newest) into a
+    temporary directory deleted at exit, joining parts back into files; the local run directory."""
+    shown = sanitize(url, 200)
+    try:
+        fs, root = filesystem(url)
+    except ImportError as exc:
+        raise RemoteError(f"reading {shown} needs {INSTALL_HINT} ({sanitize(str(exc))})") from None
+    except Exception as exc:
+        raise RemoteError(f"{shown} cannot be used: {sanitize(f'{type(exc).__name__}: {exc}')}") from None
+    try:
+        listing = fs.find(root, detail=True)
+    except Exception as exc:
+        raise RemoteError(f"cannot list {shown}: {sanitize(f'{type(exc).__name__}: {exc}')}") from None
+    files = {path[len(root):].lstrip("/"): info for path, info in listing.items() if path.startswith(root)}
+    run = _pick_run(files)
+    if run is None:
+        raise RemoteError(f"{shown} is not an otelprof recording (no manifest.json, no rank-*/ folders, no runs "
+                          "inside)")
+    prefix, name = run
+    name = name or root.rsplit("/", 1)[-1]
+    dest = Path(tempfile.mkdtemp(prefix="otelprof-remote-"))
+    atexit.register(shutil.rmtree, dest, True)
+    run_dir = dest / (name or "run")
+    try:
+        _download(fs, root, prefix, {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}, run_dir)
+    except Exception as exc:
+        raise RemoteError(f"cannot download {shown}: {sanitize(f'{type(exc).__name__}: {exc}')}") from None
+    return run_dir
+
+
+def _pick_run(files: dict[str, Any]) -> tuple[str, str] | None:
+    """(prefix of the run inside the listing, the run's name) — the newest run when the URL holds several."""
+    if schema.MANIFEST in files or any(re.fullmatch(r"rank-\d+/" + schema.MANIFEST, k) for k in files):
+        return "", ""
+    runs: dict[str, float] = {}
+    for key, info in files.items():
+        match = re.fullmatch(r"([^/]+)/rank-\d+/" + re.escape(schema.MANIFEST), key)
+        if match:
+            runs[match.group(1)] = max(runs.get(match.group(1), 0.0), _mtime(info))
+    if not runs:
+        return None
+    newest = max(runs, key=lambda r: (runs[r], r))
+    return f"{newest}/", newest
+
+
+def _mtime(info: Any) -> float:
+    value = info.get("LastModified") or info.get("mtime") or info.get("updated") or info.get("last_modified")
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _download(fs: Any, root: str, prefix: str, files: dict[str, Any], run_dir: Path) -> None:
+    """Fetch every file of the run; ``<file>.parts/<stamp>`` objects are appended to ``<file>`` in stamp order."""
+    base = "/".join(p for p in (root, prefix.rstrip("/")) if p)
+    for key in sorted(files):
+        if files[key].get("type") == "directory":
+            continue
+        parts = key.split("/")
+        if ".." in parts or any(not p for p in parts):
+            continue
+        if len(parts) >= 2 and parts[-2].endswith(PARTS):
+            target = run_dir.joinpath(*parts[:-2], parts[-2][: -len(PARTS)])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "ab") as out:
+                out.write(fs.cat_file(f"{base}/{key}"))
+        else:
+            target = run_dir.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(f"{base}/{key}", str(target))
