@@ -133,6 +133,8 @@ def main() -> None:
     parser.add_argument("--keep", metavar="DIR", help="keep callgrind's dumps in DIR (for callgrind_annotate)")
     parser.add_argument("--cache", action="store_true",
                         help="also simulate one core's caches and report the misses added per step (slower)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated variants to count (default all; bare is always counted)")
     parser.add_argument("--child", nargs=3, metavar=("LOOP", "VARIANT", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -145,7 +147,8 @@ def main() -> None:
 
     os.environ.update(MALLOC_PINS)  # the same allocator behaviour as the wall-clock benchmark
     loops = [args.only] if args.only else list(LOOPS)
-    runs = [(loop, variant) for loop in loops for variant in VARIANTS]
+    chosen = ["bare", *(v for v in VARIANTS[1:] if v in args.variants.split(","))]
+    runs = [(loop, variant) for loop in loops for variant in chosen]
     steps = {loop: args.steps or STEPS[loop] for loop in loops}
     minutes = "4-8" if args.cache else "2-4"
     print(f"{len(runs)} callgrind runs, {args.jobs} at a time ({minutes} min each)", file=sys.stderr, flush=True)
@@ -164,7 +167,7 @@ def main() -> None:
             print(f"  bare step's simulated misses: {l1i:,.0f} L1i, {l2:,.0f} L2 (streaming kernels' overcounted)")
             header += f" {'+L1i misses':>12} {'+L2 misses':>11}"
         print(header)
-        for variant in VARIANTS[1:]:
+        for variant in chosen[1:]:
             loop_counts, drain_counts = results[(loop, variant)]
             thread = loop_counts["Ir"] / n - bare
             recorder = drain_counts["Ir"] / n

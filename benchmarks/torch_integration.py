@@ -1,7 +1,7 @@
 """Cost of the PyTorch integration per step, side by side with bare torch.profiler.
 
     python benchmarks/torch_integration.py           # ~6 minutes
-    python benchmarks/torch_integration.py --paired-only --only cnn   # the goal's figure, ~3 minutes
+    python benchmarks/torch_integration.py --paired-only --only cnn --repeat 3   # the goal's figure, ~10 minutes
     python benchmarks/torch_integration.py --paired-only --only cnn --parts   # and where it goes, ~6 minutes
     python benchmarks/torch_integration.py --quick   # ~40 s
 
@@ -372,6 +372,36 @@ def record_cost(calls: int = 20000, repeats: int = 15) -> dict[str, dict[str, fl
     return out
 
 
+def summarise(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per kind, the median and range over runs of the runs' median added time and share of the step, the median
+    bare step, and the range of the load average (1 min) at the runs' starts."""
+    summary = {}
+    for kind, results in runs.items():
+        added = [r["added_us"] for r in results]
+        shares = [r["share"] for r in results]
+        loads = [r["load"] for r in results]
+        summary[kind] = {"added_us": statistics.median(added), "added_min_us": min(added), "added_max_us": max(added),
+                         "share": statistics.median(shares), "share_min": min(shares), "share_max": max(shares),
+                         "step_us": statistics.median(r["step_us"] for r in results), "runs": len(results),
+                         "load_min": min(loads), "load_max": max(loads)}
+    return summary
+
+
+def commit() -> str:
+    """The checked-out commit the figures were measured on (``+`` when the tree has changes), or "unknown"."""
+    import subprocess
+
+    here = Path(__file__).parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -379,6 +409,8 @@ def main() -> None:
     parser.add_argument("--only", choices=("cnn", "tiny"), help="run one of the two loops")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per loop (default 11, --quick 3)")
     parser.add_argument("--pairs", type=int, default=None, help="paired blocks per loop (default 100, --quick 6)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the paired blocks and their A/A control this many times: median and range over runs")
     parser.add_argument("--paired-only", action="store_true", help="skip the rounds table (variants side by side)")
     parser.add_argument("--parts", action="store_true",
                         help="also split the CNN's training-thread cost into parts (per-step medians, ~2 minutes)")
@@ -411,15 +443,28 @@ def main() -> None:
                   f"{r['added_q1_us']:>+8.1f}..{r['added_q3_us']:<+8.1f} {r['startup_ms']:>8.1f}ms")
     pairs = args.pairs or (6 if args.quick else 100)
     for loop, make, block_steps, classify in (("cnn", make_cnn, 50, True), ("tiny", make_tiny, 500, False)):
-        if args.only in (None, loop):
+        if args.only not in (None, loop):
+            continue
+        runs: dict[str, list[dict[str, float]]] = {}
+        for run in range(args.repeat):
             for label, kinds in (("paired", PAIRED), ("paired A/A control", CONTROL)):
-                out[f"{loop} {label}"] = results = paired(make, pairs, block_steps, classify, kinds)
-                print(f"\n{loop} loop, {label} ({pairs} sets of {block_steps}-step blocks: {', '.join(kinds)}; "
-                      f"bare step {results[kinds[1]]['step_us']:.0f}us)")
+                load = os.getloadavg()[0]
+                results = paired(make, pairs, block_steps, classify, kinds)
+                out.setdefault(f"{loop} {label}", []).append(results)
+                print(f"\n{loop} loop, {label}, run {run + 1}/{args.repeat} ({pairs} sets of {block_steps}-step "
+                      f"blocks: {', '.join(kinds)}; bare step {results[kinds[1]]['step_us']:.0f}us; load {load:.1f})")
                 for kind, result in results.items():
+                    runs.setdefault("bare again" if label.endswith("control") else kind, []).append(
+                        {**result, "load": load})
                     print(f"  {kind:<28} adds {result['added_us']:+7.1f}us (quartiles {result['added_q1_us']:+.1f}.."
                           f"{result['added_q3_us']:+.1f}, mean {result['mean_us']:+.1f}) = "
                           f"{result['share'] * 100:+.2f} % of the step", flush=True)
+        out[f"{loop} summary"] = summary = summarise(runs)
+        print(f"\n{loop} loop, over {args.repeat} runs (commit {commit()}): median [range] of the runs' medians")
+        for kind, f in summary.items():
+            print(f"  {kind:<28} {f['added_us']:+7.1f}us [{f['added_min_us']:+.1f}..{f['added_max_us']:+.1f}] = "
+                  f"{f['share'] * 100:+.2f} % [{f['share_min'] * 100:+.2f}..{f['share_max'] * 100:+.2f}] of a "
+                  f"{f['step_us']:.0f}us step; load {f['load_min']:.1f}..{f['load_max']:.1f}", flush=True)
     if args.parts and args.only in (None, "cnn"):
         pairs = 12 if args.quick else 100
         out["cnn parts"] = split = parts(make_cnn, pairs, 8, True)
