@@ -401,8 +401,11 @@ def _check_mig(prom: Prometheus) -> None:
     def absent() -> list[dict[str, Any]]:  # pending or firing: its `for` (1 min) outlasts the test
         return prom.query('ALERTS{alertname="OtelprofGPUTelemetryAbsent"}')
 
-    deadline = time.monotonic() + 40
-    while time.monotonic() < deadline and not (firing("GPUUnderutilized") and absent()):
+    def settled() -> bool:  # a loaded machine scrapes a rank's info before its join's records: pending a while
+        return bool(firing("GPUUnderutilized")) and [a["metric"]["gpu"] for a in absent()] == ["unmapped"]
+
+    deadline = time.monotonic() + 90  # a guard against a hang: the loop ends as soon as the alerts settle
+    while time.monotonic() < deadline and not settled():
         time.sleep(1)
     # rank 0's idle MIG instance is judged like a GPU; rank 2's unmapped GPU is visible; every mapped GPU joined
     assert {a["metric"]["rank"] for a in firing("GPUUnderutilized")} == {"0"}

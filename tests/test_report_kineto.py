@@ -6,8 +6,10 @@ the timeline and the overlap figures read."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,11 @@ def test_gpu_operator_tables_pies_and_mfu_come_from_the_kineto_trace(
         return {**fixture, "baseTimeNanoseconds": window.started_ns}
 
     monkeypatch.setattr(torch_profiler, "_kineto_trace", gpu_trace)
+    # A test earlier in this process may have run torch.compile: otelprof then counts no FLOPs (a dispatch mode
+    # would make compiled frames recompile), for the rest of the process. This job compiles nothing.
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is not None:
+        monkeypatch.setitem(dynamo.counters, "frames", collections.Counter())
     fake = FakeNvml()
     monkeypatch.setattr(otelprof.session, "Sampler", functools.partial(Sampler, nvml_factory=lambda: fake))
     for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
