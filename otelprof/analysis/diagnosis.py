@@ -115,6 +115,7 @@ def pct(v: float | None) -> str:
 
 
 def secs(v: float | None) -> str:
+    """A duration in the unit that reads best (µs to h); "-" when there is none."""
     if v is None or not math.isfinite(v):
         return "-"
     a = abs(v)

@@ -64,19 +64,7 @@ def pct(v: float | None, digits: int = 1) -> str:
 def secs(v: float | None) -> str:
     if not _ok(v):
         return DASH
-    assert v is not None
-    a = abs(v)
-    if a == 0:
-        return "0 s"
-    if a < 1e-3:
-        return f"{v * 1e6:.0f} µs"
-    if a < 1:
-        return f"{v * 1e3:.3g} ms"
-    if a < 120:
-        return f"{v:.3g} s"
-    if a < 7200:
-        return f"{v / 60:.1f} min"
-    return f"{v / 3600:.2f} h"
+    return "0 s" if v == 0 else dg.secs(v)
 
 
 def num(v: float | None, digits: int = 4) -> str:
