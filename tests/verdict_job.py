@@ -89,11 +89,16 @@ def healthy_loss(elapsed: float) -> float:
     return trend(elapsed) * random.uniform(0.98, 1.02)
 
 
-def warmup_loss(elapsed: float) -> float:
-    """A loss under a learning-rate warm-up (it barely moves for the first 20 s, while the learning rate ramps
-    up, then falls), with 15 % noise per batch: healthy, if noisy."""
+def warmup_trend(elapsed: float) -> float:
+    """A loss under a learning-rate warm-up: it barely moves for the first 20 s, while the learning rate ramps
+    up, then falls."""
     progress = elapsed * elapsed / 40.0 if elapsed < 20.0 else elapsed - 10.0
-    return (0.2 + 2.3 * math.exp(-progress / 100.0)) * random.uniform(0.85, 1.15)
+    return 0.2 + 2.3 * math.exp(-progress / 100.0)
+
+
+def warmup_loss(elapsed: float) -> float:
+    """:func:`warmup_trend` with 15 % noise per batch: healthy, if noisy."""
+    return warmup_trend(elapsed) * random.uniform(0.85, 1.15)
 
 
 def batch_tokens(step: int) -> int:
@@ -187,7 +192,9 @@ def api_loop(kind: str, stop_file: str, options: dict[str, Any]) -> None:
             eval_pass(step_time, loss * 1.05, steps=40)  # an evaluation pass as long as the training between
         elif step % 20 == 0:
             gap = 1.4 if kind == "overfit" and run.fault() else 1.02
-            eval_pass(step_time, loss * gap)
+            # an evaluation averages a held-out set: it carries little of one training batch's noise
+            base = warmup_trend(run.elapsed()) if kind == "lr_warmup" else loss
+            eval_pass(step_time, base * gap)
     otelprof.shutdown()
     say("exit", steps=step)
 
