@@ -11,8 +11,8 @@
 
 from otelprof._version import __version__
 from otelprof.config import Config, ConfigError
-from otelprof.hotpath import StopTraining, annotate, annotation_begin, annotation_end, phase, record, step
-from otelprof.session import Session, get_session, init, shutdown
+from otelprof.runtime.hotpath import StopTraining, annotate, annotation_begin, annotation_end, phase, record, step
+from otelprof.runtime.session import Session, get_session, init, shutdown
 
 __all__ = [
     "Config",

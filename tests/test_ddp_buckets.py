@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from otelprof import collectives
 from otelprof import semconv as sc
 from otelprof.analysis.checks import evaluate_ranks, rank_data
 from otelprof.analysis.loadbalance import load_balance
 from otelprof.analysis.run import RunView
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.reader import Recording, read_recording
-from otelprof.timeline import ARG_COLLECTIVE, ARG_EXPOSED, build_timeline
+from otelprof.report.timeline import ARG_COLLECTIVE, ARG_EXPOSED, build_timeline
+from otelprof.shared import collectives
 
 RANKS = 3
 STRAGGLER = 1

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import otelprof
-from otelprof import nesting
 from otelprof import semconv as sc
 from otelprof.analysis.framework import framework_summary
 from otelprof.analysis.report import build_report
@@ -21,6 +20,7 @@ from otelprof.analysis.run import RunView
 from otelprof.integrations import torch as otorch
 from otelprof.recording.reader import RankRecording, read_recording
 from otelprof.report.html import render
+from otelprof.shared import nesting
 
 STEPS = 12
 

@@ -20,9 +20,9 @@ from otelprof.integrations import operators
 from otelprof.integrations import torch as otorch
 from otelprof.integrations.profile_schedule import PeriodicWindows
 from otelprof.integrations.torch_profiler import kernel_precision
-from otelprof.metrics import MetricRegistry
 from otelprof.recording.reader import RankRecording, Span, read_recording
-from otelprof.span_builder import SpanBuilder
+from otelprof.runtime.metrics import MetricRegistry
+from otelprof.runtime.span_builder import SpanBuilder
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kineto_gpu_trace.json"
 BASE_NS = 1700000000000000000
@@ -209,7 +209,7 @@ def test_a_default_session_profiles_a_window_after_warmup(tmp_path: Path) -> Non
     assert window["trigger"] == "periodic" and window["start_step"] >= 12 and window["num_steps"] == 3
     assert window["overhead_s"] > 0 and window["operator_spans"] > 0
     assert session.profile_schedule.next_delay == pytest.approx(600.0)
-    from otelprof.report.commands import write_demo_outputs
+    from otelprof.cli.report import write_demo_outputs
 
     report, _ = write_demo_outputs(rank.path.parent)
     html = report.read_text()

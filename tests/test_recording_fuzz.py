@@ -18,7 +18,7 @@ from otelprof.analysis.report import build_report, report_dict
 from otelprof.recording import reader, schema
 from otelprof.recording.reader import RankRecording, RecordingError, read_recording
 from otelprof.report.html import render
-from otelprof.timeline import build_timeline, write_timeline
+from otelprof.report.timeline import build_timeline, write_timeline
 from tests.malformed_recordings import RUN_ID, record_base
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,

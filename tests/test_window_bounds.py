@@ -21,11 +21,11 @@ import pytest
 import torch
 
 import otelprof
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof.integrations import operators, window_bounds
 from otelprof.integrations import torch as otorch
 from otelprof.recording.reader import read_recording
+from otelprof.runtime import hotpath as hot
 from tests.servers import free_port
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kineto_gpu_trace.json"

@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate, compress, repeat
 
-from otelprof import collectives, thresholds
 from otelprof import semconv as sc
+from otelprof import thresholds
 from otelprof.analysis.histogram import bucket_quantile
 from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.alerts import Alert, alerts
 from otelprof.mixin.config import MixinConfig, seconds
-from otelprof.outliers import LossSpikes, StepJudge, in_windows
 from otelprof.recording.reader import RankRecording, Recording, group_indexes
+from otelprof.shared import collectives
+from otelprof.shared.outliers import LossSpikes, StepJudge, in_windows
 
 BUCKETS = sc.RATIO_BUCKETS
 

@@ -15,8 +15,8 @@ from operator import mul, not_, sub
 from otelprof import thresholds
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Bucket, Distribution, Histogram, finite, quantile
-from otelprof.outliers import in_windows
 from otelprof.recording.reader import RankRecording
+from otelprof.shared.outliers import in_windows
 
 MAX_LISTED_OUTLIERS = 50
 

@@ -27,9 +27,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext
 
 from otelprof import semconv as sc
-from otelprof.collectives import covered, merged
-from otelprof.metrics import MetricRegistry
-from otelprof.span_builder import SpanBuilder
+from otelprof.runtime.metrics import MetricRegistry
+from otelprof.runtime.span_builder import SpanBuilder
+from otelprof.shared.collectives import covered, merged
 
 HOST_CATEGORIES = ("cpu_op", "user_annotation")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")

@@ -17,10 +17,10 @@ from __future__ import annotations
 import sys
 import threading
 
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import logger
 from otelprof.config import Config
+from otelprof.runtime import hotpath as hot
 
 RETRY = 5.0
 """Seconds between looks for torch (imported after ``init()``) or for a busy profiler."""
@@ -91,7 +91,7 @@ class PeriodicWindows:
 
     @staticmethod
     def _export_interval(seconds: float) -> None:
-        from otelprof.session import get_session
+        from otelprof.runtime.session import get_session
 
         session = get_session()
         if session is not None:

@@ -52,7 +52,7 @@ MAX_STRING_CHARS = 4096
 MAX_NAMES = 10_000
 """Distinct phase, region and scalar names per rank (each)."""
 MAX_STEP_REGIONS = 4096
-"""Regions in one step record: what the recorder keeps (``otelprof.hotpath.MAX_STEP_ANNOTATIONS``)."""
+"""Regions in one step record: what the recorder keeps (``otelprof.runtime.hotpath.MAX_STEP_ANNOTATIONS``)."""
 MAX_STEP_SCALARS = 1024
 """Scalars in one step record."""
 MAX_TIME_NS = 2**62
@@ -390,7 +390,7 @@ class StepColumns:
     def repeats(self) -> frozenset[int]:
         """Indexes of the annotations inside an annotation of the same name of their step (a user's
         ``annotate("backward")`` around the hooks' own ``backward``): the same time again, counted once, as the
-        outer region (:mod:`otelprof.nesting`). Empty unless a name occurs at two depths."""
+        outer region (:mod:`otelprof.shared.nesting`). Empty unless a name occurs at two depths."""
         found: tuple[int, frozenset[int]] | None = self.__dict__.get("_repeats")
         if found is not None and found[0] == len(self.ann_name):
             return found[1]

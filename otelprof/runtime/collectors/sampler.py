@@ -18,14 +18,14 @@ from collections.abc import Callable
 
 from otelprof import semconv as sc
 from otelprof._log import logger, warn_once
-from otelprof.collectors.cgroup import CgroupReader, CgroupReading
-from otelprof.collectors.gpu import GpuCollector, GpuReading
-from otelprof.collectors.nvml import THROTTLE_REASONS, DeviceInfo, NvmlBackend, PynvmlBackend
-from otelprof.collectors.system import HostReading, ProcessReading, SystemCollector, affinity_cpus
 from otelprof.config import Config
-from otelprof.metrics import MetricRegistry
 from otelprof.recording import schema
 from otelprof.recording.writer import RecordingWriter
+from otelprof.runtime.collectors.cgroup import CgroupReader, CgroupReading
+from otelprof.runtime.collectors.gpu import GpuCollector, GpuReading
+from otelprof.runtime.collectors.nvml import THROTTLE_REASONS, DeviceInfo, NvmlBackend, PynvmlBackend
+from otelprof.runtime.collectors.system import HostReading, ProcessReading, SystemCollector, affinity_cpus
+from otelprof.runtime.metrics import MetricRegistry
 
 _GPU_GAUGES = {
     "utilization": sc.GPU_UTILIZATION, "memory_copy_utilization": sc.GPU_MEMORY_COPY_UTILIZATION,
@@ -278,7 +278,7 @@ def _cpu_rows(host: HostReading, per_cpu_max: int) -> list[tuple[str, dict[str, 
 
 
 def _set_or_remove(gauge: object, value: float | int | None) -> None:
-    from otelprof.metrics import GaugeInstrument
+    from otelprof.runtime.metrics import GaugeInstrument
 
     assert isinstance(gauge, GaugeInstrument)
     if value is None:

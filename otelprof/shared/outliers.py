@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 
 from otelprof import thresholds
-from otelprof.sampling import OutlierDetector
+from otelprof.shared.sampling import OutlierDetector
 
 
 class StepJudge:

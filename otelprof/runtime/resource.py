@@ -22,8 +22,8 @@ from otelprof import semconv as sc
 from otelprof._arguments import encodable
 from otelprof._log import escape, warn_once
 from otelprof._version import __version__
-from otelprof.collectors import environment
 from otelprof.config import Config
+from otelprof.runtime.collectors import environment
 
 
 def build_resource(config: Config, extra: dict[str, str | int] | None = None) -> Resource:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from otelprof._log import info_once, warn_once
-from otelprof.collectors.nvml import (
+from otelprof.runtime.collectors.nvml import (
     FIELDS,
     MIG_FIELDS,
     DeviceInfo,

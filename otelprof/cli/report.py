@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from otelprof.cli import one_line
+from otelprof._log import escape as one_line
 from otelprof.recording.reader import Recording, RecordingError, latest_run
 
 EXIT_USAGE = 2
@@ -136,7 +136,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_timeline(args: argparse.Namespace) -> int:
     from otelprof.recording.reader import read_recording
-    from otelprof.timeline import build_timeline, write_timeline
+    from otelprof.report.timeline import build_timeline, write_timeline
 
     if args.max_steps is not None and args.max_steps < 1:
         return _err("timeline", "--max-steps must be at least 1")
@@ -293,7 +293,7 @@ def write_demo_outputs(run_dir: Path) -> tuple[Path, Path]:
     """The demo's last step: report.html and trace.json next to the recording."""
     from otelprof.analysis.report import build_report, load
     from otelprof.report.html import render
-    from otelprof.timeline import build_timeline, write_timeline
+    from otelprof.report.timeline import build_timeline, write_timeline
 
     recording = load(run_dir)
     report_path, trace_path = run_dir / "report.html", run_dir / "trace.json"

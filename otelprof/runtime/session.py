@@ -22,25 +22,26 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otelprof import _arguments, _sigterm
-from otelprof import hotpath as hot
+from otelprof import _arguments
 from otelprof import semconv as sc
 from otelprof._log import escape, logger, reset_warnings, warn_once
 from otelprof._version import __version__
-from otelprof.collectors.environment import gpu_attributes
-from otelprof.collectors.sampler import Sampler
 from otelprof.config import Config
-from otelprof.control import MAX_CAPTURE_STEPS, ControlServer
-from otelprof.export import otlp
-from otelprof.export.prometheus import PrometheusEndpoint
 from otelprof.integrations.profile_schedule import PeriodicWindows
 from otelprof.integrations.torch_profiler import CLOSE_WAIT
 from otelprof.integrations.torch_profiler import windows as profile_windows
-from otelprof.metrics import MetricRegistry
-from otelprof.recorder import Recorder, SpanSink
 from otelprof.recording import otlp_json, remote, schema
 from otelprof.recording.writer import RecordingWriter, claim
-from otelprof.resource import build_resource, identity_labels
+from otelprof.runtime import _sigterm
+from otelprof.runtime import hotpath as hot
+from otelprof.runtime.collectors.environment import gpu_attributes
+from otelprof.runtime.collectors.sampler import Sampler
+from otelprof.runtime.control import MAX_CAPTURE_STEPS, ControlServer
+from otelprof.runtime.export import otlp
+from otelprof.runtime.export.prometheus import PrometheusEndpoint
+from otelprof.runtime.metrics import MetricRegistry
+from otelprof.runtime.recorder import Recorder, SpanSink
+from otelprof.runtime.resource import build_resource, identity_labels
 
 _session: Session | None = None
 _starting: Session | None = None
@@ -406,7 +407,7 @@ class Session:
     def discard(self) -> None:
         """Stop without recording or exporting anything more and delete this process's local recording: other
         processes record the run in its place (``otelprof run``: the ranks a process starts with
-        multiprocessing, :mod:`otelprof.spawned_ranks`). Its ports are free when this returns."""
+        multiprocessing, :mod:`otelprof.cli.spawned_ranks`). Its ports are free when this returns."""
         global _session
         if self._closed or os.getpid() != self._pid:
             return

@@ -151,7 +151,7 @@ _watch: list[_Watch] = []
 def offer(session: Any) -> None:
     """In the process ``otelprof run`` starts, after ``init()``: let its multiprocessing children become ranks, unless
     a launcher gave it a rank. Its ``otelprof run`` children that are not multiprocessing children are unaffected."""
-    from otelprof.session import Session
+    from otelprof.runtime.session import Session
 
     if not isinstance(session, Session) or ev.RANK in os.environ or ev.WORLD_SIZE in os.environ or _watch:
         return
@@ -197,7 +197,7 @@ def become_rank() -> None:
             _create(spawner.handover + REQUEST)  # the sitecustomize asked before init_process_group; if it could not
             if rank == 0 or local_rank == 0:  # what the spawner held: rank 0's directory, local rank 0's ports
                 _wait_for(spawner)
-        from otelprof import launch
+        from otelprof.cli import launch
 
         launch.start(spawned=True, rank=rank, world_size=world_size, local_rank=local_rank,
                      run_id=spawner.run_id, record_dir=spawner.record_dir, job_name=spawner.job_name)

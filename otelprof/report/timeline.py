@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otelprof import collectives
 from otelprof import semconv as sc
 from otelprof.analysis.run import RunView
 from otelprof.analysis.steps import outlier_flags
 from otelprof.analysis.system import gpu_order
 from otelprof.recording.reader import Recording
+from otelprof.shared import collectives
 
 DEFAULT_MAX_STEPS = 2000
 NODE_PID_BASE = 100_000
@@ -39,7 +39,7 @@ TID_DEVICE = 60_000
 """GPU stream tracks: this plus ``device * 1000 + stream % 1000``."""
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
 ARG_COLLECTIVE = "collective ms"
-"""Step argument: milliseconds with at least one all-reduce in flight (:mod:`otelprof.collectives`)."""
+"""Step argument: milliseconds with at least one all-reduce in flight (:mod:`otelprof.shared.collectives`)."""
 ARG_EXPOSED = "exposed communication ms"
 """Step argument: milliseconds of it the backward pass did not overlap."""
 

@@ -23,9 +23,9 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Metric, Sum
 
 from otelprof._arguments import encodable
-from otelprof._http import BackgroundServer, Limits, QuietHandler
 from otelprof._log import escape, warn_once
-from otelprof.metrics import MetricRegistry, endpoint_counter
+from otelprof.runtime._http import BackgroundServer, Limits, QuietHandler
+from otelprof.runtime.metrics import MetricRegistry, endpoint_counter
 from otelprof.semconv import (
     ENDPOINT_METRICS,
     EXEMPLAR_SPAN_ID,

@@ -1,7 +1,7 @@
 """``otelprof webhook``: an Alertmanager webhook receiver that acts on alerts with an ``action`` label.
 
 A firing alert labelled ``action="stop"`` or ``action="capture"`` becomes ``POST /v1/stop`` or
-``POST /v1/capture`` on the control endpoint (:mod:`otelprof.control`) of the training process
+``POST /v1/capture`` on the control endpoint (:mod:`otelprof.runtime.control`) of the training process
 it names (labels ``job_name`` and ``rank``), and of no other. Which URL serves which job and
 rank comes from a static map: ``JOB=URL`` (every rank of the job, or a one-process job),
 ``JOB/RANK=URL``, or ``*=URL`` with ``{label}`` placeholders filled from the alert's labels
@@ -13,7 +13,7 @@ value can make the URL name another host, port or path: an alert with one that d
 Requests need ``Authorization: Bearer <token>`` (401 otherwise); oversized bodies get 413, bodies
 that are not an Alertmanager payload of a known version 400 — and then nothing is done. A payload is
 answered as soon as its actions are queued (202), never after waiting for a target: the actions wait in
-per-target queues (:mod:`otelprof.action_queue`: bounded, one request in flight per target, retried with a
+per-target queues (:mod:`otelprof.cli.action_queue`: bounded, one request in flight per target, retried with a
 backoff while a target is unreachable) and their outcomes are logged and counted on ``GET /metrics``
 (``otelprof.webhook.*``). Decisions are logged (the first ones of a big payload, then a summary);
 refusals and rejections are counted (``GET /healthz``) and logged once per cause. Actions that already
@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otelprof import action_queue
 from otelprof import semconv as sc
-from otelprof._http import BackgroundServer, Limits, QuietHandler
+from otelprof.cli import action_queue
+from otelprof.runtime._http import BackgroundServer, Limits, QuietHandler
 
 log = logging.getLogger("otelprof.webhook")
 

@@ -3,7 +3,7 @@
 The SDK exporters log every failed or retried export (60-120 lines a minute with a collector down or
 answering 500), and those lines quote what the server sent. otelprof reports an exporter's failures itself:
 one warning, then a summary with counts every ``OTELPROF_EXPORT_WARNING_INTERVAL`` while it fails
-(:class:`otelprof.export.otlp.BackgroundExporter`).
+(:class:`otelprof.runtime.export.otlp.BackgroundExporter`).
 
 :data:`GATE` is a :class:`logging.Filter` on the loggers of the SDK and of the HTTP and gRPC clients under it
 (``opentelemetry.*``, ``urllib3.*``, ``requests.*``, ``grpc.*``), attached while an otelprof exporter thread

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from otelprof import semconv as sc
 
 if TYPE_CHECKING:
-    from otelprof.collectors.gpu import GpuCollector
+    from otelprof.runtime.collectors.gpu import GpuCollector
 
 DMI = Path("/sys/class/dmi/id")
 CPUINFO = Path("/proc/cpuinfo")

@@ -15,9 +15,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from otelprof._http import BackgroundServer, Limits, QuietHandler
 from otelprof._log import escape, logger, warn_once
-from otelprof.metrics import MetricRegistry, endpoint_counter
+from otelprof.runtime._http import BackgroundServer, Limits, QuietHandler
+from otelprof.runtime.metrics import MetricRegistry, endpoint_counter
 from otelprof.semconv import ENDPOINT_CONTROL
 
 MAX_BODY = 64 * 1024

@@ -6,7 +6,7 @@
   start in turn (``torch.compile``'s compile workers, data-loader workers, helpers) are not instrumented:
   they would record runs of their own — except the ranks a process starts itself with multiprocessing
   (``mp.spawn``): a child that calls ``init_process_group`` records as that rank in its run, and the process
-  that started it stands down (:mod:`otelprof.spawned_ranks`).
+  that started it stands down (:mod:`otelprof.cli.spawned_ranks`).
 * **What.** ``otelprof.init()``; with PyTorch importable, its global hooks
   (:func:`otelprof.integrations.torch.auto_instrument`) and the trainer callbacks
   (:mod:`otelprof.integrations.autoattach`).
@@ -38,7 +38,7 @@ child, which inherits the exit handlers); last, whether the recording is to be t
 def name_run() -> None:
     """In a launcher: one run id for the processes it starts, unless the user or torchrun gives one."""
     from otelprof import environment_variables as ev
-    from otelprof.session import new_run_id
+    from otelprof.runtime.session import new_run_id
 
     if not os.environ.get(ev.OTELPROF_RUN_ID) and not os.environ.get(ev.OTELPROF_RUN_LAUNCH_ID):
         os.environ[ev.OTELPROF_RUN_LAUNCH_ID] = new_run_id()
@@ -46,7 +46,7 @@ def name_run() -> None:
 
 def start(spawned: bool = False, **overrides: Any) -> None:
     """Start otelprof (``overrides`` go to ``init()``) and hook PyTorch and the trainers. Never raises.
-    ``spawned``: this is a rank its spawner started (:mod:`otelprof.spawned_ranks`), which speaks for the run."""
+    ``spawned``: this is a rank its spawner started (:mod:`otelprof.cli.spawned_ranks`), which speaks for the run."""
     try:
         import otelprof
 
@@ -60,7 +60,7 @@ def start(spawned: bool = False, **overrides: Any) -> None:
                 import torch  # noqa: F401
             except ImportError:
                 return
-            from otelprof import spawned_ranks
+            from otelprof.cli import spawned_ranks
             from otelprof.integrations import autoattach
             from otelprof.integrations.torch import auto_instrument
 
@@ -95,7 +95,7 @@ def shown(path: Path) -> str:
 
 def _announce(session: object) -> None:
     global _exit
-    from otelprof.session import Session
+    from otelprof.runtime.session import Session
 
     if not isinstance(session, Session):  # disabled (OTEL_SDK_DISABLED)
         return

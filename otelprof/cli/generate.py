@@ -20,9 +20,32 @@ DOC_BLOCKS: dict[str, tuple[str, ...]] = {
 
 
 def _renderers() -> dict[str, Callable[[], str]]:
-    from otelprof.cli import catalog_markdown, env_markdown
-
     return {"env": env_markdown, "catalog": catalog_markdown, "webhook_catalog": webhook_catalog_markdown}
+
+
+def env_markdown() -> str:
+    """The configuration table of docs/configuration.md."""
+    from otelprof import environment_variables as ev
+
+    rows = ["| Variable | Default | Meaning |", "| --- | --- | --- |"]
+    for var in ev.ENV_VARS:
+        description = var.description.replace("|", "\\|")
+        rows.append(f"| `{var.name}` | {var.default or '(empty)'} | {description} |")
+    return "\n".join(rows)
+
+
+def catalog_markdown() -> str:
+    """The metric catalog table of docs/catalog.md."""
+    from otelprof import semconv
+
+    rows = ["| OTel name | Prometheus name | Kind | OTel instrument | Unit "
+            "| Labels (besides job_name, rank, local_rank, node) | Meaning |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for m in semconv.METRICS:
+        prom = m.prometheus_name + ("_total" if m.kind is semconv.Kind.COUNTER else "")
+        rows.append(f"| `{m.name}` | `{prom}` | {m.kind.value} | {m.instrument} | {m.unit or '-'} | "
+                    f"{', '.join(m.labels) or '-'} | {m.description} |")
+    return "\n".join(rows)
 
 
 def webhook_catalog_markdown() -> str:
@@ -72,6 +95,6 @@ def generate(root: Path) -> list[Path]:
 
 def _generate_deploy(root: Path) -> list[Path]:
     """Last: the Kubernetes copies of everything generated above."""
-    from otelprof.deploy import generate as generate_deploy
+    from otelprof.mixin.deploy import generate as generate_deploy
 
     return generate_deploy(root)

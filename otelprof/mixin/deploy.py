@@ -155,7 +155,7 @@ def files(root: Path) -> dict[Path, str]:
              for name in ("otelprof-alerts.yaml", "otelprof-rules.yaml")}
     out[plain / "prometheus-config.yaml"] = _documents(
         [_config_map("otelprof-prometheus", {"prometheus.yml": dump(prometheus_config()), **rules})],
-        f"{PROMETHEUS_DIR}/*.yaml and otelprof/deploy.py")
+        f"{PROMETHEUS_DIR}/*.yaml and otelprof/mixin/deploy.py")
     out[plain / "alertmanager-config.yaml"] = _documents(
         [_secret("otelprof-alertmanager", {"alertmanager.yml": alertmanager})], str(ALERTMANAGER_CONFIG))
     provider_files = {p.name: (root / p).read_text(encoding="utf-8") for p in (DATASOURCES, DASHBOARD_PROVIDER)

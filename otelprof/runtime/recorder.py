@@ -19,18 +19,19 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
-from otelprof import _arguments, collectives, nesting
-from otelprof import hotpath as hot
+from otelprof import _arguments
 from otelprof import semconv as sc
 from otelprof._log import describe_exception, logger, sanitize, warn_once
 from otelprof.config import Config
 from otelprof.integrations.operators import StepSpan
-from otelprof.metrics import MetricRegistry
-from otelprof.outliers import LossSpikes, StepJudge, in_windows, step_units
 from otelprof.recording import schema
 from otelprof.recording.writer import RecordingWriter
-from otelprof.sampling import SpanSelector
-from otelprof.span_builder import SpanBuilder
+from otelprof.runtime import hotpath as hot
+from otelprof.runtime.metrics import MetricRegistry
+from otelprof.runtime.span_builder import SpanBuilder
+from otelprof.shared import collectives, nesting
+from otelprof.shared.outliers import LossSpikes, StepJudge, in_windows, step_units
+from otelprof.shared.sampling import SpanSelector
 
 SpanSink = Callable[[Sequence[ReadableSpan]], None]
 

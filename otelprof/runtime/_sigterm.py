@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from otelprof._log import logger
 
 if TYPE_CHECKING:
-    from otelprof.session import Session
+    from otelprof.runtime.session import Session
 
 RECORDING_WAIT = 1.0
 """Longest wait, in the signal handler, for the recording to be flushed before the application's own handler

@@ -11,7 +11,7 @@ here; what happens to them is logged and counted (``otelprof.webhook.*`` in the 
   worker, never more. Workers serve the pending payloads in turn (the least recently served first, so a new
   payload goes next), so a stop for a healthy job is sent next to, not behind, a storm of actions for dead
   ones. (Many payloads of one alert each for distinct dead targets are still tried in arrival order.)
-* **Bounded attempts**: :func:`otelprof.actions.post_json` connects within a second and ends within the
+* **Bounded attempts**: :func:`otelprof.cli.actions.post_json` connects within a second and ends within the
   webhook's ``--timeout``, whatever the target does.
 * **A circuit breaker per target**: after a failed attempt (unreachable, timed out, or answered 5xx / 429)
   its actions wait ``backoff`` seconds (doubling up to :attr:`ActionQueue.max_backoff`) and are retried until

@@ -5,7 +5,7 @@ The SDK exporters block while a collector is down (retries with backoff up to
 queue in front of them is bounded, what does not fit or fails is counted as
 dropped, and :meth:`BackgroundExporter.shutdown` gives up at a deadline.
 
-What the SDK logs on an exporter's thread is held back (:mod:`otelprof.export.log_gate`) and counted: a
+What the SDK logs on an exporter's thread is held back (:mod:`otelprof.runtime.export.log_gate`) and counted: a
 failing exporter gives one warning, then one summary line every ``warning_interval`` seconds while it fails
 (and a last one at shutdown), with what the server said sanitised and cut (:func:`otelprof._log.sanitize`).
 """
@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otelprof._log import describe_exception, logger, sanitize
-from otelprof.export.log_gate import GATE
+from otelprof.runtime.export.log_gate import GATE
 
 MAX_BATCH = 512
 

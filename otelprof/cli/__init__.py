@@ -19,6 +19,8 @@ EXIT_USAGE = 2
 
 def _cmd_env(args: argparse.Namespace) -> int:
     if args.markdown:
+        from otelprof.cli.generate import env_markdown
+
         print(env_markdown())
         return 0
     width = max(len(v.name) for v in ev.ENV_VARS)
@@ -42,33 +44,12 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def env_markdown() -> str:
-    """The configuration table of docs/configuration.md."""
-    rows = ["| Variable | Default | Meaning |", "| --- | --- | --- |"]
-    for var in ev.ENV_VARS:
-        description = var.description.replace("|", "\\|")
-        rows.append(f"| `{var.name}` | {var.default or '(empty)'} | {description} |")
-    return "\n".join(rows)
-
-
-def catalog_markdown() -> str:
-    """The metric catalog table of docs/catalog.md."""
-    from otelprof import semconv
-
-    rows = ["| OTel name | Prometheus name | Kind | OTel instrument | Unit "
-            "| Labels (besides job_name, rank, local_rank, node) | Meaning |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
-    for m in semconv.METRICS:
-        prom = m.prometheus_name + ("_total" if m.kind is semconv.Kind.COUNTER else "")
-        rows.append(f"| `{m.name}` | `{prom}` | {m.kind.value} | {m.instrument} | {m.unit or '-'} | "
-                    f"{', '.join(m.labels) or '-'} | {m.description} |")
-    return "\n".join(rows)
-
-
 def _cmd_catalog(args: argparse.Namespace) -> int:
     from otelprof import semconv
 
     if args.markdown:
+        from otelprof.cli.generate import catalog_markdown
+
         print(catalog_markdown())
         return 0
     for m in semconv.METRICS:
@@ -77,7 +58,7 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from otelprof.demo import run_demo, summarize
+    from otelprof.cli.demo import run_demo, summarize
 
     result = run_demo(duration=args.duration, record_dir=args.record_dir)
     print(f"\nRecorded {result.steps} training steps ({result.backend}) in\n  {result.run_dir}")
@@ -87,7 +68,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
           f"  otelprof env                      # every setting, e.g. to send OTLP or serve /metrics\n"
           f"  otelprof check {result.run_dir}    # the alert checks, offline\n"
           f"  otelprof compare RUN_A RUN_B      # before/after a change")
-    from otelprof.report.commands import write_demo_outputs
+    from otelprof.cli.report import write_demo_outputs
 
     report, trace = write_demo_outputs(result.run_dir)
     print(f"\nReport (open in a browser):  {report}\n"
@@ -98,7 +79,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from otelprof.generate import generate
+    from otelprof.cli.generate import generate
 
     root = Path(args.root)
     if not (root / "docs" / "configuration.md").is_file():
@@ -122,7 +103,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not command:
         print("otelprof run: give the command to run, e.g. otelprof run -- python train.py", file=sys.stderr)
         return EXIT_USAGE
-    bootstrap = str(Path(__file__).resolve().parent / "_bootstrap")
+    bootstrap = str(Path(__file__).resolve().parent.parent / "_bootstrap")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap, env.get("PYTHONPATH", "")) if p)
     env["OTELPROF_RUN"] = "1"
@@ -263,7 +244,7 @@ def _cmd_webhook(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
 
-    from otelprof import actions
+    from otelprof.cli import actions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -442,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_alerting_commands(sub)
 
-    from otelprof.report.commands import add_commands
+    from otelprof.cli.report import add_commands
 
     add_commands(sub)  # report, timeline, check, compare
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from otelprof import _arguments
 
 if TYPE_CHECKING:
-    from otelprof.recorder import Recorder
+    from otelprof.runtime.recorder import Recorder
 
 F = TypeVar("F", bound=Callable[..., Any])
 
