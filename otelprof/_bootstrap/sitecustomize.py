@@ -176,7 +176,9 @@ def _start(role: str) -> None:
         from otelprof.cli import launch
 
         if role == "training":
-            launch.start()
+            from otelprof.cli import spawned_ranks
+
+            launch.start(on_hooked=spawned_ranks.offer)
         else:
             launch.name_run()
     except Exception as exc:  # the training program must start regardless

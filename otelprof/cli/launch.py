@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,11 @@ def name_run() -> None:
         os.environ[ev.OTELPROF_RUN_LAUNCH_ID] = new_run_id()
 
 
-def start(spawned: bool = False, **overrides: Any) -> None:
+def start(spawned: bool = False, on_hooked: Callable[[Any], None] | None = None, **overrides: Any) -> None:
     """Start otelprof (``overrides`` go to ``init()``) and hook PyTorch and the trainers. Never raises.
-    ``spawned``: this is a rank its spawner started (:mod:`otelprof.cli.spawned_ranks`), which speaks for the run."""
+    ``spawned``: this is a rank its spawner started (:mod:`otelprof.cli.spawned_ranks`), which speaks for the run.
+    ``on_hooked``: called with the session once PyTorch is hooked (the ``sitecustomize`` passes
+    :func:`otelprof.cli.spawned_ranks.offer`)."""
     try:
         import otelprof
 
@@ -60,14 +63,13 @@ def start(spawned: bool = False, **overrides: Any) -> None:
                 import torch  # noqa: F401
             except ImportError:
                 return
-            from otelprof.cli import spawned_ranks
             from otelprof.integrations import autoattach
             from otelprof.integrations.torch import auto_instrument
 
             auto_instrument(grad_norm=os.environ.get(RUN_GRAD_NORM) == "1")
             autoattach.install()
-            if not spawned:
-                spawned_ranks.offer(session)
+            if on_hooked is not None:
+                on_hooked(session)
     except Exception as exc:  # the training program must start regardless
         _log.say(f"otelprof: automatic instrumentation failed: {_log.escape(repr(exc))}\n")
 

@@ -28,7 +28,7 @@ from opentelemetry.trace import SpanContext
 
 from otelprof import semconv as sc
 from otelprof.runtime.metrics import MetricRegistry
-from otelprof.runtime.span_builder import SpanBuilder
+from otelprof.runtime.span_builder import SpanBuilder, StepSpan
 from otelprof.shared.collectives import covered, merged
 
 HOST_CATEGORIES = ("cpu_op", "user_annotation")
@@ -354,16 +354,6 @@ def categorize(name: str) -> str:
 
 
 # ---------------------------------------------------------------- spans
-@dataclass(frozen=True)
-class StepSpan:
-    """A traced step of the window: its span context and its times in Unix ns."""
-
-    context: SpanContext
-    number: int
-    start_ns: int
-    end_ns: int
-
-
 def _step_of(start_ns: int, steps: Sequence[StepSpan]) -> StepSpan | None:
     for step in steps:
         if step.start_ns <= start_ns < step.end_ns:

@@ -27,17 +27,35 @@ import os
 import signal
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from otelprof._log import logger
-
-if TYPE_CHECKING:
-    from otelprof.runtime.session import Session
+from otelprof.config import Config
 
 RECORDING_WAIT = 1.0
 """Longest wait, in the signal handler, for the recording to be flushed before the application's own handler
 runs (a few milliseconds in the usual case; the bound is for a flush stuck behind a lock the interrupted main
 thread holds)."""
+
+
+class Session(Protocol):
+    """What the handler needs of the session it flushes (:class:`otelprof.runtime.session.Session`)."""
+
+    config: Config
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def note_signal(self, name: str) -> None: ...
+
+    def flush_recording(self) -> None: ...
+
+    def flush(self, timeout: float | None = None) -> None: ...
+
+    def shutdown(self, timeout: float | None = None) -> None: ...
 
 
 class SigtermHandler:

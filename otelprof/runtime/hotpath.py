@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections import deque
 from collections.abc import Callable
 from time import perf_counter_ns
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from otelprof import _arguments
-
-if TYPE_CHECKING:
-    from otelprof.runtime.recorder import Recorder
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,7 +33,19 @@ NATIVE_STEP = "n"
 """A step the PyTorch integration's C hooks closed: ``(NATIVE_STEP, steps)``, one per step, in order;
 ``steps.pop()`` builds its ``STEP`` record (on the recorder's thread, not the training thread)."""
 
-_active: Recorder | None = None
+
+
+class Sink(Protocol):
+    """What the hot path appends its records to: the session's recorder (:mod:`otelprof.runtime.recorder`)."""
+
+    queue: deque[tuple[Any, ...]]
+    capacity: int
+    queue_dropped: int
+
+    def submit(self, item: tuple[Any, ...]) -> None: ...
+
+
+_active: Sink | None = None
 
 
 Sum = list
@@ -77,7 +87,7 @@ the call that hands it over, so that it becomes the thread's StepContext. The ca
 open on the thread make it first; the C code sets and clears this item in place."""
 
 
-def _activate(recorder: Recorder | None) -> None:
+def _activate(recorder: Sink | None) -> None:
     """Route the hot path to ``recorder`` (None: everything becomes a no-op)."""
     global _active
     _active = recorder

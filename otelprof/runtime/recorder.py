@@ -23,12 +23,11 @@ from otelprof import _arguments
 from otelprof import semconv as sc
 from otelprof._log import describe_exception, logger, sanitize, warn_once
 from otelprof.config import Config
-from otelprof.integrations.operators import StepSpan
 from otelprof.recording import schema
 from otelprof.recording.writer import RecordingWriter
 from otelprof.runtime import hotpath as hot
 from otelprof.runtime.metrics import MetricRegistry
-from otelprof.runtime.span_builder import SpanBuilder
+from otelprof.runtime.span_builder import SpanBuilder, StepSpan
 from otelprof.shared import collectives, nesting
 from otelprof.shared.outliers import LossSpikes, StepJudge, in_windows, step_units
 from otelprof.shared.sampling import SpanSelector

@@ -27,12 +27,9 @@ from otelprof import semconv as sc
 from otelprof._log import escape, logger, reset_warnings, warn_once
 from otelprof._version import __version__
 from otelprof.config import Config
-from otelprof.integrations.profile_schedule import PeriodicWindows
-from otelprof.integrations.torch_profiler import CLOSE_WAIT
-from otelprof.integrations.torch_profiler import windows as profile_windows
 from otelprof.recording import otlp_json, remote, schema
 from otelprof.recording.writer import RecordingWriter, claim
-from otelprof.runtime import _sigterm
+from otelprof.runtime import _sigterm, extensions
 from otelprof.runtime import hotpath as hot
 from otelprof.runtime.collectors.environment import gpu_attributes
 from otelprof.runtime.collectors.sampler import Sampler
@@ -151,9 +148,7 @@ class Session:
         self._thread = threading.Thread(target=self._run, name="otelprof-recorder", daemon=True)
         self._thread.start()
         hot._activate(self.recorder)
-        profile_windows.reset()
-        self.profile_schedule = PeriodicWindows(config)
-        self.profile_schedule.start()
+        self.extensions = extensions.start_all(config)
 
     # ------------------------------------------------------------------ recording helpers
     def _add_gpu_attributes(self, sampler: Sampler) -> None:
@@ -371,8 +366,7 @@ class Session:
         try:
             hot._activate(None) if hot._active is self.recorder else None
             self._stop.set()
-            self.profile_schedule.stop()
-            profile_windows.close(max(min(CLOSE_WAIT, deadline - time.monotonic()), 0.0))  # before the writer closes
+            extensions.stop_all(self.extensions, deadline)  # before the writer closes
             self.recorder.wake_up()
             self._thread.join(max(min(1.0, deadline - time.monotonic()), 0.0))
             if self.sampler is not None:
@@ -422,8 +416,7 @@ class Session:
             if self._sigterm is not None:
                 _sigterm.uninstall(self._sigterm)  # on the main thread only; elsewhere it hands the signal on
             self._stop.set()
-            self.profile_schedule.stop()
-            profile_windows.close(0.0)
+            extensions.stop_all(self.extensions, None)
             self.recorder.wake_up()
             self._thread.join(1.0)
             if self.sampler is not None:

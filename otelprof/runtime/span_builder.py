@@ -9,6 +9,7 @@ keep what the SDK would give them: the provider's resource, its id generator and
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
@@ -23,6 +24,17 @@ from otelprof._version import __version__
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
 _DEFAULT_SAMPLER = ParentBased(ALWAYS_ON).get_description()  # type: ignore[no-untyped-call]
+
+
+@dataclass(frozen=True)
+class StepSpan:
+    """A traced step of a profiling window: its span context and its times in Unix ns (the recorder makes
+    them; the operator spans of the window are parented under them)."""
+
+    context: SpanContext
+    number: int
+    start_ns: int
+    end_ns: int
 
 
 class SpanBuilder:
