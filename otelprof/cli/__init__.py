@@ -1,4 +1,10 @@
-"""The ``otelprof`` command: thin argparse front over library functions."""
+"""The ``otelprof`` command: thin argparse front over library functions.
+
+The command-line tools live in this package: each command's module (``report``, ``generate``, ``demo``,
+``actions`` for ``otelprof webhook``, ``launch`` and ``spawned_ranks`` for ``otelprof run``). They may import
+every other package; nothing imports them but the command itself, ``python -m otelprof`` and ``otelprof run``'s
+``sitecustomize``.
+"""
 
 from __future__ import annotations
 
