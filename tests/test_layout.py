@@ -2,7 +2,7 @@
 
 The module graph is read from the source with ``ast``: every ``import`` and ``from ... import`` (at module level,
 inside functions, under ``if TYPE_CHECKING``, relative ones) and every ``importlib.import_module("...")`` or
-``__import__("...")`` with a literal name. ``from package import name`` is an edge to the submodule when ``name``
+``__import__("...")`` with a literal name (or a module-level constant holding one). ``from package import name`` is an edge to the submodule when ``name``
 is one, else to the package. A parent package's ``__init__`` running first is not counted as an edge.
 """
 
@@ -47,7 +47,11 @@ def imports_of(module: str, path: Path, modules: Mapping[str, Path]) -> set[str]
     top = next(iter(modules)).split(".")[0]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str | None] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    constants = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                 for target in node.targets if isinstance(target, ast.Name)}
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(_resolve(alias.name, modules) for alias in node.names if alias.name.split(".")[0] == top)
         elif isinstance(node, ast.ImportFrom):
@@ -61,10 +65,11 @@ def imports_of(module: str, path: Path, modules: Mapping[str, Path]) -> set[str]
             for alias in node.names:
                 child = f"{source}.{alias.name}"
                 found.add(child if child in modules else _resolve(source, modules))
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], (ast.Constant, ast.Name)):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            target = node.args[0].value
+            argument = node.args[0]
+            target = argument.value if isinstance(argument, ast.Constant) else constants.get(argument.id)
             if name in ("import_module", "__import__") and isinstance(target, str) and target.split(".")[0] == top:
                 found.add(_resolve(target, modules))
     found.discard(None)
@@ -223,6 +228,7 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     ("from .b import thing\n", "relative import of a name"),
     ("import importlib\nm = importlib.import_module('pkg.b')\n", "importlib.import_module"),
     ("m = __import__('pkg.b')\n", "__import__"),
+    ("import importlib\nB = 'pkg.b'\ndef f() -> None:\n    importlib.import_module(B)\n", "a constant's name"),
 ])
 def test_every_form_of_import_closes_a_circle(tmp_path: Path, source: str, form: str) -> None:
     root = _package(tmp_path, {"__init__.py": "", "a.py": source, "b.py": "from pkg.sub import c\nthing = 1\n",
