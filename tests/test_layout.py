@@ -2,8 +2,9 @@
 
 The module graph is read from the source with ``ast``: every ``import`` and ``from ... import`` (at module level,
 inside functions, under ``if TYPE_CHECKING``, relative ones) and every ``importlib.import_module("...")`` or
-``__import__("...")`` with a literal name (or a module-level constant holding one). ``from package import name`` is an edge to the submodule when ``name``
-is one, else to the package. A parent package's ``__init__`` running first is not counted as an edge.
+``__import__("...")`` with a literal name (or a module-level constant holding one). ``from package import name``
+is an edge to the submodule when ``name`` is one, else to the package. A parent package's ``__init__`` running
+first is not counted as an edge.
 """
 
 from __future__ import annotations
