@@ -191,12 +191,13 @@ def test_the_package_has_no_import_circles(graph: dict[str, set[str]]) -> None:
 def test_each_layer_imports_only_the_layers_below_it(graph: dict[str, set[str]]) -> None:
     wrong = sorted(f"{module} ({layer(module)}) imports {target} ({layer(target)})"
                    for module, targets in graph.items() for target in targets
-                   if layer(target) not in ALLOWED[layer(module)])
+                   if layer(target) not in ALLOWED.get(layer(module), {layer(target)}))
     assert not wrong, "\n".join(wrong)
 
 
 def test_every_module_belongs_to_a_known_layer(graph: dict[str, set[str]]) -> None:
-    assert {layer(module) for module in graph} <= set(ALLOWED)
+    unplaced = sorted(module for module in graph if layer(module) not in ALLOWED)
+    assert not unplaced, f"modules outside the layers of docs/development.md (move them into one): {unplaced}"
 
 
 def test_each_package_says_what_it_owns_and_may_import() -> None:
