@@ -13,6 +13,7 @@ from otelprof.report.formatting import DASH, secs, when
 
 
 def diagnosis(r: Report) -> str:
+    """The diagnosis: the headline, where the step time goes, the findings by cost."""
     d = r.diagnosis
     out = [f'<p class="headline {"good" if d.healthy else "warn"}">{escape(d.headline)}</p>']
     if d.time_split:
@@ -38,6 +39,7 @@ def diagnosis(r: Report) -> str:
 
 
 def rules(r: Report) -> str:
+    """The rules summary: each check's verdict, what it means, what to do."""
     rules = r.rules
     out = []
     if rules.skipped:

@@ -12,6 +12,7 @@ from otelprof.report.formatting import DASH, finite, pct, secs, size
 
 
 def _flops(v: float | None) -> str:
+    """FLOPs (or FLOP/s) with a metric prefix: "1.23 T"."""
     if not finite(v):
         return DASH
     for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
@@ -21,6 +22,7 @@ def _flops(v: float | None) -> str:
 
 
 def time_and_flops(r: Report) -> str:
+    """Device time and FLOPs: MFU, device against host time, overlap, memory."""
     d = r.device
     out = ["<h3>Model FLOPs utilization</h3>"]
     if from_prometheus(r):

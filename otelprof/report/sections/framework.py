@@ -12,13 +12,12 @@ from otelprof.report.blocks import IN_RECORDING, charts, figure, from_prometheus
 from otelprof.report.formatting import DASH, extreme, finite, pct, secs
 
 MAX_BREAKDOWN_CHARTS = 4
-
-
 UNCOVERED_WARN = 0.2
 """A phase whose steps spend more than this share in no region gets a note."""
 
 
 def summary(r: Report) -> str:
+    """The framework metrics summary: phases, the time inside the steps, regions, operators."""
     f = r.framework
     out = []
     if f.phases:

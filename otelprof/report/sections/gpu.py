@@ -12,6 +12,7 @@ from otelprof.report.formatting import DASH, elapsed, extreme, finite, num, pct,
 
 
 def utilization(r: Report) -> str:
+    """The GPU utilization analysis, per GPU."""
     g = r.gpus
     if not g.gpus:
         return section("gpu", "GPU utilization analysis",
@@ -56,6 +57,7 @@ def utilization(r: Report) -> str:
 
 
 def balance(r: Report) -> str:
+    """Workload balancing: how alike the GPUs worked, and straggling ranks."""
     b = r.load
     out = []
     if b.gpus:
@@ -109,6 +111,7 @@ def balance(r: Report) -> str:
 
 
 def batch(r: Report) -> str:
+    """Batch size: whether the devices have room for more work per step."""
     b = r.batch
     out = [p(f"When CPUs, GPUs and GPU memory all stay below their thresholds at the 95th percentile (CPU "
              f"{pct(b.cpu_threshold_p95, 0)}, GPU {pct(b.gpu_threshold_p95, 0)}, GPU memory "
@@ -138,6 +141,7 @@ def batch(r: Report) -> str:
 
 
 def memory(r: Report) -> str:
+    """GPU memory per GPU, and the training processes' host memory."""
     g = r.gpus
     out = []
     if g.gpus:

@@ -14,6 +14,7 @@ from otelprof.report.formatting import DASH, pct, secs, when
 
 
 def summary(r: Report) -> str:
+    """The training job summary: when it ran, how its time split, its ranks."""
     s = r.summary
     out = []
     if s.missing:
@@ -107,6 +108,7 @@ def _where(row: envmod.EnvironmentRow) -> str:
 
 
 def environment(r: Report) -> str:
+    """Where the job ran, per rank or node where that differs."""
     e = r.environment
     out = []
     if from_prometheus(r):

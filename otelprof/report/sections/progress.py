@@ -43,6 +43,7 @@ def _curve_label(c: prog.Curve, main: str) -> str:
 
 
 def training(r: Report) -> str:
+    """Training progress: one curve per recorded scalar against the step."""
     g = r.progress
     out = []
     live = from_prometheus(r)

@@ -15,6 +15,7 @@ MAX_HISTOGRAMS = 16
 
 
 def durations(r: Report) -> str:
+    """The step duration analysis: statistics, time over the run, histograms, outliers, throughput."""
     a = r.steps
     if not a.rows:
         return section("steps", "Step duration analysis",
@@ -110,6 +111,7 @@ def _step_timelines(r: Report) -> str:
 
 
 def dataloader(r: Report) -> str:
+    """The data loading analysis: the wait for each batch, and the loaders' settings."""
     d = r.dataloader
     out = []
     if not d.phases:

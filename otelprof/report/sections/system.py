@@ -20,6 +20,7 @@ def _unit_fmt(unit: str) -> Callable[[float], str]:
 
 
 def usage(r: Report) -> str:
+    """System usage statistics per node, and of the training processes."""
     u = r.system
     if not u.nodes:
         body = p("No node samples were recorded. otelprof samples the node's CPUs, memory, disks, network and "
@@ -128,6 +129,7 @@ def _process_rows(r: Report) -> str:
 
 
 def bottleneck(r: Report, io: bool) -> str:
+    """The CPU (or, with ``io``, I/O) bottleneck section: GPUs waiting while CPUs are busy."""
     b = r.io_bottleneck if io else r.cpu_bottleneck
     anchor, title = ("io-bottleneck", "I/O bottlenecks") if io else ("cpu-bottleneck", "CPU bottlenecks")
     what = "I/O wait" if io else "busy"
