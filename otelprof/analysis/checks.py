@@ -29,7 +29,8 @@ from otelprof import collectives, thresholds
 from otelprof import semconv as sc
 from otelprof.analysis.histogram import bucket_quantile
 from otelprof.analysis.steps import profiled_windows
-from otelprof.mixin.alerts import Alert, alerts
+from otelprof.mixin.alert_model import Alert
+from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.outliers import LossSpikes, StepJudge, in_windows
 from otelprof.recording.reader import RankRecording, Recording, group_indexes
