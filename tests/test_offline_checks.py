@@ -16,8 +16,8 @@ import pytest
 
 import otelprof
 from otelprof import semconv as sc
-from otelprof.analysis import checks
-from otelprof.analysis.checks import RankData, Sample, StepRecord
+from otelprof.analysis import check_recording, checks
+from otelprof.analysis.check_tables import RankData, Sample, StepRecord
 from otelprof.analysis.histogram import bucket_quantile, cumulative_counts
 from otelprof.mixin import MixinConfig, yamlout
 from otelprof.mixin.config import with_overrides
@@ -415,7 +415,7 @@ def test_outliers_by_cost_per_token_and_never_steps_otelprof_slowed(tmp_path: Pa
     import time
 
     from otelprof.analysis.run import RunView
-    from otelprof.analysis.steps import step_analysis
+    from otelprof.analysis.steps import profiled_windows, step_analysis
     from otelprof.integrations import torch_profiler
 
     rng = random.Random(3)
@@ -452,10 +452,11 @@ def test_outliers_by_cost_per_token_and_never_steps_otelprof_slowed(tmp_path: Pa
 
     recording = read_recording(run_dir)
     rank = recording.ranks[0]
-    assert checks.profiled_windows(rank) == {"train": [window]}
+    assert profiled_windows(rank) == {"train": [window]}
     listed = set(step_analysis(RunView(recording)).rows[0].outlier_steps)  # the report's list of outlier steps
     assert {n for n in stalls if n >= 20} <= listed and not listed & slowed
-    costs = checks.outlier_costs(rank, checks.OutlierSettings.of(rank.manifest.get("config") or {}, CONFIG))
+    settings = check_recording.OutlierSettings.of(rank.manifest.get("config") or {}, CONFIG)
+    costs = check_recording.outlier_costs(rank, settings)
     numbers = list(rank.step_columns.number)
     flagged = {numbers[i] for i, cost in enumerate(costs[0]) if cost > 0}
     assert {n for n in stalls if n >= 20} <= flagged  # every stall once 20 steps were seen
