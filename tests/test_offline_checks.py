@@ -17,9 +17,11 @@ import pytest
 import otelprof
 from otelprof import semconv as sc
 from otelprof.analysis import check_recording, checks
+from otelprof.analysis.check_context import CheckContext
 from otelprof.analysis.check_tables import RankData, Sample, StepRecord
 from otelprof.analysis.histogram import bucket_quantile, cumulative_counts
 from otelprof.mixin import MixinConfig, yamlout
+from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import with_overrides
 from otelprof.mixin.generate import render_alerts
 from otelprof.mixin.promql import series_name
@@ -394,6 +396,20 @@ def test_offline_checks_on_a_real_recording(tmp_path: Path) -> None:
     assert results["OtelprofNonFiniteValues"].datapoints == 60
     quick = MixinConfig(input_bound_for="0s")
     assert {r.alert: r for r in checks.evaluate(read_recording(run_dir), quick, 1.0)}["OtelprofInputBound"].triggered
+
+
+def test_each_group_of_checks_builds_the_conditions_it_lists() -> None:
+    """``checks.GROUPS`` is the one list of offline groups: each builds a condition for exactly the checks it
+    names, in that order, each the twin of an alert; OFFLINE_CHECKS and the results keep that order."""
+    ranks = straggler_and_imbalance()
+    ctx = CheckContext(ranks, CONFIG)
+    listed: list[str] = []
+    for group in checks.GROUPS:
+        assert list(group.conditions(ctx)) == list(group.checks)
+        listed += group.checks
+    assert tuple(listed) == checks.OFFLINE_CHECKS and len(set(listed)) == len(listed)
+    assert [a.short for a in alerts(CONFIG) if a.short in listed] == listed  # each an alert's, in runbook order
+    assert [r.alert for r in checks.evaluate_ranks(ranks, CONFIG, 5.0)] == [CONFIG_PREFIX + s for s in listed]
 
 
 def test_bucket_quantile_matches_prometheus_cases() -> None:
