@@ -14,6 +14,8 @@ from otelprof.mixin.config import MixinConfig, seconds
 
 @dataclass(frozen=True)
 class Firing:
+    """A subject (a rank, a GPU, a phase, a job) for which a condition holds, and the value it judged."""
+
     subject: str
     value: float
 

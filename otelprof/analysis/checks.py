@@ -45,6 +45,8 @@ OFFLINE_CHECKS = tuple(short for group in GROUPS for short in group.checks)
 
 @dataclass(frozen=True)
 class CheckResult:
+    """One check's verdict over the run, in the report's vocabulary."""
+
     alert: str
     original: str
     severity: str

@@ -15,6 +15,9 @@ from otelprof.mixin.promql import GPU, NODE, RANK
 
 @dataclass(frozen=True)
 class Runbook:
+    """An alert's runbook entry: what it means, its thresholds and detection limit, what to do, how it differs
+    from the original."""
+
     meaning: str
     thresholds: tuple[tuple[str, str], ...]
     todo: str
@@ -27,6 +30,8 @@ class Runbook:
 
 @dataclass(frozen=True)
 class Alert:
+    """One alert as data: its expression, ``for``, severity, texts, dashboard and runbook entry."""
+
     short: str
     """Name without the prefix; the config's ``actions`` and ``disabled_alerts`` use it."""
     group: str
