@@ -33,9 +33,8 @@ def time_and_flops(r: Report) -> str:
         out.append(p("No data: no profiling window counted the model's FLOPs (windows count the step after them; "
                      "OTELPROF_PROFILE_FLOPS=false or torch.compile turn counting off)."))
     else:
-        gpu = [x for x in d.flops if x.utilization is not None]
-        if gpu:
-            best = max(gpu, key=lambda x: x.utilization or 0.0)
+        best = d.best_flops
+        if best is not None:
             out.append(p(f"Rank {best.rank} reached {pct(best.utilization)} of the {best.gpu_model}'s dense "
                          f"{best.dtype} peak ({_flops(best.peak)}FLOP/s)."))
         else:
@@ -71,10 +70,10 @@ def _overlap(r: Report) -> str:
     if from_prometheus(r):
         out.append(p(f"From Prometheus: {sc.COMM_OVERLAP.prometheus_name} and {sc.COMM_EXPOSED.prometheus_name} on "
                      "the training report dashboard."))
-    elif not d.overlap:
+    elif d.most_exposed is None:
         out.append(p("No data: no profiling window saw collective (NCCL) kernels on a GPU (a single-GPU or CPU run)."))
     else:
-        worst = max(d.overlap, key=lambda o: o.exposed)
+        worst = d.most_exposed
         out.append(p("Per rank, from the GPU kernels of its profiling windows: the time collective kernels (NCCL) ran "
                      "per profiled step, the share of it compute kernels ran beside them on the same GPU (hidden "
                      "communication), and the exposed rest, which the step waits for. A rank whose exposed time "

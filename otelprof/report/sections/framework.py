@@ -12,8 +12,6 @@ from otelprof.report.blocks import IN_RECORDING, charts, figure, from_prometheus
 from otelprof.report.formatting import DASH, extreme, finite, pct, secs
 
 MAX_BREAKDOWN_CHARTS = 4
-UNCOVERED_WARN = 0.2
-"""A phase whose steps spend more than this share in no region gets a note."""
 
 
 def summary(r: Report) -> str:
@@ -32,13 +30,12 @@ def summary(r: Report) -> str:
         out.append(table(("Phase", "Time", "Share of the training loop"),
                          [(name, secs(t), pct(sh)) for name, t, sh in f.phases]))
         out.append(_breakdowns(r))
-        if f.between_steps_share > 0.25:
+        if f.between_steps_high:
             out.append(note(f"{pct(f.between_steps_share)} of the training loop passed between steps (outside "
                             "otelprof.step()): evaluation, checkpointing, logging or data preparation outside "
                             "the step. Check what the loop does between steps.", "warn"))
-        if f.forward and f.backward and max(f.forward_share, 1 - f.forward_share) > 0.7:
-            heavier = "forward" if f.forward_share > 0.5 else "backward"
-            out.append(note(f"The {heavier} pass takes {pct(max(f.forward_share, 1 - f.forward_share))} of forward "
+        if f.heavier_pass:
+            out.append(note(f"The {f.heavier_pass} pass takes {pct(f.heavier_pass_share)} of forward "
                             "plus backward time; backward usually costs one to two times forward. An unusual "
                             "ratio can point at frozen layers, activation checkpointing or a costly loss.",
                             "warn"))
@@ -48,14 +45,13 @@ def summary(r: Report) -> str:
         out.append("<h3>Regions inside steps</h3>")
         out.append(charts(figure(svg.bars([(x.name, x.total) for x in f.regions[:15]], "Region time", secs),
                                  "Total time per annotated region, all ranks.")))
-        nested = any(finite(x.self_time) and x.self_time < x.total for x in f.regions)
         out.append(table(("Region", "Depth", "Count", "Total", "Mean", "Max", "Share of step time")
-                         + (("Self",) if nested else ()),
+                         + (("Self",) if f.nested else ()),
                          [(x.name, DASH if from_prometheus(r) else x.depth, f"{x.count:,}", secs(x.total),
                            secs(x.mean), extreme(x.max, x.max_bucket), pct(x.share))
-                          + ((secs(x.self_time) if finite(x.self_time) else DASH,) if nested else ())
+                          + ((secs(x.self_time) if finite(x.self_time) else DASH,) if f.nested else ())
                           for x in f.regions], 1))
-        if nested:
+        if f.nested:
             out.append(p("Total: the region's time, nested regions included; self: less the regions directly "
                          "inside it (the all-reduces excepted: they run beside the work). A region inside one of its "
                          "own name (an annotate(\"backward\") around the hooks' own backward) is counted once."))
@@ -79,16 +75,15 @@ def summary(r: Report) -> str:
             f"rank {w.rank} steps {w.start_step} to {w.start_step + w.num_steps - 1}"
             + (f" (trace {w.trace_file})" if w.trace_file else "") for w in f.windows[:10])
             + (" …" if len(f.windows) > 10 else "") + "."))
-        for label, ops, total in (("CPU", f.cpu_operators, f.cpu_operator_time),
-                                  ("GPU", f.gpu_operators, f.gpu_operator_time)):
+        for label, ops, total, rest in (("CPU", f.cpu_operators, f.cpu_operator_time, f.cpu_operators_other),
+                                        ("GPU", f.gpu_operators, f.gpu_operator_time, f.gpu_operators_other)):
             if not ops:
                 out.append(p(f"No {label} operators were recorded" + (" (no CUDA device)." if label == "GPU" else ".")))
                 continue
             out.append(f"<h3>{label} operators</h3>")
             out.append(p(f"The most expensive {label} operator was {ops[0].name} with {pct(ops[0].share)} of the "
                          f"self time of the operators recorded ({secs(total)} in all)."))
-            top = [(o.name, o.self_time) for o in ops[:8]]
-            rest = total - sum(t for _, t in top)
+            top = [(o.name, o.self_time) for o in ops[:fw.TOP_OPERATORS]]
             out.append(charts(table(("Operator", "Calls", "Self time", "Total time", "Share"),
                                     [(o.name, f"{o.calls:,}", secs(o.self_time), secs(o.total_time), pct(o.share))
                                      for o in ops]),
@@ -139,11 +134,11 @@ def _breakdowns(r: Report) -> str:
     out.append(table(("Phase", "Part", "Time", "Share of step time", "Per step"),
                      [(b.phase, x.name, secs(x.seconds), pct(x.share), secs(x.per_step))
                       for b in f.breakdowns for x in b.parts], 2,
-                     ["fired" if x.name == fw.UNCOVERED and x.share > UNCOVERED_WARN else "" for b in f.breakdowns
+                     ["fired" if x.name == fw.UNCOVERED and b.uncovered_high else "" for b in f.breakdowns
                       for x in b.parts]))
     for b in f.breakdowns:
         uncovered = next((x for x in b.parts if x.name == fw.UNCOVERED), None)
-        if uncovered is not None and uncovered.share > UNCOVERED_WARN:
+        if uncovered is not None and b.uncovered_high:
             out.append(note(f"{pct(uncovered.share)} of the {b.phase} step time ({secs(uncovered.per_step)} per step) "
                             "is in no region. Annotate what the loop does between its regions "
                             "(otelprof.annotate(\"name\")) to see where it goes.", "warn"))

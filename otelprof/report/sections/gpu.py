@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from otelprof.analysis import system as sysmod
 from otelprof.analysis.report import Report
-from otelprof.analysis.stats import BoxPlot
 from otelprof.report import svg
 from otelprof.report.blocks import charts, figure, from_prometheus, note, p, section, table
 from otelprof.report.formatting import DASH, elapsed, extreme, finite, num, pct, pct0, secs, size
@@ -68,20 +67,17 @@ def balance(r: Report) -> str:
         if len(b.gpus) == 1:
             out.append(note("The job used a single GPU: there is nothing to balance."))
         else:
-            far = [d for d in b.distances if finite(d.distance) and d.distance > b.distance_threshold]
-            spread = b.spread or 0.0
-            kind = "warn" if far or spread > b.threshold else "good"
-            out.append(note(f"Mean utilization spreads over {pct(spread)} between GPUs (the alert's threshold is "
-                            f"{pct(b.threshold, 0)}); {len(far)} pair(s) are farther apart than "
-                            f"{b.distance_threshold:g}.", kind))
+            out.append(note(f"Mean utilization spreads over {pct(b.spread or 0.0)} between GPUs (the alert's "
+                            f"threshold is {pct(b.threshold, 0)}); {b.far_pairs} pair(s) are farther apart than "
+                            f"{b.distance_threshold:g}.", "warn" if b.uneven else "good"))
         first = b.gpus[0].histogram
         out.append(charts(figure(svg.overlaid(first.edges, [(f"{g.node}/{g.gpu}", g.histogram.counts)
                                                            for g in b.gpus[:10]], "GPU utilization distributions",
                                               pct0, width=760),
                                  "Samples per utilization bin, one line per GPU (first 10).")))
-        worst = sorted((d for d in b.distances if finite(d.distance)), key=lambda d: -d.distance)[:10]
-        if worst:
-            out.append(table(("GPU", "Compared with", "Distance"), [(d.a, d.b, f"{d.distance:.3f}") for d in worst], 2))
+        if b.farthest:
+            out.append(table(("GPU", "Compared with", "Distance"),
+                             [(d.a, d.b, f"{d.distance:.3f}") for d in b.farthest], 2))
     else:
         out.append(p("No GPU was sampled, so GPU load balance cannot be judged."))
     if b.ranks:
@@ -128,7 +124,7 @@ def batch(r: Report) -> str:
                                                                             for g in b.gpus]))
     else:
         out.append(p("No GPU was sampled, so the batch size cannot be judged against GPU use."))
-    boxes = [(f"{n.node} CPU", BoxPlot.of(n.cpu.mean)) for n in r.system.nodes]
+    boxes = [(f"{node} CPU", box) for node, box in b.node_cpu]
     boxes += [(f"{g.node} GPU {g.gpu}", g.utilization) for g in r.gpus.gpus]
     boxes += [(f"{g.node} GPU {g.gpu} memory", g.memory) for g in r.gpus.gpus]
     if boxes:
@@ -148,20 +144,20 @@ def memory(r: Report) -> str:
         out.append(p("GPU memory in use as a share of each device's memory. Memory that keeps growing over the run "
                      "ends in an out-of-memory error; memory that stays low leaves room for a larger batch."))
         for x in g.gpus:
+            flags = x.memory_flags
             msgs = []
-            if x.memory.p95 < 0.5:
+            if flags.low:
                 msgs.append(f"its 95th percentile is only {pct(x.memory.p95)}")
-            if x.memory.p95 - x.memory.p5 > 0.5:
+            if flags.swinging:
                 msgs.append(f"it swings from {pct(x.memory.p5)} (p5) to {pct(x.memory.p95)} (p95)")
-            if x.memory_growth > 0.05:
+            if flags.growing:
                 msgs.append(f"it grew by {pct(x.memory_growth)} of the device between the first and last tenth of "
                             "the run")
-            full = x.memory.max > 0.95 or (x.memory.max_bucket is not None and x.memory.max_bucket.low >= 0.95)
-            if full:
+            if flags.full:
                 msgs.append(f"it peaked at {extreme(x.memory.max, x.memory.max_bucket, pct)}, close to capacity")
             if msgs:
                 out.append(note(f"GPU {x.gpu} on {x.node}: " + "; ".join(msgs) + ".",
-                                "warn" if x.memory_growth > 0.05 or full else ""))
+                                "warn" if flags.growing or flags.full else ""))
         out.append(table(("Node", "GPU", "Memory", "max", "p95", "p50", "p5", "Growth"),
                          [(x.node, x.gpu, size(x.memory_total), extreme(x.memory.max, x.memory.max_bucket, pct),
                            pct(x.memory.p95), pct(x.memory.median), pct(x.memory.p5), pct(x.memory_growth))

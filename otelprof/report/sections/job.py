@@ -55,7 +55,7 @@ def summary(r: Report) -> str:
     if not s.steps_per_phase:
         out.append(p("No step information was recorded, so there is no training loop to measure: wrap each "
                      "iteration in otelprof.step() (or use otelprof.torch.instrument / otelprof run)."))
-    elif s.initialization_share > 0.2 and (s.initialization or 0) > 60:
+    elif s.slow_start:
         out.append(note(f"Initialization took {pct(s.initialization_share)} of the job. Look at what runs before "
                         "the first step: data set download or indexing, model construction and compilation, "
                         "checkpoint loading, waiting for all ranks to join.", "warn"))

@@ -124,8 +124,8 @@ def dataloader(r: Report) -> str:
                      + (" From Prometheus: steps are counted by the step-duration histogram, steps waiting (those "
                         f"with a “{d.region}” region) by the wait histogram, whose buckets give the percentiles and "
                         "the bucket holding the longest wait." if from_prometheus(r) else "")))
-        worst = max(d.phases, key=lambda x: x.wait_share)
-        if worst.wait_share > 0.2:
+        worst = d.most_waiting
+        if worst is not None:
             out.append(note(f"Rank {worst.rank} ({worst.phase}) spent {pct(worst.wait_share)} of its step time "
                             "waiting for data: the input pipeline limits training. More loader workers, "
                             "prefetching, faster storage or cheaper preprocessing shorten the wait.", "warn"))
@@ -146,13 +146,12 @@ def dataloader(r: Report) -> str:
     for loader in d.loaders:
         parts = []
         if loader.workers is not None and loader.cpus_available:
-            low, high = d.min_workers_share * loader.cpus_available, d.max_workers_share * loader.cpus_available
             parts.append(f"Rank {loader.rank}'s data loader runs {loader.workers} worker process(es) with "
                          f"{loader.cpus_available:g} CPUs available.")
-            if loader.workers < low:
+            if loader.too_few_workers:
                 parts.append(f"That is fewer than {pct(d.min_workers_share, 0)} of the CPUs: more workers would "
                              "load batches in parallel (mind the other ranks on the node).")
-            elif loader.workers > high:
+            elif loader.too_many_workers:
                 parts.append(f"That is more than {pct(d.max_workers_share, 0)} of the CPUs: the workers compete for "
                              "cores; fewer would do.")
         elif loader.workers is not None:
