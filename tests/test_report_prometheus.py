@@ -43,7 +43,8 @@ from otelprof.analysis import system as sysmod
 from otelprof.analysis.prometheus import PrometheusError, extreme_buckets, parse_time, report_from_prometheus
 from otelprof.analysis.report import ORIGIN_PROMETHEUS, Report
 from otelprof.analysis.stats import Bucket
-from otelprof.report.html import SECTIONS, bounds, pct, render, secs
+from otelprof.report.formatting import bounds, pct, secs
+from otelprof.report.html import SECTIONS, render
 from otelprof.runtime.collectors.sampler import Sampler
 from tests.fake_nvml import FakeNvml
 from tests.servers import prometheus

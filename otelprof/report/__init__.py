@@ -1,4 +1,5 @@
-"""Rendering only: the HTML report (:mod:`otelprof.report.html`) from the data of :mod:`otelprof.analysis.report`,
-and the Perfetto timeline (:mod:`otelprof.report.timeline`) of a recording.
+"""Rendering of the report: HTML (:mod:`otelprof.report.html`, its sections in :mod:`otelprof.report.sections`)
+from the data of :mod:`otelprof.analysis.report`, and the Perfetto timeline (:mod:`otelprof.report.timeline`) of a
+recording.
 
-May import: what :mod:`otelprof.analysis` may, and :mod:`otelprof.analysis`. Never the runtime."""
+Rendering only. May import: what :mod:`otelprof.analysis` may, and :mod:`otelprof.analysis`. Never the runtime."""
