@@ -8,6 +8,7 @@ from typing import Any
 from otelprof.mixin import yamlout
 from otelprof.mixin.alerts import NO_FOR, Alert, alert_groups, alerts
 from otelprof.mixin.config import MixinConfig, validate
+from otelprof.mixin.recording_rules import aggregates
 from otelprof.mixin.rules import recording_rules, rule_groups
 
 PROMETHEUS_DIR = Path("deploy") / "prometheus"
@@ -87,7 +88,8 @@ def _runbook_entry(alert: Alert, config: MixinConfig) -> str:
 def render_runbook(config: MixinConfig) -> str:
     all_alerts = alerts(config)
     index = "\n".join(f"- [{a.name}](#{a.anchor}) — {a.summary}" for a in all_alerts)
-    records = "\n".join(f"| `{r.name}` | {r.help} |" for r in recording_rules(config))
+    records = "\n".join([*(f"| `{r.name}` | {r.help} |" for r in recording_rules(config)),
+                         *(f"| `{a.name}` | {a.help} |" for a in aggregates(config))])
     intro = f"""# otelprof alert runbook
 
 <!-- {HEADER} -->
