@@ -63,6 +63,7 @@ COMPONENTS: dict[str, dict[str, Any]] = {
     # policy's `type` names the key holding its settings.
     "processors/tail_sampling": _obj({
         "decision_wait": DURATION, "num_traces": INT, "expected_new_traces_per_sec": INT,
+        "decision_cache": _obj({"sampled_cache_size": INT, "non_sampled_cache_size": INT}),
         "policies": {"type": "array", "minItems": 1, "items": {"oneOf": [
             _obj({"name": STR, "type": {"const": "boolean_attribute"},
                   "boolean_attribute": _obj({"key": STR, "value": BOOL, "invert_match": BOOL}, ("key", "value"))},
