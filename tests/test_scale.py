@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import struct
 import subprocess
+import threading
 import time
+import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +21,15 @@ import otelprof
 from otelprof import semconv as sc
 from otelprof.deploy import prometheus_config
 from otelprof.mixin.promql import IDENTITY, series_name
+from otelprof.mixin.recording_rules import aggregate_names
 from tests.remote_write import decode_write_request, remote_write_receiver, snappy_decompress
 from tests.servers import free_port, require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = ROOT / "deploy/scale/prometheus-agent.yml"
 POD = {"namespace": "ml", "pod": "resnet-0", "container": "trainer"}
+RULE_FILES = (ROOT / "deploy/prometheus/otelprof-alerts.yaml", ROOT / "deploy/prometheus/otelprof-rules.yaml")
+AGGREGATES = aggregate_names()
 
 
 def _agent_config(target: str, write_url: str) -> dict[str, Any]:
@@ -110,6 +118,97 @@ def test_agent_remote_writes_otelprof_series_with_their_labels(tmp_path: Path) -
         assert receiver.headers[0]["x-prometheus-remote-write-version"].startswith("0.1")
     finally:
         otelprof.shutdown()
+
+
+@contextmanager
+def _stepping(stop: threading.Event) -> Iterator[None]:
+    """Training steps every 20 ms on a thread until the block ends (the rules' rates need growth)."""
+
+    def loop() -> None:
+        while not stop.is_set():
+            with otelprof.step():
+                with otelprof.annotate("forward"):
+                    time.sleep(0.002)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+@contextmanager
+def _process(args: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    log = log_path.open("w")
+    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def _query(url: str, promql: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": promql}),
+                                timeout=10) as response:
+        return list(json.load(response)["data"]["result"])
+
+
+def test_the_shipped_rules_evaluate_on_remote_written_series(tmp_path: Path) -> None:
+    """agent -> a store that evaluates the rules (here a Prometheus receiving remote write, as Thanos Receive +
+    Thanos Rule or Mimir would): every shipped rule evaluates without error on the written series."""
+    binary = require_binary("prometheus")
+    session = otelprof.init(job_name="remote-job", record_dir=str(tmp_path / "runs"),
+                            metrics_exporters=("prometheus",), prometheus_port=0, traces_exporters=())
+    assert isinstance(session, otelprof.Session) and session.metrics_address is not None
+    host, port = session.metrics_address
+    store_port, agent_port = free_port(), free_port()
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "prometheus.yml").write_text(json.dumps({
+        "global": {"evaluation_interval": "1s"}, "rule_files": [str(p) for p in RULE_FILES]}))
+    config = tmp_path / "agent.yml"
+    config.write_text(yaml.safe_dump(_agent_config(f"{host}:{port}",
+                                                   f"http://127.0.0.1:{store_port}/api/v1/write")))
+    url = f"http://127.0.0.1:{store_port}"
+    try:
+        with _stepping(threading.Event()), \
+                _process([binary, f"--config.file={store / 'prometheus.yml'}", f"--storage.tsdb.path={store / 'data'}",
+                          f"--web.listen-address=127.0.0.1:{store_port}", "--web.enable-remote-write-receiver"],
+                         tmp_path / "store.log"), \
+                _process([binary, "--enable-feature=agent", f"--config.file={config}",
+                          f"--storage.agent.path={tmp_path / 'wal'}", f"--web.listen-address=127.0.0.1:{agent_port}"],
+                         tmp_path / "agent.log"):
+            p95 = f'{AGGREGATES["step_p95_rate"]}{{job_name="remote-job", phase="train"}} > 0'
+
+            def ready() -> list[dict[str, Any]]:
+                try:
+                    return _query(url, p95)
+                except OSError:
+                    return []
+
+            found = _wait(ready, timeout=90)
+            assert found, (tmp_path / "agent.log").read_text()[-2000:] + (tmp_path / "store.log").read_text()[-2000:]
+            assert found[0]["metric"]["namespace"] == POD["namespace"] and found[0]["metric"]["rank"] == "0"
+            assert 0.001 < float(found[0]["value"][1]) < 1.0
+            time.sleep(2)  # every group has evaluated on the written series
+            with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=10) as response:
+                groups = json.load(response)["data"]["groups"]
+    finally:
+        otelprof.shutdown()
+    rules = [rule for group in groups for rule in group["rules"]]
+    shipped = sum(len(g["rules"]) for path in RULE_FILES for g in yaml.safe_load(path.read_text())["groups"])
+    assert len(rules) == shipped
+    failing = {rule["name"]: rule.get("lastError") for rule in rules if rule["health"] != "ok"}
+    assert not failing, failing
 
 
 def test_snappy_and_protobuf_decoders_read_known_bytes() -> None:
