@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 import subprocess
 import threading
@@ -30,6 +31,12 @@ AGENT = ROOT / "deploy/scale/prometheus-agent.yml"
 POD = {"namespace": "ml", "pod": "resnet-0", "container": "trainer"}
 RULE_FILES = (ROOT / "deploy/prometheus/otelprof-alerts.yaml", ROOT / "deploy/prometheus/otelprof-rules.yaml")
 AGGREGATES = aggregate_names()
+
+
+def _agent_flag(binary: str) -> str:
+    """Agent mode: ``--agent`` from Prometheus 3, a feature flag before."""
+    text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30).stdout
+    return "--agent" if re.search(r"^\s+--agent\b", text, re.MULTILINE) else "--enable-feature=agent"
 
 
 def _agent_config(target: str, write_url: str) -> dict[str, Any]:
@@ -91,7 +98,7 @@ def test_agent_remote_writes_otelprof_series_with_their_labels(tmp_path: Path) -
             config.write_text(yaml.safe_dump(_agent_config(f"{host}:{port}", url)))
             web = free_port()
             log = (tmp_path / "agent.log").open("w")
-            agent = subprocess.Popen([binary, "--enable-feature=agent", f"--config.file={config}",
+            agent = subprocess.Popen([binary, _agent_flag(binary), f"--config.file={config}",
                                       f"--storage.agent.path={tmp_path / 'wal'}",
                                       f"--web.listen-address=127.0.0.1:{web}"], stdout=log, stderr=subprocess.STDOUT)
             try:
@@ -184,7 +191,7 @@ def test_the_shipped_rules_evaluate_on_remote_written_series(tmp_path: Path) -> 
                 _process([binary, f"--config.file={store / 'prometheus.yml'}", f"--storage.tsdb.path={store / 'data'}",
                           f"--web.listen-address=127.0.0.1:{store_port}", "--web.enable-remote-write-receiver"],
                          tmp_path / "store.log"), \
-                _process([binary, "--enable-feature=agent", f"--config.file={config}",
+                _process([binary, _agent_flag(binary), f"--config.file={config}",
                           f"--storage.agent.path={tmp_path / 'wal'}", f"--web.listen-address=127.0.0.1:{agent_port}"],
                          tmp_path / "agent.log"):
             p95 = f'{AGGREGATES["step_p95_rate"]}{{job_name="remote-job", phase="train"}} > 0'
