@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from otelprof import collectives
 from otelprof import semconv as sc
-from otelprof.analysis.checks import peers_median
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Histogram, finite, share
+from otelprof.analysis.step_checks import peers_median
 from otelprof.analysis.system import gpu_order
 from otelprof.mixin.config import MixinConfig
 

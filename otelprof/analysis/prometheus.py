@@ -31,7 +31,6 @@ from otelprof import semconv as sc
 from otelprof.analysis import prometheus_progress
 from otelprof.analysis.batch import batch_size
 from otelprof.analysis.bottlenecks import Bottleneck, NodeBottleneck
-from otelprof.analysis.checks import peers_median
 from otelprof.analysis.dataloader import DataLoaderAnalysis, LoaderConfig, LoaderPhase
 from otelprof.analysis.framework import BETWEEN_STEPS, FrameworkSummary, Region
 from otelprof.analysis.gpu import GpuAnalysis, GpuUsage
@@ -39,6 +38,7 @@ from otelprof.analysis.loadbalance import GpuDistance, GpuLoad, LoadBalance, Ran
 from otelprof.analysis.report import FORMAT_VERSION, ORIGIN_PROMETHEUS, Report
 from otelprof.analysis.rules import RuleRow, RulesSummary
 from otelprof.analysis.stats import BoxPlot, Bucket, Distribution, Histogram, Series, share
+from otelprof.analysis.step_checks import peers_median
 from otelprof.analysis.steps import PhaseSteps, StepAnalysis
 from otelprof.analysis.summary import JobSummary, RankSummary
 from otelprof.analysis.system import (
