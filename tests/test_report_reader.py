@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from otelprof.recording import reader, schema
-from otelprof.recording.reader import Annotation, RankRecording, Step, read_recording
+from otelprof.recording import schema
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
+from otelprof.recording.records import Annotation, Step
+from otelprof.recording.steps import parse_line
 from tests.test_report_fixtures import NS, T0, dumps, manifest, small_run, step_line, write_lines, write_rank
 
 AWKWARD = ["a,b", "x],[y", 'quo"te', "back\\slash", "ünïcode", "[br", "br]", "", "a:b", '"', "},{"]
@@ -21,7 +24,7 @@ def _slow(path: Path) -> RankRecording:
     rank = RankRecording(path, json.loads((path / schema.MANIFEST).read_text()))
     for line in (path / schema.STEPS).read_text().splitlines():
         if line.strip():
-            reader._parse_line(line, rank)
+            parse_line(line, rank)
     return rank
 
 

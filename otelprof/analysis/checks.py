@@ -32,7 +32,8 @@ from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.alerts import Alert, alerts
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.outliers import LossSpikes, StepJudge, in_windows
-from otelprof.recording.reader import RankRecording, Recording, group_indexes
+from otelprof.recording.columns import group_indexes
+from otelprof.recording.ranks import RankRecording, Recording
 
 BUCKETS = sc.RATIO_BUCKETS
 
