@@ -2,6 +2,7 @@
 
     python benchmarks/profile_windows.py            # about a minute on CPU
     python benchmarks/profile_windows.py --rounds 9 --steps 120
+    python benchmarks/profile_windows.py --interval 2 --seconds 40 --rounds 5   # the budget over whole runs, ~12 min
 
 Rounds interleave the variants (their order rotates each round) so that machine noise hits them alike:
 
@@ -15,6 +16,13 @@ Printed: per variant the median step time, each window's measured overhead X (th
 steps at the pace just before it, plus its processing, as ``profiles.jsonl`` records it) and the amortized cost
 X / interval at the default interval (600 s), which the schedule keeps within ``OTELPROF_PROFILE_BUDGET`` (1 %).
 On a GPU the same command measures the CUDA profiler's cost (kernels, memcpys) as well.
+
+``--interval S`` measures the budget over whole runs instead: each round runs the same number of steps (about
+``--seconds`` of training) three times in one process, in rotated order — a session with periodic windows every
+``S`` seconds, and twice a session without windows (the second shows how far two identical runs land: the A/A
+spread). The windows' excess over the run without them, the median over rounds, should stay within
+``OTELPROF_PROFILE_BUDGET`` plus that spread, whatever ``S``: the schedule stretches the interval to
+cost / budget. Printed beside it: the windows run and the cost they recorded as a share of the run.
 """
 
 from __future__ import annotations
@@ -87,12 +95,77 @@ def _otelprof(steps: int, windows: list[dict[str, Any]], every: float = 600.0) -
     return elapsed
 
 
+def _whole(steps: int, every: float, windows: list[dict[str, Any]]) -> float:
+    """Seconds for ``steps`` instrumented steps in a session with windows every ``every`` s (0: none)."""
+    step, model, optimizer = _parts()
+    with tempfile.TemporaryDirectory() as tmp:
+        session = otelprof.init(record_dir=tmp, system_metrics=False, profile_warmup=every, profile_every=every,
+                                profile_warmup_steps=WARMUP_STEPS)
+        otorch.instrument(model=model, optimizer=optimizer)
+        for _ in range(WARMUP_STEPS):
+            with otelprof.step():
+                step()
+        began = time.perf_counter()
+        for _ in range(steps):
+            with otelprof.step():
+                step()
+        elapsed = time.perf_counter() - began
+        run_dir = session.run_dir
+        otelprof.shutdown()
+        windows.extend(read_recording(run_dir).ranks[0].profiles())
+        otorch.uninstrument()
+    return elapsed
+
+
+def whole(interval: float, seconds: float, rounds: int, budget: float) -> None:
+    """The ``--interval`` mode: see the module's docstring."""
+    step, _, _ = _parts()
+    for _ in range(WARMUP_STEPS):
+        step()
+    began = time.perf_counter()
+    for _ in range(20):
+        step()
+    steps = max(100, int(seconds / ((time.perf_counter() - began) / 20)))
+    names = ["windows", "no-window", "no-window again"]
+    results: dict[str, list[float]] = {name: [] for name in names}
+    found: list[list[dict[str, Any]]] = []
+    for round_ in range(rounds):
+        order = names[round_ % len(names):] + names[:round_ % len(names)]
+        for name in order:
+            windows: list[dict[str, Any]] = []
+            results[name].append(_whole(steps, interval if name == "windows" else 0.0, windows))
+            if name == "windows":
+                found.append(windows)
+        print(f"round {round_ + 1}/{rounds} done", file=sys.stderr)
+    excess = [w / n - 1 for w, n in zip(results["windows"], results["no-window"])]
+    spread = [a / n - 1 for a, n in zip(results["no-window again"], results["no-window"])]
+    shares = [sum(w.get("overhead_s", 0.0) for w in ws) / t for ws, t in zip(found, results["windows"])]
+    counts = [len(ws) for ws in found]
+    print(f"CNN, batch 32, {steps} steps per run (~{seconds:.0f} s), windows every {interval:g} s at most, "
+          f"budget {budget:.0%}, {rounds} interleaved rounds:")
+    print(f"  windows vs no window: median {statistics.median(excess):+.2%} "
+          f"[{min(excess):+.2%}..{max(excess):+.2%}]")
+    print(f"  A/A (no window twice): median {statistics.median(spread):+.2%} "
+          f"[{min(spread):+.2%}..{max(spread):+.2%}]")
+    print(f"  windows per run {min(counts)}..{max(counts)}; their recorded cost {statistics.median(shares):.2%} "
+          f"of the run (median)")
+    bound = budget + max(abs(x) for x in spread)
+    verdict = "within" if statistics.median(excess) <= bound else "OVER"
+    print(f"  {verdict} the budget plus the A/A spread ({bound:.2%})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--interval", type=float, default=0.0,
+                        help="measure whole runs with windows every INTERVAL seconds (see above)")
+    parser.add_argument("--seconds", type=float, default=40.0, help="with --interval: each run's length")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.interval > 0:
+        whole(args.interval, args.seconds, args.rounds, otelprof.Config.from_env().profile_budget)
+        return 0
     windows: list[dict[str, Any]] = []
     variants: dict[str, Callable[[], float]] = {
         "bare": lambda: _bare(args.steps),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from otelprof import semconv as sc
-from otelprof.mixin.alerts import NO_FOR, alerts
+from otelprof.mixin.alerts import GROUPS, NO_FOR, alert_groups, alerts
 from otelprof.mixin.config import MixinConfig
 from otelprof.mixin.generate import render_runbook
 
@@ -19,6 +19,21 @@ def test_every_alert_without_for_says_why_one_evaluation_is_conclusive() -> None
         assert ("**Why no `for`.**" in section) == (alert.short in without), alert.name
     with_for = {a.short for a in alerts(config)} - without
     assert not with_for & set(NO_FOR), "an alert with `for` keeps no stale reason"
+
+
+def test_each_rule_group_builds_its_own_alerts_in_runbook_order() -> None:
+    """``GROUPS`` is the one list of rule groups: each builds only alerts of its name, its no-`for` reasons name
+    its own alerts, and alerts() and the rules file keep the groups' order."""
+    config = MixinConfig()
+    built = []
+    for group in GROUPS:
+        own = group.build(config)
+        assert own and {a.group for a in own} == {group.name}, group.name
+        assert set(group.no_for) <= {a.short for a in own}, group.name
+        built += [a.short for a in own]
+    assert len(built) == len(set(built))
+    assert [a.short for a in alerts(config)] == built
+    assert [g["name"] for g in alert_groups(config)] == [g.name for g in GROUPS]
 
 
 def test_container_memory_usage_is_an_up_down_counter() -> None:

@@ -18,7 +18,8 @@ import pytest
 
 from otelprof import collectives
 from otelprof import semconv as sc
-from otelprof.analysis.checks import evaluate_ranks, rank_data
+from otelprof.analysis.check_recording import rank_data
+from otelprof.analysis.checks import evaluate_ranks
 from otelprof.analysis.loadbalance import load_balance
 from otelprof.analysis.run import RunView
 from otelprof.mixin.config import MixinConfig

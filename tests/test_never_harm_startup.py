@@ -446,8 +446,9 @@ def test_analyses_read_the_steps_a_bounded_number_of_times_whatever_the_phase_co
 def test_many_phases_give_the_checks_the_same_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past a few phases the step checks look only at the phases with a step in each window: the same verdicts,
     an outlier and a straggler included, with 60 short eval phases between the training steps."""
+    import otelprof.analysis.check_context as check_context
     import otelprof.analysis.checks as checks
-    from otelprof.analysis.checks import RankData, StepRecord
+    from otelprof.analysis.check_tables import RankData, StepRecord
 
     def steps(slow_every: int, stretch: float) -> list[StepRecord]:
         out, t, n = [], 5.0, 0
@@ -464,10 +465,10 @@ def test_many_phases_give_the_checks_the_same_verdicts(monkeypatch: pytest.Monke
     ranks = [RankData("many", 0, "n1", 0.0, 900.0, steps=steps(10, 4.0)),
              RankData("many", 1, "n1", 0.0, 900.0, steps=[dataclasses.replace(s, end=s.start + 1.4 * (s.end - s.start))
                                                           for s in steps(10**9, 1.0)])]
-    assert len({s.phase for s in ranks[0].steps}) > checks.FEW_PHASES * 3
+    assert len({s.phase for s in ranks[0].steps}) > check_context.FEW_PHASES * 3
     verdicts = []
     for few in (10**9, 0):  # every phase in every window; only the phases with a step in the window
-        monkeypatch.setattr(checks, "FEW_PHASES", few)
+        monkeypatch.setattr(check_context, "FEW_PHASES", few)
         verdicts.append(checks.evaluate_ranks(ranks, interval=5.0))
     assert verdicts[0] == verdicts[1]
     fired = {r.alert: r.subjects for r in verdicts[1] if r.triggered}

@@ -16,10 +16,12 @@ import pytest
 
 import otelprof
 from otelprof import semconv as sc
-from otelprof.analysis import checks
-from otelprof.analysis.checks import RankData, Sample, StepRecord
+from otelprof.analysis import check_recording, checks
+from otelprof.analysis.check_context import CheckContext
+from otelprof.analysis.check_tables import RankData, Sample, StepRecord
 from otelprof.analysis.histogram import bucket_quantile, cumulative_counts
 from otelprof.mixin import MixinConfig, yamlout
+from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import with_overrides
 from otelprof.mixin.generate import render_alerts
 from otelprof.mixin.promql import series_name
@@ -396,6 +398,20 @@ def test_offline_checks_on_a_real_recording(tmp_path: Path) -> None:
     assert {r.alert: r for r in checks.evaluate(read_recording(run_dir), quick, 1.0)}["OtelprofInputBound"].triggered
 
 
+def test_each_group_of_checks_builds_the_conditions_it_lists() -> None:
+    """``checks.GROUPS`` is the one list of offline groups: each builds a condition for exactly the checks it
+    names, in that order, each the twin of an alert; OFFLINE_CHECKS and the results keep that order."""
+    ranks = straggler_and_imbalance()
+    ctx = CheckContext(ranks, CONFIG)
+    listed: list[str] = []
+    for group in checks.GROUPS:
+        assert list(group.conditions(ctx)) == list(group.checks)
+        listed += group.checks
+    assert tuple(listed) == checks.OFFLINE_CHECKS and len(set(listed)) == len(listed)
+    assert [a.short for a in alerts(CONFIG) if a.short in listed] == listed  # each an alert's, in runbook order
+    assert [r.alert for r in checks.evaluate_ranks(ranks, CONFIG, 5.0)] == [CONFIG_PREFIX + s for s in listed]
+
+
 def test_bucket_quantile_matches_prometheus_cases() -> None:
     bounds = (0.05, 0.1, 0.5, 1.0)
     assert bucket_quantile(0.5, bounds, [0, 0, 10, 10, 10]) == pytest.approx(0.3)
@@ -415,7 +431,7 @@ def test_outliers_by_cost_per_token_and_never_steps_otelprof_slowed(tmp_path: Pa
     import time
 
     from otelprof.analysis.run import RunView
-    from otelprof.analysis.steps import step_analysis
+    from otelprof.analysis.steps import profiled_windows, step_analysis
     from otelprof.integrations import torch_profiler
 
     rng = random.Random(3)
@@ -452,10 +468,11 @@ def test_outliers_by_cost_per_token_and_never_steps_otelprof_slowed(tmp_path: Pa
 
     recording = read_recording(run_dir)
     rank = recording.ranks[0]
-    assert checks.profiled_windows(rank) == {"train": [window]}
+    assert profiled_windows(rank) == {"train": [window]}
     listed = set(step_analysis(RunView(recording)).rows[0].outlier_steps)  # the report's list of outlier steps
     assert {n for n in stalls if n >= 20} <= listed and not listed & slowed
-    costs = checks.outlier_costs(rank, checks.OutlierSettings.of(rank.manifest.get("config") or {}, CONFIG))
+    settings = check_recording.OutlierSettings.of(rank.manifest.get("config") or {}, CONFIG)
+    costs = check_recording.outlier_costs(rank, settings)
     numbers = list(rank.step_columns.number)
     flagged = {numbers[i] for i, cost in enumerate(costs[0]) if cost > 0}
     assert {n for n in stalls if n >= 20} <= flagged  # every stall once 20 steps were seen

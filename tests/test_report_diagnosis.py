@@ -23,7 +23,8 @@ from otelprof.mixin import MixinConfig
 from otelprof.mixin.config import with_overrides
 from otelprof.report import svg
 from otelprof.report.commands import resolve_run
-from otelprof.report.html import render, size
+from otelprof.report.formatting import size
+from otelprof.report.html import render
 from tests.test_report import CHROMIUM_FLAGS, chromium, otelprof
 from tests.test_report_fixtures import T0, manifest, small_samples, step_line, write_rank
 

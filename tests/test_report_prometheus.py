@@ -44,7 +44,8 @@ from otelprof.analysis.prometheus import PrometheusError, extreme_buckets, parse
 from otelprof.analysis.report import ORIGIN_PROMETHEUS, Report
 from otelprof.analysis.stats import Bucket
 from otelprof.collectors.sampler import Sampler
-from otelprof.report.html import SECTIONS, bounds, pct, render, secs
+from otelprof.report.formatting import bounds, pct, secs
+from otelprof.report.html import SECTIONS, render
 from tests.fake_nvml import FakeNvml
 from tests.servers import prometheus
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from otelprof.analysis.gpu import GpuAnalysis
+from otelprof.analysis.stats import BoxPlot
 from otelprof.analysis.steps import StepAnalysis
 from otelprof.analysis.system import SystemUsage
 from otelprof.mixin.config import MixinConfig
@@ -32,6 +33,8 @@ class BatchSize:
     gpus: tuple[BatchGpu, ...]
     samples_per_step: tuple[tuple[int, str, float], ...]
     """(rank, phase, median recorded samples per step)."""
+    node_cpu: tuple[tuple[str, BoxPlot], ...]
+    """(node, box plot of the node's mean CPU use over time: the bucket means of its series)."""
 
 
 def batch_size(system: SystemUsage, gpus: GpuAnalysis, steps: StepAnalysis,
@@ -47,5 +50,6 @@ def batch_size(system: SystemUsage, gpus: GpuAnalysis, steps: StepAnalysis,
                  and g.memory.p95 < config.batch_size_gpu_memory_threshold_p95)
         rows.append(BatchGpu(g.node, g.gpu, cpu_p95, g.utilization.p95, g.memory.p95, small))
     per_step = tuple((r.rank, r.phase, r.samples_per_step) for r in steps.rows if r.samples_per_step is not None)
+    node_cpu = tuple((n.node, BoxPlot.of(n.cpu.mean)) for n in system.nodes)
     return BatchSize(config.batch_size_cpu_threshold_p95, config.batch_size_gpu_threshold_p95,
-                     config.batch_size_gpu_memory_threshold_p95, tuple(rows), per_step)
+                     config.batch_size_gpu_memory_threshold_p95, tuple(rows), per_step, node_cpu)

@@ -5,12 +5,15 @@ against the CPUs the container may use (the original Dataloader rule's 70 % .. 2
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from otelprof import semconv as sc
 from otelprof.analysis.run import RunView, last_values
 from otelprof.analysis.stats import Bucket, Distribution, Histogram, quantile
 from otelprof.mixin.config import MixinConfig
+
+WAIT_SHARE_WARN = 0.2
+"""A rank whose steps wait for data more than this share of their time is limited by its input pipeline."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,20 @@ class LoaderConfig:
     pin_memory: bool | None
     cpus_available: float | None
     """CPUs the container may use (cgroup quota or affinity), else the node's logical CPUs."""
+    too_few_workers: bool
+    """Fewer workers than ``dataloader_min_threshold`` of the CPUs: more would load batches in parallel."""
+    too_many_workers: bool
+    """More workers than ``dataloader_max_threshold`` of the CPUs: they compete for cores."""
+
+
+def loader_config(rank: int, workers: int | None, pin_memory: bool | None, cpus_available: float | None,
+                  config: MixinConfig) -> LoaderConfig:
+    """A rank's data-loader settings, its worker count judged against the CPUs it may use (when both are known)."""
+    few = many = False
+    if workers is not None and cpus_available:
+        few = workers < config.dataloader_min_threshold * cpus_available
+        many = not few and workers > config.dataloader_max_threshold * cpus_available
+    return LoaderConfig(rank, workers, pin_memory, cpus_available, few, many)
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,14 @@ class DataLoaderAnalysis:
     max_workers_share: float
     phases: tuple[LoaderPhase, ...]
     loaders: tuple[LoaderConfig, ...]
+    most_waiting: LoaderPhase | None = field(init=False)
+    """The rank and phase whose steps waited the largest share of their time, when that share is above
+    WAIT_SHARE_WARN (the input pipeline limits training); None otherwise."""
+
+    def __post_init__(self) -> None:
+        worst = max(self.phases, key=lambda x: x.wait_share, default=None)
+        object.__setattr__(self, "most_waiting",
+                           worst if worst is not None and worst.wait_share > WAIT_SHARE_WARN else None)
 
 
 def dataloader_analysis(view: RunView, config: MixinConfig | None = None,
@@ -90,8 +115,8 @@ def dataloader_analysis(view: RunView, config: MixinConfig | None = None,
         if cpus is None and info.node in nodes:
             cpus = float(nodes[info.node][1].cores) or None
         if workers is not None or pin is not None or region in c.ann_names:
-            loaders.append(LoaderConfig(info.rank, int(workers) if workers is not None else None,
-                                        bool(pin) if pin is not None else None, cpus))
+            loaders.append(loader_config(info.rank, int(workers) if workers is not None else None,
+                                         bool(pin) if pin is not None else None, cpus, config))
     return DataLoaderAnalysis(region, config.input_bound_threshold, config.dataloader_min_threshold,
                               config.dataloader_max_threshold, tuple(phases), tuple(loaders))
 

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from otelprof import semconv as sc
 from otelprof.analysis.run import RunView
@@ -109,6 +109,15 @@ class DeviceAnalysis:
     memory_windows: int = 0
     """Profiling windows that recorded allocations."""
     overlap: tuple[Overlap, ...] = ()
+    best_flops: ModelFlops | None = field(init=False)
+    """The rank with the highest model FLOPs utilization (None when no rank has one: a CPU, or no known peak)."""
+    most_exposed: Overlap | None = field(init=False)
+    """The rank with the most exposed communication per profiled step: the one that waits for the others."""
+
+    def __post_init__(self) -> None:
+        rated = [x for x in self.flops if x.utilization is not None]
+        object.__setattr__(self, "best_flops", max(rated, key=lambda x: x.utilization or 0.0) if rated else None)
+        object.__setattr__(self, "most_exposed", max(self.overlap, key=lambda o: o.exposed, default=None))
 
 
 TOP_ALLOCATIONS = 15

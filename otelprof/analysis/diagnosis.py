@@ -24,7 +24,7 @@ from otelprof.analysis.batch import BatchSize
 from otelprof.analysis.bottlenecks import Bottleneck
 from otelprof.analysis.dataloader import DataLoaderAnalysis, LoaderConfig
 from otelprof.analysis.device import DeviceAnalysis
-from otelprof.analysis.framework import BETWEEN_STEPS, FrameworkSummary
+from otelprof.analysis.framework import BETWEEN_STEPS, BETWEEN_STEPS_WARN, FrameworkSummary
 from otelprof.analysis.gpu import GpuAnalysis
 from otelprof.analysis.loadbalance import LoadBalance
 from otelprof.analysis.rules import RuleRow, RulesSummary
@@ -35,11 +35,6 @@ from otelprof.mixin.config import ALERT_PREFIX
 
 MATERIAL = 0.05
 """A finding that costs less than this share of the step time (or of the job, for a slow start) is minor."""
-BETWEEN_STEPS_WARN = 0.25
-"""Time between steps (outside otelprof.step()) above this share of the training loop is a finding."""
-INIT_WARN = 0.2
-INIT_MIN_SECONDS = 60.0
-"""Initialization is a finding above this share of the job and this long."""
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
@@ -294,8 +289,7 @@ def _bottleneck(rules: RulesSummary, b: Bottleneck, loader: DataLoaderAnalysis, 
 
 def _slow_start(rules: RulesSummary, summary: JobSummary, framework: FrameworkSummary) -> Finding | None:
     checks = _fired(rules, "SlowInitialization")
-    slow = summary.initialization_share > INIT_WARN and (summary.initialization or 0.0) > INIT_MIN_SECONDS
-    if not checks and not slow:
+    if not checks and not summary.slow_start:
         return None
     before = [r for r in framework.outside_steps if r.total > 0]
     biggest = max(before, key=lambda r: r.total) if before else None

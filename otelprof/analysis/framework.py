@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import compress
 from operator import add, not_, sub
 from typing import Any
@@ -36,6 +36,15 @@ UNCOVERED = "uncovered"
 OTHER_REGIONS = "other regions"
 MAX_OTHER_REGIONS = 4
 """Other top-level regions named in a breakdown; the rest are added up as OTHER_REGIONS."""
+UNCOVERED_WARN = 0.2
+"""A phase whose steps spend more than this share in no region is worth annotating."""
+BETWEEN_STEPS_WARN = 0.25
+"""Time between steps (outside otelprof.step()) above this share of the training loop is a finding."""
+PASS_WARN = 0.7
+"""Forward or backward above this share of forward plus backward time is unusual (backward usually costs one to
+two times forward)."""
+TOP_OPERATORS = 8
+"""Operators the report names in its charts; the self time of the rest is added up as "other"."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,12 @@ class Breakdown:
     nesting_known: bool = True
     """False from Prometheus: region depths are unknown there, so only BREAKDOWN_REGIONS are counted
     (as top-level, as the integrations make them) and UNCOVERED is the step time they leave."""
+    uncovered_high: bool = field(init=False)
+    """UNCOVERED holds more than UNCOVERED_WARN of the step time."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uncovered_high", any(x.name == UNCOVERED and x.share > UNCOVERED_WARN
+                                                       for x in self.parts))
 
     def part(self, name: str) -> float:
         """Seconds of one part (0 when absent)."""
@@ -151,6 +166,33 @@ class FrameworkSummary:
     ``otelprof.profile.windows`` counter; the windows themselves and their operators are not known."""
     breakdowns: tuple[Breakdown, ...] = ()
     """Per phase (most step time first)."""
+    between_steps_high: bool = field(init=False)
+    """More than BETWEEN_STEPS_WARN of the training loop passed between steps."""
+    heavier_pass: str = field(init=False)
+    """``forward`` or ``backward`` when both ran and that pass took more than PASS_WARN of their time, else ""."""
+    heavier_pass_share: float = field(init=False)
+    """The heavier pass's share of forward plus backward time (NaN unless both ran)."""
+    nested: bool = field(init=False)
+    """Some region has regions inside it (its self time is below its total)."""
+    cpu_operators_other: float = field(init=False)
+    """Seconds of self time of the CPU operators past the first TOP_OPERATORS."""
+    gpu_operators_other: float = field(init=False)
+    """Seconds of self time of the GPU operators past the first TOP_OPERATORS."""
+
+    def __post_init__(self) -> None:
+        both = bool(self.forward and self.backward)
+        heavier = max(self.forward_share, 1 - self.forward_share) if both else math.nan
+        cpu_top, gpu_top = self.cpu_operators[:TOP_OPERATORS], self.gpu_operators[:TOP_OPERATORS]
+        derived = {
+            "between_steps_high": self.between_steps_share > BETWEEN_STEPS_WARN,
+            "heavier_pass": ("forward" if self.forward_share > 0.5 else "backward") if heavier > PASS_WARN else "",
+            "heavier_pass_share": heavier,
+            "nested": any(math.isfinite(x.self_time) and x.self_time < x.total for x in self.regions),
+            "cpu_operators_other": self.cpu_operator_time - sum(o.self_time for o in cpu_top),
+            "gpu_operators_other": self.gpu_operator_time - sum(o.self_time for o in gpu_top),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
     def breakdown(self, phase: str) -> Breakdown | None:
         return next((b for b in self.breakdowns if b.phase == phase), None)

@@ -1,6 +1,6 @@
 """Per-GPU utilization and memory: box-plot statistics over every sample of the run, and the flags
 the original report raised (95th percentile low, 5th percentile low while the 95th is high:
-fluctuating; memory growing)."""
+fluctuating; memory low, swinging, growing or near capacity)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,35 @@ from otelprof.analysis.run import RunView, gpu_memory_ratio
 from otelprof.analysis.stats import BoxPlot, Series, finite
 from otelprof.analysis.system import gpu_order
 from otelprof.mixin.config import MixinConfig
+
+MEMORY_LOW_P95 = 0.5
+"""GPU memory whose 95th percentile stays below this share of the device leaves room for a larger batch."""
+MEMORY_SWING = 0.5
+"""GPU memory whose 5th and 95th percentiles lie more than this share of the device apart swings."""
+
+
+@dataclass(frozen=True)
+class MemoryFlags:
+    """What stands out in one GPU's memory use."""
+
+    low: bool
+    """The 95th percentile stays below MEMORY_LOW_P95."""
+    swinging: bool
+    """The 5th and 95th percentiles lie more than MEMORY_SWING apart."""
+    growing: bool
+    """Memory grew by more than the GPUMemoryIncrease threshold (``gpu_memory_increase``) of the device between
+    the first and last tenth of the run."""
+    full: bool
+    """Memory peaked above the near-capacity threshold (``gpu_memory_capacity_threshold``), or in a histogram
+    bucket from it up."""
+
+    @classmethod
+    def of(cls, memory: BoxPlot, growth: float, config: MixinConfig) -> MemoryFlags:
+        """Judge a GPU's memory (ratios of the device) and its growth over the run."""
+        capacity = config.gpu_memory_capacity_threshold
+        return cls(memory.p95 < MEMORY_LOW_P95, memory.p95 - memory.p5 > MEMORY_SWING,
+                   growth > config.gpu_memory_increase,
+                   memory.max > capacity or (memory.max_bucket is not None and memory.max_bucket.low >= capacity))
 
 
 @dataclass(frozen=True)
@@ -38,6 +67,7 @@ class GpuUsage:
     gauge over the range; NaN when a tenth holds no scrape)."""
     utilization_series: Series
     memory_series: Series
+    memory_flags: MemoryFlags
 
 
 @dataclass(frozen=True)
@@ -70,13 +100,15 @@ def gpu_analysis(view: RunView, config: MixinConfig | None = None) -> GpuAnalysi
             g = c.gpus[index]
             util = list(g.get("u", ()))
             memory = gpu_memory_ratio(g["mu"], g["mt"]) if "mu" in g and "mt" in g else []
-            ubox = BoxPlot.of(util)
+            ubox, mbox = BoxPlot.of(util), BoxPlot.of(memory)
+            growth = _growth(memory)
             totals = finite(g.get("mt", ()))
             rows.append(GpuUsage(
-                node, index, ubox, BoxPlot.of(memory), max(totals) if totals else None,
+                node, index, ubox, mbox, max(totals) if totals else None,
                 _median(list(g.get("p", ()))), _median(list(g.get("t", ()))),
                 ubox.count > 0 and ubox.p95 < config.low_gpu_threshold_p95 and ubox.max > 0,
                 ubox.count > 0 and ubox.p5 < config.low_gpu_threshold_p5 and ubox.p95 > config.low_gpu_threshold_p95,
-                ubox.count > 0 and ubox.max <= 0, _growth(memory),
-                Series.of(times, util, origin), Series.of(times, memory, origin) if memory else Series((), (), ())))
+                ubox.count > 0 and ubox.max <= 0, growth,
+                Series.of(times, util, origin), Series.of(times, memory, origin) if memory else Series((), (), ()),
+                MemoryFlags.of(mbox, growth, config)))
     return GpuAnalysis(config.low_gpu_threshold_p95, config.low_gpu_threshold_p5, tuple(rows))

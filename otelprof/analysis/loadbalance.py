@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from otelprof import collectives
 from otelprof import semconv as sc
-from otelprof.analysis.checks import peers_median
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Histogram, finite, share
+from otelprof.analysis.step_checks import peers_median
 from otelprof.analysis.system import gpu_order
 from otelprof.mixin.config import MixinConfig
 
 PAIRWISE_LIMIT = 16
 """Up to this many GPUs every pair is compared; beyond, each GPU against the mean of all."""
+MAX_FARTHEST = 10
+"""Pairs of GPUs listed as the farthest apart."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,19 @@ class LoadBalance:
     distances: tuple[GpuDistance, ...]
     ranks: tuple[RankLoad, ...]
     straggler_ratio: float
+    far_pairs: int = field(init=False)
+    """Pairs of GPUs farther apart than ``distance_threshold``."""
+    farthest: tuple[GpuDistance, ...] = field(init=False)
+    """The MAX_FARTHEST pairs farthest apart, farthest first (pairs without a distance left out)."""
+    uneven: bool = field(init=False)
+    """Some pair is farther apart than ``distance_threshold``, or the spread (none: 0) is above ``threshold``."""
+
+    def __post_init__(self) -> None:
+        known = [d for d in self.distances if math.isfinite(d.distance)]
+        far = sum(1 for d in known if d.distance > self.distance_threshold)
+        object.__setattr__(self, "far_pairs", far)
+        object.__setattr__(self, "farthest", tuple(sorted(known, key=lambda d: -d.distance)[:MAX_FARTHEST]))
+        object.__setattr__(self, "uneven", bool(far) or (self.spread or 0.0) > self.threshold)
 
 
 def js_distance(p: tuple[int, ...], q: tuple[int, ...]) -> float:

@@ -31,14 +31,14 @@ from otelprof import semconv as sc
 from otelprof.analysis import prometheus_progress
 from otelprof.analysis.batch import batch_size
 from otelprof.analysis.bottlenecks import Bottleneck, NodeBottleneck
-from otelprof.analysis.checks import peers_median
-from otelprof.analysis.dataloader import DataLoaderAnalysis, LoaderConfig, LoaderPhase
+from otelprof.analysis.dataloader import DataLoaderAnalysis, LoaderPhase, loader_config
 from otelprof.analysis.framework import BETWEEN_STEPS, FrameworkSummary, Region
-from otelprof.analysis.gpu import GpuAnalysis, GpuUsage
+from otelprof.analysis.gpu import GpuAnalysis, GpuUsage, MemoryFlags
 from otelprof.analysis.loadbalance import GpuDistance, GpuLoad, LoadBalance, RankLoad, js_distance
 from otelprof.analysis.report import FORMAT_VERSION, ORIGIN_PROMETHEUS, Report
 from otelprof.analysis.rules import RuleRow, RulesSummary
 from otelprof.analysis.stats import BoxPlot, Bucket, Distribution, Histogram, Series, share
+from otelprof.analysis.step_checks import peers_median
 from otelprof.analysis.steps import PhaseSteps, StepAnalysis
 from otelprof.analysis.summary import JobSummary, RankSummary
 from otelprof.analysis.system import (
@@ -615,7 +615,8 @@ def _gpus(qs: _Queries, config: MixinConfig, origin: float) -> GpuAnalysis:
             key[0], key[1], ubox, mbox, totals.get(key), power.get(key), temp.get(key),
             busy and ubox.p95 < config.low_gpu_threshold_p95,
             ubox.count > 0 and ubox.p5 < config.low_gpu_threshold_p5 and ubox.p95 > config.low_gpu_threshold_p95,
-            ubox.count > 0 and not busy, growth, util_series.get(key, empty), memory_series.get(key, empty)))
+            ubox.count > 0 and not busy, growth, util_series.get(key, empty), memory_series.get(key, empty),
+            MemoryFlags.of(mbox, growth, config)))
     return GpuAnalysis(config.low_gpu_threshold_p95, config.low_gpu_threshold_p5, tuple(rows))
 
 
@@ -742,7 +743,7 @@ def _loader(qs: _Queries, config: MixinConfig) -> DataLoaderAnalysis:
     workers = qs.by(f"last_over_time({qs.s(sc.DATALOADER_WORKERS)}[{qs.window}])", RANK)
     pins = qs.by(f"last_over_time({qs.s(sc.DATALOADER_PIN_MEMORY)}[{qs.window}])", RANK)
     cpus = qs.by(f"last_over_time({qs.s(sc.CPU_AVAILABLE)}[{qs.window}])", RANK)
-    loaders = [LoaderConfig(int(rank), int(v), bool(pins[(rank,)]) if (rank,) in pins else None, cpus.get((rank,)))
-               for (rank,), v in sorted(workers.items()) if rank.isdigit()]
+    loaders = [loader_config(int(rank), int(v), bool(pins[(rank,)]) if (rank,) in pins else None, cpus.get((rank,)),
+                             config) for (rank,), v in sorted(workers.items()) if rank.isdigit()]
     return DataLoaderAnalysis(sc.REGION_DATALOADER, config.input_bound_threshold, config.dataloader_min_threshold,
                               config.dataloader_max_threshold, tuple(phases), tuple(loaders))

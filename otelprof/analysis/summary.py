@@ -9,11 +9,15 @@ training loop at the *start* of the last step, the loop here includes the last s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import share
 from otelprof.recording import schema
+
+INIT_WARN = 0.2
+INIT_MIN_SECONDS = 60.0
+"""Initialization is slow above this share of the job and this long."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,12 @@ class JobSummary:
     """What this recording lacks that some section needs (no steps, no system samples, ...)."""
     terminated: tuple[tuple[int, float], ...] = ()
     """(rank, Unix seconds) of the ranks that got SIGTERM: evicted, preempted, deleted or stopped."""
+    slow_start: bool = field(init=False)
+    """Initialization took more than INIT_WARN of the job and more than INIT_MIN_SECONDS."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "slow_start", self.initialization_share > INIT_WARN
+                           and (self.initialization or 0.0) > INIT_MIN_SECONDS)
 
 
 def _listed(steps_per_phase: dict[str, int], shown: frozenset[str]) -> tuple[tuple[str, int], ...]:

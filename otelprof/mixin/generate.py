@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from otelprof.mixin import yamlout
-from otelprof.mixin.alerts import NO_FOR, Alert, alert_groups, alerts
+from otelprof.mixin.alert_model import Alert
+from otelprof.mixin.alerts import NO_FOR, alert_groups, alerts
 from otelprof.mixin.config import MixinConfig, validate
 from otelprof.mixin.rules import recording_rules, rule_groups
 

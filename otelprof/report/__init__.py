@@ -1,1 +1,2 @@
-"""Rendering of the report: HTML (:mod:`otelprof.report.html`) from the data of :mod:`otelprof.analysis.report`."""
+"""Rendering of the report: HTML (:mod:`otelprof.report.html`, its sections in :mod:`otelprof.report.sections`)
+from the data of :mod:`otelprof.analysis.report`."""

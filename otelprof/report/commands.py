@@ -257,7 +257,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             if rec.skipped_lines:
                 print(f"otelprof compare: note: {name}: {_skipped(rec)}", file=sys.stderr)
         return 0
-    from otelprof.report.html import num, pct, secs
+    from otelprof.report.formatting import num, pct, secs
 
     def digits(n: int) -> Callable[[float | None], str]:
         return lambda v: num(v, n)

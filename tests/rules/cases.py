@@ -19,7 +19,8 @@ from typing import Any
 from otelprof import semconv as sc
 from otelprof.analysis.histogram import bucket_quantile, cumulative_counts
 from otelprof.mixin import yamlout
-from otelprof.mixin.alerts import Alert, alerts
+from otelprof.mixin.alert_model import Alert
+from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import MixinConfig
 from otelprof.mixin.promql import series_name
 from otelprof.mixin.rules import recording_rules

@@ -1,0 +1,122 @@
+"""A recording's ranks as the offline checks read them: the reader's columns into sample and step tables, each
+step's outlier cost as the recorder's judge found it, and :func:`rank_data`, one rank's whole view."""
+
+from __future__ import annotations
+
+import math
+import operator
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import compress
+
+from otelprof import collectives
+from otelprof import semconv as sc
+from otelprof.analysis.check_tables import RankData, SampleTable, StepTable
+from otelprof.analysis.steps import profiled_windows
+from otelprof.mixin.config import MixinConfig
+from otelprof.outliers import StepJudge, in_windows
+from otelprof.recording.ranks import RankRecording
+
+
+def _sample_table(rank: RankRecording, config: MixinConfig) -> SampleTable:
+    """Node samples from the reader's columns: per-CPU maxima and means, not 64-value tuples."""
+    columns = rank.sample_columns()
+    node = list(map(operator.eq, columns.cpu_max, columns.cpu_max))  # NaN: a process-only sample
+    nan = array("d", [math.nan]) * len(columns)
+
+    def kept(values: Sequence[float] | None) -> list[float]:
+        return list(compress(nan if values is None else values, node))
+
+    def ratio(used: list[float], total: list[float]) -> list[float]:
+        if 0.0 in total:
+            return [u / t if t else math.nan for u, t in zip(used, total)]
+        return list(map(operator.truediv, used, total))  # NaN propagates
+
+    util = {str(index): kept(g.get("u")) for index, g in columns.gpus.items()}
+    memory = {str(index): ratio(kept(g.get("mu")), kept(g.get("mt"))) for index, g in columns.gpus.items()}
+    return SampleTable.build([t / 1e9 for t in compress(columns.t_ns, node)], kept(columns.cpu_max),
+                             kept(columns.cpu_mean), kept(columns.iow_max),
+                             {g: v for g, v in util.items() if any(map(operator.eq, v, v))},
+                             {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config,
+                             ([t / 1e9 for t in columns.t_ns], columns.rss), kept(columns.mem),
+                             kept(columns.container_memory), kept(columns.container_limit))
+
+
+@dataclass(frozen=True)
+class OutlierSettings:
+    """How the recorder flagged outlier steps (``OTELPROF_OUTLIER_*``)."""
+
+    sigma: float
+    min_steps: int
+    min_ratio: float
+    min_excess: float
+
+    @staticmethod
+    def of(recorded: Mapping[str, object], config: MixinConfig) -> OutlierSettings:
+        """The settings a recording carries in its manifest, else the mixin config's (older recordings)."""
+        def get(key: str, default: float) -> float:
+            value = recorded.get(key)
+            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
+
+        return OutlierSettings(get("outlier_sigma", config.step_outlier_sigma), int(get("outlier_min_steps", 20)),
+                               get("outlier_min_ratio", config.step_outlier_min_ratio),
+                               get("outlier_min_excess", config.step_outlier_min_excess))
+
+
+def _step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
+    """Steps from the reader's columns: a million Step objects with their annotations would cost ~25 s here."""
+    columns = rank.step_columns
+    start = [t / 1e9 for t in columns.start_ns]
+    end = [(t + d) / 1e9 for t, d in zip(columns.start_ns, columns.duration_ns)]
+    return StepTable.build(columns.phase_names, columns.phase, start, end,
+                           [w / 1e9 for w in columns.annotation_sums(sc.REGION_DATALOADER)],
+                           [c / 1e9 for c in collectives.of_columns(columns)[1]],  # exposed communication
+                           outlier_costs(rank, outlier), columns.scalar("loss"), columns.scalar("grad_norm"))
+
+
+def outlier_costs(rank: RankRecording, outlier: OutlierSettings) -> dict[int, list[float]]:
+    """Per phase code, each step's cost as the recorder's outlier judge finds it (:class:`StepJudge`, fed the
+    same steps in the same order, per token or sample where recorded; 0.0: no outlier). Steps of a profiling
+    window and the few after it are not judged, as in the recorder."""
+    columns = rank.step_columns
+    units: dict[int, float] = {}
+    for name in (sc.SCALAR_SAMPLES, sc.SCALAR_TOKENS):  # tokens win over samples (written last)
+        at, values = columns.scalar(name)
+        units.update((i, v) for i, v in zip(at, values) if v > 0 and math.isfinite(v))
+    slowed = profiled_windows(rank)
+    judges: dict[int, StepJudge] = {}
+    costs: dict[int, list[float]] = {}
+    for index, (code, number, duration) in enumerate(zip(columns.phase, columns.number, columns.duration_ns)):
+        windows = slowed.get(columns.phase_names[code])
+        if windows and in_windows(number, windows):
+            costs.setdefault(code, []).append(0.0)
+            continue
+        judge = judges.get(code)
+        if judge is None:
+            judge = judges[code] = StepJudge(outlier.sigma, outlier.min_steps, outlier.min_ratio, outlier.min_excess)
+        costs.setdefault(code, []).append(judge.observe(duration / 1e9, units.get(index)))
+    return costs
+
+
+def rank_data(rank: RankRecording, config: MixinConfig | None = None) -> RankData:
+    """The checks' view of one rank's recording."""
+    manifest = rank.manifest
+    resource = manifest.get("resource") or {}
+    recorded = manifest.get("config") or {}
+    life = rank.lifecycle
+    config = config or MixinConfig()
+    steps = _step_table(rank, OutlierSettings.of(recorded, config))
+    samples = _sample_table(rank, config)
+    first_start = rank.step_columns.start_ns[0] / 1e9 if len(steps) else None
+    last_sample = samples.times[-1] if samples.times else None
+    times = [x for x in (life.get("shutdown"), life.get("last_step_end"), last_sample) if x is not None]
+    start = float(life.get("process_start") or (first_start if first_start is not None else last_sample or 0.0))
+    first_sample = samples.times[0] if samples.times else None
+    # A clock stepped back between the process start and its data: the run starts at its first data.
+    start = min(x for x in (start, first_start, first_sample) if x is not None)
+    return RankData(str(resource.get(sc.SERVICE_NAME, "")), rank.rank,
+                    str(resource.get(sc.K8S_NODE_NAME) or resource.get(sc.HOST_NAME, "")), start,
+                    max(times) if times else start, sample_table=samples, step_table=steps,
+                    first_step=float(began) if isinstance(began := life.get("first_step_start"), int | float)
+                    else first_start)

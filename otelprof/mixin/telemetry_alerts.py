@@ -1,0 +1,196 @@
+"""The telemetry alerts (group ``otelprof-telemetry``): a target down, a rank, a node's sampler or a GPU gone
+silent, telemetry dropped. Absence never reads as healthy."""
+
+from __future__ import annotations
+
+from otelprof import semconv as sc
+from otelprof.mixin import config as mc
+from otelprof.mixin import gpu_source
+from otelprof.mixin.alert_model import Alert, AlertGroup, Runbook
+from otelprof.mixin.alert_text import AT_GPU, AT_RANK, L_JOB, L_NODE, NUM, human, params
+from otelprof.mixin.config import MixinConfig, seconds
+from otelprof.mixin.gpu_source import GpuReadings
+from otelprof.mixin.promql import GPU, HW_ID, IDENTITY, JOB, NODE, RANK, Q
+
+NAME = "otelprof-telemetry"
+
+_NOT_OPERATOR_SPANS = f'{sc.prometheus_label(sc.LABEL_EXPORTER)}!="{sc.DROPPED_OPERATOR_SPANS}"'
+
+
+def alerts(c: MixinConfig) -> list[Alert]:
+    """The telemetry alerts in runbook order."""
+    q = Q(c.selector)
+    lb = c.absent_lookback
+    job_label, instance_label = c.target_labels
+    up_inner = ", ".join(m for m in (c.up_selector.strip(),) if m)
+    up = f"up{{{up_inner}}}" if up_inner else "up"
+    start = q.sel(sc.PROCESS_START_TIME)
+    target_down = Alert(
+        "TargetDown", NAME,
+        f"({up} == 0)\n+ on ({job_label}, {instance_label}) group_left ({JOB}, {RANK}, {NODE})\n"
+        f"(0 * topk by ({job_label}, {instance_label}) (1, last_over_time({start}[{lb}])))",
+        c.absent_for, "warning",
+        "A training process's metrics endpoint cannot be scraped.",
+        f"Prometheus cannot scrape {{{{ $labels.{instance_label} }}}} ({AT_RANK}), which served otelprof "
+        f"metrics within the last {lb}.",
+        mc.DASHBOARD_RANKS, (job_label, instance_label, JOB, RANK, NODE),
+        Runbook(
+            meaning=f"A scrape target that exposed otelprof metrics within the last {lb} is down: the training "
+                    "process died or hangs, or its /metrics endpoint is unreachable. Every other alert about "
+                    "this process is blind meanwhile — absence never counts as healthy.",
+            thresholds=params(("lookback", lb), ("for", c.absent_for)),
+            limit=f"A target that served otelprof metrics within {lb} and fails its scrapes for {c.absent_for}; "
+                  f"fires {c.absent_for} after the first failed scrape.",
+            todo="Check the pod (kubectl describe/logs): OOM kill, crash, eviction. A process that is alive but "
+                 "does not answer scrapes is usually stuck holding the GIL; py-spy dump shows where.",
+            deviations="No original: the SageMaker rules ran on files and treated missing data as no data."))
+
+    present = f"group by ({JOB}, {RANK}, {NODE}) ({start})"
+    absent = Alert(
+        "TelemetryAbsent", NAME,
+        f"(\n  group by ({JOB}, {RANK}, {NODE}) (last_over_time({start}[{lb}]))\n"
+        f"  unless on ({JOB}, {RANK}) {present}\n)\n"
+        f"and on ({JOB}) group by ({JOB}) ({start})",
+        c.absent_for, "critical",
+        "A rank stopped reporting while the rest of its job goes on.",
+        f"{AT_RANK} reported within the last {lb} but its series are gone, while other ranks of the job still "
+        "report.",
+        mc.DASHBOARD_RANKS, (JOB, RANK, NODE),
+        Runbook(
+            meaning=f"This rank's series existed within the last {lb} and vanished while other ranks of the "
+                    "same job still report. A rank that died leaves the others hanging in their next "
+                    "collective operation.",
+            thresholds=params(("lookback", lb), ("for", c.absent_for)),
+            limit=f"One rank's series gone (Prometheus marks them stale at the first failed scrape of its "
+                  f"target) while other ranks of the job report; fires {c.absent_for} later.",
+            todo="Find why the rank ended (pod events, OOM kills, the process's last log lines, NCCL errors). "
+                 "The remaining ranks will not make progress: restart the job from its last checkpoint; "
+                 "torchrun's elastic restarts (max_restarts) can do this automatically.",
+            deviations="No original. A job whose ranks all end at the same time (normal completion) does not "
+                       "fire; a single-process job that dies is caught by OtelprofTargetDown while its pod "
+                       "is still there."))
+
+    sampling = f"{q.delta(sc.SAMPLER_SAMPLES, c.sampler_window)} > 0"
+    system_absent = Alert(
+        "SystemTelemetryAbsent", NAME,
+        f"group by ({JOB}, {NODE}) ({start})\nunless on ({JOB}, {NODE}) ({sampling})",
+        c.absent_for, "warning",
+        "No system telemetry from a node of a running job.",
+        f"Node {L_NODE} of job {L_JOB}: training processes report but the node's telemetry sampler took no "
+        f"sample in the last {c.sampler_window}.",
+        mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE),
+        Runbook(
+            meaning=f"Training processes of the job report from this node, but no process there took a "
+                    f"system sample in the last {c.sampler_window}. The CPU, I/O and GPU alerts cannot judge "
+                    "this node.",
+            thresholds=params(("window", c.sampler_window), ("for", c.absent_for)),
+            limit=f"A node sampler that takes no sample for {c.sampler_window}; fires "
+                  f"{human(seconds(c.sampler_window) + seconds(c.absent_for))} after its last sample.",
+            todo="The node's sampler runs in the process whose LOCAL_RANK equals "
+                 "OTELPROF_NODE_SAMPLER_LOCAL_RANK (0): check that this process runs, that "
+                 "OTELPROF_SYSTEM_METRICS is not false, and otelprof_sampler_errors_total. If system metrics "
+                 "are off on purpose, disable this alert (disabled_alerts).",
+            deviations="No original."))
+
+    gpu_util = q.sel(sc.GPU_UTILIZATION)
+    gpu_absent = Alert(
+        "GPUTelemetryAbsent", NAME,
+        f"(\n  group by ({JOB}, {NODE}, {GPU}) (last_over_time({gpu_util}[{lb}]))\n"
+        f"  unless on ({JOB}, {NODE}, {GPU}) group by ({JOB}, {NODE}, {GPU}) ({gpu_util})\n)\n"
+        f"and on ({JOB}, {NODE}) ({sampling})\nor {_unmapped(q)}",
+        c.absent_for, "warning",
+        "A GPU stopped reporting.",
+        f"{AT_GPU}: utilization was reported within the last {lb} and is gone, while the node's sampler runs.",
+        mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE, GPU),
+        Runbook(
+            meaning=f"A GPU's series existed within the last {lb} and vanished while the node's sampler still "
+                    "samples: NVML stopped answering for this device (GPU lost, XID error, driver trouble). "
+                    f"Or (gpu=\"{UNMAPPED_GPU}\") a rank was given a GPU or MIG instance but cannot tell which "
+                    "(otelprof_gpu_unmapped, its reason label says why), so no GPU series names its GPU.",
+            thresholds=params(("lookback", lb), ("for", c.absent_for)),
+            limit=f"One GPU's series gone while the node's sampler samples; fires {c.absent_for} later.",
+            todo="Check otelprof_sampler_errors_total{source=\"nvml\"} and the node's kernel log (dmesg) for XID "
+                 "errors; a GPU that fell off the bus needs the node drained and the job moved. "
+                 f"gpu=\"{UNMAPPED_GPU}\": otelprof_gpu_unmapped{{reason}} — not_found: NVML in the container "
+                 "does not list the UUID in NVIDIA_VISIBLE_DEVICES (driver older than R470 for MIG); ambiguous: "
+                 "several GPUs visible and LOCAL_RANK names none; otherwise NVML could not start "
+                 "(install otelprof[gpu], check the device permissions).",
+            deviations="No original."))
+
+    if GpuReadings(c).dcgm:
+        gpu_absent = _dcgm_absent(c)
+
+    dropped = Alert(
+        "TelemetryDropped", NAME,
+        # the operator-span cap per profiled step is a designed bound (the window's statistics count every
+        # operator), not lost telemetry
+        f"{q.delta(sc.EXPORTER_DROPPED, c.dropped_window, matchers=_NOT_OPERATOR_SPANS)} > 0",
+        "0s", "info",
+        "otelprof dropped telemetry instead of blocking training.",
+        f"{AT_RANK}: {NUM} items dropped by the {{{{ $labels.exporter }}}} exporter in the last "
+        f"{c.dropped_window}.",
+        mc.DASHBOARD_RANKS, (*IDENTITY, sc.prometheus_label(sc.LABEL_EXPORTER), *c.target_labels),
+        Runbook(
+            meaning=f"In the last {c.dropped_window} otelprof dropped records, spans or metric exports "
+                    "(queue full, collector down, disk full) rather than slow the training loop down. Reports "
+                    "and traces of this period are incomplete.",
+            thresholds=params(("window", c.dropped_window)),
+            limit=f"A single dropped item; fires at the next scrape and rule evaluation and stays firing for "
+                  f"{c.dropped_window}.",
+            todo="exporter=otlp_*: the OTel collector is down or slow. exporter=recording: the disk is full or "
+                 "slow. exporter=queue: raise OTELPROF_QUEUE_SIZE or trace fewer steps (OTELPROF_SPAN_BUDGET). "
+                 "exporter=cuda_events: the GPU ran far behind the training loop or no forward ran to read the "
+                 "CUDA events; only device times (otelprof_region_device_duration_seconds) are missing.",
+            deviations="No original."))
+    return [target_down, absent, system_absent, gpu_absent, dropped]
+
+
+UNMAPPED_GPU = "unmapped"
+"""The ``gpu`` label of GPUTelemetryAbsent for a rank whose GPU cannot be told (``otelprof_gpu_unmapped``)."""
+
+
+def _unmapped(q: Q) -> str:
+    """The nodes of ranks given a GPU they cannot name, as GPUTelemetryAbsent's ``gpu="unmapped"``."""
+    return (f'label_replace(group by ({JOB}, {NODE}) ({q.sel(sc.GPU_UNMAPPED)}), "{GPU}", "{UNMAPPED_GPU}", "", '
+            '"")')
+
+
+def _dcgm_absent(c: MixinConfig) -> Alert:
+    """GPUTelemetryAbsent with ``gpu_source=dcgm``: a rank's GPU that dcgm-exporter's joined series lack."""
+    q = Q(c.selector)
+    info = q.sel(sc.GPU_INFO)
+    record = gpu_source.record_name(sc.GPU_UTILIZATION)
+    return Alert(
+        "GPUTelemetryAbsent", NAME,
+        f"group by ({JOB}, {NODE}, {GPU}) (\n  {info}\n  unless on ({JOB}, {RANK}, {HW_ID}) {record}\n)\n"
+        f"or {_unmapped(q)}",
+        c.absent_for, "warning",
+        "No dcgm-exporter series for a GPU of the job.",
+        f"{AT_GPU}: a rank computes on this GPU (otelprof_gpu_info) but no dcgm-exporter utilization joins to it.",
+        mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE, GPU),
+        Runbook(
+            meaning="A training process names the GPU it computes on (otelprof_gpu_info, with the GPU's UUID and "
+                    f"its pod), and no {sc.DCGM_GPU_UTIL} series with that UUID and pod is there "
+                    f"({sc.DCGM_GR_ENGINE_ACTIVE} for a MIG instance, with its GPU_I_ID): dcgm-exporter "
+                    "does not run on the node, is not scraped, lost the GPU, or its pod labels do not name the "
+                    "training pod, so every GPU alert of this job has nothing to judge. "
+                    f"gpu=\"{UNMAPPED_GPU}\": a rank was given a GPU or MIG instance but cannot tell which "
+                    "(otelprof_gpu_unmapped{reason}), so it exports no otelprof_gpu_info to join.",
+            thresholds=params(("for", c.absent_for), ("dcgm_pod_label", c.dcgm_pod_label),
+                               ("dcgm_namespace_label", c.dcgm_namespace_label)),
+            limit=f"One GPU of the job without a joined dcgm-exporter series; fires {c.absent_for} after the "
+                  "recording rule otelprof-dcgm last joined it (at once when it never did).",
+            todo=f"Query {sc.DCGM_GPU_UTIL}{{UUID=\"<hw_id of the alert>\"}}: absent -> dcgm-exporter or its "
+                 "scrape; present -> compare its pod/namespace labels (exported_pod with the ServiceMonitor's "
+                 "honorLabels: false) with the mixin's dcgm_pod_label / dcgm_namespace_label, and check that "
+                 "dcgm-exporter's pod attribution (kubelet pod-resources socket) is on.",
+            deviations="No original."))
+
+
+NO_FOR: dict[str, str] = {
+    "TelemetryDropped": "one dropped item is a fact, not a trend: reports and traces of the period are "
+                        "incomplete (severity info).",
+}
+"""Why an alert of this group without ``for`` needs none: one evaluation is conclusive."""
+
+GROUP = AlertGroup(NAME, alerts, NO_FOR)

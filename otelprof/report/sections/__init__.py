@@ -1,0 +1,1 @@
+"""The report's sections: each module renders a few related sections of the page from the report's data."""
