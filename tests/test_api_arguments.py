@@ -30,7 +30,8 @@ from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof.recorder import Recorder
 from otelprof.recording import schema
-from otelprof.recording.reader import RankRecording, read_recording
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
 
 QUIET = {"system_metrics": False, "handle_sigterm": False}
 

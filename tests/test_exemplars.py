@@ -29,7 +29,8 @@ from otelprof import semconv as sc
 from otelprof.config import Config
 from otelprof.export.prometheus import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, wants_openmetrics
 from otelprof.metrics import EXEMPLAR_HOLD_NS, HistogramInstrument
-from otelprof.recording.reader import Span, read_recording
+from otelprof.recording.reader import read_recording
+from otelprof.recording.records import Span
 from tests.otlp_receiver import OTLPReceiver, attributes
 from tests.servers import prometheus
 from tests.test_otlp_export import clean_env

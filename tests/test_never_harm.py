@@ -36,7 +36,8 @@ from otelprof import semconv as sc
 from otelprof.config import Config
 from otelprof.export import otlp
 from otelprof.recording import schema
-from otelprof.recording.reader import RankRecording, read_recording
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
 from tests.otlp_receiver import BlackHole, closed_port
 
 REPO = Path(__file__).resolve().parents[1]

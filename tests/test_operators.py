@@ -21,7 +21,9 @@ from otelprof.integrations import torch as otorch
 from otelprof.integrations.profile_schedule import PeriodicWindows
 from otelprof.integrations.torch_profiler import kernel_precision
 from otelprof.metrics import MetricRegistry
-from otelprof.recording.reader import RankRecording, Span, read_recording
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
+from otelprof.recording.records import Span
 from otelprof.span_builder import SpanBuilder
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kineto_gpu_trace.json"

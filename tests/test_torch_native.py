@@ -21,7 +21,7 @@ import otelprof
 from otelprof import hotpath
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
-from otelprof.recording.reader import RankRecording
+from otelprof.recording.ranks import RankRecording
 from tests.test_torch import REGIONS, _recording, require_native
 
 torch.set_num_threads(1)

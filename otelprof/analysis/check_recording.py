@@ -16,7 +16,7 @@ from otelprof.analysis.check_tables import RankData, SampleTable, StepTable
 from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.config import MixinConfig
 from otelprof.outliers import StepJudge, in_windows
-from otelprof.recording.reader import RankRecording
+from otelprof.recording.ranks import RankRecording
 
 
 def _sample_table(rank: RankRecording, config: MixinConfig) -> SampleTable:

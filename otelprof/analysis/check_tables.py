@@ -18,7 +18,7 @@ from otelprof import semconv as sc
 from otelprof.analysis.histogram import bucket_quantile
 from otelprof.mixin.config import MixinConfig
 from otelprof.outliers import LossSpikes
-from otelprof.recording.reader import group_indexes
+from otelprof.recording.columns import group_indexes
 
 BUCKETS = sc.RATIO_BUCKETS
 

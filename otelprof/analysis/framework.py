@@ -24,7 +24,7 @@ from otelprof import nesting
 from otelprof import semconv as sc
 from otelprof.analysis.run import MAX_PHASES, RunView
 from otelprof.analysis.stats import Bucket, share
-from otelprof.recording.reader import StepColumns
+from otelprof.recording.columns import StepColumns
 
 TOP = 20
 BETWEEN_STEPS = "between steps"

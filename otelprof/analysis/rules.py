@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from otelprof.mixin.config import MixinConfig
-from otelprof.recording.reader import Recording
+from otelprof.recording.ranks import Recording
 
 MIN_INTERVAL = 10.0
 MAX_EVALUATIONS = 360
