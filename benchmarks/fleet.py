@@ -24,6 +24,7 @@ import json
 import math
 import random
 import re
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -373,6 +374,57 @@ def substitute(expr: str, range_s: int, scrape: int) -> str:
     return expr
 
 
+def replaced_panels() -> list[tuple[str, str, str]]:
+    """(panel, what it computed before the otelprof-aggregation recording rules, what it reads now)."""
+    from otelprof.dashboards import queries as pq
+    from otelprof.dashboards.ranks import _extremes
+    from otelprof.mixin.promql import JOB, PHASE, RANK, by
+    from otelprof.mixin.recording_rules import PER_JOB
+
+    proc, train = pq.proc, pq.TRAIN_M
+    compute = pq.rule("step_compute_mean", proc, train)
+    median = pq.rule("job_step_compute_median", pq.job, train)
+
+    def per_rank(quantile: float, spec: sc.MetricSpec) -> str:
+        return pq.rate_quantile(quantile, proc, spec, (RANK,), train)
+
+    return [
+        ("Ranks #105 step time p95 per rank", _extremes(per_rank(0.95, sc.STEP_DURATION)),
+         _extremes(pq.rule("step_p95_rate", proc, train))),
+        ("Ranks #202 data wait p95 per rank", _extremes(per_rank(0.95, sc.DATALOADER_WAIT)),
+         _extremes(pq.rule("dataloader_wait_p95_rate", proc, train))),
+        ("Ranks #102 compute time vs the job's median",
+         _extremes(f"{compute} / on ({JOB}, {PHASE}) group_left() quantile by ({JOB}, {PHASE}) (0.5, {compute})"),
+         _extremes(f"{compute} / on ({by(*PER_JOB)}) group_left() {median}")),
+        ("Report #603 step time p50 per rank", per_rank(0.5, sc.STEP_DURATION), pq.rule("step_p50_rate", proc, train)),
+        ("Report #603, Timeline #201 step time p95 per rank", per_rank(0.95, sc.STEP_DURATION),
+         pq.rule("step_p95_rate", proc, train)),
+    ]
+
+
+def compare(url: str, scrape: int, began: float, end: float, repeat: int) -> None:
+    """Each replaced panel's old and new query over the same range, alternately ``repeat`` times: median
+    latency of each, and how far the new values are from the old at the last point (the panel's meaning)."""
+    print(f"\nreplaced panels, old vs new query over the same {end - began:.0f} s (median of {repeat}, s):")
+    params = {"start": f"{began:.3f}", "end": f"{end:.3f}", "step": str(scrape)}
+    for name, old, new in replaced_panels():
+        times: dict[str, list[float]] = {"old": [], "new": []}
+        last: dict[str, dict[str, float]] = {}
+        for _ in range(repeat):
+            for which, expr in (("old", old), ("new", new)):
+                t0 = time.perf_counter()
+                body = get(url, "/api/v1/query_range", {"query": substitute(expr, int(end - began), scrape), **params},
+                           timeout=60)
+                times[which].append(time.perf_counter() - t0)
+                last[which] = {s["metric"].get("rank", ""): float(s["values"][-1][1])
+                               for s in body.get("data", {}).get("result", []) if s["values"]}
+        common = [r for r in last["old"] if r in last["new"] and last["old"][r]]
+        drift = max((abs(last["new"][r] / last["old"][r] - 1) for r in common), default=float("nan"))
+        print(f"  {name:52s} {statistics.median(times['old']):7.3f} -> {statistics.median(times['new']):6.3f}"
+              f"   ranks at the last point: {len(last['old'])} / {len(last['new'])}, in both {len(common)}, "
+              f"largest difference {drift:.1%}", flush=True)
+
+
 def _metric(url: str, promql: str) -> list[tuple[dict[str, str], float]]:
     body = get(url, "/api/v1/query", {"query": promql})
     return [(s["metric"], float(s["value"][1])) for s in body.get("data", {}).get("result", [])]
@@ -385,6 +437,8 @@ def main() -> None:
     parser.add_argument("--scrape", type=int, default=15, help="scrape and evaluation interval, seconds")
     parser.add_argument("--minutes", type=float, default=5.0, help="how long to scrape live")
     parser.add_argument("--memory-limit", default="4GiB", help="GOMEMLIMIT of the Prometheus")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="runs of each replaced panel's old and new query (the side-by-side comparison)")
     args = parser.parse_args()
     nodes = args.nodes or max(args.ranks // GPUS_PER_NODE, 1)
     now = time.time()
@@ -420,6 +474,7 @@ def main() -> None:
                 up = _metric(url, 'count(up{job="otelprof"} == 1)')
                 print(f"  {time.time() - began:5.0f} s: {int(up[0][1]) if up else 0} targets up", flush=True)
             report(url, args, began)
+            compare(url, args.scrape, began, time.time(), args.repeat)
     server.shutdown()
 
 

@@ -72,6 +72,9 @@ SCRAPE_LABEL_POD_IP = "pod_ip"
 alert names the pod the webhook must reach."""
 SCRAPE_LABEL_NAMESPACE = "namespace"
 """Added by the PodMonitor / scrape config: the pod's namespace."""
+SCRAPE_LABEL_CLUSTER = "cluster"
+"""Not emitted by otelprof: the cluster a series came from, an external label of the Prometheus (or agent) that
+scraped it when several write to one store (Thanos, Mimir, VictoriaMetrics)."""
 
 OTHER_LABEL_VALUE = "other"
 CPU_BUSIEST = "busiest"  # the `cpu` label of the busiest CPU's modes on nodes past OTELPROF_PER_CPU_MAX

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otelprof.recording import reader, schema
+from otelprof.recording import limits, schema
 
 ERROR, SKIPS, ANY = "error", "skips", "any"
 RUN_ID = "corpus-run"
@@ -236,7 +236,7 @@ def _samples_nan(run: Path) -> None:
 
 def _many_names(run: Path) -> None:
     step = _first("s")(run)
-    lines = (json.dumps({**step, "a": [[f"region-{i}", 0, 1, 0]]}) for i in range(reader.MAX_NAMES + 5))
+    lines = (json.dumps({**step, "a": [[f"region-{i}", 0, 1, 0]]}) for i in range(limits.MAX_NAMES + 5))
     _append(schema.STEPS, *lines)(run)
 
 
@@ -245,19 +245,19 @@ def _huge_attributes(file: str) -> Callable[[Path], None]:
         path = run / "rank-0" / file
         if file == schema.STEPS:
             step = _first("s")(run)
-            _append(file, json.dumps({**step, "a": [["r", 0, 1, 0]] * (reader.MAX_STEP_REGIONS + 1)}),
-                    json.dumps({**step, "x": {f"s{i}": 1.0 for i in range(reader.MAX_STEP_SCALARS + 1)}}),
-                    json.dumps({**step, "ph": "p" * (reader.MAX_STRING_CHARS + 1)}))(run)
+            _append(file, json.dumps({**step, "a": [["r", 0, 1, 0]] * (limits.MAX_STEP_REGIONS + 1)}),
+                    json.dumps({**step, "x": {f"s{i}": 1.0 for i in range(limits.MAX_STEP_SCALARS + 1)}}),
+                    json.dumps({**step, "ph": "p" * (limits.MAX_STRING_CHARS + 1)}))(run)
         elif file == schema.SAMPLES:
             sample = json.loads(_lines(path)[0])
-            _append(file, json.dumps({**sample, "cpu": [0.5] * (reader.MAX_CORES + 1)}),
-                    json.dumps({**sample, "gpu": {str(i): {"u": 0.5} for i in range(reader.MAX_GPUS + 1)}}),
-                    json.dumps({**sample, "gpu": {"0": {f"k{i}": 1 for i in range(reader.MAX_GPU_KEYS + 1)}}}),
-                    *(json.dumps({**sample, "gpu": {f"g{i}": {"u": 0.1}}}) for i in range(reader.MAX_GPUS + 3)))(run)
+            _append(file, json.dumps({**sample, "cpu": [0.5] * (limits.MAX_CORES + 1)}),
+                    json.dumps({**sample, "gpu": {str(i): {"u": 0.5} for i in range(limits.MAX_GPUS + 1)}}),
+                    json.dumps({**sample, "gpu": {"0": {f"k{i}": 1 for i in range(limits.MAX_GPU_KEYS + 1)}}}),
+                    *(json.dumps({**sample, "gpu": {f"g{i}": {"u": 0.1}}}) for i in range(limits.MAX_GPUS + 3)))(run)
         elif file == schema.PROFILES:
             window = json.loads(_lines(path)[0])
             op = window["cpu_ops"][0]
-            _append(file, json.dumps({**window, "cpu_ops": [op] * (reader.MAX_PROFILE_ENTRIES + 1)}),
+            _append(file, json.dumps({**window, "cpu_ops": [op] * (limits.MAX_PROFILE_ENTRIES + 1)}),
                     json.dumps({**window, "gpu_activity_s": {f"a{i}": 1.0 for i in range(20_000)}}))(run)
         elif file == schema.MANIFEST:
             _edit_manifest(_set(("resource",), {f"attr.{i}": "v" * 10 for i in range(20_000)}))(run)
@@ -272,7 +272,7 @@ def _huge_attributes(file: str) -> Callable[[Path], None]:
 def _huge_line(file: str) -> Callable[[Path], None]:
     """One line past the file's limit (64 MiB for steps.jsonl, the size that used to take 8.7 GiB)."""
     def mutate(run: Path) -> None:
-        size = 64 * 2**20 if file == schema.STEPS else reader.MAX_LINE_BYTES[file] + 1
+        size = 64 * 2**20 if file == schema.STEPS else limits.MAX_LINE_BYTES[file] + 1
         with open(run / "rank-0" / file, "ab") as out:
             if file == schema.STEPS:
                 step = _first("s")(run)
@@ -286,7 +286,7 @@ def _huge_line(file: str) -> Callable[[Path], None]:
 def _regex_bomb(run: Path) -> None:
     """A step line built to make a backtracking matcher take quadratic time (within the line limit)."""
     prefix = '{"k":"s","ph":"a","n":1,"t":1,"d":1,"a":['
-    _append(schema.STEPS, prefix + '],"x":{' * ((reader.MAX_LINE_BYTES[schema.STEPS] - len(prefix)) // 7))(run)
+    _append(schema.STEPS, prefix + '],"x":{' * ((limits.MAX_LINE_BYTES[schema.STEPS] - len(prefix)) // 7))(run)
 
 
 def _symlink_loop(run: Path) -> None:
@@ -355,7 +355,7 @@ def _build() -> dict[str, Case]:
         cases[f"{file}:huge-line"] = Case(_huge_line(file), SKIPS)
     cases["manifest.json:list"] = Case(_write(schema.MANIFEST, b"[]"), ERROR)
     cases["manifest.json:nested"] = Case(_write(schema.MANIFEST, _nested(100_000).encode()), ERROR)
-    cases["manifest.json:too-large"] = Case(_edit_manifest(_set(("pad",), " " * reader.MAX_MANIFEST_BYTES)), ERROR)
+    cases["manifest.json:too-large"] = Case(_edit_manifest(_set(("pad",), " " * limits.MAX_MANIFEST_BYTES)), ERROR)
     cases["manifest.json:schema-2"] = Case(_edit_manifest(_set(("schema_version",), "2.0")), ERROR)
     cases["manifest.json:surrogate"] = Case(_write(schema.MANIFEST, b'{"schema_version": "1.1", "run_id": '
                                                                     b'"\\ud800"}'), ERROR)

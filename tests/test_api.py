@@ -12,7 +12,8 @@ import pytest
 import otelprof
 from otelprof import semconv as sc
 from otelprof.recording import schema
-from otelprof.recording.reader import RankRecording, read_recording
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
 
 
 def _run(record_dir: Path, body: object, **overrides: object) -> RankRecording:
@@ -284,7 +285,7 @@ def test_reader_skips_and_counts_corrupt_lines(record_dir: Path) -> None:
 
 
 def test_reader_rejects_unknown_schema_and_non_recordings(tmp_path: Path) -> None:
-    from otelprof.recording.reader import RecordingError
+    from otelprof.recording.errors import RecordingError
 
     with pytest.raises(RecordingError, match="not a directory"):
         read_recording(tmp_path / "missing")

@@ -28,7 +28,8 @@ import otelprof
 from otelprof import _arguments
 from otelprof import semconv as sc
 from otelprof.recording import schema
-from otelprof.recording.reader import RankRecording, read_recording
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
 from otelprof.runtime import hotpath as hot
 from otelprof.runtime.recorder import Recorder
 

@@ -22,7 +22,8 @@ from otelprof import semconv as sc
 from otelprof._log import reset_warnings
 from otelprof.integrations import cuda_timing
 from otelprof.integrations import torch as otorch
-from otelprof.recording.reader import RankRecording, read_recording
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
 from tests.test_catalog import _scrape
 
 torch.set_num_threads(1)

@@ -24,6 +24,7 @@ from otelprof.dashboards.model import NEEDS, Prom, TraceQL
 from otelprof.mixin import MixinConfig
 from otelprof.mixin.alerts import alerts
 from otelprof.mixin.promql import catalog_series_names
+from otelprof.mixin.recording_rules import aggregate_names
 from otelprof.mixin.rules import recording_names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +129,8 @@ def test_ids_are_unique_and_panels_do_not_overlap(uid: str) -> None:
 def test_queries_use_defined_variables_and_known_metrics(uid: str) -> None:
     board = BOARDS[uid]
     defined = {v["name"] for v in board["templating"]["list"]} | GRAFANA_VARIABLES
-    known = catalog_series_names() | set(recording_names().values()) | {"ALERTS", "up"}
+    known = catalog_series_names() | set(recording_names().values()) | set(aggregate_names().values())
+    known |= {"ALERTS", "up"}
     for panel in panels(board):
         texts = [t.get("expr") or t.get("query", "") for t in panel["targets"]]
         texts += [link["url"] for link in panel["fieldConfig"]["defaults"].get("links", [])]

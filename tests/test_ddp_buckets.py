@@ -22,7 +22,8 @@ from otelprof.analysis.checks import evaluate_ranks
 from otelprof.analysis.loadbalance import load_balance
 from otelprof.analysis.run import RunView
 from otelprof.mixin.config import MixinConfig
-from otelprof.recording.reader import Recording, read_recording
+from otelprof.recording.ranks import Recording
+from otelprof.recording.reader import read_recording
 from otelprof.report.timeline import ARG_COLLECTIVE, ARG_EXPOSED, build_timeline
 from otelprof.shared import collectives
 

@@ -21,7 +21,8 @@ import torch
 import otelprof
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
-from otelprof.recording.reader import RankRecording, read_recording
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
 from tests.loop_shapes import OTHER_FORWARD
 from tests.test_torch import require_native
 

@@ -14,7 +14,8 @@ import otelprof
 from otelprof import semconv as sc
 from otelprof.integrations import operators
 from otelprof.integrations import torch as otorch
-from otelprof.recording.reader import RankRecording, read_recording
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
 
 ROWS, COLS = 256, 1024  # one float32 buffer: 1 MiB
 

@@ -138,14 +138,15 @@ def test_rule_tests_pass_promtool_for_the_bundles_settings(bundle: Path) -> None
     assert 'namespace=\\"ml\\"' in text  # the test series carry the selector the rules filter on
 
 
-@pytest.mark.parametrize("settings", [["window=5m"], ["straggler_window=2m", "input_bound_window=3m", "window=90s"]])
+@pytest.mark.parametrize("settings", [["window=5m"], ["straggler_window=2m", "input_bound_window=3m", "window=90s"],
+                                      ["dashboard_rate_window=2m", "straggler_window=10m"]])
 def test_dashboards_read_the_recording_rules_their_settings_generate(tmp_path: Path, settings: list[str]) -> None:
     result = _mixin(tmp_path, "-o", "out", *(a for s in settings for a in ("--set", s)))
     assert result.returncode == 0, result.stderr
     rules = yaml.safe_load((tmp_path / "out/otelprof-rules.yaml").read_text())
     recorded = {r["record"] for g in rules["groups"] for r in g["rules"]}
     read = {name for board in _boards(tmp_path / "out").values() for e in _exprs(board)
-            for name in re.findall(r"\botelprof:\w+:\w+", e)}
+            for name in re.findall(r"\botelprof(?:_job)?:\w+:\w+", e)}
     assert len(read) > 10 and read <= recorded, read - recorded
 
 
@@ -206,12 +207,15 @@ def test_default_bundle_equals_the_committed_files() -> None:
     """With no settings the bundle is what the repository commits (one source for both)."""
     from otelprof.dashboards.generate import DASHBOARDS_DIR
     from otelprof.mixin.generate import PROMETHEUS_DIR
+    from otelprof.mixin.rulers import RULERS_DIR
 
     for relative, text in render(MixinConfig()).items():
         if relative.parts[0] == "dashboards":
             committed = ROOT / DASHBOARDS_DIR / Path(*relative.parts[1:])
         elif relative.parts[0] in ("kubernetes", "prometheus", "otel-collector", "tests"):
             continue
+        elif relative.parts[0] == "scale":
+            committed = ROOT / RULERS_DIR / relative.name
         else:
             committed = ROOT / PROMETHEUS_DIR / relative
         assert committed.read_text(encoding="utf-8") == text, relative

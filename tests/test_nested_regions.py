@@ -18,7 +18,8 @@ from otelprof.analysis.framework import framework_summary
 from otelprof.analysis.report import build_report
 from otelprof.analysis.run import RunView
 from otelprof.integrations import torch as otorch
-from otelprof.recording.reader import RankRecording, read_recording
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
 from otelprof.report.html import render
 from otelprof.shared import nesting
 

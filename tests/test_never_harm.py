@@ -35,7 +35,8 @@ import otelprof
 from otelprof import semconv as sc
 from otelprof.config import Config
 from otelprof.recording import schema
-from otelprof.recording.reader import RankRecording, read_recording
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
 from otelprof.runtime.export import otlp
 from tests.otlp_receiver import BlackHole, closed_port
 

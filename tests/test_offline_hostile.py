@@ -17,9 +17,9 @@ import pytest
 
 from otelprof import cli
 from otelprof.analysis.report import build_report, load
-from otelprof.cli import report as report_commands
-from otelprof.recording import reader, schema
-from otelprof.recording.reader import RecordingError, read_recording
+from otelprof.recording import limits, schema
+from otelprof.recording.errors import RecordingError
+from otelprof.recording.reader import read_recording
 from tests.malformed_recordings import ANY, CASES, ERROR, ROOT, RUN_ID, SKIPS, record_base
 
 SKIP_NOTE = "truncated, corrupt or oversized line"
@@ -124,11 +124,12 @@ def test_zero_steps_report_has_a_rules_section_with_no_data(base_run: Path, tmp_
 
 def test_guard_turns_an_unexpected_exception_into_one_line_and_exit_2(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from otelprof.cli import report as commands
 
     def boom(args: object) -> int:
         raise RuntimeError("deep inside\nsecond line \x1b[2J")
 
-    monkeypatch.setattr(report_commands, "cmd_timeline", boom)
+    monkeypatch.setattr(commands, "cmd_timeline", boom)
     assert cli.main(["timeline", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "\x1b" not in err
@@ -191,7 +192,7 @@ def test_line_exactly_at_the_limit_is_read_and_one_byte_more_is_skipped(base_run
     steps = run / "rank-0" / schema.STEPS
     step = json.loads(next(line for line in steps.read_text().splitlines() if line.startswith('{"k":"s"')))
     text = json.dumps({**step, "n": 10_000, "a": [["r" * 200, 0, 1, 0]] * 4000})
-    limit = reader.MAX_LINE_BYTES[schema.STEPS]
+    limit = limits.MAX_LINE_BYTES[schema.STEPS]
     steps.write_text(text + " " * (limit - len(text)) + "\n" + text + " " * (limit + 1 - len(text)) + "\n")
     rank = read_recording(run).ranks[0]
     assert [s.number for s in rank.steps] == [10_000] and len(rank.steps[0].annotations) == 4000
@@ -201,5 +202,5 @@ def test_line_exactly_at_the_limit_is_read_and_one_byte_more_is_skipped(base_run
 def test_reader_limits_hold_what_the_recorder_writes() -> None:
     from otelprof.runtime import hotpath
 
-    assert reader.MAX_STEP_REGIONS == hotpath.MAX_STEP_ANNOTATIONS  # a step the recorder writes is never cut
-    assert all(reader.MAX_LINE_BYTES[f] >= 2**20 for f in (schema.STEPS, schema.SAMPLES, schema.PROFILES))
+    assert limits.MAX_STEP_REGIONS == hotpath.MAX_STEP_ANNOTATIONS  # a step the recorder writes is never cut
+    assert all(limits.MAX_LINE_BYTES[f] >= 2**20 for f in (schema.STEPS, schema.SAMPLES, schema.PROFILES))

@@ -20,7 +20,9 @@ from otelprof.integrations import operators, profile_schedule
 from otelprof.integrations import torch as otorch
 from otelprof.integrations.profile_schedule import PeriodicWindows
 from otelprof.integrations.torch_profiler import kernel_precision
-from otelprof.recording.reader import RankRecording, Span, read_recording
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
+from otelprof.recording.records import Span
 from otelprof.runtime.metrics import MetricRegistry
 from otelprof.runtime.span_builder import SpanBuilder
 

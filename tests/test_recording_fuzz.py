@@ -15,8 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otelprof.analysis.report import build_report, report_dict
-from otelprof.recording import reader, schema
-from otelprof.recording.reader import RankRecording, RecordingError, read_recording
+from otelprof.recording import schema
+from otelprof.recording.errors import RecordingError
+from otelprof.recording.files import blocks, lines_backwards
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
+from otelprof.recording.steps import parse_line
 from otelprof.report.html import render
 from otelprof.report.timeline import build_timeline, write_timeline
 from tests.malformed_recordings import RUN_ID, record_base
@@ -104,7 +108,7 @@ def test_mutated_step_lines_are_read_or_skipped_and_counted(base_run: Path, scra
     text = (rank.path / schema.STEPS).read_bytes().decode("utf-8", errors="replace")
     for line in filter(None, (line.strip() for line in text.split("\n"))):
         before = _counts(oracle)
-        reader._parse_line(line, oracle)
+        parse_line(line, oracle)
         grown = [after - was for after, was in zip(_counts(oracle), before)]
         assert sum(grown[:5]) <= 1 and all(g >= 0 for g in grown)
         records += 1
@@ -198,13 +202,13 @@ def test_blocks_and_backwards_lines_skip_exactly_the_lines_past_the_limit(tmp_pa
     kept = [line for line in lines if len(line) <= limit]
     over = sum(1 for line in lines if len(line) > limit)
     texts, skipped = [], 0
-    for text, n in reader._blocks(path, limit):
+    for text, n in blocks(path, limit):
         texts.append(text)
         skipped += n
     assert skipped == over
     assert "".join(texts).split("\n")[:len(kept)] == [k.decode() for k in kept]
     assert [x for x in "".join(texts).split("\n") if x] == [k.decode() for k in kept if k]
     with open(path, "rb") as handle:
-        backwards = list(reader._lines_backwards(handle, limit, chunk=max(1, limit // 3)))
+        backwards = list(lines_backwards(handle, limit, chunk=max(1, limit // 3)))
     assert [x for x in backwards if x is not None] == [k for k in reversed(kept) if k.strip()]
     assert backwards.count(None) == sum(1 for line in lines if len(line) > limit and line.strip())

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from otelprof.recording import reader, schema
-from otelprof.recording.reader import Annotation, RankRecording, Step, read_recording
+from otelprof.recording import schema
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
+from otelprof.recording.records import Annotation, Step
+from otelprof.recording.steps import parse_line
 from tests.test_report_fixtures import NS, T0, dumps, manifest, small_run, step_line, write_lines, write_rank
 
 AWKWARD = ["a,b", "x],[y", 'quo"te', "back\\slash", "ünïcode", "[br", "br]", "", "a:b", '"', "},{"]
@@ -21,7 +24,7 @@ def _slow(path: Path) -> RankRecording:
     rank = RankRecording(path, json.loads((path / schema.MANIFEST).read_text()))
     for line in (path / schema.STEPS).read_text().splitlines():
         if line.strip():
-            reader._parse_line(line, rank)
+            parse_line(line, rank)
     return rank
 
 
@@ -207,3 +210,24 @@ def test_the_recorders_own_step_lines_with_awkward_names_read_back(tmp_path: Pat
             assert step.scalars[name] == 2.0 and math.isnan(step.scalars["g"])
         else:  # an empty name is no name: the region and the scalar are dropped (and counted), the step kept
             assert not step.annotations and set(step.scalars) == {"g"} and math.isnan(step.scalars["g"])
+
+
+def test_the_documented_read_api_is_at_its_documented_path(tmp_path: Path) -> None:
+    """docs show ``otelprof.recording.reader``: its names are the reader's own objects and read a run."""
+    from otelprof.recording import reader
+    from otelprof.recording.errors import RecordingError
+    from otelprof.recording.ranks import Recording
+
+    assert sorted(reader.__all__) == ["RankRecording", "Recording", "RecordingError", "latest_run", "read_rank",
+                                      "read_recording"]
+    assert (reader.RankRecording, reader.Recording, reader.RecordingError) == (RankRecording, Recording,
+                                                                              RecordingError)
+    run = small_run(tmp_path / "runs")
+    assert reader.latest_run(tmp_path / "runs") == run
+    recording = reader.read_recording(run, samples=True)
+    rank = reader.read_rank(run / "rank-0")
+    assert isinstance(recording, reader.Recording) and recording.run_id == rank.manifest["run_id"]
+    assert [s.number for s in rank.steps] == [s.number for s in recording.ranks[0].steps] and len(rank.steps) > 0
+    assert len(recording.ranks[0].sample_columns()) == len(list(rank.samples())) > 0
+    with pytest.raises(reader.RecordingError, match="holds no rank"):
+        reader.read_recording(tmp_path)

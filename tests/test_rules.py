@@ -15,6 +15,7 @@ from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import with_overrides
 from otelprof.mixin.generate import PROMETHEUS_DIR, prometheus_rule
 from otelprof.mixin.promql import catalog_series_names
+from otelprof.mixin.recording_rules import aggregates
 from otelprof.mixin.rules import recording_names, recording_rules
 from tests.rules import cases
 from tests.servers import require_binary
@@ -49,7 +50,8 @@ def test_promtool_check_rules_on_every_generated_file(tmp_path: Path) -> None:
     result = promtool("check", "rules", *files)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(alerts(MixinConfig()))} rules found" in result.stdout
-    assert f"SUCCESS: {len(recording_rules(MixinConfig()))} rules found" in result.stdout
+    records = len(recording_rules(MixinConfig())) + len(aggregates(MixinConfig()))
+    assert f"SUCCESS: {records} rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass() -> None:
@@ -106,6 +108,9 @@ def test_rules_only_reference_catalog_metrics() -> None:
     for record in recording_rules(config):
         used |= metric_names(record.expr)
     assert used - allowed == set(), "rules reference metrics that are not in the catalog"
+    records = {record.name for record in recording_rules(config)}
+    for aggregate in aggregates(config):  # the dashboards' aggregates read the catalog's series or other records
+        assert metric_names(aggregate.expr) and metric_names(aggregate.expr) <= allowed | records, aggregate.name
     # and they cover the checks' inputs
     for spec in (sc.SAMPLER_CPU_BOTTLENECK, sc.GPU_UTILIZATION_DISTRIBUTION, sc.STEP_DURATION, sc.NONFINITE):
         assert any(name.startswith(spec.prometheus_name) for name in used)

@@ -37,7 +37,9 @@ import otelprof  # noqa: E402
 from otelprof import semconv as sc  # noqa: E402
 from otelprof.integrations import autoattach  # noqa: E402
 from otelprof.integrations import torch as otorch  # noqa: E402
-from otelprof.recording.reader import RankRecording, Step, read_recording  # noqa: E402
+from otelprof.recording.ranks import RankRecording  # noqa: E402
+from otelprof.recording.reader import read_recording  # noqa: E402
+from otelprof.recording.records import Step  # noqa: E402
 from tests import trainer_loops as loops  # noqa: E402
 from tests.test_launch import otelprof_lines, otelprof_run  # noqa: E402
 from tests.test_torch import require_native  # noqa: E402

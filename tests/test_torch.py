@@ -21,7 +21,8 @@ from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
 from otelprof.integrations.torch_profiler import gpu_activity, kernel_precision
 from otelprof.recording import schema
-from otelprof.recording.reader import RankRecording, read_recording
+from otelprof.recording.ranks import RankRecording
+from otelprof.recording.reader import read_recording
 
 torch.set_num_threads(1)
 REGIONS = [sc.REGION_DATALOADER, sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_OPTIMIZER]

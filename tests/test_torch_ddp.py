@@ -22,7 +22,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 import otelprof
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
-from otelprof.recording.reader import Step, read_recording
+from otelprof.recording.reader import read_recording
+from otelprof.recording.records import Step
 from tests.otlp_receiver import OTLPReceiver, attributes
 from tests.servers import free_port
 from tests.test_launch import otelprof_lines, otelprof_run

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import otelprof
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
-from otelprof.recording.reader import RankRecording
+from otelprof.recording.ranks import RankRecording
 from otelprof.runtime import hotpath
 from tests.test_torch import REGIONS, _recording, require_native
 

@@ -40,7 +40,8 @@ import otelprof  # noqa: E402
 from otelprof import semconv as sc  # noqa: E402
 from otelprof.integrations import torch as otorch  # noqa: E402
 from otelprof.integrations.transformers import OtelprofCallback  # noqa: E402
-from otelprof.recording.reader import RankRecording, read_recording  # noqa: E402
+from otelprof.recording.ranks import RankRecording  # noqa: E402
+from otelprof.recording.reader import read_recording  # noqa: E402
 from tests.trainer_loops import Sentences  # noqa: E402
 
 torch.set_num_threads(1)

@@ -14,7 +14,7 @@ from otelprof import semconv as sc
 from otelprof.analysis.check_tables import RankData, SampleTable, StepTable
 from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.config import MixinConfig
-from otelprof.recording.reader import RankRecording
+from otelprof.recording.ranks import RankRecording
 from otelprof.shared import collectives
 from otelprof.shared.outliers import StepJudge, in_windows
 

@@ -28,7 +28,7 @@ from otelprof.analysis.check_tables import RankData
 from otelprof.mixin.alert_model import Alert
 from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import MixinConfig, seconds
-from otelprof.recording.reader import Recording
+from otelprof.recording.ranks import Recording
 
 __all__ = ["GROUPS", "OFFLINE_CHECKS", "CheckResult", "evaluate", "evaluate_ranks", "firing_at"]
 

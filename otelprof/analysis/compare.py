@@ -15,7 +15,7 @@ from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import finite, quantile
 from otelprof.analysis.summary import job_summary
 from otelprof.analysis.system import per_sample_gpu_mean
-from otelprof.recording.reader import Recording
+from otelprof.recording.ranks import Recording
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from otelprof.analysis.rules import RuleRow
-from otelprof.recording.reader import Recording
+from otelprof.recording.ranks import Recording
 from otelprof.recording.tensors import Trial, read_trial
 
 SEVERITIES = ("info", "warning", "critical")

@@ -23,7 +23,7 @@ from typing import Any
 from otelprof import semconv as sc
 from otelprof.analysis.run import MAX_PHASES, RunView
 from otelprof.analysis.stats import Bucket, share
-from otelprof.recording.reader import StepColumns
+from otelprof.recording.columns import StepColumns
 from otelprof.shared import nesting
 
 TOP = 20

@@ -33,7 +33,7 @@ from otelprof import semconv as sc
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Series
 from otelprof.analysis.steps import outlier_flags, outlier_threshold
-from otelprof.recording.reader import group_indexes
+from otelprof.recording.columns import group_indexes
 
 MAX_POINTS = 400
 """Points per curve at most."""

@@ -32,7 +32,8 @@ from otelprof.analysis.steps import StepAnalysis, step_analysis
 from otelprof.analysis.summary import JobSummary, job_summary
 from otelprof.analysis.system import SystemUsage, system_usage
 from otelprof.mixin.config import MixinConfig
-from otelprof.recording.reader import Recording, read_recording
+from otelprof.recording.ranks import Recording
+from otelprof.recording.reader import read_recording
 
 FORMAT_VERSION = 1
 ORIGIN_RECORDING = "recording"

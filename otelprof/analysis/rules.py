@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection
 
 from otelprof.analysis.rule_row import RuleRow as RuleRow  # where the analyses that use the summary take it from
 from otelprof.mixin.config import MixinConfig
-from otelprof.recording.reader import Recording
+from otelprof.recording.ranks import Recording
 
 MIN_INTERVAL = 10.0
 MAX_EVALUATIONS = 360

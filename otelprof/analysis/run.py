@@ -1,5 +1,5 @@
 """What every section of the report shares: who the ranks and nodes are, the time origin, and the
-per-rank and per-node columns, computed once from a :class:`~otelprof.recording.reader.Recording`."""
+per-rank and per-node columns, computed once from a :class:`~otelprof.recording.ranks.Recording`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 
 from otelprof import semconv as sc
 from otelprof import thresholds
-from otelprof.recording.reader import RankRecording, Recording, SampleColumns
+from otelprof.recording.columns import SampleColumns
+from otelprof.recording.ranks import RankRecording, Recording
 
 MAX_PHASES = 20
 """Phases a report section lists one by one: those with the most step time over all ranks (a run may name a phase

@@ -15,7 +15,7 @@ from operator import mul, not_, sub
 from otelprof import thresholds
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Bucket, Distribution, Histogram, finite, quantile
-from otelprof.recording.reader import RankRecording
+from otelprof.recording.ranks import RankRecording
 from otelprof.shared.outliers import in_windows
 
 MAX_LISTED_OUTLIERS = 50
@@ -116,7 +116,7 @@ def outlier_flags(view: RunView, index: int) -> list[bool]:
 
 def _kept(durations: list[float], slowed: list[bool], steps: Sequence[int]) -> list[float]:
     """A phase's durations without the steps otelprof slowed (``steps``: the phase's step indexes, its
-    :meth:`~otelprof.recording.reader.StepColumns.phase_steps`)."""
+    :meth:`~otelprof.recording.columns.StepColumns.phase_steps`)."""
     if not any(map(slowed.__getitem__, steps)):  # the phase's own steps only: all phases cost one pass
         return durations
     return [d for d, i in zip(durations, steps) if not slowed[i]]

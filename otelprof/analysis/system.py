@@ -17,7 +17,7 @@ from functools import partial
 
 from otelprof.analysis.run import RunView, across, gpu_memory_ratio
 from otelprof.analysis.stats import Bucket, Series, finite, quantile
-from otelprof.recording.reader import SampleColumns
+from otelprof.recording.columns import SampleColumns
 
 UNIT_RATIO = "ratio"
 UNIT_BYTES = "bytes"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from otelprof.recording.reader import RankRecording, Recording
+from otelprof.recording.ranks import RankRecording, Recording
 from otelprof.recording.tensors import TENSORS, Trial, read_trial
 
 if TYPE_CHECKING:

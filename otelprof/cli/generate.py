@@ -87,6 +87,9 @@ def generate(root: Path) -> list[Path]:
     from otelprof.mixin.generate import PROMETHEUS_DIR
 
     changed.extend(write_mixin(root / PROMETHEUS_DIR, MixinConfig()))
+    from otelprof.mixin import rulers
+
+    changed.extend(rulers.write(root))  # the same rules in the layout Mimir's ruler loads
     from otelprof.dashboards.generate import write as write_dashboards
 
     changed.extend(write_dashboards(root))  # before the deploy copies, which embed the dashboards

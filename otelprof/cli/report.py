@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from otelprof._log import escape as one_line
-from otelprof.recording.reader import Recording, RecordingError, latest_run
+from otelprof.recording.errors import RecordingError
+from otelprof.recording.ranks import Recording
+from otelprof.recording.reader import latest_run
 
 EXIT_USAGE = 2
 

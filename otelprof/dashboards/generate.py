@@ -13,6 +13,7 @@ from otelprof.dashboards.system import gpu_system
 from otelprof.dashboards.timeline import timeline
 from otelprof.mixin import gpu_source, yamlout
 from otelprof.mixin.config import GPU_SOURCE_DCGM, MixinConfig
+from otelprof.mixin.recording_rules import aggregate_names
 from otelprof.mixin.rules import recording_names
 
 DASHBOARDS_DIR = Path("dashboards")
@@ -38,7 +39,8 @@ def render_json(board: Json) -> str:
 def record_renames(config: MixinConfig) -> dict[str, str]:
     """Recording-rule names the dashboards (built with the default config) read -> the names ``config``'s rules
     record: a window in a rule's name follows ``otelprof mixin --set window=5m`` into every panel."""
-    built, wanted = recording_names(MixinConfig()), recording_names(config)
+    built = {**recording_names(MixinConfig()), **aggregate_names(MixinConfig())}
+    wanted = {**recording_names(config), **aggregate_names(config)}
     return {built[key]: wanted[key] for key in built if key in wanted and built[key] != wanted[key]}
 
 

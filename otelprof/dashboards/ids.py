@@ -33,7 +33,7 @@ VAR_NODE = sc.prometheus_label(sc.LABEL_NODE)
 VAR_RANK = sc.prometheus_label(sc.LABEL_RANK)
 VAR_GPU = sc.prometheus_label(sc.LABEL_GPU)
 VAR_TRACE_ID = "trace_id"
-VAR_CLUSTER = "cluster"
+VAR_CLUSTER = sc.SCRAPE_LABEL_CLUSTER
 """The cluster label of a multi-cluster setup (Thanos, Mimir: an external label); All matches series without it."""
 VAR_NAMESPACE = sc.SCRAPE_LABEL_NAMESPACE
 """The training pods' namespace (PodMonitor and scrape config target label); All matches series without it."""

@@ -14,6 +14,7 @@ from otelprof import semconv as sc
 from otelprof.dashboards import ids
 from otelprof.mixin.config import MixinConfig
 from otelprof.mixin.promql import GPU, JOB, NODE, PHASE, RANK, Q, series_name
+from otelprof.mixin.recording_rules import aggregate_names
 from otelprof.mixin.rules import recording_names
 from otelprof.semconv import MetricSpec
 
@@ -42,7 +43,7 @@ gpu = Q(f"{JOB_M}, {NODE_M}, {GPU_M}")
 """Per-GPU series."""
 job = Q(JOB_M)
 
-_RULES = recording_names(MIXIN)
+_RULES = {**recording_names(MIXIN), **aggregate_names(MIXIN)}
 
 
 def rule(key: str, q: Q, matchers: str = "") -> str:

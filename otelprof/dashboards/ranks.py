@@ -17,7 +17,8 @@ from otelprof.dashboards.panels import (
     value_map,
 )
 from otelprof.mixin.config import seconds
-from otelprof.mixin.promql import JOB, NODE, PHASE, RANK
+from otelprof.mixin.promql import JOB, NODE, PHASE, RANK, by
+from otelprof.mixin.recording_rules import PER_JOB
 
 PROC = pq.proc
 M = pq.MIXIN
@@ -36,6 +37,7 @@ def _extremes(expr: str) -> str:
 
 def _step_time() -> Row:
     compute = pq.rule("step_compute_mean", PROC, pq.TRAIN_M)
+    median = pq.rule("job_step_compute_median", pq.job, pq.TRAIN_M)
     labels = (NODE, RANK)
     timeline = dashboard_link("Traces of rank ${__field.labels.rank} (timeline)", ids.TIMELINE,
                               rank_from_field=True)
@@ -46,11 +48,11 @@ def _step_time() -> Row:
                    links=[timeline]),
         timeseries(ids.RANKS_STRAGGLER, "Compute time per step vs the job's median", "Per rank: mean step time "
                    "less exposed collective (all-reduce) time over the last "
-                   f"{M.straggler_window}, divided by the median "
-                   f"over the job's ranks. Above {M.straggler_ratio:g} the straggler alert fires: that rank holds "
-                   "the others up at every all-reduce." + SHOWN,
-                   [Prom(_extremes(f"{compute} / on ({JOB}, {PHASE}) group_left() quantile by ({JOB}, {PHASE}) "
-                                   f"(0.5, {compute})"), RANK_LEGEND)], "none", line_at=M.straggler_ratio,
+                   f"{M.straggler_window}, divided by the median over the job's ranks (recording rules). "
+                   f"Above {M.straggler_ratio:g} the straggler alert fires: that rank holds the others up at every "
+                   "all-reduce." + SHOWN,
+                   [Prom(_extremes(f"{compute} / on ({by(*PER_JOB)}) group_left() {median}"), RANK_LEGEND)],
+                   "none", line_at=M.straggler_ratio,
                    links=[timeline]),
         timeseries(103, "Collective time per step", "Per rank: mean time at least one of its gradient all-reduces "
                    "was in flight per training step (DDP communication hook; buckets in flight at once count once), "
@@ -62,9 +64,9 @@ def _step_time() -> Row:
                          needs=frozenset({"ddp"}))], "s", min=0, w=8),
         bargauge(104, "Mean training step time per rank", "Exact mean over the dashboard's time range.",
                  [Prom(pq.mean(PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), RANK_LEGEND, instant=True)], "s", w=8),
-        timeseries(105, "Training step time p95 per rank", "95th percentile of each interval's training steps."
-                   + SHOWN, [Prom(_extremes(pq.rate_quantile(0.95, PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M)),
-                                  RANK_LEGEND)], "s",
+        timeseries(105, "Training step time p95 per rank", "95th percentile of each rank's training steps over "
+                   f"each {M.dashboard_rate_window} (recording rule)."
+                   + SHOWN, [Prom(_extremes(pq.rule("step_p95_rate", PROC, pq.TRAIN_M)), RANK_LEGEND)], "s",
                    min=0, w=8, links=[timeline]),
         table(106, "Ranks over the range", "Per rank over the dashboard's time range: training steps, mean and "
               "95th-percentile step time, outlier steps, mean data wait share and samples per second.",
@@ -88,9 +90,8 @@ def _input() -> Row:
                    min=0,
                    max=1, line_at=M.input_bound_threshold),
         timeseries(202, "Data wait per step p95", "95th percentile of the time each training step waited for its "
-                   "batch, per rank and interval." + SHOWN,
-                   [Prom(_extremes(pq.rate_quantile(0.95, PROC, sc.DATALOADER_WAIT, (RANK,), pq.TRAIN_M)),
-                         RANK_LEGEND)], "s",
+                   f"batch, per rank over each {M.dashboard_rate_window} (recording rule)." + SHOWN,
+                   [Prom(_extremes(pq.rule("dataloader_wait_p95_rate", PROC, pq.TRAIN_M)), RANK_LEGEND)], "s",
                    min=0),
     ])
 

@@ -313,11 +313,10 @@ def _steps() -> Row:
                 "periodic evaluation or checkpointing).",
                 pq.heatmap(PROC, sc.STEP_DURATION, pq.TRAIN_M), "s"),
         timeseries(ids.REPORT_STEP_TIME, "Training step time per rank", "Median and 95th percentile of the "
-                   "training steps of each interval, per rank. Click a line for the rank's traced steps on the "
-                   "timeline.",
-                   [Prom(pq.rate_quantile(0.5, PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), "rank {{rank}} p50"),
-                    Prom(pq.rate_quantile(0.95, PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M),
-                         "rank {{rank}} p95")],
+                   f"training steps of each {pq.MIXIN.dashboard_rate_window}, per rank (recording rules). Click a "
+                   "line for the rank's traced steps on the timeline.",
+                   [Prom(pq.rule("step_p50_rate", PROC, pq.TRAIN_M), "rank {{rank}} p50"),
+                    Prom(pq.rule("step_p95_rate", PROC, pq.TRAIN_M), "rank {{rank}} p95")],
                    "s", links=[timeline]),
         timeseries(604, "Outlier steps", "Outlier steps per interval and rank; each was traced and can be opened "
                    "from the timeline's outlier table.",

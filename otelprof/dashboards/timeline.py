@@ -91,10 +91,11 @@ def _step_time() -> Row:
                   f"&var-{ids.VAR_RANK}=${{__field.labels.rank}}&${{__url_time_range}}")
     ranks = dashboard_link("Compare the ranks", ids.RANKS)
     return Row(200, "Step time", [
-        timeseries(ids.TIMELINE_STEP_TIME, "Training step time per rank", "Mean and 95th percentile of each "
-                   "interval's training steps per rank. Click a line to list that rank's traced steps below.",
+        timeseries(ids.TIMELINE_STEP_TIME, "Training step time per rank", "Mean of each interval's training "
+                   f"steps and 95th percentile of each {pq.MIXIN.dashboard_rate_window}'s (recording rule) per rank. "
+                   "Click a line to list that rank's traced steps below.",
                    [Prom(pq.rate_mean(PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), "rank {{rank}} mean"),
-                    Prom(pq.rate_quantile(0.95, PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), "rank {{rank}} p95")],
+                    Prom(pq.rule("step_p95_rate", PROC, pq.TRAIN_M), "rank {{rank}} p95")],
                    "s", min=0, links=[traces, ranks], w=16),
         timeseries(202, "Outlier steps", "Outlier steps per interval and rank (each one was traced: see the outlier "
                    "table below).",

@@ -18,6 +18,7 @@ Layout of ``DIR`` (one config applied to all of it)::
     prometheus/prometheus.yml                   plain Prometheus: pod discovery scrape config and the rule files
     prometheus/alertmanager.yml                 plain Prometheus: a whole Alertmanager config of its own
     tests/otelprof-rules-test.yaml              promtool unit tests of these rules (``promtool test rules``)
+    scale/mimir-otelprof.yaml                   the same rules as a Grafana Mimir / Cortex ruler namespace
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from otelprof.mixin import routing, ruletests, yamlout
+from otelprof.mixin import routing, rulers, ruletests, yamlout
 from otelprof.mixin.config import MixinConfig
 from otelprof.mixin.generate import ALERTS_FILE, RULES_FILE
 from otelprof.mixin.generate import render_all as render_rules
@@ -34,6 +35,7 @@ DASHBOARDS = Path("dashboards")
 KUBERNETES = Path("kubernetes")
 PROMETHEUS = Path("prometheus")
 TESTS = Path("tests")
+SCALE = Path("scale")
 SOURCE = "`otelprof mixin`"
 
 
@@ -81,6 +83,7 @@ def render(config: MixinConfig) -> dict[Path, str]:
     out[PROMETHEUS / "alertmanager.yml"] = packaged("alertmanager.yml")
     tests = ruletests.render_tests(config, [f"../{ALERTS_FILE}", f"../{RULES_FILE}"])
     out[TESTS / ruletests.TEST_FILE] = deploy.HEADER.format(source=SOURCE) + yamlout.dump(tests)
+    out[SCALE / rulers.MIMIR_FILE] = rulers.render_all(config)[rulers.MIMIR_FILE]
     return out
 
 

@@ -170,6 +170,11 @@ class MixinConfig:
     sampler_window: str = "2m"
     dropped_window: str = "10m"
 
+    # ---- dashboard pre-aggregation (otelprof.mixin.recording_rules)
+    dashboard_rate_window: str = "1m"
+    """Window of the per-interval recording rules the dashboards read instead of ``$__rate_interval``: Grafana's
+    rate interval at the default 15 s scrape (4 x scrape). Set 4 x your scrape interval."""
+
     # ---- routing and links
     actions: tuple[tuple[str, str], ...] = field(default=(
         ("NonFiniteValues", ACTION_STOP),

@@ -9,7 +9,9 @@ from otelprof.mixin import yamlout
 from otelprof.mixin.alert_model import Alert
 from otelprof.mixin.alerts import NO_FOR, alert_groups, alerts
 from otelprof.mixin.config import MixinConfig, validate
-from otelprof.mixin.rules import recording_rules, rule_groups
+from otelprof.mixin.recording_rules import aggregates
+from otelprof.mixin.rule_groups import rule_groups
+from otelprof.mixin.rules import recording_rules
 
 PROMETHEUS_DIR = Path("deploy") / "prometheus"
 ALERTS_FILE = "otelprof-alerts.yaml"
@@ -88,7 +90,8 @@ def _runbook_entry(alert: Alert, config: MixinConfig) -> str:
 def render_runbook(config: MixinConfig) -> str:
     all_alerts = alerts(config)
     index = "\n".join(f"- [{a.name}](#{a.anchor}) — {a.summary}" for a in all_alerts)
-    records = "\n".join(f"| `{r.name}` | {r.help} |" for r in recording_rules(config))
+    records = "\n".join([*(f"| `{r.name}` | {r.help} |" for r in recording_rules(config)),
+                         *(f"| `{a.name}` | {a.help} |" for a in aggregates(config))])
     intro = f"""# otelprof alert runbook
 
 <!-- {HEADER} -->

@@ -27,7 +27,7 @@ from otelprof import semconv as sc
 from otelprof.analysis.run import RunView
 from otelprof.analysis.steps import outlier_flags
 from otelprof.analysis.system import gpu_order
-from otelprof.recording.reader import Recording
+from otelprof.recording.ranks import Recording
 from otelprof.shared import collectives
 
 DEFAULT_MAX_STEPS = 2000

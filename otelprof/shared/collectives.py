@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from otelprof import semconv as sc
 
 if TYPE_CHECKING:
-    from otelprof.recording.reader import StepColumns
+    from otelprof.recording.columns import StepColumns
 
 COLLECTIVE = sc.REGION_COLLECTIVE
 BACKWARD = sc.REGION_BACKWARD

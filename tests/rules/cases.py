@@ -727,7 +727,14 @@ FILES = {
     "training_test.yaml": training_groups,
     "telemetry_test.yaml": telemetry_groups,
     "recording_test.yaml": recording_groups,
+    "aggregation_test.yaml": lambda: _aggregation_groups(),
 }
+
+
+def _aggregation_groups() -> list[Group]:
+    from tests.rules.aggregation import aggregation_groups  # it imports this module's helpers
+
+    return aggregation_groups()
 
 
 def render_file(groups: list[Group], evaluation_interval: str = "10s") -> str:
