@@ -100,6 +100,7 @@ class Config:
     collections: str = ""
     save_interval: int = 500
     tensor_histogram_bins: int = 0
+    tensor_series_max: int = 64
     per_cpu_max: int = 64
 
     @property
@@ -372,6 +373,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "collections": _parse_collections,
     "save_interval": _ranged(int, 1, 1_000_000_000),
     "tensor_histogram_bins": _ranged(int, 0, 256),
+    "tensor_series_max": _ranged(int, 0, 4096),
     "per_cpu_max": _ranged(int, 0, 1_000_000),
 }
 
@@ -386,6 +388,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "world_size": lambda v: _in_range(v, 1, 1_000_000),
     "save_interval": lambda v: _in_range(v, 1, 1_000_000_000),
     "tensor_histogram_bins": lambda v: _in_range(v, 0, 256),
+    "tensor_series_max": lambda v: _in_range(v, 0, 4096),
     "per_cpu_max": lambda v: _in_range(v, 0, 1_000_000),
     "flush_interval": lambda v: _in_range(v, 0.05, 10.0),
     "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),

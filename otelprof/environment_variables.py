@@ -98,6 +98,7 @@ OTELPROF_K8S_JOB_NAME = "OTELPROF_K8S_JOB_NAME"
 OTELPROF_COLLECTIONS = "OTELPROF_COLLECTIONS"
 OTELPROF_SAVE_INTERVAL = "OTELPROF_SAVE_INTERVAL"
 OTELPROF_TENSOR_HISTOGRAM_BINS = "OTELPROF_TENSOR_HISTOGRAM_BINS"
+OTELPROF_TENSOR_SERIES_MAX = "OTELPROF_TENSOR_SERIES_MAX"
 
 # Read, never written: torchrun's process-group variables and Kubernetes' in-cluster marker.
 RANK = "RANK"
@@ -314,6 +315,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_TENSOR_HISTOGRAM_BINS, "tensor_histogram_bins", "0",
            "Bins of the fixed-bin histogram (between the tensor's min and max) saved with each tensor's "
            "reductions; 0 = none; 0-256."),
+    EnvVar(OTELPROF_TENSOR_SERIES_MAX, "tensor_series_max", "64",
+           "Tensors per collection with series of their own in the tensor metrics (otelprof.tensor.*, for the "
+           "live per-layer alerts); the collection's further tensors are summed as `tensor=\"other\"` (counted in "
+           "otelprof.series.folded); 0 = no tensor metrics; 0-4096."),
 )
 
 INTERNAL = frozenset({"OTELPROF_RUN", "OTELPROF_RUN_TORCH", "OTELPROF_RUN_GRAD_NORM", "OTELPROF_SCREENSHOTS",

@@ -17,12 +17,37 @@ from typing import TYPE_CHECKING, Any
 
 from otelprof.recording.reader import RankRecording, Recording
 from otelprof.recording.tensors import TENSORS, Trial, read_trial
+from otelprof.tensor_checks import (
+    DEAD_RELU_FRACTION,
+    EXPLODING_ABS_MAX,
+    EXPLODING_KINDS,
+    HOLD,
+    IMBALANCE_MIN_LABELS,
+    IMBALANCE_RATIO,
+    OVERTRAINING_DELTA,
+    OVERTRAINING_PATIENCE,
+    POOR_INIT_STD,
+    RELU_MODULES,
+    SATURATED_FRACTION,
+    SATURATING_MODULES,
+    UNCHANGED_KEYS,
+    UPDATE_RATIO_LARGE,
+    UPDATE_RATIO_SMALL,
+    VANISHING_ABS_MEAN,
+    VANISHING_RATIO,
+    all_zero,
+    class_subject,
+    dead_relu,
+    exploding,
+    imbalance,
+    poor_init,
+    saturated,
+    update_ratio,
+    vanishing,
+)
 
 if TYPE_CHECKING:
     from otelprof.analysis.rules import RuleRow
-
-HOLD = 2
-"""Consecutive saved steps a layer's condition must hold to fire."""
 
 
 @dataclass(frozen=True)
@@ -36,19 +61,6 @@ class TensorRule:
     limit: str
     parameters: tuple[tuple[str, str], ...]
 
-
-VANISHING_ABS_MEAN = 1e-7
-VANISHING_RATIO = 1e-3
-EXPLODING_ABS_MAX = 1e6
-POOR_INIT_STD = 1e-8
-SATURATED_FRACTION = 0.5
-DEAD_RELU_FRACTION = 0.95
-UPDATE_RATIO_SMALL = 1e-8
-UPDATE_RATIO_LARGE = 1.0
-OVERTRAINING_PATIENCE = 3
-OVERTRAINING_DELTA = 0.1
-IMBALANCE_RATIO = 10.0
-IMBALANCE_MIN_LABELS = 100
 
 RULES: tuple[TensorRule, ...] = (
     TensorRule("OtelprofLayerVanishingGradient", "VanishingGradient", "warning",
@@ -174,22 +186,13 @@ def _vanishing(trial: Trial, verdict: Verdict, rank: int) -> None:
                 largest[n] = max(largest.get(n, 0.0), v)
 
     def judged(n: int) -> Callable[[dict[str, float]], float | None]:
-        def condition(r: dict[str, float]) -> float | None:
-            v = r.get("abs_mean", math.nan)
-            return v if v < VANISHING_ABS_MEAN and v <= VANISHING_RATIO * largest.get(n, 0.0) else None
-        return condition
+        return lambda r: vanishing(r, largest.get(n, 0.0))
     _per_layer(trial, names, judged, verdict, rank, high=False, per_step=True)
 
 
 def _exploding(trial: Trial, verdict: Verdict, rank: int) -> None:
-    def condition(r: dict[str, float]) -> float | None:
-        biggest = r.get("abs_max", 0.0)
-        if r.get("nonfinite", 0.0) > 0 or not math.isfinite(biggest):
-            return math.inf
-        return biggest if biggest > EXPLODING_ABS_MAX else None
-    names = [n for n in trial.tensor_names() if trial.kind(n) in ("weights", "biases", "gradients", "outputs",
-                                                                     "optimizer")]
-    _per_layer(trial, names, condition, verdict, rank, high=True)
+    names = [n for n in trial.tensor_names() if trial.kind(n) in EXPLODING_KINDS]
+    _per_layer(trial, names, exploding, verdict, rank, high=True)
 
 
 def _poor_init(trial: Trial, verdict: Verdict, rank: int) -> None:
@@ -200,36 +203,25 @@ def _poor_init(trial: Trial, verdict: Verdict, rank: int) -> None:
         if len(record.shape) < 2:
             continue
         verdict.datapoints += 1
-        std = record.reductions.get("std", math.nan)
-        if std <= POOR_INIT_STD:
+        std = poor_init(record.reductions, record.shape)
+        if std is not None:
             verdict.firing_steps.add(first)
             verdict.subjects.add(f"rank {rank} {name}")
             verdict.worse(std, high=False)
 
 
 def _saturated(trial: Trial, verdict: Verdict, rank: int) -> None:
-    def condition(r: dict[str, float]) -> float | None:
-        v = r.get("saturated", math.nan)
-        return v if v > SATURATED_FRACTION else None
-    names = [n for n in trial.tensor_names(kind="outputs") if trial.module(n) in ("Sigmoid", "Tanh")]
-    _per_layer(trial, names, condition, verdict, rank, high=True)
+    names = [n for n in trial.tensor_names(kind="outputs") if trial.module(n) in SATURATING_MODULES]
+    _per_layer(trial, names, saturated, verdict, rank, high=True)
 
 
 def _dead_relu(trial: Trial, verdict: Verdict, rank: int) -> None:
-    def condition(r: dict[str, float]) -> float | None:
-        v = r.get("zeros", math.nan)
-        return v if v > DEAD_RELU_FRACTION else None
-    names = [n for n in trial.tensor_names(kind="outputs") if trial.module(n) in ("ReLU", "ReLU6")]
-    _per_layer(trial, names, condition, verdict, rank, high=True)
+    names = [n for n in trial.tensor_names(kind="outputs") if trial.module(n) in RELU_MODULES]
+    _per_layer(trial, names, dead_relu, verdict, rank, high=True)
 
 
 def _update_ratio(trial: Trial, verdict: Verdict, rank: int) -> None:
-    def condition(r: dict[str, float]) -> float | None:
-        v = r.get("ratio", math.nan)
-        if v > UPDATE_RATIO_LARGE or 0 < v < UPDATE_RATIO_SMALL:
-            return v
-        return None
-    _per_layer(trial, trial.tensor_names(kind="optimizer"), condition, verdict, rank, high=True)
+    _per_layer(trial, trial.tensor_names(kind="optimizer"), update_ratio, verdict, rank, high=True)
 
 
 def _all_zero(trial: Trial, verdict: Verdict, rank: int) -> None:
@@ -239,14 +231,14 @@ def _all_zero(trial: Trial, verdict: Verdict, rank: int) -> None:
             continue
         saved = trial.steps(name)
         verdict.datapoints += len(saved)
-        if len(saved) >= HOLD and all(trial.reduction(name, n, "zeros") >= 1.0 for n in saved):
+        if len(saved) >= HOLD and all(all_zero(trial.record(name, n).reductions) for n in saved):
             verdict.firing_steps.update(saved)
             verdict.subjects.add(f"rank {rank} {name}")
             verdict.worse(1.0, high=True)
 
 
 def _unchanged(trial: Trial, verdict: Verdict, rank: int) -> None:
-    keys = ("mean", "std", "min", "max", "l2")
+    keys = UNCHANGED_KEYS
     verdict.evaluations = max(verdict.evaluations, len(trial.steps()))
     for name in trial.tensor_names(kind="weights") + trial.tensor_names(kind="biases"):
         if f"gradients/{name}" not in trial.records:
@@ -269,11 +261,11 @@ def _class_imbalance(trial: Trial, verdict: Verdict, rank: int) -> None:
     if total < IMBALANCE_MIN_LABELS or len(counts) < 2:
         return
     verdict.datapoints = total
-    least = min(counts)
-    ratio = max(counts) / least if least else math.inf
-    if ratio > IMBALANCE_RATIO:
+    found = imbalance(counts)
+    if found is not None:
+        ratio, least = found
         verdict.firing_steps.update(trial.labels)
-        verdict.subjects.add(f"rank {rank} class {counts.index(least)} ({least} of {total} labels)")
+        verdict.subjects.add(f"rank {rank} {class_subject(least)} ({counts[least]} of {total} labels)")
         verdict.worse(ratio, high=True)
 
 

@@ -9,8 +9,9 @@ At a step that some collection saves (:mod:`otelprof.collections`):
 * just before ``optimizer.step()`` the selected weights and gradients are reduced (and the weights the
   ``optimizer`` collection follows are copied), just after it the update and its ratio to the weight;
 * every reduction of the step is stacked into one tensor and copied off the device without waiting;
-  the values are read back (``tolist``) at the next saved step or at exit, and appended to
-  ``tensors.jsonl`` (:mod:`otelprof.recording.tensors`).
+  the values are read back (``tolist``) at the first later step whose copy has finished (the next step on a
+  CPU), at the next saved step or at exit, appended to ``tensors.jsonl`` (:mod:`otelprof.recording.tensors`)
+  and added to the tensor metrics (:mod:`otelprof.integrations.tensor_metrics`).
 
 A hook that raises turns the collections off with one warning; training goes on.
 """
@@ -30,7 +31,9 @@ import torch
 
 from otelprof._log import warn_once
 from otelprof.collections import Collection
+from otelprof.integrations.tensor_metrics import TensorMetrics
 from otelprof.recording import tensors as schema
+from otelprof.tensor_checks import Saved
 
 _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
@@ -117,6 +120,8 @@ class TensorCollector:
         """Tensors not saved (over :data:`MAX_TENSORS_PER_STEP`, or not written)."""
         self.closed = False
         self._written_header = False
+        self.metrics: TensorMetrics | None = None
+        """Where the saved statistics go as metrics (None: only to the recording)."""
 
     # ------------------------------------------------------------------ set-up
     def start(self, discover: bool) -> None:
@@ -258,6 +263,8 @@ class TensorCollector:
                 handle.remove()
             self._forward_handles.clear()
             self._finish_step()
+        elif self._pending is not None and self._copied():
+            self._resolve()  # the saved step's values, one step later: live metrics do not wait for the next save
         self.step += 1
         self._arm()
 
@@ -280,6 +287,12 @@ class TensorCollector:
             event.record()
             flat = host
         self._pending = (self.step, saved, flat, (event, labels.numel() if labels is not None else 0))
+
+    def _copied(self) -> bool:
+        """Whether the pending step's values are on the host (never waits)."""
+        assert self._pending is not None
+        event = self._pending[3][0]
+        return event is None or bool(event.query())
 
     def _resolve(self) -> None:
         """Write the pending step's values (waits for its copy only at exit: the next saved step is later)."""
@@ -304,10 +317,30 @@ class TensorCollector:
             if self.bins:
                 record["h"] = row[len(schema.REDUCTIONS) + len(s.extra):]
             lines.append(_encode(record))
+        counts: list[int] = []
         if label_count:
             counts = [int(v) for v in values[at:at + label_count]]
             lines.append(_encode({"k": schema.KIND_LABELS, "n": step, "counts": counts}))
         self._write(lines)
+        if self.metrics is not None:
+            self._observe(saved, values, counts)
+
+    def _observe(self, saved: list[_Saved], values: list[float], counts: list[int]) -> None:
+        """Add the step to the metrics; a failure turns only the metrics off (warned once)."""
+        assert self.metrics is not None
+        try:
+            rows = []
+            at = 0
+            for s in saved:
+                width = s.value.numel()
+                reductions = dict(zip(schema.REDUCTIONS + s.extra, values[at:at + width]))
+                at += width
+                rows.append((Saved(s.name, s.kind, s.module, tuple(s.shape), reductions), s.collections[0]))
+            self.metrics.observe(rows, counts)
+        except Exception as exc:
+            self.metrics = None
+            warn_once("tensors:metrics", "otelprof: tensor metrics failed (%s: %s); they are off, the recording "
+                      "goes on", type(exc).__name__, exc)
 
     def record_labels(self, labels: Any) -> None:
         """Count class labels of a batch (integer tensor) for the saved step (class-imbalance check)."""
@@ -405,6 +438,8 @@ def collect(spec: Any = None, model: Any = None, discover: bool = False) -> Tens
                       "(OTELPROF_RECORD=false); none are saved")
             return None
         collector = TensorCollector(collections, config.save_interval, session.run_dir, config.tensor_histogram_bins)
+        if config.tensor_series_max > 0:
+            collector.metrics = TensorMetrics(session.registry, config.tensor_series_max)
         collector.start(discover)
         _collector.append(collector)
     collector = _collector[0]
