@@ -165,7 +165,8 @@ def _window_stats(q: Q, summed: sc.MetricSpec, squared: sc.MetricSpec, recorded:
 
 def alerts(config: MixinConfig) -> list[Alert]:
     """Every alert of the mixin, in runbook order (disabled ones left out)."""
-    built = [*_system(config), *_steps(config), *_training(config), *_telemetry(config)]
+    from otelprof.mixin.tensor_alerts import tensor_alerts  # it builds on this module's Alert
+    built = [*_system(config), *_steps(config), *_training(config), *tensor_alerts(config), *_telemetry(config)]
     result = []
     for alert in built:
         if alert.short in config.disabled_alerts:
