@@ -256,3 +256,43 @@ def test_a_bad_rules_file_is_a_one_line_error_with_exit_2(tmp_path: Path, conten
                             env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------- report heatmap
+
+def test_the_report_draws_per_layer_norms_and_shows_the_layers_a_check_named(tmp_path: Path) -> None:
+    run, _ = run_job(tmp_path, "dead_relu", steps=20)
+    out = {}
+    for fmt in ("json", "html"):
+        result = subprocess.run([sys.executable, "-m", "otelprof", "report", str(run.parent), "-q", "-o",
+                                 str(tmp_path / f"report.{fmt}")], env=_env(tmp_path), capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stderr
+        out[fmt] = (tmp_path / f"report.{fmt}").read_text(encoding="utf-8")
+    layers = json.loads(out["json"])["layers"]
+    trial = read_trial(run)
+    assert layers["rank"] == 0 and layers["kind"] == "gradients"
+    assert layers["steps"] == [0, 5, 10, 15]
+    rows = {row["tensor"]: row for row in layers["rows"]}
+    # every gradient, and the ReLU output the dead-ReLU check named (first, with the check)
+    assert set(trial.tensor_names(kind="gradients")) | {"3/output"} <= set(rows)
+    assert layers["rows"][0]["tensor"] in {name for name, row in rows.items() if row["named_by"]}
+    assert "OtelprofDeadRelu" in rows["3/output"]["named_by"]
+    assert ["OtelprofDeadRelu", "rank 0 3/output"] in layers["named"]
+    for step, value in zip(layers["steps"], rows["gradients/4.weight"]["values"]):
+        assert value == pytest.approx(trial.reduction("gradients/4.weight", step, "l2"))
+    shades = [s for row in layers["rows"] for s in row["shades"] if s is not None]
+    assert min(shades) == 0.0 and max(shades) == 1.0
+    section = out["html"][out["html"].index('<section id="layers">'):]
+    section = section[:section.index("</section>")]
+    assert "rank 0 3/output" in section and "3/output <b" in section
+    assert section.count('<tr><th style="text-align:left;font-weight:normal') == len(rows)  # one heatmap row each
+
+
+def test_a_report_without_collections_has_no_layers_section(tmp_path: Path) -> None:
+    run, _ = run_job(tmp_path, "healthy", steps=6, collections=None)
+    result = subprocess.run([sys.executable, "-m", "otelprof", "report", str(run.parent), "-q", "-o",
+                             str(tmp_path / "report.html")], env=_env(tmp_path), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert 'id="layers"' not in (tmp_path / "report.html").read_text(encoding="utf-8")
