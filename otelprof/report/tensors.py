@@ -54,8 +54,12 @@ def layers_section(report: Report) -> str:
              f"{_num(m.high)} (dark); red: NaN/Inf; grey: not saved.")
     out = [f"<p>{escape(intro)}</p>"]
     if m.named:
-        items = "".join(f"<tr><td>{escape(check)}</td><td>{escape(subject)}</td></tr>" for check, subject in m.named)
-        out.append(f"<table><tr><th>Check</th><th>Layer (rank, tensor)</th></tr>{items}</table>")
+        by_check: dict[str, list[str]] = {}
+        for check, subject in m.named:
+            by_check.setdefault(check, []).append(subject)
+        items = "".join(f'<tr><td>{escape(check)}</td><td style="text-align:left">{escape(", ".join(subjects))}'
+                        "</td></tr>" for check, subjects in by_check.items())
+        out.append(f"<table><tr><th>Check</th><th>Layers it named (rank, tensor)</th></tr>{items}</table>")
     else:
         out.append("<p>No per-layer check named a layer.</p>")
     out.append(_map(m))
