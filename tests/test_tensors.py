@@ -150,6 +150,58 @@ def test_a_failing_hook_turns_collections_off_with_one_warning_and_training_goes
     assert read_trial(tmp_path / "x" / "y").empty
 
 
+def test_tensor_metrics_sum_the_saved_reductions_flag_as_offline_and_fold_past_the_cap(tmp_path: Path) -> None:
+    from otelprof import semconv as sc
+    from otelprof.analysis import tensors as tensor_rules
+    from otelprof.integrations.tensor_metrics import TensorMetrics
+    from otelprof.metrics import MetricRegistry
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+    with torch.no_grad():
+        model[2].bias.fill_(-100.0)  # ReLU 3 dead
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    registry = MetricRegistry({k: "x" for k in sc.IDENTITY_LABELS})
+    rank_dir = tmp_path / "run" / "rank-0"
+    collector = TensorCollector((Collection("gradients"), Collection("outputs")), every=2, directory=rank_dir)
+    collector.metrics = TensorMetrics(registry, series_max=2)
+    collector.add_model(model)
+    collector.start(discover=False)
+    grads: dict[int, float] = {}
+    try:
+        for step in range(9):
+            model(torch.randn(5, 6)).pow(2).mean().backward()
+            grads[step] = model[0].weight.grad.norm().item()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        collector.close()
+    values = {name: dict(i.values) for name, i in registry._instruments.items()  # type: ignore[attr-defined]
+              if hasattr(i, "values")}
+    saves = values[sc.TENSOR_SAVES.name]
+    # two tensors of each collection by name (the first read back), the rest as "other"
+    assert saves[("gradients", "gradients/0.weight")] == 5  # steps 0, 2, 4, 6, 8
+    assert saves[("gradients", "other")] == 5 * 4  # 6 gradients: 2 named, 4 folded
+    assert {t for c, t in saves if c == "outputs"} == {"0/output", "1/output", "other"}
+    summed = values[sc.TENSOR_SUMMED.name]
+    assert summed[("gradients", "gradients/0.weight", "l2")] == pytest.approx(sum(grads[n] for n in (0, 2, 4, 6, 8)),
+                                                                               rel=1e-5)
+    folded = values[sc.SERIES_FOLDED.name]
+    assert folded[(sc.TENSOR_SAVES.name,)] == 4 * 5 + 3 * 5  # 4 gradients and 3 outputs past the cap, 5 saves
+    # the flags are the offline verdicts, tensor by tensor (those past the cap of flagged tensors as "other")
+    flagged = values[sc.TENSOR_FLAGGED.name]
+    assert flagged[("DeadRelu", "outputs", "3/output")] == 4  # saved steps 2, 4, 6, 8: held since step 0
+    trial = read_trial(rank_dir)
+    offline = set()
+    for name, rule in tensor_rules._JUDGES.items():
+        verdict = tensor_rules.Verdict()
+        rule(trial, verdict, 0)
+        offline |= {(name.removeprefix("Otelprof"), s.removeprefix("rank 0 ")) for s in verdict.subjects}
+    live = {(check, tensor) for check, _, tensor in flagged}
+    assert {item for item in live if item[1] != "other"} <= offline
+    assert {check for check, _ in offline} == {check for check, _ in live}
+
+
 # ---------------------------------------------------------------------------------------------- verdict suite
 
 CASES = [
