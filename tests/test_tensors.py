@@ -348,3 +348,72 @@ def test_a_report_without_collections_has_no_layers_section(tmp_path: Path) -> N
                             timeout=300)
     assert result.returncode == 0, result.stderr
     assert 'id="layers"' not in (tmp_path / "report.html").read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------- custom live rules
+
+def _doc_live_rule() -> str:
+    text = (ROOT / "docs" / "tensors.md").read_text(encoding="utf-8")
+    match = re.search(r"<!-- custom-live-rule-example -->\n```yaml\n(.*?)```", text, re.S)
+    assert match, "docs/tensors.md lost its custom live rule example"
+    return match.group(1)
+
+
+def test_the_documented_custom_live_rule_is_validated_written_and_fires_in_promtool(tmp_path: Path) -> None:
+    from tests.servers import require_binary
+
+    rules = tmp_path / "my_rules.yaml"
+    rules.write_text(_doc_live_rule(), encoding="utf-8")
+    out = tmp_path / "monitoring"
+    result = subprocess.run([sys.executable, "-m", "otelprof", "mixin", "-o", str(out), "--set",
+                             f"custom_rules={rules}"], env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "## OtelprofFirstLayerGradientTiny" in (out / "runbook.md").read_text(encoding="utf-8")
+    promtool = require_binary("promtool")
+    check = subprocess.run([promtool, "check", "rules", str(out / "otelprof-alerts.yaml")], capture_output=True,
+                           text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    ident = 'job_name="j", rank="0", local_rank="0", node="n"'
+    series = []
+    # a saved step a minute; layer 0's mean |gradient| collapses from 1e-3 to 1e-8 at 20 min, layer 2's stays
+    for layer, late in (("0", 1e-8), ("2", 1e-3)):
+        tensor = f'collection="gradients", tensor="gradients/{layer}.weight"'
+        series += [{"series": f'otelprof_tensor_summed{{{ident}, {tensor}, reduction="abs_mean"}}',
+                    "values": f"0+0.001x20 {0.02 + late!r}+{late!r}x50"},
+                   {"series": f"otelprof_tensor_saves_total{{{ident}, {tensor}}}", "values": "0+1x70"}]
+    alert = "OtelprofFirstLayerGradientTiny"
+    firing = (f'ALERTS{{alertname="{alert}", alertstate="firing", severity="warning", {ident}, '
+              'collection="gradients", tensor="gradients/0.weight"}')
+    (out / "custom_test.yaml").write_text(json.dumps({
+        "rule_files": ["otelprof-alerts.yaml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series,
+                   "alert_rule_test": [{"eval_time": "45m", "alertname": alert, "exp_alerts": []}],
+                   "promql_expr_test": [{"expr": f'ALERTS{{alertname="{alert}", alertstate="firing"}}',
+                                         "eval_time": "60m", "exp_samples": [{"labels": firing, "value": 1}]}]}]}))
+    unit = subprocess.run([promtool, "test", "rules", "custom_test.yaml"], cwd=out, capture_output=True, text=True,
+                          timeout=120)
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"rules": [{"alert": "X1x", "expr": "not_a_metric > 1", "severity": "warning", "summary": "s", '
+     '"meaning": "m", "todo": "t"}]}', "not in otelprof's catalog: not_a_metric"),
+    ('{"rules": [{"alert": "Mine", "expr": "up == 0", "severity": "warning", "summary": "s", "meaning": "m"}]}',
+     "missing todo"),
+    ('{"rules": [{"alert": "DeadRelu", "expr": "up == 0", "severity": "warning", "summary": "s", "meaning": "m", '
+     '"todo": "t"}]}', "'DeadRelu' is already defined"),
+    ('{"rules": [{"alert": "Mine", "expr": "up == 0", "severity": "loud", "summary": "s", "meaning": "m", '
+     '"todo": "t"}]}', "severity must be one of"),
+    ('{"rules": [{"alert": "Mine", "expr": "up == 0", "for": "soon", "severity": "info", "summary": "s", '
+     '"meaning": "m", "todo": "t"}]}', "not a duration"),
+    ('{"rules": []}', "a list of 1 to"),
+    ("{", "custom rules"),
+])
+def test_a_bad_custom_rules_file_is_a_one_line_error_with_exit_2(tmp_path: Path, content: str, message: str) -> None:
+    rules = tmp_path / "rules.json"
+    rules.write_text(content, encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "otelprof", "mixin", "-o", str(tmp_path / "out"), "--set",
+                             f"custom_rules={rules}"], env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -174,6 +174,9 @@ class MixinConfig:
     overtraining_lookback: str = "3h"
     """...against its lowest such mean over this lookback."""
     overtraining_for: str = "15m"
+    custom_rules: str = ""
+    """A JSON/YAML file of your own alert rules (PromQL with runbook text) added to the generated files
+    (:mod:`otelprof.mixin.custom_alerts`)."""
 
     # ---- telemetry absent
     absent_lookback: str = "1h"
@@ -239,6 +242,10 @@ def validate(config: MixinConfig) -> None:
             seconds(value)
     if config.gpu_source not in GPU_SOURCES:
         raise ValueError(f"gpu_source must be one of {', '.join(GPU_SOURCES)}, not {config.gpu_source!r}")
+    if config.custom_rules:
+        from otelprof.mixin.custom_alerts import load  # it builds on the alerts, which import this module
+
+        load(config.custom_rules)
     for name, action in config.actions:
         if action not in ACTIONS:
             raise ValueError(f"action of {name} must be one of {', '.join(ACTIONS)}, not {action!r}")

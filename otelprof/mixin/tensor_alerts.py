@@ -122,5 +122,7 @@ def _overtraining(c: MixinConfig) -> Alert:
 
 
 def tensor_alerts(config: MixinConfig) -> list[Alert]:
-    """The per-layer checks' alerts and overtraining, in runbook order."""
-    return [*(_layer(config, check) for check in tc.LAYER_RULES), _overtraining(config)]
+    """The per-layer checks' alerts and overtraining, in runbook order; then the config's custom rules."""
+    from otelprof.mixin.custom_alerts import custom_alerts  # it imports the alerts module, as this one does
+
+    return [*(_layer(config, check) for check in tc.LAYER_RULES), _overtraining(config), *custom_alerts(config)]
