@@ -202,6 +202,48 @@ def test_tensor_metrics_sum_the_saved_reductions_flag_as_offline_and_fold_past_t
     assert {check for check, _ in offline} == {check for check, _ in live}
 
 
+def test_full_tensors_of_selected_names_are_saved_within_both_byte_budgets(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    collector = TensorCollector((Collection("gradients"), Collection("weights"), Collection("outputs")), every=3,
+                                directory=tmp_path)
+    collector.save = re.compile(r"^(gradients/)?0\.weight$|^1/output$")
+    # in the order a step saves them: 1/output (5 x 8 floats, 160 bytes) in the forward, 0.weight (32 floats,
+    # 128 bytes) and its gradient (128 bytes) before optimizer.step(): the gradient no longer fits the step
+    collector.save_max_bytes = 160 + 128 + 127
+    collector.save_total_bytes = 3 * (160 + 128)  # three saved steps of them; the fourth is dropped
+    collector.add_model(model)
+    collector.start(discover=False)
+    seen: dict[int, dict[str, list[float]]] = {}
+    try:
+        for step in range(12):
+            x = torch.randn(5, 4)
+            hidden = torch.relu(model[0](x)).detach()
+            model(x).pow(2).mean().backward()
+            seen[step] = {"0.weight": model[0].weight.detach().reshape(-1).tolist(),
+                          "1/output": hidden.reshape(-1).tolist()}
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        collector.close()
+    trial = read_trial(tmp_path)
+    assert sorted(trial.full) == ["0.weight", "1/output"]
+    assert sorted(trial.full["0.weight"]) == [0, 3, 6]  # step 9 is over the total budget
+    for step in (0, 3, 6):
+        for name, shape in (("0.weight", (8, 4)), ("1/output", (5, 8))):
+            saved_shape, values = trial.full_tensor(name, step)
+            assert saved_shape == shape
+            assert values == pytest.approx(seen[step][name])
+    assert trial.full_dropped == {0: ["gradients/0.weight"], 3: ["gradients/0.weight"], 6: ["gradients/0.weight"],
+                                  9: ["1/output", "0.weight", "gradients/0.weight"]}
+    assert collector.full_dropped == 6 and collector.saved_bytes == 3 * (160 + 128)
+    assert (tmp_path / "tensors-full.bin").stat().st_size == 3 * (160 + 128)
+    with pytest.raises(KeyError, match="no full tensor"):
+        trial.full_tensor("0.weight", 9)
+    assert trial.reduction("0.weight", 9, "l2") == pytest.approx(torch.tensor(seen[9]["0.weight"]).norm().item())
+
+
 # ---------------------------------------------------------------------------------------------- verdict suite
 
 CASES = [
@@ -417,3 +459,13 @@ def test_a_bad_custom_rules_file_is_a_one_line_error_with_exit_2(tmp_path: Path,
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_bad_full_tensor_settings_are_clear_config_errors() -> None:
+    with pytest.raises(ConfigError, match="OTELPROF_TENSOR_SAVE"):
+        Config.from_env({"OTELPROF_TENSOR_SAVE": "fc(", "OTELPROF_COLLECTIONS": "weights"}, strict=True)
+    with pytest.raises(ConfigError, match="OTELPROF_TENSOR_SAVE_MAX_BYTES"):
+        Config.from_env({"OTELPROF_TENSOR_SAVE_MAX_BYTES": "-1"}, strict=True)
+    config = Config.from_env({"OTELPROF_TENSOR_SAVE": r"^fc1\.weight$", "OTELPROF_TENSOR_SAVE_MAX_BYTES": "1024"})
+    assert (config.tensor_save, config.tensor_save_max_bytes, config.tensor_save_total_bytes) == (
+        r"^fc1\.weight$", 1024, 256 * 2**20)
