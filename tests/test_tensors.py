@@ -37,9 +37,9 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def run_job(tmp_path: Path, scenario: str, steps: int = 60, collections: str | None = ALL,
-            via_run: bool = True) -> tuple[Path, dict[str, Any]]:
+            via_run: bool = True, **env: str) -> tuple[Path, dict[str, Any]]:
     """Train ``scenario`` (tests/tensor_job.py); the rank directory of its recording and what the loop printed."""
-    extra = {"OTELPROF_RUN_ID": scenario}
+    extra = {"OTELPROF_RUN_ID": scenario, **env}
     if collections is not None:
         extra["OTELPROF_COLLECTIONS"] = collections
     prefix = [sys.executable, "-m", "otelprof", "run", "-q", "--"] if via_run else []
@@ -459,6 +459,20 @@ def test_a_bad_custom_rules_file_is_a_one_line_error_with_exit_2(tmp_path: Path,
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_full_tensors_from_the_environment_under_otelprof_run(tmp_path: Path) -> None:
+    run, _ = run_job(tmp_path, "healthy", steps=12, collections="weights,gradients",
+                     OTELPROF_TENSOR_SAVE=r"^(gradients/)?0\.weight$")
+    trial = read_trial(run)
+    assert {name: sorted(steps) for name, steps in trial.full.items()} == {
+        "0.weight": [0, 5, 10], "gradients/0.weight": [0, 5, 10]}
+    shape, values = trial.full_tensor("gradients/0.weight", 5)
+    assert shape == (32, 16)
+    grad = torch.tensor(values)
+    assert grad.norm().item() == pytest.approx(trial.reduction("gradients/0.weight", 5, "l2"), rel=1e-5)
+    assert grad.abs().mean().item() == pytest.approx(trial.reduction("gradients/0.weight", 5, "abs_mean"), rel=1e-5)
+    assert trial.full_dropped == {}
 
 
 def test_bad_full_tensor_settings_are_clear_config_errors() -> None:

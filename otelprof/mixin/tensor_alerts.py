@@ -71,9 +71,9 @@ def _layer(c: MixinConfig, check: str) -> Alert:
                     f"flagged within {w} and names the {subject} (label `tensor`).",
             thresholds=(*rule.parameters, ("window", w)),
             limit=f"{rule.limit} Live: at the first scrape and rule evaluation after the flagged saved step is read "
-                  f"back (one optimizer step after it), then for {w}; never between saved steps, and never for "
-                  "tensors beyond OTELPROF_TENSOR_SERIES_MAX of a collection by name (they are flagged as "
-                  "`other`).",
+                  f"back (one optimizer step after it), then for {w}; a fault confined to the steps between two "
+                  "saves is never seen. A collection's tensors flagged after the first OTELPROF_TENSOR_SERIES_MAX "
+                  "(64) are named `other`.",
             todo=rule.todo,
             deviations="The original judged saved tensors in a separate rule container. otelprof reduces each "
                        "tensor on its device at saved steps and judges the reductions in the process, with the "
