@@ -14,7 +14,18 @@ from otelprof import semconv as sc
 from otelprof import tensor_checks as tc
 from otelprof.analysis.tensors import BY_NAME
 from otelprof.mixin import config as mc
-from otelprof.mixin.alerts import AT_RANK, GROUP_TRAINING, NUM, PCT, Alert, Runbook, _human, _params, _window_stats
+from otelprof.mixin.alerts import (
+    AT_RANK,
+    GROUP_TRAINING,
+    NO_FOR,
+    NUM,
+    PCT,
+    Alert,
+    Runbook,
+    _human,
+    _params,
+    _window_stats,
+)
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.promql import IDENTITY, JOB, PHASE, RANK, Q, number
 
@@ -49,6 +60,11 @@ CONDITIONS = {
     tc.CLASS_IMBALANCE: f"most/least frequent class above {tc.IMBALANCE_RATIO:g} over at least "
                         f"{tc.IMBALANCE_MIN_LABELS} labels",
 }
+
+NO_FOR.update({check: "each flag was counted at a saved step whose condition had already held for 2 consecutive "
+                      "saved steps in the training process (the offline check's own count): one flag is the finding, "
+                      "the 2 saved steps are its `for`." for check in tc.LAYER_RULES})
+"""Registered with the other alerts' reasons (the runbook's "Why no `for`")."""
 
 
 def _layer(c: MixinConfig, check: str) -> Alert:
