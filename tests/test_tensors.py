@@ -244,20 +244,27 @@ def test_full_tensors_of_selected_names_are_saved_within_both_byte_budgets(tmp_p
     assert trial.reduction("0.weight", 9, "l2") == pytest.approx(torch.tensor(seen[9]["0.weight"]).norm().item())
 
 
+def _otlp_tensor_points(receiver: Any) -> dict[tuple[str, tuple[tuple[str, Any], ...]], float]:
+    """The last value of every otelprof.tensor.* point the receiver got (exports are cumulative snapshots)."""
+    from tests.otlp_receiver import attributes
+
+    last: dict[tuple[str, tuple[tuple[str, Any], ...]], float] = {}
+    for metric in (m.metric for m in receiver.metrics()):
+        if metric.name.startswith("otelprof.tensor."):
+            for point in metric.sum.data_points:
+                value = point.as_double if point.HasField("as_double") else point.as_int
+                last[(metric.name, tuple(sorted(attributes(point.attributes).items())))] = value
+    return last
+
+
 def test_tensor_metrics_arrive_over_otlp_with_the_flag_naming_the_layer(tmp_path: Path) -> None:
-    from tests.otlp_receiver import OTLPReceiver, attributes
+    from tests.otlp_receiver import OTLPReceiver
 
     with OTLPReceiver() as receiver:
         run, _ = run_job(tmp_path, "dead_relu", steps=20, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint("http"),
                          OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf", OTEL_TRACES_EXPORTER="none",
                          OTEL_METRICS_EXPORTER="otlp")
-        received = [m.metric for m in receiver.metrics()]
-    last: dict[tuple[str, tuple[tuple[str, Any], ...]], float] = {}
-    for metric in received:  # cumulative snapshots: the last one counts
-        if metric.name.startswith("otelprof.tensor."):
-            for point in metric.sum.data_points:
-                value = point.as_double if point.HasField("as_double") else point.as_int
-                last[(metric.name, tuple(sorted(attributes(point.attributes).items())))] = value
+        last = _otlp_tensor_points(receiver)
     flags = {dict(labels)["tensor"]: v for (name, labels), v in last.items() if name == "otelprof.tensor.flagged"
              and dict(labels)["check"] == "DeadRelu"}
     assert flags == {"3/output": 3}  # saved steps 5, 10, 15 (the condition held since step 0)
@@ -267,6 +274,20 @@ def test_tensor_metrics_arrive_over_otlp_with_the_flag_naming_the_layer(tmp_path
     summed = {dict(labels)["tensor"]: v for (name, labels), v in last.items() if name == "otelprof.tensor.summed"
               and dict(labels)["reduction"] == "l2"}
     assert summed["0.weight"] == pytest.approx(sum(v for _, v in trial.series("0.weight", "l2")), rel=1e-6)
+
+
+def test_without_a_recording_the_tensor_metrics_still_flag_the_layer(tmp_path: Path) -> None:
+    from tests.otlp_receiver import OTLPReceiver
+
+    with OTLPReceiver() as receiver:
+        run, _ = run_job(tmp_path, "dead_relu", steps=20, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint("http"),
+                         OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf", OTEL_TRACES_EXPORTER="none",
+                         OTEL_METRICS_EXPORTER="otlp", OTELPROF_RECORD="false")
+        last = _otlp_tensor_points(receiver)
+    assert not run.exists()  # nothing written
+    flags = {dict(labels)["tensor"]: v for (name, labels), v in last.items() if name == "otelprof.tensor.flagged"
+             and dict(labels)["check"] == "DeadRelu"}
+    assert flags == {"3/output": 3}
 
 
 # ---------------------------------------------------------------------------------------------- verdict suite

@@ -434,7 +434,8 @@ class TensorCollector:
             return
         with self._lock:
             if self.directory is None:
-                self.dropped += len(lines)
+                if self.metrics is None:  # nowhere to go (without a recording the metrics are the output)
+                    self.dropped += len(lines)
                 return
             try:
                 if self._file is None:
@@ -501,9 +502,10 @@ def collect(spec: Any = None, model: Any = None, discover: bool = False) -> Tens
             return None
         if not collections:
             return None
-        if session.run_dir is None:
-            warn_once("tensors:record", "otelprof: tensor collections are written to the recording, which is off "
-                      "(OTELPROF_RECORD=false); none are saved")
+        if session.run_dir is None and config.tensor_series_max == 0:
+            warn_once("tensors:record", "otelprof: tensor collections go to the recording, which is off "
+                      "(OTELPROF_RECORD=false), and to the metrics, which are off (OTELPROF_TENSOR_SERIES_MAX=0); "
+                      "none are saved")
             return None
         collector = TensorCollector(collections, config.save_interval, session.run_dir, config.tensor_histogram_bins)
         if config.tensor_save:
