@@ -52,7 +52,8 @@ def _env(tmp: Path, name: str, port: int, stop: Path) -> dict[str, str]:
                 "OTELPROF_COLLECTIONS": ALL, "OTELPROF_SAVE_INTERVAL": "5", "OTEL_METRICS_EXPORTER": "prometheus",
                 "OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
                 "OTEL_EXPORTER_PROMETHEUS_PORT": str(port), "OTEL_METRIC_EXPORT_INTERVAL": "600000",
-                "OMP_NUM_THREADS": "1", "TENSOR_JOB_STEP_SLEEP": "0.1", "TENSOR_JOB_STOP_FILE": str(stop)})
+                "OMP_NUM_THREADS": "1", "OTELPROF_PROFILE_EVERY": "0", "TENSOR_JOB_STEP_SLEEP": "0.1",
+                "TENSOR_JOB_STOP_FILE": str(stop)})
     return env
 
 
