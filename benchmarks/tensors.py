@@ -5,9 +5,11 @@
 
 For the benchmark CNN (benchmarks/torch_integration.py) and a small transformer encoder, in one process:
 blocks of ``BLOCK`` training steps with collections off and on (``gradients,weights,biases,outputs,
-optimizer`` at ``OTELPROF_SAVE_INTERVAL``'s default, 500: each block saves two steps), the
-order alternating, ``--pairs`` times. Printed: the median step time of each side, the median of the pairs'
-differences as a share of the step (the amortized cost), and what one saved step costs.
+optimizer`` at ``OTELPROF_SAVE_INTERVAL``'s default, 500: each block saves two steps; with the tensor metrics
+on, as under a session with the default ``OTELPROF_TENSOR_SERIES_MAX``), the order alternating, ``--pairs``
+times. Printed: the median step time of each side, the median of the pairs' differences as a share of the step
+(the amortized cost), what one saved step costs, and the time the metrics (sums, flags, the per-layer checks)
+took per saved step.
 """
 
 from __future__ import annotations
@@ -21,11 +23,24 @@ from pathlib import Path
 
 import torch
 
+from otelprof import semconv as sc
 from otelprof.collections import DEFAULT_SAVE_INTERVAL, parse_collections
+from otelprof.config import Config
+from otelprof.integrations.tensor_metrics import TensorMetrics
 from otelprof.integrations.tensors import TensorCollector
+from otelprof.runtime.metrics import MetricRegistry
 
 BLOCK = 2 * DEFAULT_SAVE_INTERVAL
 COLLECTIONS = "gradients,weights,biases,outputs,optimizer"
+METRICS_TIME: list[float] = []
+"""Seconds each saved step's metrics took (TensorMetrics.observe)."""
+
+
+class _TimedMetrics(TensorMetrics):
+    def observe(self, *args: object, **kwargs: object) -> None:
+        start = time.perf_counter()
+        super().observe(*args, **kwargs)  # type: ignore[arg-type]
+        METRICS_TIME.append(time.perf_counter() - start)
 
 
 def make_cnn() -> tuple[torch.nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
@@ -63,6 +78,8 @@ def block(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Callab
     collector = None
     if on:
         collector = TensorCollector(parse_collections(COLLECTIONS), DEFAULT_SAVE_INTERVAL, directory)
+        collector.metrics = _TimedMetrics(MetricRegistry({k: "bench" for k in sc.IDENTITY_LABELS}),
+                                          Config().tensor_series_max)
         collector.add_model(model)
         collector.start(discover=False)
     times = []
@@ -82,6 +99,7 @@ def block(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Callab
 def measure(name: str, make: Callable[[], tuple[torch.nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]]]],
             pairs: int) -> None:
     model, data = make()
+    METRICS_TIME.clear()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with tempfile.TemporaryDirectory() as tmp:
         block(model, optimizer, data, False, Path(tmp))  # warm-up
@@ -107,7 +125,8 @@ def measure(name: str, make: Callable[[], tuple[torch.nn.Module, Callable[[], tu
           f"amortized cost at every {DEFAULT_SAVE_INTERVAL} steps: {statistics.median(differences) * 100:+.2f} % "
           f"(pairs: {', '.join(f'{d * 100:+.1f}' for d in differences)}); one saved step: "
           f"{(statistics.median(saved) - statistics.median(unsaved)) * 1e3:.1f} ms more "
-          f"({len(saved)} saved steps, {lines} lines per block)")
+          f"({len(saved)} saved steps, {lines} lines per block), of which the tensor metrics "
+          f"{statistics.median(METRICS_TIME) * 1e3:.2f} ms")
 
 
 def main() -> None:

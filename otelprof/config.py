@@ -100,6 +100,10 @@ class Config:
     collections: str = ""
     save_interval: int = 500
     tensor_histogram_bins: int = 0
+    tensor_series_max: int = 64
+    tensor_save: str = ""
+    tensor_save_max_bytes: int = 4 * 2**20
+    tensor_save_total_bytes: int = 256 * 2**20
     per_cpu_max: int = 64
 
     @property
@@ -308,6 +312,16 @@ def _parse_protocol(text: str) -> str:
     return value
 
 
+def _parse_regex(text: str) -> str:
+    import re
+
+    try:
+        re.compile(text.strip())
+    except re.error as exc:
+        raise ValueError(f"bad regex {text.strip()!r} ({exc})") from None
+    return text.strip()
+
+
 def _parse_collections(text: str) -> str:
     from otelprof.collections import parse_collections
 
@@ -372,6 +386,10 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "collections": _parse_collections,
     "save_interval": _ranged(int, 1, 1_000_000_000),
     "tensor_histogram_bins": _ranged(int, 0, 256),
+    "tensor_series_max": _ranged(int, 0, 4096),
+    "tensor_save": _parse_regex,
+    "tensor_save_max_bytes": _ranged(int, 0, 2**34),
+    "tensor_save_total_bytes": _ranged(int, 0, 2**40),
     "per_cpu_max": _ranged(int, 0, 1_000_000),
 }
 
@@ -386,6 +404,9 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "world_size": lambda v: _in_range(v, 1, 1_000_000),
     "save_interval": lambda v: _in_range(v, 1, 1_000_000_000),
     "tensor_histogram_bins": lambda v: _in_range(v, 0, 256),
+    "tensor_series_max": lambda v: _in_range(v, 0, 4096),
+    "tensor_save_max_bytes": lambda v: _in_range(v, 0, 2**34),
+    "tensor_save_total_bytes": lambda v: _in_range(v, 0, 2**40),
     "per_cpu_max": lambda v: _in_range(v, 0, 1_000_000),
     "flush_interval": lambda v: _in_range(v, 0.05, 10.0),
     "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),

@@ -98,6 +98,10 @@ OTELPROF_K8S_JOB_NAME = "OTELPROF_K8S_JOB_NAME"
 OTELPROF_COLLECTIONS = "OTELPROF_COLLECTIONS"
 OTELPROF_SAVE_INTERVAL = "OTELPROF_SAVE_INTERVAL"
 OTELPROF_TENSOR_HISTOGRAM_BINS = "OTELPROF_TENSOR_HISTOGRAM_BINS"
+OTELPROF_TENSOR_SERIES_MAX = "OTELPROF_TENSOR_SERIES_MAX"
+OTELPROF_TENSOR_SAVE = "OTELPROF_TENSOR_SAVE"
+OTELPROF_TENSOR_SAVE_MAX_BYTES = "OTELPROF_TENSOR_SAVE_MAX_BYTES"
+OTELPROF_TENSOR_SAVE_TOTAL_BYTES = "OTELPROF_TENSOR_SAVE_TOTAL_BYTES"
 
 # Read, never written: torchrun's process-group variables and Kubernetes' in-cluster marker.
 RANK = "RANK"
@@ -314,6 +318,19 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_TENSOR_HISTOGRAM_BINS, "tensor_histogram_bins", "0",
            "Bins of the fixed-bin histogram (between the tensor's min and max) saved with each tensor's "
            "reductions; 0 = none; 0-256."),
+    EnvVar(OTELPROF_TENSOR_SERIES_MAX, "tensor_series_max", "64",
+           "Tensors per collection with series of their own in the tensor metrics (otelprof.tensor.*, for the "
+           "live per-layer alerts); the collection's further tensors are summed as `tensor=\"other\"` (counted in "
+           "otelprof.series.folded); 0 = no tensor metrics; 0-4096."),
+    EnvVar(OTELPROF_TENSOR_SAVE, "tensor_save", "",
+           "Regex over tensor names (as in the collections: `fc1.weight`, `gradients/fc1.weight`, `fc1/output`) "
+           "whose full values are saved (float32) at the saved steps of the collections that select them, to "
+           "`tensors-full.bin` beside `tensors.jsonl`. Empty: none (only the reductions)."),
+    EnvVar(OTELPROF_TENSOR_SAVE_MAX_BYTES, "tensor_save_max_bytes", "4194304",
+           "Bytes of full tensors saved per saved step at most; a tensor that does not fit is dropped and "
+           "counted (4 MiB)."),
+    EnvVar(OTELPROF_TENSOR_SAVE_TOTAL_BYTES, "tensor_save_total_bytes", "268435456",
+           "Bytes of full tensors saved per process at most (256 MiB); later ones are dropped and counted."),
 )
 
 INTERNAL = frozenset({"OTELPROF_RUN", "OTELPROF_RUN_TORCH", "OTELPROF_RUN_GRAD_NORM", "OTELPROF_SCREENSHOTS",

@@ -56,6 +56,10 @@ LABEL_PRECISION = "precision"
 LABEL_COST_PART = "part"
 PROFILE_COST_PARTS: tuple[str, ...] = ("steps", "flop_step", "processing")
 LABEL_EVENT_OUTCOME = "outcome"
+LABEL_COLLECTION = "collection"
+LABEL_TENSOR = "tensor"
+LABEL_REDUCTION = "reduction"
+LABEL_CHECK = "check"
 OPERATOR_CATEGORIES: tuple[str, ...] = ("matmul", "convolution", "attention", "normalization", "elementwise",
                                         "memory_copy", "communication", "other")
 GPU_LABELS: tuple[str, ...] = (LABEL_GPU, LABEL_HW_ID)
@@ -332,6 +336,15 @@ ATTRIBUTES: tuple[AttributeSpec, ...] = (
                   "top `OTELPROF_PROFILE_TOP_K` by self time, the rest summed as `other`."),
     AttributeSpec(LABEL_CATEGORY, "metric", ", ".join(OPERATOR_CATEGORIES) + " (by name pattern)."),
     AttributeSpec(LABEL_PRECISION, "metric", "fp8, bf16, fp16, tf32, int8, fp64, fp32 or other (by kernel name)."),
+    AttributeSpec(LABEL_COLLECTION, "metric", "The tensor collection (`OTELPROF_COLLECTIONS`) a saved tensor was "
+                  "first selected by."),
+    AttributeSpec(LABEL_TENSOR, "metric", "A saved tensor's name (`gradients/fc1.weight`, `fc1/output`, "
+                  "`update/fc1.weight`, `fc1.weight`; `class N` for a class-imbalance flag): "
+                  "`OTELPROF_TENSOR_SERIES_MAX` per collection, the rest `other`."),
+    AttributeSpec(LABEL_REDUCTION, "metric", "A tensor reduction: l2 (every tensor), abs_mean (gradients), zeros "
+                  "(ReLU outputs), saturated (Sigmoid/Tanh outputs), ratio (optimizer updates)."),
+    AttributeSpec(LABEL_CHECK, "metric", "The per-layer check a tensor was flagged by (the alert's name without "
+                  "`Otelprof`)."),
 )
 
 # ---------------------------------------------------------------- metrics
@@ -549,6 +562,18 @@ COMM_EXPOSED = MetricSpec(
     "otelprof.communication.exposed", Kind.GAUGE, "s",
     "Per profiled step in the last window: time collective kernels ran with no compute kernel beside them on the "
     "same GPU (exposed communication the step waits for).")
+TENSOR_SAVES = MetricSpec(
+    "otelprof.tensor.saves", Kind.COUNTER, "{step}",
+    "Saved steps at which a tensor of the collections was reduced (and read back).", (LABEL_COLLECTION, LABEL_TENSOR))
+TENSOR_SUMMED = MetricSpec(
+    "otelprof.tensor.summed", Kind.GAUGE, "",
+    "Sum over saved steps of a tensor's finite reduction; its growth over a window divided by "
+    "otelprof.tensor.saves's is the window's mean per saved step.", (LABEL_COLLECTION, LABEL_TENSOR, LABEL_REDUCTION),
+    updown=True)
+TENSOR_FLAGGED = MetricSpec(
+    "otelprof.tensor.flagged", Kind.COUNTER, "{step}",
+    "Saved steps at which a per-layer check's condition held for a tensor as the offline check counts it (for 2 "
+    "consecutive saved steps; once for a poor initialization).", (LABEL_CHECK, LABEL_COLLECTION, LABEL_TENSOR))
 MODEL_FLOPS = MetricSpec(
     "otelprof.model.flops", Kind.GAUGE, "{flop}",
     "FLOPs of one training step (forward, backward, optimizer), counted by torch.utils.flop_counter in the step "
@@ -749,6 +774,7 @@ FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
     OPERATOR_TOTAL_TIME, OPERATOR_CALLS, OPERATOR_LAUNCHES, OPERATOR_CATEGORY_TIME, OPERATOR_HOST_RATIO,
     KERNEL_PRECISION, OPERATOR_ALLOCATED, PROFILE_MEMORY_PEAK, MODEL_FLOPS, MODEL_FLOPS_ACHIEVED,
     MODEL_FLOPS_UTILIZATION, COMM_OVERLAP, COMM_EXPOSED,
+    TENSOR_SAVES, TENSOR_SUMMED, TENSOR_FLAGGED,
 )
 """Set by the PyTorch integration when it sees a data loader / CUDA."""
 SELF_METRICS: tuple[MetricSpec, ...] = (ENDPOINT_ERRORS, SERIES_FOLDED)

@@ -2,13 +2,18 @@
 
 ``python tensor_job.py SCENARIO [STEPS]``, run under ``otelprof run`` with ``OTELPROF_COLLECTIONS`` set (the
 no-code path), or ``SCENARIO=code`` style scenarios that call ``instrument(collections=...)`` themselves.
-Each loop trains on CPU for a few seconds; evaluation passes every ``EVAL_EVERY`` steps.
+Each loop trains on CPU for a few seconds; evaluation passes every ``EVAL_EVERY`` steps. For the live suite,
+``TENSOR_JOB_STEP_SLEEP`` (seconds) stretches each step so Prometheus scrapes the run as it goes, and
+``TENSOR_JOB_STOP_FILE`` keeps the process (and its /metrics) alive after training until that file exists.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -74,6 +79,7 @@ def main(scenario: str, steps: int) -> None:
     fixed = (fixed[0], torch.randint(0, CLASSES, (32,), generator=torch.Generator().manual_seed(1)))
     losses = []
     seen: dict[int, dict[str, float]] = {}
+    pause = float(os.environ.get("TENSOR_JOB_STEP_SLEEP", "0"))
     for step in range(steps):
         model.train()
         x, y = fixed if scenario == "overtraining" else batch(imbalanced=scenario == "imbalanced")
@@ -89,6 +95,8 @@ def main(scenario: str, steps: int) -> None:
                           "weight_l2": model[0].weight.norm().item(), "weight_max": model[0].weight.max().item()}
         optimizer.step()
         losses.append(loss.item())
+        if pause:
+            time.sleep(pause)
         if (step + 1) % EVAL_EVERY == 0:
             model.eval()
             with torch.no_grad():
@@ -97,7 +105,11 @@ def main(scenario: str, steps: int) -> None:
                     if scenario == "overtraining":
                         ey = torch.randint(0, CLASSES, (32,))
                     loss_fn(model(ex), ey)
-    print(json.dumps({"first_loss": losses[0], "last_loss": losses[-1], "seen": seen}))
+    print(json.dumps({"first_loss": losses[0], "last_loss": losses[-1], "seen": seen}), flush=True)
+    stop = os.environ.get("TENSOR_JOB_STOP_FILE")
+    deadline = time.monotonic() + 300
+    while stop and not Path(stop).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ PACKAGE = ROOT / "otelprof"
 MAX_LINES = 800
 
 BASE = {"otelprof._arguments", "otelprof._log", "otelprof._version", "otelprof._warnings", "otelprof.collections",
-        "otelprof.config", "otelprof.environment_variables", "otelprof.semconv", "otelprof.thresholds"}
-"""The catalog and the configuration: they import nothing of otelprof but each other."""
+        "otelprof.config", "otelprof.environment_variables", "otelprof.semconv", "otelprof.tensor_checks",
+        "otelprof.thresholds"}
+"""The catalog, the configuration and the checks' thresholds: they import nothing of otelprof but each other."""
 FACADES = {"otelprof", "otelprof.torch"}
 """The public API: the runtime and the integrations behind ``otelprof`` and ``otelprof.torch``."""
 

@@ -23,6 +23,7 @@ from otelprof.analysis.diagnosis import Diagnosis, diagnose, pending
 from otelprof.analysis.environment import Environment, recording_environment
 from otelprof.analysis.framework import FrameworkSummary, framework_summary
 from otelprof.analysis.gpu import GpuAnalysis, gpu_analysis
+from otelprof.analysis.layers import LayerHeatmap, layer_heatmap
 from otelprof.analysis.loadbalance import LoadBalance, load_balance
 from otelprof.analysis.progress import Progress, no_progress
 from otelprof.analysis.progress import progress as training_progress
@@ -70,6 +71,8 @@ class Report:
     """Device (CUDA event) time beside host time, and model FLOPs / MFU (recordings only)."""
     diagnosis: Diagnosis = dataclasses.field(default_factory=pending)
     """The findings ranked by what they cost, from the sections above (made when the report is built)."""
+    layers: LayerHeatmap = dataclasses.field(default_factory=LayerHeatmap)
+    """Per-layer norms over the saved steps of the tensor collections, and the layers the tensor checks named."""
 
     def __post_init__(self) -> None:
         if not self.diagnosis.headline:
@@ -127,7 +130,7 @@ def build_report(recording: Recording, config: MixinConfig | None = None, check_
                      "(a process killed while writing leaves one).")
     return Report(FORMAT_VERSION, str(recording.path), time.time(), summary, system, framework, rules, steps, gpus,
                   batch_size(system, gpus, steps, config), cpu, io, load_, loader, tuple(notes), ORIGIN_RECORDING,
-                  environment, curves, device_analysis(view))
+                  environment, curves, device_analysis(view), layers=layer_heatmap(recording))
 
 
 def report_dict(report: Report) -> dict[str, Any]:

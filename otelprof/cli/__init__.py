@@ -202,10 +202,13 @@ def _cmd_mixin(args: argparse.Namespace) -> int:
     from otelprof.mixin import MixinConfig
     from otelprof.mixin.bundle import write
     from otelprof.mixin.config import with_overrides
+    from otelprof.mixin.custom_alerts import load
 
     try:
         assignments = _mixin_config_file(args.config) if args.config else []
         config = with_overrides(MixinConfig(), assignments + list(args.set or []))
+        if config.custom_rules:
+            load(config.custom_rules)  # a bad rule file: one line, before anything is written
     except ValueError as exc:
         print(f"otelprof mixin: {exc}", file=sys.stderr)
         return EXIT_USAGE

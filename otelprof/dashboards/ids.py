@@ -16,6 +16,7 @@ from otelprof.mixin.config import (
     DASHBOARD_TIMELINE,
     DASHBOARD_TRAINING_REPORT,
 )
+from otelprof.tensor_checks import LAYER_RULES, OVERTRAINING
 
 TRAINING_REPORT = DASHBOARD_TRAINING_REPORT
 TIMELINE = DASHBOARD_TIMELINE
@@ -59,6 +60,9 @@ REPORT_DEVICE_TIME = 1604
 REPORT_TOP_ALLOCATIONS = 1605
 REPORT_WINDOW_MEMORY_PEAK = 1606
 REPORT_OVERLAP = 1607
+REPORT_LAYER_FLAGS = 1701
+REPORT_LAYER_GRADIENTS = 1702
+REPORT_LAYER_GRADIENT_NORMS = 1703
 
 # ---- GPU & system
 SYSTEM_CPU_BOTTLENECK = 301
@@ -113,6 +117,8 @@ ALERT_PANELS: dict[str, tuple[str, int]] = {
     "SystemTelemetryAbsent": (GPU_SYSTEM, SYSTEM_SAMPLER),
     "GPUTelemetryAbsent": (GPU_SYSTEM, SYSTEM_GPU_UTILIZATION),
     "TelemetryDropped": (RANKS, RANKS_DROPPED),
+    **{check: (TRAINING_REPORT, REPORT_LAYER_FLAGS) for check in LAYER_RULES},
+    OVERTRAINING: (TRAINING_REPORT, REPORT_LOSS),
 }
 """Alert name without the ``Otelprof`` prefix -> (dashboard uid, panel id) that shows its evidence."""
 

@@ -103,6 +103,8 @@ Target = Prom | TraceQL
 
 NEEDS: dict[str, str] = {
     "gpu": "an NVIDIA GPU visible to the node's sampler (NVML)",
+    "tensors": "tensor collections saved (OTELPROF_COLLECTIONS, PyTorch) with their metrics on",
+    "tensor_flags": "a per-layer tensor check flagging a tensor (otelprof.tensor.flagged)",
     "symptom": "an otelprof alert that names a symptom or a risk (outlier steps, idle GPUs, memory, loss) firing",
     "gpm": "a Hopper-or-newer GPU (NVML GPM counters)",
     "cuda": "PyTorch using CUDA (torch.cuda memory statistics)",

@@ -25,6 +25,7 @@ from otelprof.dashboards.panels import (
     timeseries,
     value_map,
 )
+from otelprof.dashboards.tensors import layers_row
 from otelprof.mixin.config import ALERT_PREFIX
 from otelprof.mixin.promql import GPU, JOB, NODE, PHASE, RANK
 
@@ -589,7 +590,7 @@ def training_report() -> Dashboard:
                     sc.SAMPLER_IO_BOTTLENECK, "io_bottleneck_ratio", M.io_bottleneck_threshold,
                     "share of each sample interval waiting for I/O", "I/O wait per core", pq.iowait(NODEQ)),
         _load_balancing(), _gpu_memory(), _data_loader(), _training_health(), _operators(),
-        _device_and_flops(),
+        _device_and_flops(), layers_row(),
     ]
     return dashboard(ids.TRAINING_REPORT, "otelprof / Training report",
                      "The profiling report of a training job, live from Prometheus: job summary, system usage, "

@@ -9,8 +9,9 @@ At a step that some collection saves (:mod:`otelprof.collections`):
 * just before ``optimizer.step()`` the selected weights and gradients are reduced (and the weights the
   ``optimizer`` collection follows are copied), just after it the update and its ratio to the weight;
 * every reduction of the step is stacked into one tensor and copied off the device without waiting;
-  the values are read back (``tolist``) at the next saved step or at exit, and appended to
-  ``tensors.jsonl`` (:mod:`otelprof.recording.tensors`).
+  the values are read back (``tolist``) at the first later step whose copy has finished (the next step on a
+  CPU), at the next saved step or at exit, appended to ``tensors.jsonl`` (:mod:`otelprof.recording.tensors`)
+  and added to the tensor metrics (:mod:`otelprof.integrations.tensor_metrics`).
 
 A hook that raises turns the collections off with one warning; training goes on.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import re
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -30,7 +32,9 @@ import torch
 
 from otelprof._log import warn_once
 from otelprof.collections import Collection
+from otelprof.integrations.tensor_metrics import TensorMetrics
 from otelprof.recording import tensors as schema
+from otelprof.tensor_checks import Saved
 
 _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
@@ -62,6 +66,13 @@ def reduce(tensor: torch.Tensor, saturation: str | None = None, bins: int = 0,
     return out
 
 
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A pinned host copy of ``tensor``, started without waiting."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
+
+
 def _first_tensor(value: Any) -> torch.Tensor | None:
     if isinstance(value, torch.Tensor):
         return value
@@ -83,12 +94,14 @@ def _saturation(module: Any) -> str | None:
 class _Saved:
     """One reduced tensor of the step being saved."""
 
-    __slots__ = ("name", "kind", "collections", "module", "shape", "value", "extra")
+    __slots__ = ("name", "kind", "collections", "module", "shape", "value", "extra", "full")
 
     def __init__(self, name: str, kind: str, collections: list[str], module: str | None, shape: Sequence[int],
                  value: torch.Tensor, extra: tuple[str, ...]) -> None:
         self.name, self.kind, self.collections, self.module = name, kind, collections, module
         self.shape, self.value, self.extra = list(shape), value, extra
+        self.full: torch.Tensor | None = None
+        """The whole tensor (float32, flat), when ``OTELPROF_TENSOR_SAVE`` selects it and the budget allows."""
 
 
 class TensorCollector:
@@ -117,6 +130,18 @@ class TensorCollector:
         """Tensors not saved (over :data:`MAX_TENSORS_PER_STEP`, or not written)."""
         self.closed = False
         self._written_header = False
+        self.metrics: TensorMetrics | None = None
+        """Where the saved statistics go as metrics (None: only to the recording)."""
+        self.save: re.Pattern[str] | None = None
+        """Tensors whose full values are saved (``OTELPROF_TENSOR_SAVE``), within the two byte budgets."""
+        self.save_max_bytes = 0
+        self.save_total_bytes = 0
+        self.saved_bytes = 0
+        """Bytes of full tensors written so far."""
+        self.full_dropped = 0
+        """Full tensors not saved (over a budget, or not written)."""
+        self._step_bytes = 0
+        self._full_dropped: list[str] = []
 
     # ------------------------------------------------------------------ set-up
     def start(self, discover: bool) -> None:
@@ -203,13 +228,24 @@ class TensorCollector:
                 done.add(kind)  # the first forward of the step (gradient accumulation: one micro-batch)
                 extra = ("saturated",) if kind == "outputs" and saturation else ()
                 self._add(_Saved(f"{name}/{suffix}", kind, wanted, kind_name, tensor.shape,
-                                 reduce(tensor, saturation if kind == "outputs" else None, self.bins), extra))
+                                 reduce(tensor, saturation if kind == "outputs" else None, self.bins), extra), tensor)
         return hook
 
-    def _add(self, saved: _Saved) -> None:
+    def _add(self, saved: _Saved, tensor: torch.Tensor | None = None) -> None:
         if len(self._saved) >= MAX_TENSORS_PER_STEP:
             self.dropped += 1
             return
+        if tensor is not None and self.save is not None and self.save.search(saved.name):
+            size = 4 * tensor.numel()
+            if (self._step_bytes + size > self.save_max_bytes
+                    or self.saved_bytes + self._step_bytes + size > self.save_total_bytes):
+                self._full_dropped.append(saved.name)
+                self.full_dropped += 1
+                warn_once("tensors:save", "otelprof: full tensors over OTELPROF_TENSOR_SAVE_MAX_BYTES (per saved "
+                          "step) or OTELPROF_TENSOR_SAVE_TOTAL_BYTES are dropped and counted (%s)", saved.name)
+            else:
+                self._step_bytes += size
+                saved.full = tensor.detach().reshape(-1).float().clone()
         self._saved.append(saved)
 
     def _parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
@@ -228,13 +264,13 @@ class TensorCollector:
                 kind = "biases" if name.rsplit(".", 1)[-1].startswith("bias") else "weights"
                 wanted = self._selected(kind, name)
                 if wanted:
-                    self._add(_Saved(name, kind, wanted, None, p.shape, reduce(p, None, self.bins), ()))
+                    self._add(_Saved(name, kind, wanted, None, p.shape, reduce(p, None, self.bins), ()), p)
                 grad = p.grad
                 if grad is not None:
                     wanted = self._selected("gradients", f"gradients/{name}")
                     if wanted:
                         self._add(_Saved(f"gradients/{name}", "gradients", wanted, None, grad.shape,
-                                         reduce(grad, None, self.bins), ()))
+                                         reduce(grad, None, self.bins), ()), grad)
                 if self._selected("optimizer", f"update/{name}"):
                     self._previous[name] = p.detach().clone()
 
@@ -252,12 +288,14 @@ class TensorCollector:
                     ratio = torch.linalg.vector_norm(update.float()) / norm
                     value = reduce(update, None, self.bins, (ratio,))
                     self._add(_Saved(f"update/{name}", "optimizer", self._selected("optimizer", f"update/{name}"),
-                                     None, p.shape, value, ("ratio",)))
+                                     None, p.shape, value, ("ratio",)), update)
             self._previous.clear()
             for handle in self._forward_handles:
                 handle.remove()
             self._forward_handles.clear()
             self._finish_step()
+        elif self._pending is not None and self._copied():
+            self._resolve()  # the saved step's values, one step later: live metrics do not wait for the next save
         self.step += 1
         self._arm()
 
@@ -265,6 +303,7 @@ class TensorCollector:
         """Stack the step's reductions and start copying them off the device; write the previous step's."""
         saved, self._saved = self._saved, []
         labels, self._labels = self._labels, None
+        dropped, self._full_dropped, self._step_bytes = self._full_dropped, [], 0
         self._resolve()
         values = [s.value for s in saved]
         if labels is not None:
@@ -272,25 +311,36 @@ class TensorCollector:
         if not values:
             return
         flat = torch.cat(values)
+        fulls = [s.full for s in saved if s.full is not None]
+        full = torch.cat(fulls) if fulls else None
         event = None
         if flat.is_cuda:
-            host = torch.empty(flat.shape, dtype=flat.dtype, device="cpu", pin_memory=True)
-            host.copy_(flat, non_blocking=True)
+            flat = _to_host(flat)
+            full = _to_host(full) if full is not None and full.is_cuda else full
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()
-            flat = host
-        self._pending = (self.step, saved, flat, (event, labels.numel() if labels is not None else 0))
+        elif full is not None and full.is_cuda:
+            full = _to_host(full)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+        self._pending = (self.step, saved, flat, (event, labels.numel() if labels is not None else 0, full, dropped))
+
+    def _copied(self) -> bool:
+        """Whether the pending step's values are on the host (never waits)."""
+        assert self._pending is not None
+        event = self._pending[3][0]
+        return event is None or bool(event.query())
 
     def _resolve(self) -> None:
         """Write the pending step's values (waits for its copy only at exit: the next saved step is later)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        step, saved, flat, (event, label_count) = pending
+        step, saved, flat, (event, label_count, full, dropped) = pending
         if event is not None:
             event.synchronize()
         values = flat.tolist()
-        lines = []
+        lines = self._full_lines(step, saved, full, dropped)
         at = 0
         for s in saved:
             width = s.value.numel()
@@ -304,10 +354,61 @@ class TensorCollector:
             if self.bins:
                 record["h"] = row[len(schema.REDUCTIONS) + len(s.extra):]
             lines.append(_encode(record))
+        counts: list[int] = []
         if label_count:
             counts = [int(v) for v in values[at:at + label_count]]
             lines.append(_encode({"k": schema.KIND_LABELS, "n": step, "counts": counts}))
         self._write(lines)
+        if self.metrics is not None:
+            self._observe(saved, values, counts)
+
+    def _observe(self, saved: list[_Saved], values: list[float], counts: list[int]) -> None:
+        """Add the step to the metrics; a failure turns only the metrics off (warned once)."""
+        assert self.metrics is not None
+        try:
+            rows = []
+            at = 0
+            for s in saved:
+                width = s.value.numel()
+                reductions = dict(zip(schema.REDUCTIONS + s.extra, values[at:at + width]))
+                at += width
+                rows.append((Saved(s.name, s.kind, s.module, tuple(s.shape), reductions), s.collections[0]))
+            self.metrics.observe(rows, counts)
+        except Exception as exc:
+            self.metrics = None
+            warn_once("tensors:metrics", "otelprof: tensor metrics failed (%s: %s); they are off, the recording "
+                      "goes on", type(exc).__name__, exc)
+
+    def _full_lines(self, step: int, saved: list[_Saved], full: torch.Tensor | None, dropped: list[str]) -> list[str]:
+        """Append the step's full tensors to ``tensors-full.bin``; their index records (and the dropped)."""
+        lines = []
+        failed: list[str] = []
+        if full is not None and self.directory is not None:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                with open(self.directory / schema.TENSORS_FULL, "ab") as handle:
+                    at = handle.tell()
+                    handle.write(full.numpy().astype("<f4", copy=False).tobytes())
+                for s in saved:
+                    if s.full is not None:
+                        count = s.full.numel()
+                        lines.append(_encode({"k": schema.KIND_FULL, "n": step, "name": s.name, "shape": s.shape,
+                                              "at": at, "count": count}))
+                        at += 4 * count
+                self.saved_bytes += 4 * full.numel()
+            except (OSError, ValueError, RuntimeError) as exc:
+                lines = []
+                failed = [s.name for s in saved if s.full is not None]
+                warn_once("tensors:save-write", "otelprof: cannot write %s (%s); full tensors are dropped and "
+                          "counted, training goes on", schema.TENSORS_FULL, exc)
+        elif full is not None:
+            failed = [s.name for s in saved if s.full is not None]
+        self.full_dropped += len(failed)
+        if dropped or failed:
+            lines.append(_encode({"k": schema.KIND_FULL_DROPPED, "n": step, "names": [*dropped, *failed]}))
+        for s in saved:
+            s.full = None
+        return lines
 
     def record_labels(self, labels: Any) -> None:
         """Count class labels of a batch (integer tensor) for the saved step (class-imbalance check)."""
@@ -333,7 +434,8 @@ class TensorCollector:
             return
         with self._lock:
             if self.directory is None:
-                self.dropped += len(lines)
+                if self.metrics is None:  # nowhere to go (without a recording the metrics are the output)
+                    self.dropped += len(lines)
                 return
             try:
                 if self._file is None:
@@ -400,11 +502,18 @@ def collect(spec: Any = None, model: Any = None, discover: bool = False) -> Tens
             return None
         if not collections:
             return None
-        if session.run_dir is None:
-            warn_once("tensors:record", "otelprof: tensor collections are written to the recording, which is off "
-                      "(OTELPROF_RECORD=false); none are saved")
+        if session.run_dir is None and config.tensor_series_max == 0:
+            warn_once("tensors:record", "otelprof: tensor collections go to the recording, which is off "
+                      "(OTELPROF_RECORD=false), and to the metrics, which are off (OTELPROF_TENSOR_SERIES_MAX=0); "
+                      "none are saved")
             return None
         collector = TensorCollector(collections, config.save_interval, session.run_dir, config.tensor_histogram_bins)
+        if config.tensor_save:
+            collector.save = re.compile(config.tensor_save)
+            collector.save_max_bytes, collector.save_total_bytes = (config.tensor_save_max_bytes,
+                                                                    config.tensor_save_total_bytes)
+        if config.tensor_series_max > 0:
+            collector.metrics = TensorMetrics(session.registry, config.tensor_series_max)
         collector.start(discover)
         _collector.append(collector)
     collector = _collector[0]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from otelprof.mixin import step_alerts, system_alerts, telemetry_alerts, training_alerts
+from otelprof.mixin import custom_alerts, step_alerts, system_alerts, telemetry_alerts, tensor_alerts, training_alerts
 from otelprof.mixin.alert_model import Alert, AlertGroup
 from otelprof.mixin.config import MixinConfig
 
@@ -22,7 +22,9 @@ GROUPS: tuple[AlertGroup, ...] = (
     system_alerts.GROUP,
     step_alerts.GROUP,
     training_alerts.GROUP,
+    tensor_alerts.GROUP,
     telemetry_alerts.GROUP,
+    custom_alerts.GROUP,
 )
 """The rule groups in runbook order: a new group of alerts is one line here."""
 

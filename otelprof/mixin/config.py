@@ -14,7 +14,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-from otelprof import thresholds
+from otelprof import tensor_checks, thresholds
 
 ALERT_PREFIX = "Otelprof"
 PROJECT_URL = "https://github.com/otelprof/otelprof/"
@@ -163,6 +163,20 @@ class MixinConfig:
     overfit_ratio_threshold: float = 0.1
     overfit_window: str = "15m"
     overfit_for: str = "5m"
+    # ---- per-layer tensor checks: the training process judges each saved step with the offline rules'
+    # conditions and thresholds (otelprof.tensor_checks) and counts the flags; the alerts read the counts.
+    tensor_window: str = "1h"
+    """A per-layer alert fires while a flag was counted within this window (make it longer than the time between
+    two saved steps, OTELPROF_SAVE_INTERVAL steps)."""
+    overtraining_delta: float = tensor_checks.OVERTRAINING_DELTA
+    overtraining_window: str = "15m"
+    """Overtraining: the evaluation loss's per-step mean over this window (it must hold an evaluation pass)..."""
+    overtraining_lookback: str = "3h"
+    """...against its lowest such mean over this lookback."""
+    overtraining_for: str = "15m"
+    custom_rules: str = ""
+    """A JSON/YAML file of your own alert rules (PromQL with runbook text) added to the generated files
+    (:mod:`otelprof.mixin.custom_alerts`)."""
 
     # ---- telemetry absent
     absent_lookback: str = "1h"

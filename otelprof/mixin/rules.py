@@ -46,6 +46,7 @@ def recording_rules(c: MixinConfig) -> list[Record]:
     step_sum = q.delta(sc.STEP_DURATION, sw, "sum")
     coll_sum = q.delta(sc.COLLECTIVE_EXPOSED, sw, "sum")  # all-reduce time the backward pass did not overlap
     step_count = q.delta(sc.STEP_DURATION, sw, "count")
+    loss_count = q.delta(sc.LOSS_RECORDED, c.overtraining_window)
     records = [
         Record("step_p50", step, f"p50_{sw}", q.window_quantile(0.5, sc.STEP_DURATION, sw),
                "Median step time per process and phase."),
@@ -64,6 +65,10 @@ def recording_rules(c: MixinConfig) -> list[Record]:
                "Tokens per second (throughput)."),
         Record("step_outliers", sc.STEP_OUTLIERS.prometheus_name, f"increase_{ow}", q.delta(sc.STEP_OUTLIERS, ow),
                "Outlier steps in the window (exact count)."),
+        Record("loss_mean", sc.LOSS_SUMMED.prometheus_name.removesuffix("_summed"), f"mean_{c.overtraining_window}",
+               f"({q.delta(sc.LOSS_SUMMED, c.overtraining_window)} / {loss_count}) and {loss_count} > 0",
+               "Mean recorded loss per step per process and phase (exact; the overtraining alert's minimum and "
+               "maximum over its lookback)."),
         Record("dataloader_wait_ratio", sc.DATALOADER_WAIT_RATIO.prometheus_name, f"mean_{iw}",
                q.window_mean(sc.DATALOADER_WAIT_RATIO, iw), "Mean share of each step spent waiting for data."),
     ]

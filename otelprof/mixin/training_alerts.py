@@ -26,7 +26,7 @@ class _WindowStats:
     se2: str
 
 
-def _window_stats(q: Q, summed: sc.MetricSpec, squared: sc.MetricSpec, recorded: sc.MetricSpec, window: str,
+def window_stats(q: Q, summed: sc.MetricSpec, squared: sc.MetricSpec, recorded: sc.MetricSpec, window: str,
                   matchers: str, offset: str = "") -> _WindowStats:
     total = q.delta(summed, window, matchers=matchers, offset=offset)
     squares = q.delta(squared, window, matchers=matchers, offset=offset)
@@ -44,8 +44,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
     lw = c.loss_window
     lws = seconds(lw)
     diff = number(c.loss_diff_percent / 100)
-    now, before = _window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, lw, train), \
-        _window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, lw, train, offset=lw)
+    now, before = window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, lw, train), \
+        window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, lw, train, offset=lw)
     noise = f"{number(c.loss_noise_sigmas)} * sqrt({now.se2} + {before.se2})"
     # Losses in both windows (2 or more: a noise), and no loss was NaN in them (NonFiniteValues speaks then).
     steps_moving = (f"and on ({JOB}, {RANK}, {PHASE}) {now.count} > 1\n"
@@ -204,8 +204,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
             original="StalledTrainingRule"))
 
     ow = c.overfit_window
-    eval_mean = _window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, ow, evl).mean
-    train_mean = _window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, ow, train).mean
+    eval_mean = window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, ow, evl).mean
+    train_mean = window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, ow, train).mean
     overfit = Alert(
         "Overfitting", NAME,
         f"(\n  {eval_mean}\n  - ignoring ({PHASE})\n  {train_mean}\n)\n/ ignoring ({PHASE})\n"

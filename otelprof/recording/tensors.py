@@ -7,6 +7,9 @@ One file per rank directory, beside ``steps.jsonl``; one JSON object per line:
 * tensor: ``{"k":"t","n":step,"name":tensor,"kind":kind,"c":[collection,...],"shape":[...],
   "r":{reduction:value},"m":module_class,"h":[bin counts]}`` (``m`` for outputs/inputs, ``h`` with bins)
 * label counts of a saved step's batches: ``{"k":"l","n":step,"counts":[count of class 0, 1, ...]}``
+* a full tensor (``OTELPROF_TENSOR_SAVE``): ``{"k":"f","n":step,"name":tensor,"shape":[...],"at":byte offset,
+  "count":elements}``, its values float32 little-endian in ``tensors-full.bin`` from ``at``
+* full tensors of a step left out (over a byte budget, or not written): ``{"k":"fd","n":step,"names":[...]}``
 
 ``n`` is the 0-based optimizer step. Reductions (:data:`REDUCTIONS`) are of the whole tensor, as float32;
 ``abs_*`` of its absolute values; ``zeros`` and ``nonfinite`` are fractions of its elements. Outputs of
@@ -20,12 +23,15 @@ Read it with :func:`read_trial` (or :func:`trial` for a whole recording's first 
     t.tensor_names(collection="gradients")
     t.steps("gradients/fc1.weight")
     t.reduction("gradients/fc1.weight", step=100, name="mean", abs=True)
+    t.full_tensor("fc1.weight", step=100)       # (shape, values) when OTELPROF_TENSOR_SAVE saved it
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +40,9 @@ TENSORS = "tensors.jsonl"
 KIND_HEADER = "h"
 KIND_TENSOR = "t"
 KIND_LABELS = "l"
+KIND_FULL = "f"
+KIND_FULL_DROPPED = "fd"
+TENSORS_FULL = "tensors-full.bin"
 
 REDUCTIONS = ("mean", "std", "min", "max", "l1", "l2", "abs_mean", "abs_std", "abs_min", "abs_max", "zeros",
               "nonfinite")
@@ -63,6 +72,10 @@ class Trial:
     records: dict[str, dict[int, TensorRecord]] = field(default_factory=dict)
     labels: dict[int, list[int]] = field(default_factory=dict)
     skipped_lines: int = 0
+    full: dict[str, dict[int, tuple[tuple[int, ...], int, int]]] = field(default_factory=dict)
+    """Full tensors saved: name -> step -> (shape, byte offset in tensors-full.bin, elements)."""
+    full_dropped: dict[int, list[str]] = field(default_factory=dict)
+    """Per saved step, the full tensors left out (over a byte budget, or not written)."""
 
     @property
     def empty(self) -> bool:
@@ -116,6 +129,24 @@ class Trial:
 
     def module(self, name: str) -> str | None:
         return next(iter(self.records[name].values())).module
+
+    def full_tensor(self, name: str, step: int) -> tuple[tuple[int, ...], list[float]]:
+        """The saved values of ``name`` at ``step`` (shape, values in row-major order); KeyError when not saved,
+        ValueError when ``tensors-full.bin`` does not hold them."""
+        try:
+            shape, at, count = self.full[name][step]
+        except KeyError:
+            raise KeyError(f"no full tensor {name!r} saved at step {step}") from None
+        values = array("f")
+        with open(self.path / TENSORS_FULL, "rb") as handle:
+            handle.seek(at)
+            data = handle.read(4 * count)
+        if len(data) != 4 * count:
+            raise ValueError(f"{TENSORS_FULL} is shorter than its index ({name!r} at step {step})")
+        values.frombytes(data)
+        if sys.byteorder == "big":
+            values.byteswap()  # the file is little-endian
+        return shape, values.tolist()
 
     def label_counts(self) -> list[int]:
         """Per class, the labels counted over every saved step."""
@@ -171,6 +202,18 @@ def read_trial(rank_dir: str | Path) -> Trial:
                     if not isinstance(obj.get("n"), int) or not isinstance(counts, list):
                         raise ValueError("bad label record")
                     trial.labels[obj["n"]] = [int(c) for c in counts]
+                elif kind == KIND_FULL:
+                    n, name, at, count = obj.get("n"), obj.get("name"), obj.get("at"), obj.get("count")
+                    if not (isinstance(n, int) and isinstance(name, str) and isinstance(at, int) and at >= 0
+                            and isinstance(count, int) and count >= 0):
+                        raise ValueError("bad full tensor record")
+                    shape = tuple(int(v) for v in obj.get("shape") or () if isinstance(v, int))
+                    trial.full.setdefault(name, {})[n] = (shape, at, count)
+                elif kind == KIND_FULL_DROPPED:
+                    names = obj.get("names")
+                    if not isinstance(obj.get("n"), int) or not isinstance(names, list):
+                        raise ValueError("bad dropped record")
+                    trial.full_dropped.setdefault(obj["n"], []).extend(str(v) for v in names)
                 elif kind == KIND_HEADER:
                     trial.header = obj
                 else:

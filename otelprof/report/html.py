@@ -55,6 +55,8 @@ def render(report: Report) -> str:
             ("gpu-memory", gpu.memory(report)))),
     ]
     sections[6] = fold(sections[6], d.section("rules"))
+    from otelprof.report.tensors import layers_section  # the Layers section lives in its own module
+    sections.append(layers_section(report))
     if report.notes:
         sections.append(section("notes", "Notes", "".join(note(n) for n in report.notes)))
     nav = "".join(f'<a href="#{anchor}">{escape(title)}</a>' for anchor, title in SECTIONS)

@@ -719,7 +719,7 @@ def recording_groups() -> list[Group]:
     return [g]
 
 
-EVALUATION_INTERVAL = {"training_test.yaml": "1m", "telemetry_test.yaml": "1m"}
+EVALUATION_INTERVAL = {"training_test.yaml": "1m", "telemetry_test.yaml": "1m", "tensors_test.yaml": "1m"}
 
 FILES = {
     "system_test.yaml": system_groups,
@@ -728,6 +728,7 @@ FILES = {
     "telemetry_test.yaml": telemetry_groups,
     "recording_test.yaml": recording_groups,
     "aggregation_test.yaml": lambda: _aggregation_groups(),
+    "tensors_test.yaml": lambda: __import__("tests.rules.tensor_cases", fromlist=["_"]).tensor_groups(),
 }
 
 
