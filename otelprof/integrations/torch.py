@@ -18,8 +18,8 @@ On CPU there is no timer at all (one attribute check per hook).
 Steps: when the user marks none, a train step runs from the first event of an iteration (batch fetch,
 forward) to the end of ``optimizer.step()`` — with gradient accumulation, one step per optimizer
 update; with several optimizers, one step per iteration (a GAN's two updates per batch) — and each evaluation
-batch (forwards in eval mode or without gradients) is an eval step (:class:`_AutoSteps`; docs/pytorch.md has
-the rules per loop shape). Scalars: the loss (a train step's: the sum of the scalar tensors given to
+batch (forwards in eval mode or without gradients) is an eval step (:mod:`~otelprof.integrations.torch_steps`;
+docs/pytorch.md has the rules per loop shape). Scalars: the loss (a train step's: the sum of the scalar tensors given to
 ``backward()``, a ``GradScaler``'s scale undone, only the first evaluation's inside ``step(closure)``, and with
 several optimizers each update's also under its optimizer's name; an eval step's: the mean of the scalar losses
 its forwards returned), the learning rate, optionally the global gradient norm,
@@ -29,8 +29,15 @@ A hook that raises is removed and counted (``otelprof_integration_errors_total``
 
 Where the C extension ``_torch_native`` is built (``OTELPROF_TORCH_NATIVE``, default on), the four per-step
 hooks are its C objects: they keep the plain automatic step in C and leave everything else to the Python
-hooks below, handing a step they hold over first (:meth:`TorchInstrumentation._materialise`). Both give
+hooks, handing a step they hold over first (:meth:`TorchInstrumentation._materialise`). Both give
 the same recording; :meth:`TorchInstrumentation.sync_native` says when the C path applies.
+
+The code, by responsibility: ``torch_steps`` (automatic steps), ``torch_hooks`` (what every hook of an
+instrumentation shares: failure handling, the C hand-over, device timing), one module per region —
+``torch_dataloader``, ``torch_forward``, ``torch_backward`` (with ``GradScaler``), ``torch_optimizer``,
+``torch_ddp`` — ``torch_scalars`` (samples, loss, learning rate, CUDA memory), ``torch_subclass`` (timed classes
+that pickle as the original) and ``torch_state`` (what they all share); this module puts the hook families
+together as :class:`TorchInstrumentation` and holds the public functions.
 """
 
 from __future__ import annotations
@@ -56,7 +63,9 @@ __all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_win
 
 
 class TorchInstrumentation(_LoaderHooks, _ModelHooks, _OptimizerHooks):
-    """Hooks on one model / optimizer / data loader (or, with ``everything=True``, on all of them)."""
+    """Hooks on one model / optimizer / data loader (or, with ``everything=True``, on all of them): the hook families
+    of :mod:`~otelprof.integrations.torch_hooks` together, and what concerns all of them (``otelprof run``'s global
+    hooks, the hand-over to a trainer's callback, removal)."""
 
     # ------------------------------------------------------------------ everything (otelprof run)
     def add_everything(self) -> None:

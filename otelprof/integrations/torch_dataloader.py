@@ -28,9 +28,6 @@ from otelprof.integrations.torch_state import (
 )
 from otelprof.integrations.torch_subclass import _instrumented_subclass, _set_class
 
-_original_dataloader_iter: Callable[..., Any] | None = None
-
-
 _iterator_serials = itertools.count(1)
 """Numbers of the timed data-loader iterators, never reused (an iterator's id() is, once it is freed)."""
 
@@ -134,12 +131,6 @@ class _TimedIterator(IteratorProxy):
 class _LoaderHooks(_Hooks):
     """The data-loader hooks of an instrumentation."""
 
-    # ------------------------------------------------------------------ data loader
-    # The hooks that run every step (fetch, forward, backward, optimizer) are written for the training
-    # loop, where their code is cold in the CPU caches and each call, thread-local read and allocation
-    # shows: the automatic step's usual case is tested inline before calling _AutoSteps.begin, regions
-    # are (start_ns, step, depth) tuples (hot._begin_region / hot._end_region) instead of hot._Region
-    # objects, scalars go straight into the step they belong to (hot._record_into).
     def fetch_begin(self) -> _OpenRegion:
         """Before the data loader's ``next()``: may open a step, begins the ``dataloader`` region."""
         auto = self.auto
@@ -205,6 +196,10 @@ def _report_loader(loader: Any) -> None:
         _with_registry(lambda r: r.gauge(sc.DATALOADER_WORKERS).set(workers))
     if isinstance(pin, bool):
         _with_registry(lambda r: r.gauge(sc.DATALOADER_PIN_MEMORY).set(1 if pin else 0))
+
+
+_original_dataloader_iter: Callable[..., Any] | None = None
+"""``DataLoader.__iter__`` while ``otelprof run``'s patch is on."""
 
 
 def _patch_dataloader_class() -> None:

@@ -1,4 +1,10 @@
-"""The ``collective`` region: a DDP model's gradient all-reduce, timed by otelprof's communication hook."""
+"""The ``collective`` region: a DDP model's gradient all-reduce, timed by otelprof's communication hook.
+
+DDP takes one communication hook per model, for good. otelprof's times each bucket's reduction as a ``collective``
+region and runs the reduction itself inside: DDP's all-reduce, or the user's hook when they register one after
+otelprof's — ``register_comm_hook`` is patched to hand it over, so theirs wins and is timed. A model that has a
+hook of its own before otelprof sees it keeps it alone (no collective regions).
+"""
 
 from __future__ import annotations
 
@@ -17,11 +23,6 @@ from otelprof._log import info_once, warn_once
 from otelprof.integrations.torch_hooks import _Hooks
 from otelprof.integrations.torch_state import _active, _open_step, _session
 
-# ---------------------------------------------------------------------- DDP communication hook
-# DDP takes one communication hook per model, for good. otelprof's times each bucket's reduction as a ``collective``
-# region and runs the reduction itself inside: DDP's all-reduce, or the user's hook when they register one after
-# otelprof's — ``register_comm_hook`` is patched to hand it over, so theirs wins and is timed. A model that has a
-# hook of its own before otelprof sees it keeps it alone (no collective regions).
 _ddp_hooks: weakref.WeakKeyDictionary[Any, _CommHook] = weakref.WeakKeyDictionary()
 """The DDP models that carry otelprof's communication hook."""
 _original_ddp_init: Callable[..., Any] | None = None
@@ -181,8 +182,6 @@ def _unpatch_ddp_class() -> None:
     if ddp is not None and _original_ddp_init is not None:
         ddp.__init__ = _original_ddp_init
         _original_ddp_init = None
-
-
 
 
 class _CollectiveHooks(_Hooks):

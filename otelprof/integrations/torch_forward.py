@@ -20,7 +20,6 @@ from otelprof.integrations.torch_subclass import _instrumented_subclass, _set_cl
 class _ModelHooks(_CollectiveHooks):
     """The model hooks of an instrumentation (a DDP model also gets the collective region)."""
 
-    # ------------------------------------------------------------------ model
     def _forward_pre_hook(self, module: Any, args: Any) -> None:
         """Before the model's forward: may open a step (see _AutoSteps), begins the ``forward`` region."""
         try:

@@ -1,6 +1,13 @@
 """What every hook of one PyTorch instrumentation shares (:class:`_Hooks`): its settings and automatic steps,
 failure handling (a hook that raises is removed and counted; training goes on), the hand-over of a step from the
-C hot path to Python, and CUDA device timing around regions."""
+C hot path to Python, and CUDA device timing around regions.
+
+The hooks that run every step (fetch, forward, backward, optimizer) are written for the training loop, where
+their code is cold in the CPU caches and each call, thread-local read and allocation shows: the automatic step's
+usual case is tested inline before calling _AutoSteps.begin, regions are (start_ns, step, depth) tuples
+(hot._begin_region / hot._end_region) instead of hot._Region objects, scalars go straight into the step they
+belong to (hot._record_into).
+"""
 
 from __future__ import annotations
 
@@ -248,6 +255,7 @@ class _Hooks:
         warn_once("torch:cuda-events-dropped", "otelprof: more than %d CUDA event pairs waited for the GPU; the "
                   "oldest are dropped and counted (their device times are lost)", cuda_timing.PENDING_PAIRS)
 
+    # ------------------------------------------------------------------ the step left open
     def end_open_step(self) -> None:
         """End the automatic step open on this thread, if it holds work (a forward, backward or optimizer step)."""
         native = self.native

@@ -31,7 +31,6 @@ from otelprof.integrations.torch_steps import _AutoSteps
 class _OptimizerHooks(_Hooks):
     """The optimizer hooks of an instrumentation."""
 
-    # ------------------------------------------------------------------ optimizer
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Before ``optimizer.step()``: the gradient norm when asked for, begins the ``optimizer`` region."""
         try:

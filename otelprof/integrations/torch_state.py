@@ -54,6 +54,7 @@ def _with_registry(action: Callable[[Any], None]) -> None:
     with session.registry.lock:
         action(session.registry)
 
+
 def _open_step() -> hot.StepContext | None:
     """The step open on this thread (the user's or an automatic one)."""
     return hot._tls.step
