@@ -20,7 +20,7 @@ import otelprof
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
 from otelprof.integrations import torch_scalars, torch_state
-from otelprof.integrations.torch_profiler import gpu_activity, kernel_precision
+from otelprof.integrations.profile_summary import gpu_activity, kernel_precision
 from otelprof.recording import schema
 from otelprof.recording.reader import RankRecording, read_recording
 
