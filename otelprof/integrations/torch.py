@@ -190,7 +190,7 @@ def instrument(
     :class:`otelprof.collections.Collection`; default ``OTELPROF_COLLECTIONS``) saves tensor statistics of
     ``model`` (docs/tensors.md). Call ``otelprof.init()`` first."""
     with _lock:
-        inst = _active[-1] if _active else None
+        inst: TorchInstrumentation | None = _active[-1] if _active else None
         if inst is None:
             inst = TorchInstrumentation(grad_norm, loss, count_samples)
             _active.append(inst)

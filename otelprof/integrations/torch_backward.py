@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from otelprof import hotpath as hot
+from otelprof.integrations.torch_hooks import _Hooks
+from otelprof.integrations.torch_optimizer import _OptimizerHooks
 from otelprof.integrations.torch_scalars import _scaled
 from otelprof.integrations.torch_state import _BACKWARD, _LOSS, BACKWARD, _active, _native, _OpenRegion, _Sum, _Tensor
 
@@ -25,7 +27,7 @@ _native_backward: Any = None
 def _patched_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        inst = _active[-1] if _active and hot._active is not None else None
+        inst: _Hooks | None = _active[-1] if _active and hot._active is not None else None
         if inst is None or inst.backward_off:
             return original(self, *args, **kwargs)
         # Before: may open a step, records the loss (the tensor backward() is called on, when a scalar), begins the
@@ -178,7 +180,7 @@ def _patch_grad_scaler() -> None:
     @functools.wraps(original_step)
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         result = original_step(self, optimizer, *args, **kwargs)
-        inst = _active[-1] if _active and hot._active is not None else None
+        inst: _OptimizerHooks | None = _active[-1] if _active and hot._active is not None else None
         if inst is not None:
             inst.guarded("optimizer", inst.scaler_stepped, optimizer)
         return result

@@ -217,7 +217,7 @@ def _patch_dataloader_class() -> None:
         except BaseException as exc:  # the loader's own error, as without otelprof
             _raise_as_caller(exc)
             raise
-        owner = _active[-1] if _active else None
+        owner: _LoaderHooks | None = _active[-1] if _active else None
         if owner is None or getattr(self, "_otelprof_instrumented", False):
             return iterator  # an instrumented loader (or one whose wrapper is) times its own fetches
         _report_loader(self)

@@ -68,7 +68,7 @@ def _timed_comm_hook(inner: _CommHook) -> Callable[[Any, Any], Any]:
         hook, hook_state = inner.hook, inner.state
         step: hot.StepContext | None = None
         try:
-            inst = _active[-1] if _active and hot._active is not None else None
+            inst: _Hooks | None = _active[-1] if _active and hot._active is not None else None
             if inst is not None:  # the step may be open on another thread (autograd's device threads)
                 step = inst.auto.current if inst.auto.current is not None else _open_step()
             start = perf_counter_ns()
@@ -165,7 +165,7 @@ def _patch_ddp_class() -> None:
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        owner = _active[-1] if _active else None
+        owner: _CollectiveHooks | None = _active[-1] if _active else None
         if owner is not None and not owner.closed:
             try:
                 owner._add_comm_hook(self)
