@@ -54,6 +54,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import otelprof
 from otelprof.integrations import torch as otorch
+from otelprof.integrations import torch_state
 
 
 def make_cnn() -> tuple[torch.nn.Module, torch.optim.Optimizer, DataLoader[Any]]:
@@ -185,13 +186,13 @@ CONTROL = ("bare", "bare again")
 @contextlib.contextmanager
 def hooks_of(kind: str) -> Iterator[None]:
     """``instrument()`` calls inside get the Python hooks for ``kind`` "..., Python hooks"."""
-    saved = otorch._native
+    saved = torch_state._native
     if kind.endswith("Python hooks"):
-        otorch._native = None
+        torch_state._native = None
     try:
         yield
     finally:
-        otorch._native = saved
+        torch_state._native = saved
 
 
 def paired(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool,

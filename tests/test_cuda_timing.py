@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import otelprof
 from otelprof import semconv as sc
 from otelprof._log import reset_warnings
-from otelprof.integrations import cuda_timing
+from otelprof.integrations import cuda_timing, torch_state
 from otelprof.integrations import torch as otorch
 from otelprof.recording.ranks import RankRecording
 from otelprof.recording.reader import read_recording
@@ -267,7 +267,7 @@ def test_an_event_api_error_turns_device_timing_off_once_and_training_goes_on(
     assert inst.device_timer is None
     assert caplog.text.count("CUDA event timing failed") == 1
     name = sc.INTEGRATION_ERRORS.prometheus_name + "_total"
-    assert _samples(session, sc.INTEGRATION_ERRORS) == {(name, (("hook", otorch.HOOK_CUDA_EVENTS),)): 1}
+    assert _samples(session, sc.INTEGRATION_ERRORS) == {(name, (("hook", torch_state.HOOK_CUDA_EVENTS),)): 1}
     calls = dict(gpu.calls)
     _train(model, optimizer, loader, 2, finish=True)
     assert gpu.calls == calls  # off for good

@@ -21,6 +21,7 @@ import torch
 import otelprof
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
+from otelprof.integrations import torch_state
 from otelprof.recording.ranks import RankRecording
 from otelprof.recording.reader import read_recording
 from tests.loop_shapes import OTHER_FORWARD
@@ -133,7 +134,7 @@ def explicit_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str,
     session = otelprof.init(record_dir=str(tmp_path / "runs"), system_metrics=False, profile_every=0)
     shape = importlib.import_module(f"tests.loop_shapes.{module}")
     account = shape.main(otorch.instrument, **options)
-    inst = otorch._active[-1]
+    inst = torch_state._active[-1]
     if c_holds_steps:  # and were still on at the end
         assert inst.native.enabled and inst.native.number > 0
     otorch.uninstrument()

@@ -18,6 +18,7 @@ from otelprof.analysis.framework import framework_summary
 from otelprof.analysis.report import build_report
 from otelprof.analysis.run import RunView
 from otelprof.integrations import torch as otorch
+from otelprof.integrations import torch_state
 from otelprof.recording.ranks import RankRecording
 from otelprof.recording.reader import read_recording
 from otelprof.report.html import render
@@ -141,7 +142,7 @@ def test_profile_window_turns_no_hook_on(tmp_path: Path) -> None:
     original = torch.Tensor.backward
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, profile_every=0)
     assert otorch.profile_window(1, 2)["armed"] is True
-    assert torch.Tensor.backward is original and not otorch._active
+    assert torch.Tensor.backward is original and not torch_state._active
     model, optimizer = _model()
     x, y = torch.randn(32, 64), torch.randn(32, 1)
     for _ in range(5):
@@ -154,7 +155,7 @@ def test_profile_window_turns_no_hook_on(tmp_path: Path) -> None:
     while time.monotonic() < deadline and not list(read_recording(session.run_dir).ranks[0].profiles()):
         session.flush()
         time.sleep(0.1)
-    assert torch.Tensor.backward is original and not otorch._active
+    assert torch.Tensor.backward is original and not torch_state._active
     rank = _recorded(session)
     [window] = list(rank.profiles())
     assert window["start_step"] == 1 and window["num_steps"] == 2

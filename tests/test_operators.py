@@ -19,7 +19,7 @@ from otelprof.config import Config
 from otelprof.integrations import operators, profile_schedule
 from otelprof.integrations import torch as otorch
 from otelprof.integrations.profile_schedule import PeriodicWindows
-from otelprof.integrations.torch_profiler import kernel_precision
+from otelprof.integrations.profile_summary import kernel_precision
 from otelprof.recording.ranks import RankRecording
 from otelprof.recording.reader import read_recording
 from otelprof.recording.records import Span

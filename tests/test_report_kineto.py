@@ -19,7 +19,7 @@ import torch
 
 import otelprof
 from otelprof.analysis.report import build_report
-from otelprof.integrations import operators, torch_profiler
+from otelprof.integrations import operators, profile_summary, torch_profiler
 from otelprof.integrations import torch as otorch
 from otelprof.recording.reader import read_recording
 from otelprof.report.html import render
@@ -43,7 +43,7 @@ def expected_device_time() -> tuple[dict[str, float], dict[str, float], dict[str
         names[d.name] = names.get(d.name, 0.0) + seconds
         kinds[d.kind] = kinds.get(d.kind, 0.0) + seconds
         if d.kind == "kernel":
-            label = torch_profiler.kernel_precision(d.name)
+            label = profile_summary.kernel_precision(d.name)
             precision[label] = precision.get(label, 0.0) + seconds
     return names, kinds, precision
 

@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import otelprof
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
-from otelprof.integrations.torch_profiler import gpu_activity, kernel_precision
+from otelprof.integrations import torch_scalars, torch_state
+from otelprof.integrations.profile_summary import gpu_activity, kernel_precision
 from otelprof.recording import schema
 from otelprof.recording.ranks import RankRecording
 from otelprof.recording.reader import read_recording
@@ -40,7 +41,7 @@ def hot_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
 
 def require_native() -> None:
     """The C extension is built by ``pip install -e .``; CI must have it, a local checkout may not."""
-    if otorch._native is None:
+    if torch_state._native is None:
         if os.environ.get("CI"):
             pytest.fail("the C extension otelprof.integrations._torch_native is not built")
         pytest.skip("the C extension otelprof.integrations._torch_native is not built (pip install -e .)")
@@ -590,12 +591,12 @@ def test_the_loss_of_an_evaluation_forward_output(tmp_path: Path) -> None:
         logits: torch.Tensor
         loss: torch.Tensor | None = None
 
-    assert otorch._output_loss(torch.tensor(2.5)) == 2.5
-    assert otorch._output_loss((torch.ones(2, 3), torch.tensor(1.5))) == 1.5
-    assert otorch._output_loss({"logits": torch.ones(2), "loss": torch.tensor(0.5)}) == 0.5
-    assert otorch._output_loss(Output(torch.ones(2), torch.tensor(0.25))) == 0.25
+    assert torch_scalars._output_loss(torch.tensor(2.5)) == 2.5
+    assert torch_scalars._output_loss((torch.ones(2, 3), torch.tensor(1.5))) == 1.5
+    assert torch_scalars._output_loss({"logits": torch.ones(2), "loss": torch.tensor(0.5)}) == 0.5
+    assert torch_scalars._output_loss(Output(torch.ones(2), torch.tensor(0.25))) == 0.25
     for none in (torch.ones(2), torch.tensor(3), (torch.ones(2), None), Output(torch.ones(2)), {"x": 1}, None, 3.0):
-        assert otorch._output_loss(none) is None
+        assert torch_scalars._output_loss(none) is None
 
     class Scoring(torch.nn.Module):
         def __init__(self) -> None:
@@ -641,7 +642,7 @@ def test_grad_scaler_is_patched_while_instrumented() -> None:
     assert Later.scale is not own
     otorch.uninstrument()
     assert (GradScaler.__init__, GradScaler.scale, GradScaler.step) == (init, scale, step)
-    assert ShardedGradScaler.scale is sharded and Later.scale is own and otorch._scaled == [None]
+    assert ShardedGradScaler.scale is sharded and Later.scale is own and torch_scalars._scaled == [None]
 
 
 def test_a_steps_loss_parts_are_added_up_off_the_hot_path(tmp_path: Path) -> None:

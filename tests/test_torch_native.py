@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import otelprof
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
+from otelprof.integrations import torch_backward, torch_state
 from otelprof.recording.ranks import RankRecording
 from otelprof.runtime import hotpath
 from tests.test_torch import REGIONS, _recording, require_native
@@ -242,7 +243,7 @@ def test_a_failure_in_the_c_path_turns_it_off_and_training_goes_on(
     assert not inst.native.enabled
     assert "C hot path failed" in caplog.text
     errors = [line for line in _scrape(session).splitlines()
-              if line.startswith(sc.INTEGRATION_ERRORS.prometheus_name) and f'hook="{otorch.HOOK_NATIVE}"' in line]
+              if line.startswith(sc.INTEGRATION_ERRORS.prometheus_name) and f'hook="{torch_state.HOOK_NATIVE}"' in line]
     assert len(errors) == 1 and float(errors[0].rsplit(" ", 1)[1]) == 1
     steps = _recording(session).steps
     assert len(steps) >= 15  # the step open in C when it failed is dropped; the Python hooks record the rest
@@ -321,7 +322,7 @@ def test_the_c_wrappers_look_like_what_they_wrap(tmp_path: Path) -> None:
     otorch.instrument(model=model, optimizer=optimizer, dataloader=loader)
     assert type(type(model).__dict__["forward"]).__name__ == "Forward"
     assert inspect.signature(model.forward) == inspect.signature(original.__get__(model))
-    assert torch.Tensor.backward.__doc__ == otorch._original_backward.__doc__  # type: ignore[union-attr]
+    assert torch.Tensor.backward.__doc__ == torch_backward._original_backward.__doc__  # type: ignore[union-attr]
     assert torch.Tensor.backward.__name__ == "backward"
     iterator = iter(loader)
     assert len(iterator) == 4 and iterator._num_yielded == 0  # the loader iterator's length and attributes

@@ -62,7 +62,7 @@ def torch_instrumentation() -> Any:
     """The running ``otelprof.torch`` instrumentation, if that module is loaded and one is active."""
     import sys
 
-    module = sys.modules.get("otelprof.integrations.torch")
+    module = sys.modules.get("otelprof.integrations.torch_state")
     active = getattr(module, "_active", None)
     return active[-1] if active else None
 

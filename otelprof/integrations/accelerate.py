@@ -38,7 +38,7 @@ MARK = "_otelprof_patch"
 
 def _instrumentation() -> Any:
     """The ``otelprof.torch`` instrumentation, unless none runs or a trainer's callback is in charge."""
-    module = sys.modules.get("otelprof.integrations.torch")
+    module = sys.modules.get("otelprof.integrations.torch_state")
     active = getattr(module, "_active", None)
     inst = active[-1] if active else None
     return None if inst is None or inst.closed or inst.handed_over else inst

@@ -36,9 +36,9 @@ LIGHTNING = "lightning"
 
 def _hand_over(framework: str) -> None:
     """Put the trainer's callback in charge of steps, if the global hooks of ``otelprof run`` are on."""
-    from otelprof.integrations import torch as otorch
+    from otelprof.integrations.torch_state import _active
 
-    inst = otorch._active[-1] if otorch._active else None
+    inst = _active[-1] if _active else None
     if inst is not None and "everything" in inst._removers:
         inst.hand_over(framework)
 
