@@ -5,7 +5,9 @@ nowhere else. OpenTelemetry semantic conventions are used where they exist
 (``service.*``, ``host.*``, ``k8s.*``, ``process.*``, ``system.*``, ``container.*``, ``hw.*``); training
 concepts live under ``otelprof.*``. Units are base units (seconds, bytes, ratio 0-1).
 :func:`prometheus_name` gives the name each metric has on ``/metrics``,
-following the OpenTelemetry-to-Prometheus compatibility rules.
+following the OpenTelemetry-to-Prometheus compatibility rules. Where each attribute appears and what it means:
+:mod:`otelprof.semconv_attributes`; the series of NVIDIA's dcgm-exporter the mixin can read instead of
+otelprof's GPU series: :mod:`otelprof.dcgm_series`.
 """
 
 from __future__ import annotations
@@ -227,125 +229,6 @@ ATTR_KERNEL_BYTES = "otelprof.kernel.bytes"
 
 SPAN_REASONS: tuple[str, ...] = ("first", "every", "window", "outlier", "budget", "annotation", "operator")
 
-
-@dataclass(frozen=True)
-class AttributeSpec:
-    name: str
-    where: str
-    description: str
-
-
-ATTRIBUTES: tuple[AttributeSpec, ...] = (
-    AttributeSpec(SERVICE_NAME, "resource", "Training job name (`OTELPROF_JOB_NAME`)."),
-    AttributeSpec(SERVICE_INSTANCE_ID, "resource", "`<run id>-rank<rank>`: one process of one run."),
-    AttributeSpec(SERVICE_VERSION, "resource", "Not set by otelprof; give it via `OTEL_RESOURCE_ATTRIBUTES`."),
-    AttributeSpec(HOST_NAME, "resource", "Host (container) name."),
-    AttributeSpec(PROCESS_PID, "resource", "Process id of the rank."),
-    AttributeSpec(K8S_POD_NAME, "resource", "Pod name (downward API, `OTELPROF_POD_NAME`)."),
-    AttributeSpec(K8S_NAMESPACE_NAME, "resource", "Pod namespace (`OTELPROF_POD_NAMESPACE`)."),
-    AttributeSpec(K8S_NODE_NAME, "resource", "Kubernetes node (`OTELPROF_NODE_NAME`)."),
-    AttributeSpec(K8S_CONTAINER_NAME, "resource", "Container name (`OTELPROF_CONTAINER_NAME`)."),
-    AttributeSpec(K8S_POD_UID, "resource", "Pod UID (downward API `metadata.uid`, `OTELPROF_POD_UID`)."),
-    AttributeSpec(K8S_JOB_NAME, "resource", "The Kubernetes Job that owns the pod (downward API label "
-                  "`batch.kubernetes.io/job-name`, `OTELPROF_K8S_JOB_NAME`)."),
-    AttributeSpec(SERVICE_NAMESPACE, "resource", "The pod's namespace when it runs in Kubernetes, so "
-                  "`service.namespace` + `service.name` name the job uniquely; `OTEL_RESOURCE_ATTRIBUTES` wins."),
-    AttributeSpec(OTELPROF_RUN_ID, "resource", "Run id, shared by all ranks of one run."),
-    AttributeSpec(OTELPROF_RANK, "resource", "Global rank (`RANK`)."),
-    AttributeSpec(OTELPROF_LOCAL_RANK, "resource", "Rank within the node (`LOCAL_RANK`)."),
-    AttributeSpec(OTELPROF_WORLD_SIZE, "resource", "Number of ranks (`WORLD_SIZE`)."),
-    AttributeSpec(OTELPROF_VERSION, "resource", "otelprof version."),
-    AttributeSpec(PROCESS_RUNTIME_NAME, "resource", "Python implementation (`cpython`)."),
-    AttributeSpec(PROCESS_RUNTIME_VERSION, "resource", "Python version."),
-    AttributeSpec(OS_TYPE, "resource", "Operating system (`linux`)."),
-    AttributeSpec(OS_VERSION, "resource", "Kernel release."),
-    AttributeSpec(HOST_ARCH, "resource", "CPU architecture (`amd64`, `arm64`)."),
-    AttributeSpec(HOST_TYPE, "resource", "Cloud instance type: from SageMaker's `SM_CURRENT_INSTANCE_TYPE`, the "
-                  "DMI product name on AWS, else give it via `OTEL_RESOURCE_ATTRIBUTES`."),
-    AttributeSpec(HOST_CPU_MODEL, "resource", "CPU model (`/proc/cpuinfo`)."),
-    AttributeSpec(CLOUD_PROVIDER, "resource", "aws, gcp, azure, ... from the machine's DMI vendor strings."),
-    AttributeSpec(OTELPROF_TORCH_VERSION, "resource", "PyTorch version (read without importing torch)."),
-    AttributeSpec(OTELPROF_TORCH_CUDA, "resource", "CUDA version PyTorch was built with; `none` for a CPU build."),
-    AttributeSpec(OTELPROF_GPU_MODEL, "resource", "Model of the GPUs the process sees (NVML; several joined by "
-                  "`, `)."),
-    AttributeSpec(OTELPROF_GPU_COUNT, "resource", "GPUs the process sees (NVML, after `CUDA_VISIBLE_DEVICES`)."),
-    AttributeSpec(OTELPROF_GPU_DRIVER, "resource", "NVIDIA driver version (NVML)."),
-    AttributeSpec(OTELPROF_CUDA_DRIVER, "resource", "Newest CUDA version the driver supports (NVML)."),
-    AttributeSpec(ATTR_STEP_NUMBER, "span", "Step number (per phase, from 0 unless given)."),
-    AttributeSpec(ATTR_STEP_PHASE, "span", "Phase of the step: train, eval, ..."),
-    AttributeSpec(ATTR_STEP_OUTLIER, "span", "True when the step was slower than mean + sigma x stddev."),
-    AttributeSpec(ATTR_SPAN_REASON, "span", "Why this step was traced: " + ", ".join(SPAN_REASONS) + "."),
-    AttributeSpec(ATTR_ANNOTATION, "span", "True on spans made from `annotate()`."),
-    AttributeSpec(ATTR_ERROR, "span", "The exception type when user code raised inside the step or annotation."),
-    AttributeSpec(ATTR_SCALAR_PREFIX + "<name>", "span", "A scalar recorded with `record()` during the step."),
-    AttributeSpec(ATTR_PROFILE_START, "span", "On `otelprof.profile`: the window's first step."),
-    AttributeSpec(ATTR_PROFILE_STEPS, "span", "On `otelprof.profile`: steps in the window."),
-    AttributeSpec(ATTR_PROFILE_TRIGGER, "span", "On `otelprof.profile`: " + ", ".join(PROFILE_TRIGGERS) + "."),
-    AttributeSpec(ATTR_OP_KIND, "span", "On operator spans: cpu (host operator), kernel, memcpy or memset."),
-    AttributeSpec(ATTR_OP_CATEGORY, "span", "On operator spans: the operator category (see `OPERATOR_CATEGORIES`)."),
-    AttributeSpec(ATTR_OP_THREAD, "span", "On host operator spans: the thread the operator ran on."),
-    AttributeSpec(ATTR_OP_DEVICE, "span event", "On `otelprof.profile` events: cpu or gpu."),
-    AttributeSpec(ATTR_OP_NAME, "span event", "On `otelprof.profile` events: operator name."),
-    AttributeSpec(ATTR_OP_CALLS, "span event", "On `otelprof.profile` events: calls in the window."),
-    AttributeSpec(ATTR_OP_SELF_TIME, "span event", "On `otelprof.profile` events: self time in seconds."),
-    AttributeSpec(ATTR_OP_TOTAL_TIME, "span event", "On `otelprof.profile` events: total time in seconds."),
-    AttributeSpec(ATTR_KERNEL_DEVICE, "span", "On kernel/memcpy/memset spans: the GPU index."),
-    AttributeSpec(ATTR_KERNEL_STREAM, "span", "On kernel/memcpy/memset spans: the CUDA stream."),
-    AttributeSpec(ATTR_KERNEL_CORRELATION, "span", "On device spans: the profiler's launch correlation id."),
-    AttributeSpec(ATTR_KERNEL_GRID, "span", "On kernel spans: grid dimensions [x, y, z]."),
-    AttributeSpec(ATTR_KERNEL_BLOCK, "span", "On kernel spans: block dimensions [x, y, z]."),
-    AttributeSpec(ATTR_KERNEL_BYTES, "span", "On memcpy/memset spans: bytes moved."),
-    AttributeSpec(LABEL_JOB, "metric", "Training job name (same as `service.name`)."),
-    AttributeSpec(LABEL_RANK, "metric", "Global rank."),
-    AttributeSpec(LABEL_LOCAL_RANK, "metric", "Rank within the node."),
-    AttributeSpec(LABEL_NODE, "metric", "Kubernetes node name, else host name."),
-    AttributeSpec(LABEL_PHASE, "metric", "train, eval, ... (`none` outside steps); bounded."),
-    AttributeSpec(LABEL_ANNOTATION, "metric", "Annotated region name; bounded by `OTELPROF_MAX_LABEL_VALUES`."),
-    AttributeSpec(LABEL_SCALAR, "metric", "Which recorded scalar (loss, grad_norm)."),
-    AttributeSpec(LABEL_EXPORTER, "metric", "queue, otlp_traces, otlp_metrics, recording; cuda_events: CUDA event "
-                  "pairs that waited too long for the GPU (device times dropped); step_regions: regions past "
-                  "4096 in one step (a step that never ends); operator_spans: profiled operators and kernels "
-                  "left out of spans (`OTELPROF_PROFILE_MAX_SPANS`); invalid_argument: API arguments otelprof "
-                  "could not use (a name that is not a string, a value that is not a number); record_error: "
-                  "records the recorder failed to process."),
-    AttributeSpec(LABEL_REASON, "metric", "Why a span was built; on otelprof.sampler.errors the error; "
-                  "on otelprof.gpu.throttle the clock-event reason; on otelprof.profile.truncated why the window "
-                  "stopped early (events)."),
-    AttributeSpec(LABEL_GPU, "metric", "GPU index as NVML numbers them in the container."),
-    AttributeSpec(LABEL_HW_ID, "metric", "GPU UUID (OTel hw.id); `MIG-...` for a MIG instance."),
-    AttributeSpec(LABEL_HW_PARENT, "metric", "On otelprof.gpu.info of a MIG instance: its GPU's UUID."),
-    AttributeSpec(LABEL_GPU_INSTANCE, "metric", "On otelprof.gpu.info of a MIG instance: the GPU instance id "
-                  "(dcgm-exporter's GPU_I_ID)."),
-    AttributeSpec(LABEL_GPU_PROFILE, "metric", "On otelprof.gpu.info of a MIG instance: its profile (1g.10gb)."),
-    AttributeSpec(LABEL_HW_TYPE, "metric", "`gpu`, on the generic hardware metrics (hw.power, hw.energy, "
-                  "hw.errors), as the semantic conventions require."),
-    AttributeSpec(LABEL_CPU, "metric", "Logical CPU number (0-based)."),
-    AttributeSpec(LABEL_CPU_MODE, "metric", "user, nice, system, idle, iowait, interrupt, steal."),
-    AttributeSpec(LABEL_DISK_DIRECTION, "metric", "read or write."),
-    AttributeSpec(LABEL_NETWORK_DIRECTION, "metric", "receive or transmit."),
-    AttributeSpec(LABEL_ERROR_TYPE, "metric", "corrected or uncorrected (GPU ECC errors); correctable or "
-                  "uncorrectable (remapped GPU memory rows)."),
-    AttributeSpec(LABEL_SOURCE, "metric", "Telemetry source of a sampler error: psutil, cgroup, nvml."),
-    AttributeSpec(LABEL_ENDPOINT, "metric", "Which in-process server: metrics (/metrics) or control."),
-    AttributeSpec(LABEL_METRIC, "metric", "The OTel name of the metric whose label sets were folded."),
-    AttributeSpec(LABEL_COST_PART, "metric", "Part of a profiling window's cost: " + ", ".join(PROFILE_COST_PARTS)
-                  + "."),
-    AttributeSpec(LABEL_EVENT_OUTCOME, "metric", "kept or dropped (profiler events past the window's cap)."),
-    AttributeSpec(LABEL_DEVICE_KIND, "metric", "cpu (host operators) or gpu (kernels, memcpy, memset)."),
-    AttributeSpec(LABEL_OPERATOR, "metric", "Operator or kernel name (120 characters at most): the last window's "
-                  "top `OTELPROF_PROFILE_TOP_K` by self time, the rest summed as `other`."),
-    AttributeSpec(LABEL_CATEGORY, "metric", ", ".join(OPERATOR_CATEGORIES) + " (by name pattern)."),
-    AttributeSpec(LABEL_PRECISION, "metric", "fp8, bf16, fp16, tf32, int8, fp64, fp32 or other (by kernel name)."),
-    AttributeSpec(LABEL_COLLECTION, "metric", "The tensor collection (`OTELPROF_COLLECTIONS`) a saved tensor was "
-                  "first selected by."),
-    AttributeSpec(LABEL_TENSOR, "metric", "A saved tensor's name (`gradients/fc1.weight`, `fc1/output`, "
-                  "`update/fc1.weight`, `fc1.weight`; `class N` for a class-imbalance flag): "
-                  "`OTELPROF_TENSOR_SERIES_MAX` per collection, the rest `other`."),
-    AttributeSpec(LABEL_REDUCTION, "metric", "A tensor reduction: l2 (every tensor), abs_mean (gradients), zeros "
-                  "(ReLU outputs), saturated (Sigmoid/Tanh outputs), ratio (optimizer updates)."),
-    AttributeSpec(LABEL_CHECK, "metric", "The per-layer check a tensor was flagged by (the alert's name without "
-                  "`Otelprof`)."),
-)
 
 # ---------------------------------------------------------------- metrics
 
@@ -841,63 +724,6 @@ def optimizer_loss(index: int) -> str:
     """The scalar name of optimizer ``index``'s loss (:data:`SCALAR_OPTIMIZER_LOSS`)."""
     return SCALAR_OPTIMIZER_LOSS.format(index=index)
 
-
-# ---------------------------------------------------------------- dcgm-exporter's series (mixin gpu_source=dcgm)
-# NVIDIA dcgm-exporter's default counters (etc/default-counters.csv), read instead of otelprof's own GPU series.
-# Labels: gpu (host index), UUID, pci_bus_id, device, modelName, Hostname, and with pod attribution
-# pod/namespace/container of the pod using the GPU (exported_pod, ... after a honorLabels: false scrape).
-DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
-"""GPU utilization in percent (0-100)."""
-DCGM_MEM_COPY_UTIL = "DCGM_FI_DEV_MEM_COPY_UTIL"
-"""Memory (copy engine) utilization in percent."""
-DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"
-"""Framebuffer memory used, MiB."""
-DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"
-"""Framebuffer memory free, MiB."""
-DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
-"""Framebuffer memory reserved by the driver, MiB (newer dcgm-exporters; used + free + reserved = total)."""
-DCGM_POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"
-"""Power draw, W."""
-DCGM_GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"
-"""GPU temperature, Celsius."""
-DCGM_SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
-"""SM clock, MHz."""
-DCGM_TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
-"""Ratio of cycles the tensor pipe is active (0-1)."""
-DCGM_GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
-"""Ratio of time the graphics engine is active (0-1); reported for MIG instances, where DCGM_FI_DEV_GPU_UTIL is
-not."""
-DCGM_SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"
-"""Ratio of cycles an SM has at least one warp assigned (0-1)."""
-DCGM_SM_OCCUPANCY = "DCGM_FI_PROF_SM_OCCUPANCY"
-"""Ratio of warps resident on an SM to its maximum (0-1)."""
-DCGM_PCIE_TX_BYTES = "DCGM_FI_PROF_PCIE_TX_BYTES"
-"""PCIe bytes transmitted, bytes per second (a rate, despite the name)."""
-DCGM_PCIE_RX_BYTES = "DCGM_FI_PROF_PCIE_RX_BYTES"
-"""PCIe bytes received, bytes per second."""
-DCGM_TOTAL_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
-"""Energy since boot, mJ (counter)."""
-DCGM_XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
-"""The last XID error's code (gauge; 0 none)."""
-DCGM_CORRECTABLE_REMAPPED_ROWS = "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"
-"""Rows remapped for correctable errors (counter)."""
-DCGM_UNCORRECTABLE_REMAPPED_ROWS = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
-"""Rows remapped for uncorrectable errors (counter)."""
-DCGM_ECC_SBE_VOLATILE = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
-"""Single-bit (corrected) volatile ECC errors (counter; commented out in the default counters)."""
-DCGM_ECC_DBE_VOLATILE = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
-"""Double-bit (uncorrected) volatile ECC errors (counter; commented out in the default counters)."""
-DCGM_LABEL_UUID = "UUID"
-DCGM_LABEL_GPU = "gpu"
-DCGM_LABEL_GPU_INSTANCE = "GPU_I_ID"
-"""A MIG instance's GPU instance id; absent on a whole GPU's series (``UUID`` is the GPU's on both)."""
-DCGM_LABEL_GPU_PROFILE = "GPU_I_PROFILE"
-DCGM_SERIES: tuple[str, ...] = (DCGM_GPU_UTIL, DCGM_MEM_COPY_UTIL, DCGM_FB_USED, DCGM_FB_FREE, DCGM_FB_RESERVED,
-                                DCGM_POWER_USAGE, DCGM_GPU_TEMP, DCGM_SM_CLOCK, DCGM_TENSOR_ACTIVE,
-                                DCGM_GR_ENGINE_ACTIVE, DCGM_SM_ACTIVE, DCGM_SM_OCCUPANCY, DCGM_PCIE_TX_BYTES,
-                                DCGM_PCIE_RX_BYTES, DCGM_TOTAL_ENERGY, DCGM_XID_ERRORS,
-                                DCGM_CORRECTABLE_REMAPPED_ROWS, DCGM_UNCORRECTABLE_REMAPPED_ROWS,
-                                DCGM_ECC_SBE_VOLATILE, DCGM_ECC_DBE_VOLATILE)
 
 # ---------------------------------------------------------------- OTel -> Prometheus names
 

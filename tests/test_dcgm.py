@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from otelprof import dcgm_series as ds
 from otelprof import semconv as sc
 from otelprof.dashboards import ids
 from otelprof.dashboards.generate import render_all as render_dashboards
@@ -245,9 +246,9 @@ def test_promtool_cases_of_the_dcgm_mode_alerts(tmp_path: Path) -> None:
         series.append({"series": f"{sc.PROCESS_START_TIME.prometheus_name}{{{labels}}}", "values": const(0, n)})
         # rank 2's GPU is attributed to another pod by dcgm-exporter: no join, whatever the host index
         pod = "trainer-0" if rank < 2 else "somebody-else"
-        series.append(_dcgm(sc.DCGM_GPU_UTIL, uuid, host_gpu, pod, const(util, n)))
-        series.append(_dcgm(sc.DCGM_FB_USED, uuid, host_gpu, pod, const(20000, n)))
-        series.append(_dcgm(sc.DCGM_FB_FREE, uuid, host_gpu, pod, const(20000, n)))
+        series.append(_dcgm(ds.DCGM_GPU_UTIL, uuid, host_gpu, pod, const(util, n)))
+        series.append(_dcgm(ds.DCGM_FB_USED, uuid, host_gpu, pod, const(20000, n)))
+        series.append(_dcgm(ds.DCGM_FB_FREE, uuid, host_gpu, pod, const(20000, n)))
 
     def expected(short: str, index: int, value: float, **extra: str) -> dict[str, Any]:
         alert = by_name[short]
@@ -448,7 +449,7 @@ def test_promtool_cases_of_the_dcgm_mode_alerts_on_mig_instances(tmp_path: Path)
         series.append({"series": f'{sc.GPU_INFO.prometheus_name}{{{labels}, gpu="0", hw_id="{uuid}", '
                                  f'hw_parent="GPU-p", gpu_instance="{instance}", gpu_profile="{profile}"}}',
                        "values": const(1, n)})
-        for name, value in ((sc.DCGM_GR_ENGINE_ACTIVE, active), (sc.DCGM_FB_USED, 10000), (sc.DCGM_FB_FREE, 9968)):
+        for name, value in ((ds.DCGM_GR_ENGINE_ACTIVE, active), (ds.DCGM_FB_USED, 10000), (ds.DCGM_FB_FREE, 9968)):
             dcgm = _dcgm(name, "GPU-p", "1", f"trainer-{rank}", const(value, n))
             dcgm["series"] = dcgm["series"][:-1] + f', GPU_I_PROFILE="{profile}", GPU_I_ID="{instance}"}}'
             series.append(dcgm)

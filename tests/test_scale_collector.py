@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from otelprof import semconv as sc
+from otelprof.semconv_attributes import ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = ROOT / "deploy/scale/otel-collector-agent.yaml"
@@ -133,7 +134,7 @@ def test_sampling_policies_read_catalog_attributes_and_values() -> None:
     config = _load(GATEWAY)
     policies = config["processors"]["tail_sampling"]["policies"]
     assert config["service"]["pipelines"]["traces"]["processors"] == ["memory_limiter", "tail_sampling", "batch"]
-    catalog = {a.name: a for a in sc.ATTRIBUTES}
+    catalog = {a.name: a for a in ATTRIBUTES}
     values = {sc.ATTR_SPAN_REASON: set(sc.SPAN_REASONS), sc.ATTR_PROFILE_TRIGGER: set(sc.PROFILE_TRIGGERS)}
     keys = set()
     for policy in policies:
@@ -165,4 +166,4 @@ def test_a_misspelt_field_or_a_foreign_attribute_is_caught() -> None:
     agent = {**_load(AGENT)["exporters"]["loadbalancing"], "resolver": two}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(agent, COMPONENTS["exporters/loadbalancing"])
-    assert "otelprof.step.slow" not in {a.name for a in sc.ATTRIBUTES}
+    assert "otelprof.step.slow" not in {a.name for a in ATTRIBUTES}

@@ -14,13 +14,14 @@ from pathlib import Path
 
 DOC_BLOCKS: dict[str, tuple[str, ...]] = {
     "docs/configuration.md": ("env",),
-    "docs/catalog.md": ("catalog", "webhook_catalog"),
+    "docs/catalog.md": ("catalog", "webhook_catalog", "attributes"),
 }
 """Each Markdown file with generated blocks (path from the repository root), and the blocks it holds."""
 
 
 def _renderers() -> dict[str, Callable[[], str]]:
-    return {"env": env_markdown, "catalog": catalog_markdown, "webhook_catalog": webhook_catalog_markdown}
+    return {"env": env_markdown, "catalog": catalog_markdown, "webhook_catalog": webhook_catalog_markdown,
+            "attributes": attributes_markdown}
 
 
 def env_markdown() -> str:
@@ -57,6 +58,16 @@ def webhook_catalog_markdown() -> str:
         prom = m.prometheus_name + ("_total" if m.kind is semconv.Kind.COUNTER else "")
         rows.append(f"| `{m.name}` | `{prom}` | {m.kind.value} | {m.unit or '-'} | {', '.join(m.labels) or '-'} | "
                     f"{m.description} |")
+    return "\n".join(rows)
+
+
+def attributes_markdown() -> str:
+    """The attribute table of docs/catalog.md: every resource, span and metric attribute and what it means."""
+    from otelprof.semconv_attributes import ATTRIBUTES
+
+    rows = ["| Attribute | On | Meaning |", "| --- | --- | --- |"]
+    for a in ATTRIBUTES:
+        rows.append(f"| `{a.name}` | {a.where} | {a.description.replace('|', chr(92) + '|')} |")
     return "\n".join(rows)
 
 

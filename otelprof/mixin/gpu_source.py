@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from otelprof import dcgm_series as ds
 from otelprof import semconv as sc
 from otelprof.mixin.config import GPU_SOURCE_DCGM, MixinConfig
 from otelprof.mixin.promql import GPU, HW_ID, HW_TYPE, IDENTITY, Q, by, series_name
@@ -62,31 +63,31 @@ def _labelled(label: str, sources: tuple[tuple[str, str], ...]) -> str:
 
 
 def _total_mib() -> str:
-    used = sc.DCGM_FB_USED + "{s}"
-    return f"({used} + {sc.DCGM_FB_FREE}{{s}} + ({sc.DCGM_FB_RESERVED}{{s}} or {used} * 0))"
+    used = ds.DCGM_FB_USED + "{s}"
+    return f"({used} + {ds.DCGM_FB_FREE}{{s}} + ({ds.DCGM_FB_RESERVED}{{s}} or {used} * 0))"
 
 
 DCGM_RECORDS: tuple[DcgmRecord, ...] = (
     # a MIG instance has no DCGM_FI_DEV_GPU_UTIL: its graphics engine activity stands in
-    DcgmRecord(sc.GPU_UTILIZATION, f"{sc.DCGM_GPU_UTIL}{{s}} / 100 or {sc.DCGM_GR_ENGINE_ACTIVE}{{s}} * 1"),
-    DcgmRecord(sc.GPU_MEMORY_COPY_UTILIZATION, f"{sc.DCGM_MEM_COPY_UTIL}{{s}} / 100"),
-    DcgmRecord(sc.GPU_MEMORY_USAGE, f"{sc.DCGM_FB_USED}{{s}} * {MIB}"),
+    DcgmRecord(sc.GPU_UTILIZATION, f"{ds.DCGM_GPU_UTIL}{{s}} / 100 or {ds.DCGM_GR_ENGINE_ACTIVE}{{s}} * 1"),
+    DcgmRecord(sc.GPU_MEMORY_COPY_UTILIZATION, f"{ds.DCGM_MEM_COPY_UTIL}{{s}} / 100"),
+    DcgmRecord(sc.GPU_MEMORY_USAGE, f"{ds.DCGM_FB_USED}{{s}} * {MIB}"),
     DcgmRecord(sc.GPU_MEMORY_LIMIT, f"{_total_mib()} * {MIB}"),
-    DcgmRecord(sc.GPU_MEMORY_UTILIZATION, f"{sc.DCGM_FB_USED}{{s}} / {_total_mib()}"),
-    DcgmRecord(sc.GPU_POWER, f"{sc.DCGM_POWER_USAGE}{{s}}"),
-    DcgmRecord(sc.GPU_TEMPERATURE, f"{sc.DCGM_GPU_TEMP}{{s}}"),
-    DcgmRecord(sc.GPU_SM_CLOCK, f"{sc.DCGM_SM_CLOCK}{{s}} * 1000000"),
-    DcgmRecord(sc.GPU_TENSOR_ACTIVE, f"{sc.DCGM_TENSOR_ACTIVE}{{s}}"),
-    DcgmRecord(sc.GPU_SM_ACTIVE, f"{sc.DCGM_SM_ACTIVE}{{s}}"),
-    DcgmRecord(sc.GPU_SM_OCCUPANCY, f"{sc.DCGM_SM_OCCUPANCY}{{s}}"),
-    DcgmRecord(sc.GPU_PCIE_THROUGHPUT, _labelled(DIRECTION, ((sc.DCGM_PCIE_RX_BYTES, "receive"),
-                                                            (sc.DCGM_PCIE_TX_BYTES, "transmit"))), (DIRECTION,)),
-    DcgmRecord(sc.GPU_ENERGY, f"{sc.DCGM_TOTAL_ENERGY}{{s}} / 1000"),
-    DcgmRecord(sc.GPU_ERRORS, _labelled(ERROR_TYPE, ((sc.DCGM_ECC_SBE_VOLATILE, "corrected"),
-                                                     (sc.DCGM_ECC_DBE_VOLATILE, "uncorrected"))), (ERROR_TYPE,)),
-    DcgmRecord(sc.GPU_XID, f"{sc.DCGM_XID_ERRORS}{{s}}"),
-    DcgmRecord(sc.GPU_REMAPPED_ROWS, _labelled(ERROR_TYPE, ((sc.DCGM_CORRECTABLE_REMAPPED_ROWS, "correctable"),
-                                                            (sc.DCGM_UNCORRECTABLE_REMAPPED_ROWS, "uncorrectable"))),
+    DcgmRecord(sc.GPU_MEMORY_UTILIZATION, f"{ds.DCGM_FB_USED}{{s}} / {_total_mib()}"),
+    DcgmRecord(sc.GPU_POWER, f"{ds.DCGM_POWER_USAGE}{{s}}"),
+    DcgmRecord(sc.GPU_TEMPERATURE, f"{ds.DCGM_GPU_TEMP}{{s}}"),
+    DcgmRecord(sc.GPU_SM_CLOCK, f"{ds.DCGM_SM_CLOCK}{{s}} * 1000000"),
+    DcgmRecord(sc.GPU_TENSOR_ACTIVE, f"{ds.DCGM_TENSOR_ACTIVE}{{s}}"),
+    DcgmRecord(sc.GPU_SM_ACTIVE, f"{ds.DCGM_SM_ACTIVE}{{s}}"),
+    DcgmRecord(sc.GPU_SM_OCCUPANCY, f"{ds.DCGM_SM_OCCUPANCY}{{s}}"),
+    DcgmRecord(sc.GPU_PCIE_THROUGHPUT, _labelled(DIRECTION, ((ds.DCGM_PCIE_RX_BYTES, "receive"),
+                                                            (ds.DCGM_PCIE_TX_BYTES, "transmit"))), (DIRECTION,)),
+    DcgmRecord(sc.GPU_ENERGY, f"{ds.DCGM_TOTAL_ENERGY}{{s}} / 1000"),
+    DcgmRecord(sc.GPU_ERRORS, _labelled(ERROR_TYPE, ((ds.DCGM_ECC_SBE_VOLATILE, "corrected"),
+                                                     (ds.DCGM_ECC_DBE_VOLATILE, "uncorrected"))), (ERROR_TYPE,)),
+    DcgmRecord(sc.GPU_XID, f"{ds.DCGM_XID_ERRORS}{{s}}"),
+    DcgmRecord(sc.GPU_REMAPPED_ROWS, _labelled(ERROR_TYPE, ((ds.DCGM_CORRECTABLE_REMAPPED_ROWS, "correctable"),
+                                                            (ds.DCGM_UNCORRECTABLE_REMAPPED_ROWS, "uncorrectable"))),
                (ERROR_TYPE,)),
 )
 RECORD_BY_SERIES = {series_name(r.spec): r.name for r in DCGM_RECORDS}
@@ -106,8 +107,8 @@ def joined(c: MixinConfig, expr: str, keep: tuple[str, ...] = ()) -> str:
     """dcgm-exporter's ``expr`` with the training job's identity: joined on (namespace, pod, GPU UUID, GPU
     instance) to the rank whose ``otelprof_gpu_info`` names that GPU or MIG instance; ``gpu`` becomes the index in
     the training container, ``hw_id`` the rank's (a MIG instance's own UUID)."""
-    dcgm = _relabel(_relabel(_relabel(_relabel(f"({expr})", GPU_KEY, sc.DCGM_LABEL_UUID), INSTANCE,
-                                      sc.DCGM_LABEL_GPU_INSTANCE), POD, c.dcgm_pod_label),
+    dcgm = _relabel(_relabel(_relabel(_relabel(f"({expr})", GPU_KEY, ds.DCGM_LABEL_UUID), INSTANCE,
+                                      ds.DCGM_LABEL_GPU_INSTANCE), POD, c.dcgm_pod_label),
                     NAMESPACE, c.dcgm_namespace_label)
     keys = (NAMESPACE, POD, GPU_KEY, INSTANCE)
     copied = (*IDENTITY, GPU, HW_ID)

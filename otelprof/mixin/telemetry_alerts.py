@@ -3,6 +3,7 @@ silent, telemetry dropped. Absence never reads as healthy."""
 
 from __future__ import annotations
 
+from otelprof import dcgm_series as ds
 from otelprof import semconv as sc
 from otelprof.mixin import config as mc
 from otelprof.mixin import gpu_source
@@ -170,8 +171,8 @@ def _dcgm_absent(c: MixinConfig) -> Alert:
         mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE, GPU),
         Runbook(
             meaning="A training process names the GPU it computes on (otelprof_gpu_info, with the GPU's UUID and "
-                    f"its pod), and no {sc.DCGM_GPU_UTIL} series with that UUID and pod is there "
-                    f"({sc.DCGM_GR_ENGINE_ACTIVE} for a MIG instance, with its GPU_I_ID): dcgm-exporter "
+                    f"its pod), and no {ds.DCGM_GPU_UTIL} series with that UUID and pod is there "
+                    f"({ds.DCGM_GR_ENGINE_ACTIVE} for a MIG instance, with its GPU_I_ID): dcgm-exporter "
                     "does not run on the node, is not scraped, lost the GPU, or its pod labels do not name the "
                     "training pod, so every GPU alert of this job has nothing to judge. "
                     f"gpu=\"{UNMAPPED_GPU}\": a rank was given a GPU or MIG instance but cannot tell which "
@@ -180,7 +181,7 @@ def _dcgm_absent(c: MixinConfig) -> Alert:
                                ("dcgm_namespace_label", c.dcgm_namespace_label)),
             limit=f"One GPU of the job without a joined dcgm-exporter series; fires {c.absent_for} after the "
                   "recording rule otelprof-dcgm last joined it (at once when it never did).",
-            todo=f"Query {sc.DCGM_GPU_UTIL}{{UUID=\"<hw_id of the alert>\"}}: absent -> dcgm-exporter or its "
+            todo=f"Query {ds.DCGM_GPU_UTIL}{{UUID=\"<hw_id of the alert>\"}}: absent -> dcgm-exporter or its "
                  "scrape; present -> compare its pod/namespace labels (exported_pod with the ServiceMonitor's "
                  "honorLabels: false) with the mixin's dcgm_pod_label / dcgm_namespace_label, and check that "
                  "dcgm-exporter's pod attribution (kubelet pod-resources socket) is on.",
