@@ -37,8 +37,9 @@ JOBS: dict[str, tuple[int, set[tuple[str, str]]]] = {
     "vanishing": (60, {("LayerVanishingGradient", "gradients/0.weight")}),
     "saturated": (60, {("SaturatedActivation", "1/output")}),
     "dead_relu": (60, {("DeadRelu", "3/output")}),
-    "exploding": (60, {("LayerExplodingTensor", "0.weight")}),
-    "zero_init": (60, {("PoorWeightInitialization", "2.weight"), ("AllZeroTensor", "2.weight")}),
+    "exploding": (60, {("LayerExplodingTensor", "0.weight"), ("WeightUpdateRatio", "update/4.bias")}),
+    "zero_init": (60, {("PoorWeightInitialization", "2.weight"), ("AllZeroTensor", "2.weight"),
+                       ("TensorUnchanged", "0.weight")}),  # the zeroed layer blocks every gradient before it
     "imbalanced": (60, {("ClassImbalance", "class 1")}),
     "overtraining": (150, {("Overtraining", "")}),
     "healthy": (60, set()),

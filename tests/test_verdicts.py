@@ -12,7 +12,8 @@ judged for a while, then asserts per job which alerts fired at warning or critic
 and ``rank`` -- the faulty rank and only it, the named alert and no other -- and that ``otelprof check``
 gives the same verdicts (``fired``, ``ok``, ``no data``). Run with ``-s`` for the time each alert took.
 
-What a CPU machine cannot provoke is listed in :data:`NOT_PROVOKED`, with the reason; promtool cases and
+The per-layer tensor alerts are provoked by their own suite (``tests/test_tensors_live.py``). What a CPU
+machine cannot provoke is listed in :data:`NOT_PROVOKED`, with the reason; promtool cases and
 the offline twin's tests cover those on recorded series.
 """
 
@@ -40,6 +41,7 @@ from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import ALERT_PREFIX, with_overrides
 from otelprof.mixin.generate import render_alerts
 from tests.servers import Prometheus, free_port, prometheus, require_binary
+from tests.test_tensors_live import JOBS as TENSOR_JOBS
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_SCRIPT = Path(__file__).resolve().parent / "verdict_job.py"
@@ -357,6 +359,7 @@ def test_the_suite_provokes_every_alert_a_cpu_machine_can() -> None:
     """Every alert of the mixin is provoked by a job or listed as not provokable here; each job names its
     alert and the offline twin's verdict wherever the twin exists; healthy jobs expect nothing."""
     provoked = {a for job in JOBS for a, _ in job.live} | {a for job in JOBS for a in job.info}
+    provoked |= {a for _, fired in TENSOR_JOBS.values() for a, _ in fired}  # the per-layer suite's own jobs
     everything = {a.short for a in alerts(MixinConfig())}
     assert provoked | set(NOT_PROVOKED) == everything, sorted(everything - provoked - set(NOT_PROVOKED))
     assert not provoked & set(NOT_PROVOKED)
