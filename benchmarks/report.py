@@ -30,6 +30,7 @@ Progress of the generation and of the report goes to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -360,10 +361,8 @@ def _run_check(run: Path) -> tuple[float, float]:
     peak = 0
     process = psutil.Process(child.pid)
     while child.poll() is None:
-        try:
+        with contextlib.suppress(psutil.Error):
             peak = max(peak, sum(_pss(p) for p in (process, *process.children(recursive=True))))
-        except psutil.Error:
-            pass
         time.sleep(0.05)
     if child.returncode not in (0, 1):
         raise SystemExit(f"otelprof check failed ({child.returncode})")

@@ -46,13 +46,15 @@ def read_rank(path: Path) -> RankRecording:
 
 
 def read_recording(path: str | Path, *, samples: bool = False, workers: int | None = None,
-                   progress: Callable[[int, int], None] | None = None, regions: bool = False) -> Recording:
+                   progress: Callable[[int, int], None] | None = None, regions: bool = False,
+                   ranks_done: Callable[[int, int], None] | None = None) -> Recording:
     """Parse a run directory (``<run-id>/`` with ``rank-*/``) or a single rank directory.
 
     ``samples`` also parses every rank's samples.jsonl into :meth:`RankRecording.sample_columns`;
     ``regions`` also totals each rank's regions (:meth:`StepColumns.summarize_regions`) while parsing.
     Large recordings are parsed by ``workers`` processes (default: one per CPU when the files add up
-    to more than 64 MiB); ``progress(done_bytes, total_bytes)`` is called as files are done."""
+    to more than 64 MiB); ``progress(done_bytes, total_bytes)`` is called as files are done, ``ranks_done(done,
+    total)`` as ranks are (all their files parsed)."""
     root = Path(path)
     if not root.is_dir():
         raise RecordingError(f"{root} is not a directory")
@@ -72,10 +74,18 @@ def read_recording(path: str | Path, *, samples: bool = False, workers: int | No
         workers = 1
     results: dict[tuple[Path, str], Any] = {}
     done = 0
+    left = {p: (2 if samples else 1) for p in rank_dirs}
+
+    def finished(job: tuple[Path, str]) -> None:
+        left[job[0]] -= 1
+        if ranks_done is not None and not left[job[0]]:
+            ranks_done(sum(1 for n in left.values() if not n), len(left))
+
     if workers <= 1:
         for job in jobs:
             results[job] = _job(job)
             done += sizes[job]
+            finished(job)
             if progress is not None:
                 progress(done, total)
     else:
@@ -88,6 +98,7 @@ def read_recording(path: str | Path, *, samples: bool = False, workers: int | No
                 job = futures[future]
                 results[job] = future.result()
                 done += sizes[job]
+                finished(job)
                 if progress is not None:
                     progress(done, total)
     ranks = []

@@ -21,8 +21,10 @@ from otelprof.cli import one_line
 from otelprof.recording.errors import RecordingError
 from otelprof.recording.ranks import Recording
 from otelprof.recording.reader import latest_run
+from otelprof.report.progressbar import progress_bar
 
 EXIT_USAGE = 2
+PROGRESS_HELP = "a progress bar of the ranks read on stderr even when it is not a terminal (it is on a terminal)"
 
 
 def _err(command: str, message: str) -> int:
@@ -106,11 +108,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         if not args.run_dir:
             return _err("report", "give a run directory (e.g. otelprof-runs/<run-id>) or --prometheus URL --job NAME")
+        bar = progress_bar("reading", args.quiet, args.progress)
         try:
             run = resolve_run(args.run_dir)
-            recording = load(run, say)
+            recording = load(run, None if bar else say, bar.ranks if bar else None)
         except RecordingError as exc:
             return _err("report", str(exc))
+        finally:
+            if bar:
+                bar.close()
         report = build_report(recording, config, args.check_interval, say, checks=not args.no_checks)
     fmt = args.format or ("json" if args.output and args.output.endswith(".json") else "html")
     output = Path(args.output or f"report.{fmt}")
@@ -191,10 +197,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         config = _config(args.set)
     except ValueError as exc:
         return _err("check", str(exc))
+    bar = progress_bar("reading", args.quiet, args.progress)
     try:
-        recording = load(resolve_run(args.run_dir))
+        recording = load(resolve_run(args.run_dir), None, bar.ranks if bar else None)
     except RecordingError as exc:
         return _err("check", str(exc))
+    finally:
+        if bar:
+            bar.close()
     report = build_report(recording, config, args.interval)  # the diagnosis weighs the analyses beside the checks
     summary = report.rules
     if summary.error:
@@ -240,13 +250,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return _err("compare", "give at least two runs: otelprof compare RUN_A RUN_B [...]")
     if args.price_per_hour is not None and args.price_per_hour < 0:
         return _err("compare", "--price-per-hour must not be negative")
-    runs = []
+    runs: list[tuple[str, Recording]] = []
     for path in args.runs:
+        bar = progress_bar(f"reading {len(runs) + 1}/{len(args.runs)}", args.quiet, args.progress)
         try:
             run = resolve_run(path)
-            runs.append((one_line(run.name or str(run)), read_recording(run, samples=True)))
+            runs.append((one_line(run.name or str(run)), read_recording(run, samples=True,
+                                                                         ranks_done=bar.ranks if bar else None)))
         except RecordingError as exc:
             return _err("compare", str(exc))
+        finally:
+            if bar:
+                bar.close()
     if len({name for name, _ in runs}) < len(runs):
         runs = [(f"{name} ({i + 1})", rec) for i, (name, rec) in enumerate(runs)]
     result = compare(runs, args.phase, args.price_per_hour)
@@ -336,6 +351,7 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
     report.add_argument("--set", action="append", metavar="NAME=VALUE",
                         help="override a check threshold (a MixinConfig field, as for otelprof mixin)")
     report.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    report.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
     report.set_defaults(func=cmd_report)
 
     timeline = sub.add_parser(
@@ -369,6 +385,8 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
                        help='print {"diagnosis": ..., "checks": [...]} as JSON')
     check.add_argument("--rules", action="append", metavar="FILE.py",
                        help="also run the custom tensor rules of FILE.py (docs/tensors.md); repeatable")
+    check.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    check.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
     check.set_defaults(func=cmd_check)
 
     cmp = sub.add_parser(
@@ -379,4 +397,6 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
     cmp.add_argument("--price-per-hour", type=float, default=None, metavar="PRICE",
                      help="price of one node for an hour: adds the cost of each run")
     cmp.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    cmp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    cmp.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
     cmp.set_defaults(func=cmd_compare)
