@@ -3,6 +3,7 @@ of a row each; small jobs keep their tables; the progress bar on stderr."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -168,3 +169,40 @@ def test_progress_bar_on_a_terminal_only_and_quiet_silences_it(tmp_path: Path) -
     quiet = _report_cli(run, tmp_path / "d.html", "--quiet", "--progress", tty=True)
     assert "ranks" not in quiet and "\r" not in quiet
     assert (tmp_path / "d.html").stat().st_size > 0
+
+
+def test_timeline_selects_ranks_and_steps(tmp_path: Path) -> None:
+    run, _, _ = _fleet(tmp_path, 12)
+    out = tmp_path / "trace.json"
+    done = subprocess.run([sys.executable, "-m", "otelprof", "timeline", str(run), "-o", str(out), "--ranks",
+                           "0,3,8-10", "--steps", "5-12"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    events = json.loads(out.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    ranks = {int(name.split()[1]) for name in names.values() if name.startswith("rank ")}
+    assert ranks == {0, 3, 8, 9, 10}
+    steps = [e for e in events if e.get("cat") in ("step", "outlier step")]
+    # the window is the time from the first selected rank's step 5 to the last one's step 12 (ranks aligned in
+    # time): each selected rank's steps inside it, as the loop of _fleet timed them
+    spans = {}
+    for rank in (0, 3, 8, 9, 10):
+        t = T0 + 10
+        for n in range(STEPS):
+            spans[rank, n] = (ns(t), ns(t) + ns(_duration(rank, n)))
+            t += _duration(rank, n) + 0.01
+    lo = min(spans[r, 5][0] for r in (0, 3, 8, 9, 10))
+    hi = max(spans[r, 12][1] for r in (0, 3, 8, 9, 10))
+    expected = {(r, n) for (r, n), (a, b) in spans.items() if a >= lo and b <= hi}
+    assert {(r, n) for r in (0, 3, 8, 9, 10) for n in range(5, 13)} <= expected
+    got = {(int(names[e["pid"]].split()[1]), e["args"]["number"]) for e in steps}
+    assert got == expected
+    assert {names[e["pid"]].split()[1] for e in events if e.get("ph") != "M" and e["pid"] in names
+            and names[e["pid"]].startswith("rank ")} <= {"0", "3", "8", "9", "10"}
+    assert {e["pid"] for e in steps} == {pid for pid, name in names.items() if name.startswith("rank ")}
+
+    for bad in (("--ranks", "3-1"), ("--ranks", "x"), ("--steps", "9-2"), ("--ranks", "40-41")):
+        bad = (*bad, "--quiet")
+        done = subprocess.run([sys.executable, "-m", "otelprof", "timeline", str(run), "-o", str(out), *bad],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("otelprof timeline: "), done.stderr

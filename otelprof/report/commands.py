@@ -150,12 +150,20 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         return _err("timeline", "--max-steps must be at least 1")
     if args.from_step is not None and args.to_step is not None and args.to_step < args.from_step:
         return _err("timeline", "--to-step is before --from-step")
+    from otelprof.recording.selection import parse_ranks, parse_steps
+
+    try:
+        only = parse_ranks(args.ranks) if args.ranks is not None else None
+        if args.steps is not None:
+            args.from_step, args.to_step = parse_steps(args.steps)
+    except ValueError as exc:
+        return _err("timeline", f"--ranks/--steps: {exc}")
     say = _progress(args.quiet)
     try:
         run = resolve_run(args.run_dir)
         if say:
             say(f"reading {run}")
-        recording = read_recording(run, samples=not args.no_counters)
+        recording = read_recording(run, samples=not args.no_counters, only=only)
     except RecordingError as exc:
         return _err("timeline", str(exc))
     trace = build_timeline(recording, args.from_step, args.to_step, args.max_steps, args.phase,
@@ -365,6 +373,11 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
     timeline.add_argument("-o", "--output", default="trace.json", help="file to write (default: trace.json)")
     timeline.add_argument("--from-step", type=int, default=None, metavar="N", help="first step number to include")
     timeline.add_argument("--to-step", type=int, default=None, metavar="N", help="last step number to include")
+    timeline.add_argument("--steps", default=None, metavar="FIRST-LAST",
+                          help="the steps FIRST to LAST (1000-1200; 1000- from 1000 on): --from-step/--to-step at once")
+    timeline.add_argument("--ranks", default=None, metavar="LIST",
+                          help="only these ranks, e.g. 0,3,8-15 (only their files are read; a node's counters come "
+                               "with the rank that sampled it, its local rank 0)")
     timeline.add_argument("--phase", default="train", help="phase whose step numbers --from/--to-step mean")
     timeline.add_argument("--max-steps", type=int, default=None, metavar="N",
                           help="at most N steps per rank (default 2000 without --from/--to-step)")
