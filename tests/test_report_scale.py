@@ -104,6 +104,13 @@ def test_many_ranks_are_summarised_with_worst_best_and_folded(tmp_path: Path) ->
     assert [x.subject for x in gpu.worst] == [f"node-0 GPU {g}" for g in range(TOP)]  # the least busy first
     assert gpu.best[0].subject == f"node-{ranks // GPUS - 1} GPU {GPUS - 1}"
 
+    assert report.system.summaries == ()  # 5 nodes: each keeps its rows
+    rss = next(s for s in report.system.process_summaries if s.unit == "bytes")
+    assert rss.count == ranks and rss.max == 1000
+    job = report.summary
+    assert next(s for s in job.rank_summaries if s.figure == "steps").median == STEPS
+    assert job.standing_out == ()  # every rank finished, dropped nothing
+
     html = render(report)
     steps = html[html.index('<section id="steps"'):]
     steps = steps[:steps.index("</section>")]

@@ -202,7 +202,10 @@ def memory(r: Report) -> str:
     else:
         out.append(p("No GPU was sampled."))
     rss = [row for row in r.system.process_rows if row.unit == sysmod.UNIT_BYTES]
-    if rss:
+    if rss and r.system.process_summaries:
+        out.append("<h3>Host memory of the training processes</h3>")
+        out.append(summaries([s for s in r.system.process_summaries if s.unit == sysmod.UNIT_BYTES]))
+    elif rss:
         out.append("<h3>Host memory of the training processes</h3>")
         out.append(table(("Rank", "RSS max", "p50", "min"), [(row.subject, size(row.max), size(row.p50),
                                                                  size(row.min)) for row in rss]))

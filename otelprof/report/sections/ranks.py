@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 
 from otelprof.analysis.ranksummary import TOP, RankSummary
 from otelprof.report.blocks import p, table
-from otelprof.report.formatting import num, pct, secs
+from otelprof.report.formatting import num, pct, rate, secs, size
 
-FORMATS: dict[str, Callable[[float | None], str]] = {"seconds": secs, "ratio": pct,
+FORMATS: dict[str, Callable[[float | None], str]] = {"seconds": secs, "ratio": pct, "bytes": size, "bytes/s": rate,
                                                      "count": lambda v: num(v, 9), "number": lambda v: num(v, 3)}
 
 
