@@ -177,6 +177,17 @@ def test_progress_bar_on_a_terminal_only_and_quiet_silences_it(tmp_path: Path) -
     assert "ranks" not in quiet and "\r" not in quiet
     assert (tmp_path / "d.html").stat().st_size > 0
 
+    done = subprocess.run([sys.executable, "-m", "otelprof", "check", str(run), "--json", "--progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode in (0, 1), done.stderr
+    assert {c["alert"] for c in json.loads(done.stdout)["checks"]}  # stdout is the JSON alone
+    assert re.search(r"\[#+\] +24/24 ranks", done.stderr), done.stderr
+    done = subprocess.run([sys.executable, "-m", "otelprof", "compare", str(run), str(run), "--format", "json",
+                           "--progress"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["runs"]) == 2
+    assert re.search(r"reading 2/2 \[#+\] +24/24 ranks", done.stderr), done.stderr
+
 
 def test_timeline_selects_ranks_and_steps(tmp_path: Path) -> None:
     run, _, _ = _fleet(tmp_path, 12)
