@@ -32,13 +32,14 @@ def _wait(rank: int) -> float:
     return 0.002 + (rank * 7 % 40) * 0.0005
 
 
-def _fleet(root: Path, ranks: int) -> tuple[Path, dict[int, list[float]], dict[int, float]]:
-    """``ranks`` ranks on nodes of 8; returns the run, each rank's step durations and its data-wait share."""
+def _fleet(root: Path, ranks: int, per_node: int = GPUS) -> tuple[Path, dict[int, list[float]], dict[int, float]]:
+    """``ranks`` ranks on nodes of ``per_node``; returns the run, each rank's step durations and its data-wait
+    share. Node n's CPUs are busier the higher n."""
     run = root / f"fleet-{ranks}"
     durations: dict[int, list[float]] = {}
     shares: dict[int, float] = {}
     for rank in range(ranks):
-        node, local = divmod(rank, GPUS)
+        node, local = divmod(rank, per_node)
         t = T0 + 10
         steps: list[dict[str, Any]] = []
         waits = []
@@ -55,7 +56,7 @@ def _fleet(root: Path, ranks: int) -> tuple[Path, dict[int, list[float]], dict[i
         for i in range(10):
             sample: dict[str, Any] = {"t": ns(T0 + 10 + 0.5 * i), "pid": 100 + rank, "pcpu": 0.5, "rss": 1000}
             if local == 0:
-                sample.update({"cpu": [0.5] * 4, "iow": [0.0] * 4, "mem": 0.3, "disk": [0, 0], "net": [0, 0],
+                sample.update({"cpu": [0.2 + node / 100] * 4, "iow": [0.0] * 4, "mem": 0.3, "disk": [0, 0], "net": [0, 0],
                                "thr": 0, "gpu": {str(g): {"u": 0.5 + (node * GPUS + g) / 200, "mu": 4e9, "mt": 8e9}
                                                  for g in range(GPUS)}})
             samples.append(sample)
@@ -224,3 +225,19 @@ def test_timeline_selects_ranks_and_steps(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("otelprof timeline: "), done.stderr
+
+
+def test_many_nodes_show_the_distribution_and_the_details_of_the_worst(tmp_path: Path) -> None:
+    nodes = THRESHOLD + 4
+    run, _, _ = _fleet(tmp_path, nodes, per_node=1)
+    report = build_report(load(run), checks=False)
+    cpu = next(s for s in report.system.summaries if s.figure == "CPU p95")
+    assert cpu.count == nodes and cpu.folded == nodes - 2 * TOP
+    assert [x.subject for x in cpu.worst] == [f"node-{n}" for n in range(nodes - 1, nodes - 1 - TOP, -1)]
+    assert abs(cpu.max - (0.2 + (nodes - 1) / 100)) < 1e-9
+    assert len(report.system.detailed) == TOP
+    html = render(report)
+    system = html[html.index('<section id="system"'):]
+    system = system[:system.index("</section>")]
+    assert system.count("<h3>Node ") == TOP
+    assert f"the other {nodes - TOP:,} are folded" in system

@@ -11,11 +11,12 @@ import itertools
 import math
 import statistics
 from array import array
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from otelprof.analysis.ranksummary import RankSummary, many, summarize
+from otelprof.analysis.ranksummary import TOP, RankSummary, many, summarize
 from otelprof.analysis.run import RunView, across, gpu_memory_ratio
 from otelprof.analysis.stats import Bucket, Series, finite, quantile
 from otelprof.recording.columns import SampleColumns
@@ -99,6 +100,9 @@ class SystemUsage:
     least used are the worst) (else empty)."""
     process_summaries: tuple[RankSummary, ...] = field(init=False)
     """With more than ranksummary.THRESHOLD ranks: each process's p95 CPU and peak memory (else empty)."""
+    detailed: tuple[str, ...] = field(init=False)
+    """The nodes whose details the report shows: every node, or with many the ranksummary.TOP named most often
+    among the worst of the summaries."""
 
     def __post_init__(self) -> None:
         out: list[RankSummary] = []
@@ -117,6 +121,11 @@ class SystemUsage:
                                            f"{metric} {'max' if bytes_ else 'p95'}", rows[0].unit))
         object.__setattr__(self, "summaries", tuple(out))
         object.__setattr__(self, "process_summaries", tuple(processes))
+        named = Counter(x.subject for s in out for x in s.worst)
+        order = {n.node: i for i, n in enumerate(self.nodes)}
+        object.__setattr__(self, "detailed", tuple(sorted(
+            sorted(named, key=lambda node: (-named[node], order.get(node, 0)))[:TOP], key=lambda n: order.get(n, 0)))
+            if out else tuple(n.node for n in self.nodes))
 
     def row(self, subject: str, metric: str) -> UsageRow | None:
         return next((r for r in self.rows if r.subject == subject and r.metric == metric), None)

@@ -53,10 +53,9 @@ def usage(r: Report) -> str:
                                                                (row.max, row.p99, row.p95, row.p50, row.min)),
                            f"{row.datapoints:,}") for row in u.rows], 3))
     nodes = u.nodes
-    if u.summaries:  # the nodes named worst by some figure, in the order of the nodes
-        named = {x.subject for s in u.summaries for x in s.worst}
-        nodes = tuple(n for n in u.nodes if n.node in named)
-        out.append(p(f"Details of the {len(nodes)} nodes named among the worst above; the other "
+    if u.summaries:  # the nodes named most often among the worst
+        nodes = tuple(n for n in u.nodes if n.node in u.detailed)
+        out.append(p(f"Details of the {len(nodes)} nodes named most often among the worst above; the other "
                      f"{len(u.nodes) - len(nodes):,} are folded (the JSON output has every node)."))
     for n in nodes:
         cpu = u.row(n.node, "CPU")
