@@ -1,7 +1,7 @@
 """A synthetic fleet in a real Prometheus: N ranks on M nodes exporting otelprof's own exposition.
 
-Each rank is a :class:`~otelprof.metrics.MetricRegistry` driven with the catalog's metrics and rendered by
-:func:`otelprof.export.prometheus.render`, so names, labels and types are the ones a real rank serves.
+Each rank is a :class:`~otelprof.runtime.metrics.MetricRegistry` driven with the catalog's metrics and rendered by
+:func:`otelprof.runtime.export.prometheus.render`, so names, labels and types are the ones a real rank serves.
 Ranks differ realistically (synchronous data-parallel steps: every rank's step lasts as long as the slowest
 rank's compute, the others wait in the all-reduce) and carry four injected faults: a straggler, a leaking
 rank, a stalled rank and a NaN loss.
@@ -42,8 +42,8 @@ from typing import Any
 import yaml
 
 from otelprof import semconv as sc
-from otelprof.export.prometheus import render
-from otelprof.metrics import MetricRegistry
+from otelprof.runtime.export.prometheus import render
+from otelprof.runtime.metrics import MetricRegistry
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = (ROOT / "deploy/prometheus/otelprof-rules.yaml", ROOT / "deploy/prometheus/otelprof-alerts.yaml")

@@ -71,7 +71,7 @@ def child(loop: str, variant: str, steps: int) -> None:
     ti.run_loop(model, optimizer, loader, 5, classify)
     otelprof.init(record_dir=tempfile.mkdtemp(), system_metrics=False, flush_interval=10.0,
                   span_first_steps=0, span_budget=0.0, outlier_sigma=100.0)
-    session = otelprof.session.get_session()
+    session = otelprof.runtime.session.get_session()
     recorder = session.recorder  # type: ignore[union-attr]
     session._stop.set()  # type: ignore[union-attr]  # the background thread ends: drains happen below only
     recorder.wake_up()

@@ -132,7 +132,7 @@ def measure(native: ModuleType, rounds: int, classify: bool, make: Callable[[], 
     steps: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         otelprof.init(record_dir=tmp, system_metrics=False, flush_interval=10.0)
-        recorder = otelprof.session.get_session().recorder  # type: ignore[union-attr]
+        recorder = otelprof.runtime.session.get_session().recorder  # type: ignore[union-attr]
 
         def block(variant: str) -> float:
             recording = variant.startswith("otelprof")

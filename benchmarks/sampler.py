@@ -24,13 +24,13 @@ from typing import Any
 
 import psutil
 
-from otelprof.collectors.nvml import DeviceInfo
-from otelprof.collectors.sampler import Sampler
-from otelprof.collectors.system import HostReading
 from otelprof.config import Config
-from otelprof.export.prometheus import PrometheusEndpoint
-from otelprof.metrics import MetricRegistry
 from otelprof.recording.writer import RecordingWriter
+from otelprof.runtime.collectors.nvml import DeviceInfo
+from otelprof.runtime.collectors.sampler import Sampler
+from otelprof.runtime.collectors.system import HostReading
+from otelprof.runtime.export.prometheus import PrometheusEndpoint
+from otelprof.runtime.metrics import MetricRegistry
 from otelprof.semconv import CPU_MODES
 
 IDENTITY = {"job_name": "bench", "rank": "0", "local_rank": "0", "node": "node-0"}

@@ -216,7 +216,7 @@ def paired(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool
         # Only the wake-ups below start processing (the flush interval's own drains, at most every 10 s, could
         # otherwise process an instrumented block's records during the bare block after it).
         otelprof.init(record_dir=tmp, system_metrics=False, flush_interval=10.0)
-        recorder = otelprof.session.get_session().recorder  # type: ignore[union-attr]
+        recorder = otelprof.runtime.session.get_session().recorder  # type: ignore[union-attr]
 
         def block(kind: str) -> float:
             instrumented = not kind.startswith("bare")
@@ -276,7 +276,7 @@ def parts(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool)
     * otelprof, training thread — instrumented and active; the records are processed between blocks,
       untimed (the recorder's share is the difference to :func:`paired`);
     * otelprof, training thread, Python hooks — the same with the Python hooks (no C extension)."""
-    from otelprof import hotpath
+    from otelprof.runtime import hotpath
 
     model, optimizer, loader = make()
     loss_fn = loss_function(classify)
@@ -284,7 +284,7 @@ def parts(make: Callable[[], Any], pairs: int, block_steps: int, classify: bool)
     added: dict[str, tuple[list[float], list[float]]] = {part: ([], []) for part in PARTS}
     with tempfile.TemporaryDirectory() as tmp:
         otelprof.init(record_dir=tmp, system_metrics=False, flush_interval=10.0)
-        recorder = otelprof.session.get_session().recorder  # type: ignore[union-attr]
+        recorder = otelprof.runtime.session.get_session().recorder  # type: ignore[union-attr]
 
         def block(part: str | None) -> list[float]:
             handles = []
@@ -343,7 +343,7 @@ def record_cost(calls: int = 20000, repeats: int = 15) -> dict[str, dict[str, fl
     """``otelprof.record(name, value)`` inside a step, per call on the training thread: as it is (the value at the
     call: a CPU tensor's ``item()`` now) and with the value kept as given (before: ``item()`` on the recorder's
     thread, after the loop may have changed the tensor). Medians of ``repeats`` timings of ``calls`` calls."""
-    from otelprof import hotpath
+    from otelprof.runtime import hotpath
 
     values = {"float": 0.5, "CPU tensor": torch.tensor(0.5),
               "CPU tensor, requires_grad": torch.tensor(0.5, requires_grad=True) * 2.0}

@@ -4,7 +4,7 @@
     python benchmarks/window_extras.py --rounds 9 --steps 20
 
 Rounds interleave the variants (their order rotates each round) so that machine noise hits them alike. The same
-CNN step as benchmarks/profile_windows.py, per variant the median step time of one round:
+CNN step as benchmarks/torch_integration.py (its cnn_step), per variant the median step time of one round:
 
 * ``bare``: the step alone.
 * ``flop-counter``: the step under ``torch.utils.flop_counter`` (otelprof's counter, integrations/flops.py),

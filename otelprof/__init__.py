@@ -11,8 +11,13 @@
 
 from otelprof._version import __version__
 from otelprof.config import Config, ConfigError
-from otelprof.hotpath import StopTraining, annotate, annotation_begin, annotation_end, phase, record, step
-from otelprof.session import Session, get_session, init, shutdown
+from otelprof.integrations import profile_schedule as _profile_schedule
+from otelprof.runtime import extensions as _extensions
+from otelprof.runtime.hotpath import StopTraining, annotate, annotation_begin, annotation_end, phase, record, step
+from otelprof.runtime.session import Session, get_session, init, shutdown
+
+# The composition root: the runtime core offers hooks, the integrations every session runs register here.
+_extensions.register(_profile_schedule.start)
 
 __all__ = [
     "Config",

@@ -139,7 +139,7 @@ OTELPROF_RANK = "otelprof.rank"
 OTELPROF_LOCAL_RANK = "otelprof.local_rank"
 OTELPROF_WORLD_SIZE = "otelprof.world_size"
 OTELPROF_VERSION = "otelprof.version"
-# What the process runs on (read once in init(), otelprof.collectors.environment).
+# What the process runs on (read once in init(), otelprof.runtime.collectors.environment).
 PROCESS_RUNTIME_NAME = "process.runtime.name"
 PROCESS_RUNTIME_VERSION = "process.runtime.version"
 OS_TYPE = "os.type"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import collections
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,11 @@ _ISOLATE = [v.name for v in ev.ENV_VARS] + [
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in _ISOLATE:
         monkeypatch.delenv(name, raising=False)
+    # A test that ran torch.compile leaves its frame count behind, and otelprof counts no FLOPs in a process that
+    # compiled (a dispatch mode would make compiled frames recompile): each test starts as a fresh process would.
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is not None:
+        monkeypatch.setitem(dynamo.counters, "frames", collections.Counter())
     yield
     otelprof.shutdown()
     torch_integration = sys.modules.get("otelprof.integrations.torch")

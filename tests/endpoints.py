@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otelprof import actions
 from otelprof import semconv as sc
+from otelprof.cli import actions
 from tests.servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]

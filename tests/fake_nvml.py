@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from otelprof.collectors.nvml import MIG_KEY_BASE, DeviceInfo, NvmlCallError, mig_profile
+from otelprof.runtime.collectors.nvml import MIG_KEY_BASE, DeviceInfo, NvmlCallError, mig_profile
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 class FakeNvml:
-    """Implements otelprof.collectors.nvml.NvmlBackend. ``tick`` selects the reading; ``errors`` maps
+    """Implements otelprof.runtime.collectors.nvml.NvmlBackend. ``tick`` selects the reading; ``errors`` maps
     (index, field) -> reason to fail a read; ``calls`` counts reads per (index, field). A device entry's ``mig``
     lists its MIG instances (MIG mode on), keyed from MIG_KEY_BASE in listing order like the real backend; their
     readings are under their UUID in the ticks, ``process_memory`` and ``gpm``. ``hidden_mig`` instances are not

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from otelprof import actions
+from otelprof.cli import actions
 from otelprof.mixin import MixinConfig
 from otelprof.mixin.config import with_overrides
 from otelprof.mixin.generate import render_alerts

@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 
 import otelprof
 from otelprof import _arguments
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
-from otelprof.recorder import Recorder
 from otelprof.recording import schema
 from otelprof.recording.ranks import RankRecording
 from otelprof.recording.reader import read_recording
+from otelprof.runtime import hotpath as hot
+from otelprof.runtime.recorder import Recorder
 
 QUIET = {"system_metrics": False, "handle_sigterm": False}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import otelprof
 from otelprof import semconv as sc
-from otelprof.export.prometheus import render
+from otelprof.runtime.export.prometheus import render
 
 
 def _series(session: otelprof.Session) -> list[str]:

@@ -13,9 +13,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 import otelprof
-import otelprof.session
+import otelprof.runtime.session
 from otelprof import semconv as sc
-from otelprof.collectors.sampler import Sampler
+from otelprof.runtime.collectors.sampler import Sampler
 from tests.fake_nvml import FakeNvml
 from tests.servers import require_binary
 
@@ -162,7 +162,7 @@ def test_gpu_series_on_metrics_carry_what_the_semantic_conventions_require(
         fakes.append(FakeNvml())
         return fakes[-1]
 
-    monkeypatch.setattr(otelprof.session, "Sampler", functools.partial(Sampler, nvml_factory=factory))
+    monkeypatch.setattr(otelprof.runtime.session, "Sampler", functools.partial(Sampler, nvml_factory=factory))
     session = otelprof.init(job_name="catalog", record_dir=str(record_dir), metrics_exporters=("prometheus",),
                             prometheus_port=0, sample_interval=0.1)
     assert isinstance(session, otelprof.Session)

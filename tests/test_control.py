@@ -13,8 +13,8 @@ import pytest
 
 import otelprof
 from otelprof import semconv as sc
-from otelprof.control import MAX_BODY, ControlServer
 from otelprof.recording.reader import read_recording
+from otelprof.runtime.control import MAX_BODY, ControlServer
 from tests.servers import free_port
 
 TOKEN = "s3cret-token"

@@ -363,7 +363,7 @@ def test_device_times_in_the_report_and_the_timeline_beside_host_times(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from otelprof.analysis.report import build_report
     from otelprof.report.html import render
-    from otelprof.timeline import build_timeline
+    from otelprof.report.timeline import build_timeline
 
     gpu = FakeGPU()
     _fake_cuda(monkeypatch, gpu)

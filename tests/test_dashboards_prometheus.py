@@ -44,7 +44,7 @@ PROVIDED = frozenset({"alerts", "alert_rules"})
 
 DEMO = """
 import sys
-from otelprof.demo import run_demo
+from otelprof.cli.demo import run_demo
 run_demo(duration=float(sys.argv[1]), record_dir=sys.argv[2], loader_delay=0.03,
          loader_delay_after=float(sys.argv[1]) / 3, progress=lambda line: None)
 """

@@ -39,10 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPOSITION = FIXTURES / "dcgm_exporter_a100x3.prom"
 SERVE = r"""
 import functools, sys
-import otelprof, otelprof.session
-from otelprof.collectors.sampler import Sampler
+import otelprof, otelprof.runtime.session
+from otelprof.runtime.collectors.sampler import Sampler
 from tests.fake_nvml import FakeNvml
-otelprof.session.Sampler = functools.partial(Sampler, nvml_factory=FakeNvml)
+otelprof.runtime.session.Sampler = functools.partial(Sampler, nvml_factory=FakeNvml)
 session = otelprof.init()
 host, port = session.metrics_address
 print(f"{host}:{port}", flush=True)

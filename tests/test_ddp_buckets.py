@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from otelprof import collectives
 from otelprof import semconv as sc
 from otelprof.analysis.check_recording import rank_data
 from otelprof.analysis.checks import evaluate_ranks
@@ -25,7 +24,8 @@ from otelprof.analysis.run import RunView
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.ranks import Recording
 from otelprof.recording.reader import read_recording
-from otelprof.timeline import ARG_COLLECTIVE, ARG_EXPOSED, build_timeline
+from otelprof.report.timeline import ARG_COLLECTIVE, ARG_EXPOSED, build_timeline
+from otelprof.shared import collectives
 
 RANKS = 3
 STRAGGLER = 1

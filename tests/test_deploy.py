@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from otelprof import deploy
+from otelprof.mixin import deploy
 from tests.servers import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from otelprof import deploy
 from otelprof import semconv as sc
+from otelprof.mixin import deploy
 from otelprof.mixin.promql import series_name
 from tests.servers import Prometheus, free_port, require_binary
 from tests.test_deploy import build

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 import otelprof
-from otelprof import actions
 from otelprof import semconv as sc
-from otelprof._http import BackgroundServer, Limits, QuietHandler
-from otelprof.action_queue import ActionQueue
-from otelprof.control import MAX_BODY, ControlServer
-from otelprof.export.prometheus import PrometheusEndpoint
+from otelprof.cli import actions
+from otelprof.cli.action_queue import ActionQueue
+from otelprof.runtime._http import BackgroundServer, Limits, QuietHandler
+from otelprof.runtime.control import MAX_BODY, ControlServer
+from otelprof.runtime.export.prometheus import PrometheusEndpoint
 from tests.endpoints import (
     TOKEN,
     WEBHOOK_TOKEN,
@@ -191,7 +191,7 @@ def test_series_are_capped_per_metric_not_per_label(tmp_path: Path) -> None:
                 with otelprof.step():
                     with otelprof.annotate(f"region{a}"):
                         pass
-    from otelprof.export.prometheus import render
+    from otelprof.runtime.export.prometheus import render
 
     text = render(session.registry.collect(), {})
     name = sc.ANNOTATION_DURATION.prometheus_name

@@ -27,10 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families as text_fami
 import otelprof
 from otelprof import semconv as sc
 from otelprof.config import Config
-from otelprof.export.prometheus import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, wants_openmetrics
-from otelprof.metrics import EXEMPLAR_HOLD_NS, HistogramInstrument
 from otelprof.recording.reader import read_recording
 from otelprof.recording.records import Span
+from otelprof.runtime.export.prometheus import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, wants_openmetrics
+from otelprof.runtime.metrics import EXEMPLAR_HOLD_NS, HistogramInstrument
 from tests.otlp_receiver import OTLPReceiver, attributes
 from tests.servers import prometheus
 from tests.test_otlp_export import clean_env

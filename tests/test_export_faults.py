@@ -24,7 +24,7 @@ import grpc
 import pytest
 
 import otelprof
-from otelprof.export.log_gate import GATE
+from otelprof.runtime.export.log_gate import GATE
 from tests.otlp_receiver import Fault, Garbage, OTLPReceiver, closed_port
 from tests.test_never_harm import child_env, clean_env
 

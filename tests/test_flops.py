@@ -13,11 +13,11 @@ import torch
 import otelprof
 from otelprof import semconv as sc
 from otelprof.analysis.report import build_report
-from otelprof.collectors.sampler import Sampler
 from otelprof.integrations import flops
 from otelprof.integrations import torch as otorch
 from otelprof.recording.reader import read_recording
 from otelprof.report.html import render
+from otelprof.runtime.collectors.sampler import Sampler
 from tests.fake_nvml import FakeNvml
 from tests.test_report_fixtures import T0, manifest, step_line, write_rank
 
@@ -79,7 +79,7 @@ def test_utilization_is_achieved_over_the_peak_of_the_gpu_model_and_dtype() -> N
 def test_a_window_counts_the_flops_of_the_next_step_and_reports_achieved_flops(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeNvml()
-    monkeypatch.setattr(otelprof.session, "Sampler", functools.partial(Sampler, nvml_factory=lambda: fake))
+    monkeypatch.setattr(otelprof.runtime.session, "Sampler", functools.partial(Sampler, nvml_factory=lambda: fake))
     for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)
     session = otelprof.init(record_dir=str(tmp_path), profile_every=0, sample_interval=0.1)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from otelprof.generate import DOC_BLOCKS, render_blocks
+from otelprof.cli.generate import DOC_BLOCKS, render_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_BYTES = 40_000

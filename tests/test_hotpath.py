@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import otelprof
-from otelprof import hotpath as hot
+from otelprof.runtime import hotpath as hot
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_the_background_thread_processes_long_steps_one_at_a_time_and_short_ones
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step_ns: int, paced: bool) -> None:
     """Between records the background thread sleeps for real (the GIL goes to the training thread) when steps
     are long; short steps go in chunks; a drain from another thread (a scrape, shutdown) never sleeps."""
-    from otelprof import recorder as rec_module
+    from otelprof.runtime import recorder as rec_module
 
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, flush_interval=10.0)
     assert isinstance(session, otelprof.Session)
@@ -166,7 +166,7 @@ def test_the_background_thread_processes_long_steps_one_at_a_time_and_short_ones
 
 def test_a_backlog_is_processed_at_full_speed_even_for_long_steps(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from otelprof import recorder as rec_module
+    from otelprof.runtime import recorder as rec_module
 
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, flush_interval=10.0)
     assert isinstance(session, otelprof.Session)

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import otelprof
-from otelprof import nesting
 from otelprof import semconv as sc
 from otelprof.analysis.framework import framework_summary
 from otelprof.analysis.report import build_report
@@ -22,6 +21,7 @@ from otelprof.integrations import torch as otorch
 from otelprof.recording.ranks import RankRecording
 from otelprof.recording.reader import read_recording
 from otelprof.report.html import render
+from otelprof.shared import nesting
 
 STEPS = 12
 

@@ -34,10 +34,10 @@ from opentelemetry.sdk.trace.export import SpanExporter
 import otelprof
 from otelprof import semconv as sc
 from otelprof.config import Config
-from otelprof.export import otlp
 from otelprof.recording import schema
 from otelprof.recording.ranks import RankRecording
 from otelprof.recording.reader import read_recording
+from otelprof.runtime.export import otlp
 from tests.otlp_receiver import BlackHole, closed_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -632,7 +632,7 @@ def test_prometheus_port_in_use_warns_once(tmp_path: Path, monkeypatch: pytest.M
 def test_a_scraper_that_hangs_up_mid_answer_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
     """A Prometheus whose scrape timed out closes the connection while /metrics answers; the write fails
     with a broken pipe. socketserver would print that traceback to the training job's stderr."""
-    from otelprof._http import BackgroundServer, QuietHandler
+    from otelprof.runtime._http import BackgroundServer, QuietHandler
 
     class HungUp(QuietHandler):
         def do_GET(self) -> None:

@@ -25,8 +25,8 @@ from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import with_overrides
 from otelprof.mixin.generate import render_alerts
 from otelprof.mixin.promql import series_name
-from otelprof.outliers import LossSpikes, StepJudge
 from otelprof.recording.reader import read_recording
+from otelprof.shared.outliers import LossSpikes, StepJudge
 from tests.servers import require_binary
 
 SCRAPE = 5.0

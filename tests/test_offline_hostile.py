@@ -124,7 +124,7 @@ def test_zero_steps_report_has_a_rules_section_with_no_data(base_run: Path, tmp_
 
 def test_guard_turns_an_unexpected_exception_into_one_line_and_exit_2(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from otelprof.report import commands
+    from otelprof.cli import report as commands
 
     def boom(args: object) -> int:
         raise RuntimeError("deep inside\nsecond line \x1b[2J")
@@ -200,7 +200,7 @@ def test_line_exactly_at_the_limit_is_read_and_one_byte_more_is_skipped(base_run
 
 
 def test_reader_limits_hold_what_the_recorder_writes() -> None:
-    from otelprof import hotpath
+    from otelprof.runtime import hotpath
 
     assert limits.MAX_STEP_REGIONS == hotpath.MAX_STEP_ANNOTATIONS  # a step the recorder writes is never cut
     assert all(limits.MAX_LINE_BYTES[f] >= 2**20 for f in (schema.STEPS, schema.SAMPLES, schema.PROFILES))

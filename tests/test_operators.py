@@ -16,15 +16,15 @@ from opentelemetry.sdk.trace import TracerProvider
 import otelprof
 from otelprof import semconv as sc
 from otelprof.config import Config
-from otelprof.integrations import operators
+from otelprof.integrations import operators, profile_schedule
 from otelprof.integrations import torch as otorch
 from otelprof.integrations.profile_schedule import PeriodicWindows
 from otelprof.integrations.torch_profiler import kernel_precision
-from otelprof.metrics import MetricRegistry
 from otelprof.recording.ranks import RankRecording
 from otelprof.recording.reader import read_recording
 from otelprof.recording.records import Span
-from otelprof.span_builder import SpanBuilder
+from otelprof.runtime.metrics import MetricRegistry
+from otelprof.runtime.span_builder import SpanBuilder
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kineto_gpu_trace.json"
 BASE_NS = 1700000000000000000
@@ -203,15 +203,15 @@ def test_a_default_session_profiles_a_window_after_warmup(tmp_path: Path) -> Non
                             profile_warmup_steps=12)
     model = Block()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not session.profile_schedule.windows_run:
+    while time.monotonic() < deadline and not profile_schedule.of(session).windows_run:
         _train(5, model)
         time.sleep(0.02)
     rank = _finish(session)
     [window] = list(rank.profiles())
     assert window["trigger"] == "periodic" and window["start_step"] >= 12 and window["num_steps"] == 3
     assert window["overhead_s"] > 0 and window["operator_spans"] > 0
-    assert session.profile_schedule.next_delay == pytest.approx(600.0)
-    from otelprof.report.commands import write_demo_outputs
+    assert profile_schedule.of(session).next_delay == pytest.approx(600.0)
+    from otelprof.cli.report import write_demo_outputs
 
     report, _ = write_demo_outputs(rank.path.parent)
     html = report.read_text()
@@ -222,7 +222,7 @@ def test_periodic_windows_can_be_switched_off(tmp_path: Path) -> None:
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, profile_every=0, profile_warmup=0)
     _train(30, Block())
     time.sleep(0.3)
-    assert session.profile_schedule._thread is None
+    assert profile_schedule.of(session)._thread is None
     run_dir = session.run_dir
     otelprof.shutdown()
     assert list(read_recording(run_dir).ranks[0].profiles()) == []

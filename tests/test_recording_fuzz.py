@@ -22,7 +22,7 @@ from otelprof.recording.ranks import RankRecording
 from otelprof.recording.reader import read_recording
 from otelprof.recording.steps import parse_line
 from otelprof.report.html import render
-from otelprof.timeline import build_timeline, write_timeline
+from otelprof.report.timeline import build_timeline, write_timeline
 from tests.malformed_recordings import RUN_ID, record_base
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,

@@ -19,10 +19,10 @@ from otelprof.analysis.dataloader import wait_histogram
 from otelprof.analysis.diagnosis import CAUSE, SYMPTOM, diagnosis_dict
 from otelprof.analysis.report import build_report, load
 from otelprof.analysis.stats import Histogram, quantile
+from otelprof.cli.report import resolve_run
 from otelprof.mixin import MixinConfig
 from otelprof.mixin.config import with_overrides
 from otelprof.report import svg
-from otelprof.report.commands import resolve_run
 from otelprof.report.formatting import size
 from otelprof.report.html import render
 from tests.test_report import CHROMIUM_FLAGS, chromium, otelprof

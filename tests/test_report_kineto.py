@@ -19,12 +19,12 @@ import torch
 
 import otelprof
 from otelprof.analysis.report import build_report
-from otelprof.collectors.sampler import Sampler
 from otelprof.integrations import operators, torch_profiler
 from otelprof.integrations import torch as otorch
 from otelprof.recording.reader import read_recording
 from otelprof.report.html import render
-from otelprof.timeline import build_timeline
+from otelprof.report.timeline import build_timeline
+from otelprof.runtime.collectors.sampler import Sampler
 from tests.fake_nvml import FakeNvml
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kineto_gpu_trace.json"
@@ -62,7 +62,7 @@ def test_gpu_operator_tables_pies_and_mfu_come_from_the_kineto_trace(
     if dynamo is not None:
         monkeypatch.setitem(dynamo.counters, "frames", collections.Counter())
     fake = FakeNvml()
-    monkeypatch.setattr(otelprof.session, "Sampler", functools.partial(Sampler, nvml_factory=lambda: fake))
+    monkeypatch.setattr(otelprof.runtime.session, "Sampler", functools.partial(Sampler, nvml_factory=lambda: fake))
     for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)
     session = otelprof.init(record_dir=str(tmp_path), profile_every=0, peak_flops=PEAK)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import otelprof
-import otelprof.session
+import otelprof.runtime.session
 from otelprof import semconv as sc
 from otelprof.analysis import environment as envmod
 from otelprof.analysis import framework as fw
@@ -32,14 +32,14 @@ from otelprof.analysis.prometheus import _Queries
 from otelprof.analysis.prometheus_progress import grid, input_series, progress
 from otelprof.analysis.report import build_report, load
 from otelprof.analysis.steps import StepAnalysis
-from otelprof.collectors import environment as detect
-from otelprof.collectors.gpu import GpuCollector
-from otelprof.collectors.nvml import NvmlCallError, cuda_version
-from otelprof.collectors.sampler import Sampler
 from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.reader import read_recording
 from otelprof.report.html import render
+from otelprof.runtime.collectors import environment as detect
+from otelprof.runtime.collectors.gpu import GpuCollector
+from otelprof.runtime.collectors.nvml import NvmlCallError, cuda_version
+from otelprof.runtime.collectors.sampler import Sampler
 from tests.fake_nvml import FakeNvml
 from tests.test_report_fixtures import T0, manifest, small_run, step_line, write_rank
 
@@ -59,7 +59,7 @@ def _lr(i: int) -> float:
 
 def _record_loop(record_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     fake = FakeNvml()
-    monkeypatch.setattr(otelprof.session, "Sampler", functools.partial(Sampler, nvml_factory=lambda: fake))
+    monkeypatch.setattr(otelprof.runtime.session, "Sampler", functools.partial(Sampler, nvml_factory=lambda: fake))
     for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)
     session = otelprof.init(job_name="curves", record_dir=str(record_dir), sample_interval=0.1)

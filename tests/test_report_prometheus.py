@@ -34,7 +34,7 @@ import psutil
 import pytest
 
 import otelprof
-import otelprof.session
+import otelprof.runtime.session
 from otelprof import semconv as sc
 from otelprof.analysis import environment as envmod
 from otelprof.analysis import framework as fw
@@ -43,9 +43,9 @@ from otelprof.analysis import system as sysmod
 from otelprof.analysis.prometheus import PrometheusError, extreme_buckets, parse_time, report_from_prometheus
 from otelprof.analysis.report import ORIGIN_PROMETHEUS, Report
 from otelprof.analysis.stats import Bucket
-from otelprof.collectors.sampler import Sampler
 from otelprof.report.formatting import bounds, pct, secs
 from otelprof.report.html import SECTIONS, render
+from otelprof.runtime.collectors.sampler import Sampler
 from tests.fake_nvml import FakeNvml
 from tests.servers import prometheus
 
@@ -96,7 +96,7 @@ EVAL_LOSS = 1.75
 
 def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _fake_gpus()
-    monkeypatch.setattr(otelprof.session, "Sampler", functools.partial(Sampler, nvml_factory=lambda: fake))
+    monkeypatch.setattr(otelprof.runtime.session, "Sampler", functools.partial(Sampler, nvml_factory=lambda: fake))
     for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)
     session = otelprof.init(job_name="promreport", record_dir=str(tmp_path / "runs"),

@@ -42,7 +42,7 @@ def _same(a: RankRecording, b: RankRecording) -> None:
 
 def _recorder_line(phase: str, number: int, start: int, duration: int, regions: list[tuple[str, int, int, int]],
                    scalars: dict[str, float], error: str | None = None) -> str:
-    """A step line formatted like otelprof.recorder.Recorder._step_line."""
+    """A step line formatted like otelprof.runtime.recorder.Recorder._step_line."""
     parts = [f'{{"k":"s","ph":{json.dumps(phase)},"n":{number},"t":{start},"d":{duration}']
     if regions:
         parts.append(',"a":[' + ",".join(f"[{json.dumps(n)},{o},{d},{depth}]" for n, o, d, depth in regions) + "]")

@@ -7,7 +7,7 @@ import pytest
 from otelprof import environment_variables as ev
 from otelprof import semconv as sc
 from otelprof.config import Config
-from otelprof.resource import build_resource, identity_labels
+from otelprof.runtime.resource import build_resource, identity_labels
 
 
 def test_kubernetes_and_torchrun_attributes(monkeypatch: pytest.MonkeyPatch) -> None:

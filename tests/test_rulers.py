@@ -19,8 +19,8 @@ from otelprof.dashboards.generate import dashboards
 from otelprof.dashboards.model import Prom
 from otelprof.mixin import MixinConfig
 from otelprof.mixin.alerts import alert_groups
+from otelprof.mixin.rule_groups import rule_groups
 from otelprof.mixin.rulers import MIMIR_FILE, MIMIR_MAX_RULES_PER_GROUP, NAMESPACE, RULERS_DIR, render_all
-from otelprof.mixin.rules import rule_groups
 from tests.servers import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -56,7 +56,7 @@ def _uninstrument() -> Iterator[None]:
 
 @pytest.fixture
 def zero_code(tmp_path: Path) -> Iterator[Path]:
-    """What ``otelprof run`` does in the program it starts, in this process (see otelprof.launch.start): a session,
+    """What ``otelprof run`` does in the program it starts, in this process (see otelprof.cli.launch.start): a session,
     the global PyTorch hooks, the trainer and accelerate patches. Yields the recording's directory."""
     session = otelprof.init(record_dir=str(tmp_path / "runs"), system_metrics=False)
     assert isinstance(session, otelprof.Session) and session.run_dir is not None

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from otelprof.sampling import OutlierDetector, SpanSelector, flag_outliers
+from otelprof.shared.sampling import OutlierDetector, SpanSelector, flag_outliers
 
 
 def test_outlier_threshold_is_mean_plus_sigma_population_stddev() -> None:

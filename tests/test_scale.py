@@ -20,7 +20,7 @@ import yaml
 
 import otelprof
 from otelprof import semconv as sc
-from otelprof.deploy import prometheus_config
+from otelprof.mixin.deploy import prometheus_config
 from otelprof.mixin.promql import IDENTITY, series_name
 from otelprof.mixin.recording_rules import aggregate_names
 from tests.remote_write import decode_write_request, remote_write_receiver, snappy_decompress

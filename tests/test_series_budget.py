@@ -16,11 +16,11 @@ import torch
 import otelprof
 from otelprof import semconv as sc
 from otelprof import torch as otorch
-from otelprof.collectors.cgroup import CgroupReader
-from otelprof.collectors.sampler import Sampler
 from otelprof.config import Config
-from otelprof.export.prometheus import render
-from otelprof.metrics import MetricRegistry
+from otelprof.runtime.collectors.cgroup import CgroupReader
+from otelprof.runtime.collectors.sampler import Sampler
+from otelprof.runtime.export.prometheus import render
+from otelprof.runtime.metrics import MetricRegistry
 from tests.fake_nvml import FIXTURES, FakeNvml
 
 # The published budget (docs/scale.md). A rank: its steps, phases, regions, scalars and process; a node: the

@@ -18,7 +18,7 @@ import pytest
 import otelprof
 from otelprof import environment_variables as ev
 from otelprof import semconv as sc
-from otelprof import spawned_ranks
+from otelprof.cli import spawned_ranks
 from otelprof.recording.reader import read_recording
 from tests.servers import free_port
 from tests.test_launch import _bootstrap, otelprof_lines, otelprof_run

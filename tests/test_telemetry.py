@@ -19,15 +19,15 @@ import pytest
 
 from otelprof import semconv as sc
 from otelprof._log import reset_warnings
-from otelprof.collectors.cgroup import CgroupReader
-from otelprof.collectors.gpu import GpuCollector, visible_selectors
-from otelprof.collectors.nvml import NvmlCallError, NvmlUnavailable, PynvmlBackend
-from otelprof.collectors.sampler import Sampler
-from otelprof.collectors.system import HostReading, SystemCollector
 from otelprof.config import Config
-from otelprof.metrics import MetricRegistry
 from otelprof.recording import schema
 from otelprof.recording.writer import RecordingWriter
+from otelprof.runtime.collectors.cgroup import CgroupReader
+from otelprof.runtime.collectors.gpu import GpuCollector, visible_selectors
+from otelprof.runtime.collectors.nvml import NvmlCallError, NvmlUnavailable, PynvmlBackend
+from otelprof.runtime.collectors.sampler import Sampler
+from otelprof.runtime.collectors.system import HostReading, SystemCollector
+from otelprof.runtime.metrics import MetricRegistry
 from tests.fake_nvml import FIXTURES, FakeNvml
 
 IDENTITY = {"job_name": "t", "rank": "0", "local_rank": "0", "node": "n"}
@@ -202,7 +202,7 @@ def test_nvml_that_cannot_start_warns_only_where_a_gpu_goes_unmeasured(
     level: int,
 ) -> None:
     reset_warnings()
-    monkeypatch.setattr("otelprof.collectors.gpu.nvidia_device_present", lambda: device_nodes)
+    monkeypatch.setattr("otelprof.runtime.collectors.gpu.nvidia_device_present", lambda: device_nodes)
     errors: list[tuple[str, str]] = []
     with caplog.at_level(logging.INFO, logger="otelprof"):
         collector = GpuCollector(lambda s, r: errors.append((s, r)), _unavailable(reason), warn=warn)
@@ -339,8 +339,8 @@ def test_gpu_info_names_the_ranks_gpu_and_sampling_off_reads_nothing_else(tmp_pa
 
 
 def test_coincidence_thresholds_are_strict(tmp_path: Path) -> None:
-    from otelprof.collectors.gpu import GpuReading
-    from otelprof.collectors.nvml import DeviceInfo
+    from otelprof.runtime.collectors.gpu import GpuReading
+    from otelprof.runtime.collectors.nvml import DeviceInfo
 
     sampler, registry, _ = _sampler(tmp_path, None)
 

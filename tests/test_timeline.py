@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from otelprof.recording.reader import read_recording
-from otelprof.timeline import build_timeline
+from otelprof.report.timeline import build_timeline
 from tests.test_report_fixtures import T0, manifest, small_run, step_line, write_rank
 
 PHASES = {"B", "E", "X", "I", "i", "C", "b", "n", "e", "s", "t", "f", "M", "P", "N", "O", "D"}

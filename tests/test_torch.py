@@ -169,7 +169,7 @@ def test_an_optimizer_calling_its_base_step_is_timed_once(tmp_path: Path) -> Non
 
 
 def test_a_step_that_never_ends_keeps_a_bounded_list(tmp_path: Path) -> None:
-    from otelprof import hotpath
+    from otelprof.runtime import hotpath
     from tests.test_catalog import _scrape
 
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False, metrics_exporters=("prometheus",),
@@ -188,7 +188,7 @@ def test_a_step_that_never_ends_keeps_a_bounded_list(tmp_path: Path) -> None:
 
 
 def test_the_hooks_keep_the_region_bound_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from otelprof import hotpath
+    from otelprof.runtime import hotpath
 
     monkeypatch.setattr(hotpath, "MAX_STEP_ANNOTATIONS", 2)
     dropped = hotpath.dropped_regions
@@ -647,7 +647,7 @@ def test_grad_scaler_is_patched_while_instrumented() -> None:
 def test_a_steps_loss_parts_are_added_up_off_the_hot_path(tmp_path: Path) -> None:
     """A loss of parts (tensors, as a CUDA loop's backward() losses are kept) is their sum in the recording; the
     parts of an evaluation step's loss their mean; parts that are not numbers are ignored with one warning."""
-    from otelprof import hotpath
+    from otelprof.runtime import hotpath
 
     session = otelprof.init(record_dir=str(tmp_path), system_metrics=False)
     with otelprof.step():
@@ -685,7 +685,7 @@ def test_record_keeps_the_value_at_the_call_of_a_tensor_changed_in_place_later(t
 def test_record_copies_a_tensor_on_a_device_and_leaves_other_values_alone() -> None:
     """Off the CPU a one-element tensor is copied (on its device's stream, never read on the training thread);
     a tensor of several elements and values that are no tensors are kept as given (the recorder judges them)."""
-    from otelprof import hotpath
+    from otelprof.runtime import hotpath
 
     on_device = torch.zeros((), device="meta", requires_grad=True)
     copy = hotpath._value_now(on_device)

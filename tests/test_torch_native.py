@@ -18,10 +18,10 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import otelprof
-from otelprof import hotpath
 from otelprof import semconv as sc
 from otelprof.integrations import torch as otorch
 from otelprof.recording.ranks import RankRecording
+from otelprof.runtime import hotpath
 from tests.test_torch import REGIONS, _recording, require_native
 
 torch.set_num_threads(1)

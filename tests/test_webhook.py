@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 
-from otelprof import actions
-from otelprof.action_queue import ActionQueue
-from otelprof.cli import main
-from otelprof.control import ControlServer
+from otelprof.cli import actions, main
+from otelprof.cli.action_queue import ActionQueue
+from otelprof.runtime.control import ControlServer
 from tests.servers import free_port
 
 TOKEN = "s3cret-webhook"
@@ -27,7 +26,7 @@ CONTROL_TOKEN = "s3cret-control"
 
 @dataclass
 class FakeProcess:
-    """A real control endpoint (otelprof.control) whose callbacks record what reached it."""
+    """A real control endpoint (otelprof.runtime.control) whose callbacks record what reached it."""
 
     name: str
     stops: list[tuple[str, str]] = field(default_factory=list)
@@ -331,7 +330,7 @@ def test_kubernetes_fallback_suspends_the_job_and_control_port_template() -> Non
     from http.server import BaseHTTPRequestHandler as _Handler
     from http.server import HTTPServer as _Server
 
-    from otelprof import actions as _actions
+    from otelprof.cli import actions as _actions
 
     seen: list[tuple[str, str, str, dict[str, object]]] = []
 

@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from otelprof import actions, control
-from otelprof._http import BackgroundServer, Limits, QuietHandler
-from otelprof.action_queue import MAX_SHARED, QUEUE_FULL, QUEUED, TARGET_FULL, Action, ActionQueue
-from otelprof.control import ControlServer
+from otelprof.cli import actions
+from otelprof.cli.action_queue import MAX_SHARED, QUEUE_FULL, QUEUED, TARGET_FULL, Action, ActionQueue
+from otelprof.runtime import control
+from otelprof.runtime._http import BackgroundServer, Limits, QuietHandler
+from otelprof.runtime.control import ControlServer
 from tests.servers import free_port, require_binary
 
 TOKEN = "storm-webhook-token"
@@ -92,7 +93,7 @@ def dead() -> Iterator[DeadTargets]:
 
 
 class HealthyProcess:
-    """A real control endpoint (otelprof.control) that sets an event when a stop reaches it."""
+    """A real control endpoint (otelprof.runtime.control) that sets an event when a stop reaches it."""
 
     def __init__(self) -> None:
         self.stopped = threading.Event()

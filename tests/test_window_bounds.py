@@ -21,11 +21,11 @@ import pytest
 import torch
 
 import otelprof
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
-from otelprof.integrations import operators, window_bounds
+from otelprof.integrations import operators, profile_schedule, window_bounds
 from otelprof.integrations import torch as otorch
 from otelprof.recording.reader import read_recording
+from otelprof.runtime import hotpath as hot
 from tests.servers import free_port
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kineto_gpu_trace.json"
@@ -295,10 +295,10 @@ def test_an_expensive_window_stretches_the_interval_to_stay_within_the_budget(tm
     model = Tiny()
     otorch.instrument(model=model)
     deadline = time.monotonic() + 90
-    while session.profile_schedule.windows_run < 3 and time.monotonic() < deadline:
+    while profile_schedule.of(session).windows_run < 3 and time.monotonic() < deadline:
         _steps(model, 1, 150)  # ~10,000 events a step: a window costs tenths of a second, far past 5 % of 0.1 s
     found = _profiles(session, 3)
-    schedule = session.profile_schedule
+    schedule = profile_schedule.of(session)
     deadline = time.monotonic() + 10
     while schedule.windows_run < 3 or not session.registry.gauge(sc.PROFILE_INTERVAL).values:
         assert time.monotonic() < deadline

@@ -1,4 +1,4 @@
-"""Loaded by ``otelprof run`` through PYTHONPATH: start otelprof (:mod:`otelprof.launch`) in the training
+"""Loaded by ``otelprof run`` through PYTHONPATH: start otelprof (:mod:`otelprof.cli.launch`) in the training
 process, then hand over to any other ``sitecustomize`` further down the path. Imports nothing of otelprof in
 other processes. Never stops the program from starting.
 
@@ -8,7 +8,7 @@ process that starts sets it to ``started``, so the Python processes it starts in
 data-loader workers, helpers) record nothing.
 
 A multiprocessing child of a process that started, when that one offers its children to become ranks
-(``OTELPROF_RUN_SPAWNER``, :mod:`otelprof.spawned_ranks`): when the program imports ``torch.distributed``, its
+(``OTELPROF_RUN_SPAWNER``, :mod:`otelprof.cli.spawned_ranks`): when the program imports ``torch.distributed``, its
 ``init_process_group`` is wrapped; the child becomes that rank when the call returns. Until then nothing of
 otelprof is imported."""
 
@@ -80,7 +80,7 @@ def _armed(role: str, env: Mapping[str, str]) -> bool:
 
 
 def _ask_spawner() -> None:
-    """Ask the spawner to stand down (see otelprof.spawned_ranks) unless it has; never raises."""
+    """Ask the spawner to stand down (see otelprof.cli.spawned_ranks) unless it has; never raises."""
     try:
         import json
 
@@ -88,7 +88,7 @@ def _ask_spawner() -> None:
         if not os.path.exists(handover + ".done"):
             flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0)
             os.close(os.open(handover + ".request", flags, 0o600))
-    except Exception:  # asked already, or no spawner: otelprof.spawned_ranks tries again
+    except Exception:  # asked already, or no spawner: otelprof.cli.spawned_ranks tries again
         pass
 
 
@@ -106,7 +106,7 @@ def _wrap_init(module: Any) -> None:
         result = original(*args, **kwargs)
         if os.environ.get(SPAWNER):
             try:
-                from otelprof import spawned_ranks
+                from otelprof.cli import spawned_ranks
 
                 spawned_ranks.become_rank()
             except Exception as exc:  # the rank trains regardless
@@ -173,10 +173,12 @@ def _arm() -> None:
 
 def _start(role: str) -> None:
     try:
-        from otelprof import launch
+        from otelprof.cli import launch
 
         if role == "training":
-            launch.start()
+            from otelprof.cli import spawned_ranks
+
+            launch.start(on_hooked=spawned_ranks.offer)
         else:
             launch.name_run()
     except Exception as exc:  # the training program must start regardless

@@ -10,13 +10,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 
-from otelprof import collectives
 from otelprof import semconv as sc
 from otelprof.analysis.check_tables import RankData, SampleTable, StepTable
 from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.config import MixinConfig
-from otelprof.outliers import StepJudge, in_windows
 from otelprof.recording.ranks import RankRecording
+from otelprof.shared import collectives
+from otelprof.shared.outliers import StepJudge, in_windows
 
 
 def _sample_table(rank: RankRecording, config: MixinConfig) -> SampleTable:

@@ -17,8 +17,8 @@ from itertools import accumulate, compress, repeat
 from otelprof import semconv as sc
 from otelprof.analysis.histogram import bucket_quantile
 from otelprof.mixin.config import MixinConfig
-from otelprof.outliers import LossSpikes
 from otelprof.recording.columns import group_indexes
+from otelprof.shared.outliers import LossSpikes
 
 BUCKETS = sc.RATIO_BUCKETS
 

@@ -1,7 +1,7 @@
 """The environment the job ran in: instance type, GPUs and their driver, CUDA, PyTorch, Python, OS.
 
 Each rank's process recorded what it runs on as resource attributes at ``init()``
-(:mod:`otelprof.collectors.environment`): the recording's manifests hold them, Prometheus has them
+(:mod:`otelprof.runtime.collectors.environment`): the recording's manifests hold them, Prometheus has them
 on ``target_info``. A field with one value on every rank is one row; a field whose value differs
 between ranks or nodes (a mixed driver, one node on another instance type) gets a row per value,
 saying where. Fields no rank recorded are listed as missing.

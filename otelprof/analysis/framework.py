@@ -20,11 +20,11 @@ from itertools import compress
 from operator import add, not_, sub
 from typing import Any
 
-from otelprof import nesting
 from otelprof import semconv as sc
 from otelprof.analysis.run import MAX_PHASES, RunView
 from otelprof.analysis.stats import Bucket, share
 from otelprof.recording.columns import StepColumns
+from otelprof.shared import nesting
 
 TOP = 20
 BETWEEN_STEPS = "between steps"

@@ -4,7 +4,7 @@
   histograms of each pair of GPUs (natural log, 0 .. 0.83; what the original LoadBalancing rule
   meant to compute), and the spread of mean utilization (what the alert judges).
 * Ranks: per phase, each rank's median step time and mean compute time (step time minus data-loader
-  wait and exposed communication, see :mod:`otelprof.collectives`) against the median of its peers (the
+  wait and exposed communication, see :mod:`otelprof.shared.collectives`) against the median of its peers (the
   other ranks, as the alert compares them); a rank
   well above it is a straggler — the other ranks show its delay as exposed communication. Collective time
   is the union of a step's all-reduces (gradient buckets in flight at once count once).
@@ -16,7 +16,6 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from otelprof import collectives
 from otelprof import semconv as sc
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
 from otelprof.analysis.run import RunView
@@ -24,6 +23,7 @@ from otelprof.analysis.stats import Histogram, finite, share
 from otelprof.analysis.step_checks import peers_median
 from otelprof.analysis.system import gpu_order
 from otelprof.mixin.config import MixinConfig
+from otelprof.shared import collectives
 
 PAIRWISE_LIMIT = 16
 """Up to this many GPUs every pair is compared; beyond, each GPU against the mean of all."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from otelprof import semconv as sc
 from otelprof.analysis import environment as envmod
@@ -38,8 +38,32 @@ from otelprof.analysis.steps import StepAnalysis
 from otelprof.analysis.system import SystemUsage
 from otelprof.mixin.promql import PHASE, RANK
 
-if TYPE_CHECKING:
-    from otelprof.analysis.prometheus import _Queries
+
+class _RangeClient(Protocol):
+    def query_range(self, promql: str, start: float, end: float,
+                    step: float) -> list[tuple[dict[str, str], list[tuple[float, float]]]]: ...
+
+
+class _Queries(Protocol):
+    """What these queries need of :mod:`otelprof.analysis.prometheus`'s: a job's series over a time range."""
+
+    @property
+    def client(self) -> _RangeClient: ...
+    @property
+    def job(self) -> str: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def end(self) -> float: ...
+    @property
+    def window(self) -> str: ...
+    @property
+    def sel(self) -> str: ...
+
+    def s(self, spec: sc.MetricSpec, part: str = "", extra: str = "") -> str: ...
+
+    def q(self, promql: str) -> list[tuple[dict[str, str], float]]: ...
+
 
 RATE_WINDOW = 60.0
 """Seconds: rates over time use windows of at least this (and two evaluation steps)."""

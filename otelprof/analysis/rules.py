@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from otelprof.analysis.rule_row import RuleRow as RuleRow  # where the analyses that use the summary take it from
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.ranks import Recording
 
@@ -20,38 +21,6 @@ MAX_EVALUATIONS = 360
 """Long runs are evaluated at a coarser interval so that the checks take a bounded time."""
 BACKGROUND_STEPS = 200_000
 """Recordings with more steps than this evaluate the checks in a forked process, beside the other analyses."""
-
-
-@dataclass(frozen=True)
-class RuleRow:
-    alert: str
-    original: str
-    """SageMaker Debugger rule it stands for ("" when otelprof adds it)."""
-    severity: str
-    description: str
-    recommendation: str
-    triggered: bool
-    firing_evaluations: int
-    """Evaluations at which the check fired (the original's "triggered N times")."""
-    evaluations: int
-    datapoints: int
-    first_fired: float | None
-    """Unix seconds."""
-    value: float | None
-    subjects: tuple[str, ...]
-    parameters: tuple[tuple[str, str], ...]
-
-    @property
-    def status(self) -> str:
-        """``"fired"``, ``"ok"``, or ``"no data"`` when the check had nothing to judge (no datapoints)."""
-        return check_status(self.triggered, self.datapoints)
-
-
-def check_status(triggered: bool, datapoints: int) -> str:
-    """A check's verdict: it fired, it judged data and stayed quiet, or it had nothing to judge."""
-    if triggered:
-        return "fired"
-    return "ok" if datapoints > 0 else "no data"
 
 
 @dataclass(frozen=True)

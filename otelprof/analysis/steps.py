@@ -16,8 +16,8 @@ from otelprof import thresholds
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Bucket, Distribution, Histogram, finite, quantile
-from otelprof.outliers import in_windows
 from otelprof.recording.ranks import RankRecording
+from otelprof.shared.outliers import in_windows
 
 MAX_LISTED_OUTLIERS = 50
 

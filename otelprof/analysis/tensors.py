@@ -19,7 +19,7 @@ from otelprof.recording.ranks import RankRecording, Recording
 from otelprof.recording.tensors import TENSORS, Trial, read_trial
 
 if TYPE_CHECKING:
-    from otelprof.analysis.rules import RuleRow
+    from otelprof.analysis.rule_row import RuleRow
 
 HOLD = 2
 """Consecutive saved steps a layer's condition must hold to fire."""
@@ -368,7 +368,7 @@ def has_tensors(recording: Recording) -> bool:
 def rule_rows(recording: Recording) -> list[RuleRow]:
     """The rules as rows of the checks' table; none for a recording made without collections (whose
     checks table stays as it was)."""
-    from otelprof.analysis.rules import RuleRow
+    from otelprof.analysis.rule_row import RuleRow
 
     rows: list[RuleRow] = []
     if not has_tensors(recording):

@@ -3,4 +3,6 @@
 Typed Python data (:mod:`otelprof.dashboards.model`) rendered to Grafana's dashboard JSON by
 ``otelprof generate`` into ``dashboards/``. Panel ids that alerts link to live in
 :mod:`otelprof.dashboards.ids`. Importing this package has no side effects and imports nothing heavy.
+
+May import: the catalog and configuration modules and :mod:`otelprof.mixin` (selectors, recording rules).
 """

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 from time import perf_counter_ns
 from typing import Any
 
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import warn_once
 from otelprof.integrations._iterators import IteratorProxy
+from otelprof.runtime import hotpath as hot
 
 PENDING_FETCHES = 64
 """Fetches kept while no step is open (a loader iterated outside the trainer must not grow memory)."""
@@ -90,7 +90,7 @@ class SessionOwner:
         """The session this callback started, or None (none started, or the user's is used)."""
 
     def ensure(self) -> None:
-        from otelprof.session import Session, get_session, init
+        from otelprof.runtime.session import Session, get_session, init
 
         if get_session() is not None:
             return
@@ -145,7 +145,7 @@ class StepTracker:
     def failed(self, part: str, exc: BaseException) -> None:
         self.off.add(part)
         label = f"{self.framework}.{part}"
-        from otelprof.session import get_session
+        from otelprof.runtime.session import get_session
 
         session = get_session()
         if session is not None:

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import warn_once
+from otelprof.runtime import hotpath as hot
 
 __all__ = ["after_init", "patch_backward", "patch_loaders"]
 
@@ -45,7 +45,7 @@ def _instrumentation() -> Any:
 
 
 def _failed(exc: Exception) -> None:
-    from otelprof.session import get_session
+    from otelprof.runtime.session import get_session
 
     session = get_session()
     if session is not None:

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
+from otelprof.runtime import hotpath as hot
 
 __all__ = ["CUDA", "DROPPED_LABEL", "PENDING_PAIRS", "Backend", "DeviceTimer", "backend"]
 

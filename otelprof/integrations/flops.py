@@ -17,7 +17,7 @@ from typing import Any
 
 from otelprof import _warnings
 from otelprof import semconv as sc
-from otelprof.metrics import MetricRegistry
+from otelprof.runtime.metrics import MetricRegistry
 
 _DENSE = dict[str, float]
 PEAK_FLOPS: tuple[tuple[str, re.Pattern[str], _DENSE], ...] = (

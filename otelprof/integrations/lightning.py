@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof.integrations._trainer import (
     PART_CALLBACK,
@@ -47,6 +46,7 @@ from otelprof.integrations._trainer import (
     torch_instrumentation,
     warn_if_torch_hooked,
 )
+from otelprof.runtime import hotpath as hot
 
 try:
     from lightning.pytorch import Callback
@@ -314,6 +314,6 @@ class OtelprofCallback(Callback):  # type: ignore[misc]
 
 
 def _session() -> Any:
-    from otelprof.session import get_session
+    from otelprof.runtime.session import get_session
 
     return get_session()

@@ -27,9 +27,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext
 
 from otelprof import semconv as sc
-from otelprof.collectives import covered, merged
-from otelprof.metrics import MetricRegistry
-from otelprof.span_builder import SpanBuilder
+from otelprof.runtime.metrics import MetricRegistry
+from otelprof.runtime.span_builder import SpanBuilder, StepSpan
+from otelprof.shared.collectives import covered, merged
 
 HOST_CATEGORIES = ("cpu_op", "user_annotation")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -354,16 +354,6 @@ def categorize(name: str) -> str:
 
 
 # ---------------------------------------------------------------- spans
-@dataclass(frozen=True)
-class StepSpan:
-    """A traced step of the window: its span context and its times in Unix ns."""
-
-    context: SpanContext
-    number: int
-    start_ns: int
-    end_ns: int
-
-
 def _step_of(start_ns: int, steps: Sequence[StepSpan]) -> StepSpan | None:
     for step in steps:
         if step.start_ns <= start_ns < step.end_ns:

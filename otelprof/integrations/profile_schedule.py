@@ -10,17 +10,21 @@ interpreter's lock) delays the next one by at least X / ``OTELPROF_PROFILE_BUDGE
 within the budget; the interval in force is ``otelprof.profile.interval``. Jobs that never import torch are never
 profiled; a window already armed, running or being summarised (``profile_window``, a capture) makes the schedule
 skip its turn.
+
+Every session runs one: ``otelprof`` registers :func:`start` with :mod:`otelprof.runtime.extensions`.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from typing import Any
 
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import logger
 from otelprof.config import Config
+from otelprof.integrations.torch_profiler import BASELINE_STEPS, CLOSE_WAIT, windows
+from otelprof.runtime import hotpath as hot
 
 RETRY = 5.0
 """Seconds between looks for torch (imported after ``init()``) or for a busy profiler."""
@@ -50,9 +54,12 @@ class PeriodicWindows:
         self._thread = threading.Thread(target=self._run, name="otelprof-profile-schedule", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 0.0) -> None:
+        """The session ends: no more windows; the process's windows close, those being summarised get
+        ``timeout`` seconds (at most ``CLOSE_WAIT``) to finish."""
         self._stop.set()
         self._finished.set()
+        windows.close(max(min(CLOSE_WAIT, timeout), 0.0))
 
     def interval_after(self, overhead: float) -> float:
         """The wait before the next window after one that cost ``overhead`` seconds."""
@@ -72,8 +79,6 @@ class PeriodicWindows:
             if "torch" not in sys.modules or hot._active is None:
                 delay = RETRY
                 continue
-            from otelprof.integrations.torch_profiler import BASELINE_STEPS, windows
-
             if windows.busy:
                 delay = RETRY
                 continue
@@ -91,7 +96,7 @@ class PeriodicWindows:
 
     @staticmethod
     def _export_interval(seconds: float) -> None:
-        from otelprof.session import get_session
+        from otelprof.runtime.session import get_session
 
         session = get_session()
         if session is not None:
@@ -101,3 +106,16 @@ class PeriodicWindows:
     def _on_finished(self, overhead: float) -> None:
         self._overhead = overhead
         self._finished.set()
+
+
+def start(config: Config) -> PeriodicWindows:
+    """A new session's schedule (its extension): what earlier sessions' windows left is reset first."""
+    windows.reset()
+    schedule = PeriodicWindows(config)
+    schedule.start()
+    return schedule
+
+
+def of(session: Any) -> PeriodicWindows | None:
+    """The periodic schedule ``session`` runs (None when it runs none)."""
+    return next((e for e in getattr(session, "extensions", ()) if isinstance(e, PeriodicWindows)), None)

@@ -386,7 +386,7 @@ def collect(spec: Any = None, model: Any = None, discover: bool = False) -> Tens
     config's ``OTELPROF_COLLECTIONS``) and add ``model``. Called by ``instrument(collections=...)`` and, under
     ``otelprof run``, with ``discover=True``. The first call's collections hold for the process."""
     from otelprof.collections import as_collections
-    from otelprof.session import get_session
+    from otelprof.runtime.session import get_session
 
     session = get_session()
     if session is None:

@@ -52,12 +52,12 @@ from typing import Any
 import torch
 
 from otelprof import _warnings
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import info_once, warn_once
 from otelprof.integrations import cuda_memory, cuda_timing, torch_profiler
 from otelprof.integrations._iterators import IteratorProxy
 from otelprof.integrations.cuda_timing import DeviceTimer
+from otelprof.runtime import hotpath as hot
 
 __all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_window", "uninstrument"]
 
@@ -93,7 +93,7 @@ def _native_wanted() -> bool:
 
 
 def _session() -> Any:
-    from otelprof.session import get_session
+    from otelprof.runtime.session import get_session
 
     return get_session()
 

@@ -26,12 +26,12 @@ from typing import Any
 from opentelemetry.sdk.trace import Event
 
 from otelprof import _warnings
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof._log import info_once, logger, warn_once
 from otelprof.integrations import operators, window_bounds
 from otelprof.recording import schema
-from otelprof.span_builder import SpanBuilder
+from otelprof.runtime import hotpath as hot
+from otelprof.runtime.span_builder import SpanBuilder
 
 _PRECISIONS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("fp8", re.compile(r"fp8|e4m3|e5m2", re.I)),
@@ -143,7 +143,7 @@ at least three quarters of the time."""
 
 
 def _max_events() -> int:
-    from otelprof.session import get_session
+    from otelprof.runtime.session import get_session
 
     session = get_session()
     return int(getattr(getattr(session, "config", None), "profile_max_events", DEFAULT_MAX_EVENTS))
@@ -390,7 +390,7 @@ class ProfileWindows:
     def _start_count(self, window: _Window) -> None:
         """Count the FLOPs of this step (the one after the window) until its end."""
         from otelprof.integrations import flops
-        from otelprof.session import get_session
+        from otelprof.runtime.session import get_session
 
         session = get_session()
         if session is not None and session.config.profile_flops and window.count_flops:
@@ -435,7 +435,7 @@ class ProfileWindows:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         try:
-            from otelprof.session import get_session as _session
+            from otelprof.runtime.session import get_session as _session
 
             current = _session()
             memory = bool(current is not None and current.config.profile_memory)
@@ -460,7 +460,7 @@ class ProfileWindows:
             return False
         window.started_ns = time.time_ns()
         window.epoch = self._epoch
-        from otelprof.session import get_session
+        from otelprof.runtime.session import get_session
 
         session = get_session()
         recorder = getattr(session, "recorder", None)
@@ -559,7 +559,7 @@ def _baseline_ns(window: _Window) -> float:
     begins = list(window.begins)
     if len(begins) >= 2:
         return (begins[-1] - begins[0]) / (len(begins) - 1)
-    from otelprof.session import get_session
+    from otelprof.runtime.session import get_session
 
     recorder = getattr(get_session(), "recorder", None)
     typical = getattr(recorder, "typical_step", None)
@@ -710,7 +710,7 @@ def _summarize(windows: ProfileWindows, window: _Window, ended_ns: int) -> None:
 
 
 def _process(windows: ProfileWindows, window: _Window, ended_ns: int, began: float) -> None:
-    from otelprof.session import get_session
+    from otelprof.runtime.session import get_session
 
     session = get_session()
     if session is None:

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from otelprof import hotpath as hot
 from otelprof import semconv as sc
 from otelprof.integrations._trainer import (
     PART_CALLBACK,
@@ -48,6 +47,7 @@ from otelprof.integrations._trainer import (
     torch_instrumentation,
     warn_if_torch_hooked,
 )
+from otelprof.runtime import hotpath as hot
 
 __all__ = ["OtelprofCallback"]
 
@@ -302,6 +302,6 @@ class OtelprofCallback(TrainerCallback):  # type: ignore[misc]
 
 
 def _session() -> Any:
-    from otelprof.session import get_session
+    from otelprof.runtime.session import get_session
 
     return get_session()

@@ -56,8 +56,8 @@ def _podmonitor(config: MixinConfig) -> str:
 
 def render(config: MixinConfig) -> dict[Path, str]:
     """Path relative to the output directory -> content."""
-    from otelprof import deploy
     from otelprof.dashboards import generate as dashboards
+    from otelprof.mixin import deploy
 
     out = {Path(name): text for name, text in render_rules(config).items()}
     boards = dashboards.render_all(config)
@@ -89,6 +89,6 @@ def render(config: MixinConfig) -> dict[Path, str]:
 
 def write(directory: Path, config: MixinConfig) -> list[Path]:
     """Write the bundle into ``directory``; return the files that changed."""
-    from otelprof.deploy import write_changed
+    from otelprof.mixin.deploy import write_changed
 
     return write_changed(directory, render(config))

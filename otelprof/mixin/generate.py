@@ -10,7 +10,8 @@ from otelprof.mixin.alert_model import Alert
 from otelprof.mixin.alerts import NO_FOR, alert_groups, alerts
 from otelprof.mixin.config import MixinConfig, validate
 from otelprof.mixin.recording_rules import aggregates
-from otelprof.mixin.rules import recording_rules, rule_groups
+from otelprof.mixin.rule_groups import rule_groups
+from otelprof.mixin.rules import recording_rules
 
 PROMETHEUS_DIR = Path("deploy") / "prometheus"
 ALERTS_FILE = "otelprof-alerts.yaml"

@@ -20,6 +20,7 @@ from typing import Any
 from otelprof import semconv as sc
 from otelprof.mixin.config import MixinConfig
 from otelprof.mixin.promql import JOB, LOCAL_RANK, NODE, PHASE, RANK, Q, by
+from otelprof.mixin.rules import recording_names
 from otelprof.semconv import MetricSpec
 
 GROUP = "otelprof-aggregation"
@@ -54,8 +55,6 @@ def _rate_quantile(q: Q, quantile: float, spec: MetricSpec, window: str) -> str:
 
 
 def aggregates(c: MixinConfig) -> list[Aggregate]:
-    from otelprof.mixin.rules import recording_names  # rules registers this module's group
-
     q = Q(c.selector)
     w = c.dashboard_rate_window
     step = sc.STEP_DURATION.prometheus_name

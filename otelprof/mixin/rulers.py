@@ -18,7 +18,7 @@ from typing import Any
 from otelprof.mixin import yamlout
 from otelprof.mixin.alerts import alert_groups
 from otelprof.mixin.config import MixinConfig, validate
-from otelprof.mixin.rules import rule_groups
+from otelprof.mixin.rule_groups import rule_groups
 
 RULERS_DIR = Path("deploy") / "scale" / "rulers"
 MIMIR_FILE = "mimir-otelprof.yaml"

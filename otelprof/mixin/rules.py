@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otelprof import semconv as sc
-from otelprof.mixin import gpu_source
-from otelprof.mixin import recording_rules as recording_rules_aggregation
-from otelprof.mixin.config import GPU_SOURCE_DCGM, MixinConfig
+from otelprof.mixin.config import MixinConfig
 from otelprof.mixin.gpu_source import GpuReadings
 from otelprof.mixin.promql import Q
 
@@ -99,10 +97,3 @@ def recording_names(c: MixinConfig | None = None) -> dict[str, str]:
     """Recording-rule name by key (for the dashboards)."""
     return {r.key: r.name for r in recording_rules(c or MixinConfig())}
 
-
-def rule_groups(c: MixinConfig) -> list[dict[str, Any]]:
-    groups = [{"name": "otelprof-recording", "rules": [r.rule() for r in recording_rules(c)]}]
-    groups.append(recording_rules_aggregation.group(c))
-    if c.gpu_source == GPU_SOURCE_DCGM:
-        groups.insert(0, {"name": gpu_source.GROUP, "rules": gpu_source.dcgm_rules(c)})
-    return groups

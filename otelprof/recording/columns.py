@@ -221,7 +221,7 @@ class StepColumns:
     def repeats(self) -> frozenset[int]:
         """Indexes of the annotations inside an annotation of the same name of their step (a user's
         ``annotate("backward")`` around the hooks' own ``backward``): the same time again, counted once, as the
-        outer region (:mod:`otelprof.nesting`). Empty unless a name occurs at two depths."""
+        outer region (:mod:`otelprof.shared.nesting`). Empty unless a name occurs at two depths."""
         found: tuple[int, frozenset[int]] | None = self.__dict__.get("_repeats")
         if found is not None and found[0] == len(self.ann_name):
             return found[1]

@@ -37,7 +37,7 @@ MAX_STRING_CHARS = 4096
 MAX_NAMES = 10_000
 """Distinct phase, region and scalar names per rank (each)."""
 MAX_STEP_REGIONS = 4096
-"""Regions in one step record: what the recorder keeps (``otelprof.hotpath.MAX_STEP_ANNOTATIONS``)."""
+"""Regions in one step record: what the recorder keeps (``otelprof.runtime.hotpath.MAX_STEP_ANNOTATIONS``)."""
 MAX_STEP_SCALARS = 1024
 """Scalars in one step record."""
 MAX_TIME_NS = 2**62

@@ -1,0 +1,103 @@
+"""Generated artifacts, kept in the repository and checked for staleness by the tests.
+
+The configuration and metric tables in ``docs/configuration.md`` and ``docs/catalog.md``, the
+Prometheus mixin's files under ``deploy/prometheus/`` (alerts, recording rules, PrometheusRule,
+runbook) with the default mixin config, and the Grafana dashboards and provisioning under
+``dashboards/``. ``otelprof generate`` rewrites them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+DOC_BLOCKS: dict[str, tuple[str, ...]] = {
+    "docs/configuration.md": ("env",),
+    "docs/catalog.md": ("catalog", "webhook_catalog"),
+}
+"""Each Markdown file with generated blocks (path from the repository root), and the blocks it holds."""
+
+
+def _renderers() -> dict[str, Callable[[], str]]:
+    return {"env": env_markdown, "catalog": catalog_markdown, "webhook_catalog": webhook_catalog_markdown}
+
+
+def env_markdown() -> str:
+    """The configuration table of docs/configuration.md."""
+    from otelprof import environment_variables as ev
+
+    rows = ["| Variable | Default | Meaning |", "| --- | --- | --- |"]
+    for var in ev.ENV_VARS:
+        description = var.description.replace("|", "\\|")
+        rows.append(f"| `{var.name}` | {var.default or '(empty)'} | {description} |")
+    return "\n".join(rows)
+
+
+def catalog_markdown() -> str:
+    """The metric catalog table of docs/catalog.md."""
+    from otelprof import semconv
+
+    rows = ["| OTel name | Prometheus name | Kind | OTel instrument | Unit "
+            "| Labels (besides job_name, rank, local_rank, node) | Meaning |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for m in semconv.METRICS:
+        prom = m.prometheus_name + ("_total" if m.kind is semconv.Kind.COUNTER else "")
+        rows.append(f"| `{m.name}` | `{prom}` | {m.kind.value} | {m.instrument} | {m.unit or '-'} | "
+                    f"{', '.join(m.labels) or '-'} | {m.description} |")
+    return "\n".join(rows)
+
+
+def webhook_catalog_markdown() -> str:
+    """The table of ``otelprof webhook``'s own series (its ``GET /metrics``) in docs/catalog.md."""
+    from otelprof import semconv
+
+    rows = ["| OTel name | Prometheus name | Kind | Unit | Labels | Meaning |", "| --- | --- | --- | --- | --- | --- |"]
+    for m in semconv.WEBHOOK_METRICS:
+        prom = m.prometheus_name + ("_total" if m.kind is semconv.Kind.COUNTER else "")
+        rows.append(f"| `{m.name}` | `{prom}` | {m.kind.value} | {m.unit or '-'} | {', '.join(m.labels) or '-'} | "
+                    f"{m.description} |")
+    return "\n".join(rows)
+
+
+def render_blocks(text: str, names: tuple[str, ...]) -> str:
+    """``text`` with each named ``<!-- BEGIN name -->...<!-- END name -->`` block regenerated."""
+    renderers = _renderers()
+    for name in names:
+        render = renderers[name]
+        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.DOTALL)
+        if not pattern.search(text):
+            raise ValueError(f"no <!-- BEGIN {name} --> block")
+        text = pattern.sub(lambda m, r=render: m.group(1) + r() + "\n" + m.group(2), text)  # type: ignore[misc]
+    return text
+
+
+def generate(root: Path) -> list[Path]:
+    """Rewrite the generated files under ``root``; return the ones that changed."""
+    changed = []
+    for relative, names in DOC_BLOCKS.items():
+        doc = root / relative
+        old = doc.read_text(encoding="utf-8")
+        new = render_blocks(old, names)
+        if new != old:
+            doc.write_text(new, encoding="utf-8")
+            changed.append(doc)
+    from otelprof.mixin import MixinConfig
+    from otelprof.mixin import write as write_mixin
+    from otelprof.mixin.generate import PROMETHEUS_DIR
+
+    changed.extend(write_mixin(root / PROMETHEUS_DIR, MixinConfig()))
+    from otelprof.mixin import rulers
+
+    changed.extend(rulers.write(root))  # the same rules in the layout Mimir's ruler loads
+    from otelprof.dashboards.generate import write as write_dashboards
+
+    changed.extend(write_dashboards(root))  # before the deploy copies, which embed the dashboards
+    return changed + _generate_deploy(root)
+
+
+def _generate_deploy(root: Path) -> list[Path]:
+    """Last: the Kubernetes copies of everything generated above."""
+    from otelprof.mixin.deploy import generate as generate_deploy
+
+    return generate_deploy(root)

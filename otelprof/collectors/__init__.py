@@ -1,1 +1,0 @@
-"""Telemetry sources read by the sampler: host (psutil), container (cgroup), GPUs (NVML)."""

@@ -1,0 +1,20 @@
+"""The recording-rule groups of the rules file: the catalog's records (:mod:`~otelprof.mixin.rules`), the
+dashboards' aggregates built on them (:mod:`~otelprof.mixin.recording_rules`) and, with DCGM as the GPU source,
+its mapping rules first. Its own module so that the aggregates can read the records' names without a circle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otelprof.mixin import gpu_source
+from otelprof.mixin import recording_rules as recording_rules_aggregation
+from otelprof.mixin.config import GPU_SOURCE_DCGM, MixinConfig
+from otelprof.mixin.rules import recording_rules
+
+
+def rule_groups(c: MixinConfig) -> list[dict[str, Any]]:
+    groups = [{"name": "otelprof-recording", "rules": [r.rule() for r in recording_rules(c)]}]
+    groups.append(recording_rules_aggregation.group(c))
+    if c.gpu_source == GPU_SOURCE_DCGM:
+        groups.insert(0, {"name": gpu_source.GROUP, "rules": gpu_source.dcgm_rules(c)})
+    return groups
