@@ -56,9 +56,10 @@ def _fleet(root: Path, ranks: int, per_node: int = GPUS) -> tuple[Path, dict[int
         for i in range(10):
             sample: dict[str, Any] = {"t": ns(T0 + 10 + 0.5 * i), "pid": 100 + rank, "pcpu": 0.5, "rss": 1000}
             if local == 0:
-                sample.update({"cpu": [0.2 + node / 100] * 4, "iow": [0.0] * 4, "mem": 0.3, "disk": [0, 0], "net": [0, 0],
-                               "thr": 0, "gpu": {str(g): {"u": 0.5 + (node * GPUS + g) / 200, "mu": 4e9, "mt": 8e9}
-                                                 for g in range(GPUS)}})
+                sample.update({"cpu": [0.2 + node / 100] * 4, "iow": [0.0] * 4, "mem": 0.3, "disk": [0, 0],
+                               "net": [0, 0], "thr": 0,
+                               "gpu": {str(g): {"u": 0.5 + (node * GPUS + g) / 200, "mu": 4e9, "mt": 8e9}
+                                       for g in range(GPUS)}})
             samples.append(sample)
         man = manifest(rank, node=f"node-{node}", world=ranks, lifecycle={
             "process_start": T0, "init": T0 + 1, "first_step_start": T0 + 10, "last_step_end": t,
