@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
+from otelprof.analysis.ranksummary import RankSummary, many, summarize
 from otelprof.analysis.run import RunView, gpu_min
 from otelprof.analysis.stats import share
 from otelprof.mixin.config import MixinConfig
@@ -42,6 +43,13 @@ class Bottleneck:
     threshold: float
     """Share of samples above which the check calls it a bottleneck."""
     nodes: tuple[NodeBottleneck, ...]
+    summary: RankSummary | None = field(init=False)
+    """With more than ranksummary.THRESHOLD nodes: the share of coincident samples over them (else None)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "summary", summarize(((n.node, n.fraction) for n in self.nodes),
+                                                      "samples with a GPU waiting", "ratio")
+                           if many(len(self.nodes)) else None)
 
 
 def bottleneck(view: RunView, kind: str, config: MixinConfig | None = None) -> Bottleneck:

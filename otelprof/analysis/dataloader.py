@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from otelprof import semconv as sc
+from otelprof.analysis.ranksummary import RankSummary, many, summarize
 from otelprof.analysis.run import RunView, last_values
 from otelprof.analysis.stats import Bucket, Distribution, Histogram, quantile
 from otelprof.mixin.config import MixinConfig
@@ -74,8 +75,17 @@ class DataLoaderAnalysis:
     most_waiting: LoaderPhase | None = field(init=False)
     """The rank and phase whose steps waited the largest share of their time, when that share is above
     WAIT_SHARE_WARN (the input pipeline limits training); None otherwise."""
+    summaries: tuple[RankSummary, ...] = field(init=False)
+    """With more than ranksummary.THRESHOLD ranks, per phase: wait share and p95 wait (else empty)."""
 
     def __post_init__(self) -> None:
+        out: list[RankSummary] = []
+        if many(len({x.rank for x in self.phases})):
+            for phase in dict.fromkeys(x.phase for x in self.phases):
+                rows = [x for x in self.phases if x.phase == phase]
+                out += [summarize(((f"rank {x.rank}", x.wait_share) for x in rows), "wait share", "ratio", phase),
+                        summarize(((f"rank {x.rank}", x.wait.p95) for x in rows), "wait p95", "seconds", phase)]
+        object.__setattr__(self, "summaries", tuple(out))
         worst = max(self.phases, key=lambda x: x.wait_share, default=None)
         object.__setattr__(self, "most_waiting",
                            worst if worst is not None and worst.wait_share > WAIT_SHARE_WARN else None)

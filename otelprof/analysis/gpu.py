@@ -5,8 +5,9 @@ fluctuating; memory low, swinging, growing or near capacity)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from otelprof.analysis.ranksummary import RankSummary, many, summarize
 from otelprof.analysis.run import RunView, gpu_memory_ratio
 from otelprof.analysis.stats import BoxPlot, Series, finite
 from otelprof.analysis.system import gpu_order
@@ -75,6 +76,21 @@ class GpuAnalysis:
     threshold_p95: float
     threshold_p5: float
     gpus: tuple[GpuUsage, ...]
+    summaries: tuple[RankSummary, ...] = field(init=False)
+    """With more than ranksummary.THRESHOLD GPUs: median and p95 utilization (the lowest are the worst), p95
+    and peak memory (else empty)."""
+
+    def __post_init__(self) -> None:
+        out: list[RankSummary] = []
+        if many(len(self.gpus)):
+            names = [f"{x.node} GPU {x.gpu}" for x in self.gpus]
+            out += [summarize(zip(names, (x.utilization.median for x in self.gpus)), "median utilization", "ratio",
+                              higher_is_worse=False),
+                    summarize(zip(names, (x.utilization.p95 for x in self.gpus)), "p95 utilization", "ratio",
+                              higher_is_worse=False),
+                    summarize(zip(names, (x.memory.p95 for x in self.gpus)), "p95 memory", "ratio"),
+                    summarize(zip(names, (x.memory.max for x in self.gpus)), "peak memory", "ratio")]
+        object.__setattr__(self, "summaries", tuple(out))
 
 
 def _median(values: list[float]) -> float | None:

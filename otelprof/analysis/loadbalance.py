@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from otelprof import semconv as sc
+from otelprof.analysis.ranksummary import RankSummary, many, summarize
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Histogram, finite, share
 from otelprof.analysis.step_checks import peers_median
@@ -78,8 +79,21 @@ class LoadBalance:
     """The MAX_FARTHEST pairs farthest apart, farthest first (pairs without a distance left out)."""
     uneven: bool = field(init=False)
     """Some pair is farther apart than ``distance_threshold``, or the spread (none: 0) is above ``threshold``."""
+    summaries: tuple[RankSummary, ...] = field(init=False)
+    """With more than ranksummary.THRESHOLD ranks, per phase: compute per step, compute / peers' median,
+    exposed collective time (else empty)."""
 
     def __post_init__(self) -> None:
+        out: list[RankSummary] = []
+        if many(len({x.rank for x in self.ranks})):
+            for phase in dict.fromkeys(x.phase for x in self.ranks):
+                rows = [x for x in self.ranks if x.phase == phase]
+                out += [summarize(((f"rank {x.rank}", x.mean_compute) for x in rows), "mean compute", "seconds", phase),
+                        summarize(((f"rank {x.rank}", x.ratio) for x in rows), "compute / peers' median", "number",
+                                  phase),
+                        summarize(((f"rank {x.rank}", x.mean_exposed) for x in rows), "mean exposed collective",
+                                  "seconds", phase)]
+        object.__setattr__(self, "summaries", tuple(out))
         known = [d for d in self.distances if math.isfinite(d.distance)]
         far = sum(1 for d in known if d.distance > self.distance_threshold)
         object.__setattr__(self, "far_pairs", far)

@@ -82,8 +82,10 @@ class Report:
                 None if self.origin == ORIGIN_PROMETHEUS else self.device))
 
 
-def load(path: str | Path, progress: Callable[[str], None] | None = None) -> Recording:
-    """Read a recording with its samples, telling ``progress`` how far a long load is."""
+def load(path: str | Path, progress: Callable[[str], None] | None = None,
+         ranks_done: Callable[[int, int], None] | None = None) -> Recording:
+    """Read a recording with its samples, telling ``progress`` how far a long load is (and ``ranks_done`` how many
+    ranks are read)."""
     started = time.monotonic()
     last = [0.0]
 
@@ -94,7 +96,7 @@ def load(path: str | Path, progress: Callable[[str], None] | None = None) -> Rec
             progress(f"reading {Path(path).name}: {done / 2**20:,.0f} of {total / 2**20:,.0f} MiB "
                      f"({now - started:.0f} s)")
 
-    return read_recording(path, samples=True, regions=True, progress=bytes_done)
+    return read_recording(path, samples=True, regions=True, progress=bytes_done, ranks_done=ranks_done)
 
 
 def build_report(recording: Recording, config: MixinConfig | None = None, check_interval: float | None = None,

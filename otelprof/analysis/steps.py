@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import mul, not_, sub
 
 from otelprof import thresholds
+from otelprof.analysis.ranksummary import RankSummary, many, summarize
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import Bucket, Distribution, Histogram, finite, quantile
 from otelprof.recording.ranks import RankRecording
@@ -58,6 +59,18 @@ class StepAnalysis:
     rows: tuple[PhaseSteps, ...]
     throughput: tuple[tuple[str, float], ...]
     """Per phase: samples per second of all ranks together (data parallelism adds them up)."""
+    summaries: tuple[RankSummary, ...] = field(init=False)
+    """With more than ranksummary.THRESHOLD ranks, per phase: median and p95 step, outliers (else empty)."""
+
+    def __post_init__(self) -> None:
+        out: list[RankSummary] = []
+        if many(len({r.rank for r in self.rows})):
+            for phase in dict.fromkeys(r.phase for r in self.rows):
+                rows = [r for r in self.rows if r.phase == phase]
+                out += [summarize(((f"rank {r.rank}", r.durations.p50) for r in rows), "median step", "seconds", phase),
+                        summarize(((f"rank {r.rank}", r.durations.p95) for r in rows), "p95 step", "seconds", phase),
+                        summarize(((f"rank {r.rank}", r.outliers) for r in rows), "outlier steps", "count", phase)]
+        object.__setattr__(self, "summaries", tuple(out))
 
     def row(self, rank: int, phase: str) -> PhaseSteps | None:
         return next((r for r in self.rows if r.rank == rank and r.phase == phase), None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from otelprof.analysis import ranksummary as rs
 from otelprof.analysis.run import RunView
 from otelprof.analysis.stats import share
 from otelprof.recording import schema
@@ -72,8 +73,26 @@ class JobSummary:
     """(rank, Unix seconds) of the ranks that got SIGTERM: evicted, preempted, deleted or stopped."""
     slow_start: bool = field(init=False)
     """Initialization took more than INIT_WARN of the job and more than INIT_MIN_SECONDS."""
+    rank_summaries: tuple[rs.RankSummary, ...] = field(init=False)
+    """With more than ranksummary.THRESHOLD ranks: steps, first step start and last step end over them."""
+    standing_out: tuple[RankSummary, ...] = field(init=False)
+    """With more than ranksummary.THRESHOLD ranks: those not finished, that dropped records or whose lines were
+    skipped (at most ranksummary.TOP x 2); else every rank."""
 
     def __post_init__(self) -> None:
+        crowded = rs.many(len(self.ranks))
+        out = []
+        if crowded:
+            named = [(f"rank {x.rank}", x) for x in self.ranks]
+            out = [rs.summarize(((n, x.steps) for n, x in named), "steps", "count", higher_is_worse=False),
+                   rs.summarize(((n, (x.first_step_start or math.nan) - (self.start or 0.0)) for n, x in named),
+                                "first step, after the job's start", "seconds"),
+                   rs.summarize(((n, (x.last_step_end or math.nan) - (self.start or 0.0)) for n, x in named),
+                                "last step end, after the job's start", "seconds", higher_is_worse=False)]
+        object.__setattr__(self, "rank_summaries", tuple(out))
+        object.__setattr__(self, "standing_out", tuple(
+            x for x in self.ranks if x.status != schema.STATUS_FINISHED or x.skipped_lines
+            or any(v for _, v in x.dropped))[:rs.TOP * 2] if crowded else self.ranks)
         object.__setattr__(self, "slow_start", self.initialization_share > INIT_WARN
                            and (self.initialization or 0.0) > INIT_MIN_SECONDS)
 

@@ -11,10 +11,12 @@ import itertools
 import math
 import statistics
 from array import array
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
+from otelprof.analysis.ranksummary import TOP, RankSummary, many, summarize
 from otelprof.analysis.run import RunView, across, gpu_memory_ratio
 from otelprof.analysis.stats import Bucket, Series, finite, quantile
 from otelprof.recording.columns import SampleColumns
@@ -93,6 +95,37 @@ class SystemUsage:
     rows: tuple[UsageRow, ...]
     process_rows: tuple[UsageRow, ...]
     nodes: tuple[NodeUsage, ...]
+    summaries: tuple[RankSummary, ...] = field(init=False)
+    """With more than ranksummary.THRESHOLD nodes: per metric, each node's p50 and p95 over them (GPU: the
+    least used are the worst) (else empty)."""
+    process_summaries: tuple[RankSummary, ...] = field(init=False)
+    """With more than ranksummary.THRESHOLD ranks: each process's p95 CPU and peak memory (else empty)."""
+    detailed: tuple[str, ...] = field(init=False)
+    """The nodes whose details the report shows: every node, or with many the ranksummary.TOP named most often
+    among the worst of the summaries."""
+
+    def __post_init__(self) -> None:
+        out: list[RankSummary] = []
+        if many(len({r.subject for r in self.rows})):
+            for metric in dict.fromkeys(r.metric for r in self.rows):
+                rows = [r for r in self.rows if r.metric == metric]
+                for name in ("p50", "p95"):
+                    out.append(summarize(((r.subject, getattr(r, name)) for r in rows), f"{metric} {name}",
+                                         rows[0].unit, higher_is_worse=metric != "GPU"))
+        processes: list[RankSummary] = []
+        if many(len({r.subject for r in self.process_rows})):
+            for metric in dict.fromkeys(r.metric for r in self.process_rows):
+                rows = [r for r in self.process_rows if r.metric == metric]
+                bytes_ = rows[0].unit == UNIT_BYTES
+                processes.append(summarize(((r.subject, r.max if bytes_ else r.p95) for r in rows),
+                                           f"{metric} {'max' if bytes_ else 'p95'}", rows[0].unit))
+        object.__setattr__(self, "summaries", tuple(out))
+        object.__setattr__(self, "process_summaries", tuple(processes))
+        named = Counter(x.subject for s in out for x in s.worst)
+        order = {n.node: i for i, n in enumerate(self.nodes)}
+        object.__setattr__(self, "detailed", tuple(sorted(
+            sorted(named, key=lambda node: (-named[node], order.get(node, 0)))[:TOP], key=lambda n: order.get(n, 0)))
+            if out else tuple(n.node for n in self.nodes))
 
     def row(self, subject: str, metric: str) -> UsageRow | None:
         return next((r for r in self.rows if r.subject == subject and r.metric == metric), None)

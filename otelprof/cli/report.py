@@ -21,8 +21,10 @@ from otelprof._log import escape as one_line
 from otelprof.recording.errors import RecordingError
 from otelprof.recording.ranks import Recording
 from otelprof.recording.reader import latest_run
+from otelprof.report.progressbar import progress_bar
 
 EXIT_USAGE = 2
+PROGRESS_HELP = "a progress bar of the ranks read on stderr even when it is not a terminal (it is on a terminal)"
 
 
 def _err(command: str, message: str) -> int:
@@ -106,11 +108,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         if not args.run_dir:
             return _err("report", "give a run directory (e.g. otelprof-runs/<run-id>) or --prometheus URL --job NAME")
+        bar = progress_bar("reading", args.quiet, args.progress)
         try:
             run = resolve_run(args.run_dir)
-            recording = load(run, say)
+            recording = load(run, None if bar else say, bar.ranks if bar else None)
         except RecordingError as exc:
             return _err("report", str(exc))
+        finally:
+            if bar:
+                bar.close()
         report = build_report(recording, config, args.check_interval, say, checks=not args.no_checks)
     fmt = args.format or ("json" if args.output and args.output.endswith(".json") else "html")
     output = Path(args.output or f"report.{fmt}")
@@ -144,12 +150,20 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         return _err("timeline", "--max-steps must be at least 1")
     if args.from_step is not None and args.to_step is not None and args.to_step < args.from_step:
         return _err("timeline", "--to-step is before --from-step")
+    from otelprof.recording.selection import parse_ranks, parse_steps
+
+    try:
+        only = parse_ranks(args.ranks) if args.ranks is not None else None
+        if args.steps is not None:
+            args.from_step, args.to_step = parse_steps(args.steps)
+    except ValueError as exc:
+        return _err("timeline", f"--ranks/--steps: {exc}")
     say = _progress(args.quiet)
     try:
         run = resolve_run(args.run_dir)
         if say:
             say(f"reading {run}")
-        recording = read_recording(run, samples=not args.no_counters)
+        recording = read_recording(run, samples=not args.no_counters, only=only)
     except RecordingError as exc:
         return _err("timeline", str(exc))
     trace = build_timeline(recording, args.from_step, args.to_step, args.max_steps, args.phase,
@@ -191,10 +205,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         config = _config(args.set)
     except ValueError as exc:
         return _err("check", str(exc))
+    bar = progress_bar("reading", args.quiet, args.progress)
     try:
-        recording = load(resolve_run(args.run_dir))
+        recording = load(resolve_run(args.run_dir), None, bar.ranks if bar else None)
     except RecordingError as exc:
         return _err("check", str(exc))
+    finally:
+        if bar:
+            bar.close()
     report = build_report(recording, config, args.interval)  # the diagnosis weighs the analyses beside the checks
     summary = report.rules
     if summary.error:
@@ -240,13 +258,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return _err("compare", "give at least two runs: otelprof compare RUN_A RUN_B [...]")
     if args.price_per_hour is not None and args.price_per_hour < 0:
         return _err("compare", "--price-per-hour must not be negative")
-    runs = []
+    runs: list[tuple[str, Recording]] = []
     for path in args.runs:
+        bar = progress_bar(f"reading {len(runs) + 1}/{len(args.runs)}", args.quiet, args.progress)
         try:
             run = resolve_run(path)
-            runs.append((one_line(run.name or str(run)), read_recording(run, samples=True)))
+            runs.append((one_line(run.name or str(run)), read_recording(run, samples=True,
+                                                                         ranks_done=bar.ranks if bar else None)))
         except RecordingError as exc:
             return _err("compare", str(exc))
+        finally:
+            if bar:
+                bar.close()
     if len({name for name, _ in runs}) < len(runs):
         runs = [(f"{name} ({i + 1})", rec) for i, (name, rec) in enumerate(runs)]
     result = compare(runs, args.phase, args.price_per_hour)
@@ -336,6 +359,7 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
     report.add_argument("--set", action="append", metavar="NAME=VALUE",
                         help="override a check threshold (a MixinConfig field, as for otelprof mixin)")
     report.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    report.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
     report.set_defaults(func=cmd_report)
 
     timeline = sub.add_parser(
@@ -349,6 +373,11 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
     timeline.add_argument("-o", "--output", default="trace.json", help="file to write (default: trace.json)")
     timeline.add_argument("--from-step", type=int, default=None, metavar="N", help="first step number to include")
     timeline.add_argument("--to-step", type=int, default=None, metavar="N", help="last step number to include")
+    timeline.add_argument("--steps", default=None, metavar="FIRST-LAST",
+                          help="the steps FIRST to LAST (1000-1200; 1000- from 1000 on): --from-step/--to-step at once")
+    timeline.add_argument("--ranks", default=None, metavar="LIST",
+                          help="only these ranks, e.g. 0,3,8-15 (only their files are read; a node's counters come "
+                               "with the rank that sampled it, its local rank 0)")
     timeline.add_argument("--phase", default="train", help="phase whose step numbers --from/--to-step mean")
     timeline.add_argument("--max-steps", type=int, default=None, metavar="N",
                           help="at most N steps per rank (default 2000 without --from/--to-step)")
@@ -369,6 +398,8 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
                        help='print {"diagnosis": ..., "checks": [...]} as JSON')
     check.add_argument("--rules", action="append", metavar="FILE.py",
                        help="also run the custom tensor rules of FILE.py (docs/tensors.md); repeatable")
+    check.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    check.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
     check.set_defaults(func=cmd_check)
 
     cmp = sub.add_parser(
@@ -379,4 +410,6 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
     cmp.add_argument("--price-per-hour", type=float, default=None, metavar="PRICE",
                      help="price of one node for an hour: adds the cost of each run")
     cmp.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    cmp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    cmp.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
     cmp.set_defaults(func=cmd_compare)

@@ -11,7 +11,7 @@ file is a :class:`RecordingError` (one line for the user). The parsed recording 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,17 @@ def read_rank(path: Path) -> RankRecording:
 
 
 def read_recording(path: str | Path, *, samples: bool = False, workers: int | None = None,
-                   progress: Callable[[int, int], None] | None = None, regions: bool = False) -> Recording:
+                   progress: Callable[[int, int], None] | None = None, regions: bool = False,
+                   ranks_done: Callable[[int, int], None] | None = None,
+                   only: Collection[int] | None = None) -> Recording:
     """Parse a run directory (``<run-id>/`` with ``rank-*/``) or a single rank directory.
 
     ``samples`` also parses every rank's samples.jsonl into :meth:`RankRecording.sample_columns`;
     ``regions`` also totals each rank's regions (:meth:`StepColumns.summarize_regions`) while parsing.
     Large recordings are parsed by ``workers`` processes (default: one per CPU when the files add up
-    to more than 64 MiB); ``progress(done_bytes, total_bytes)`` is called as files are done."""
+    to more than 64 MiB); ``progress(done_bytes, total_bytes)`` is called as files are done, ``ranks_done(done,
+    total)`` as ranks are (all their files parsed). ``only`` reads just those ranks of a run (by their
+    ``rank-<n>`` directories); none of them there is a :class:`RecordingError`."""
     root = Path(path)
     if not root.is_dir():
         raise RecordingError(f"{root} is not a directory")
@@ -62,6 +66,10 @@ def read_recording(path: str | Path, *, samples: bool = False, workers: int | No
         rank_dirs = sorted((p for p in root.glob("rank-*") if p.is_dir()), key=lambda p: _rank_number(p.name))
         if not rank_dirs:
             raise RecordingError(f"{root} holds no rank-*/ directories: not an otelprof recording")
+        if only is not None:
+            rank_dirs = [p for p in rank_dirs if _rank_number(p.name) in only]
+            if not rank_dirs:
+                raise RecordingError(f"{root} holds none of the ranks asked for")
     steps_job = "steps+regions" if regions else "steps"
     jobs = [(p, kind) for p in rank_dirs for kind in ((steps_job, "samples") if samples else (steps_job,))]
     sizes = {job: _size(job[0] / (schema.SAMPLES if job[1] == "samples" else schema.STEPS)) for job in jobs}
@@ -72,10 +80,18 @@ def read_recording(path: str | Path, *, samples: bool = False, workers: int | No
         workers = 1
     results: dict[tuple[Path, str], Any] = {}
     done = 0
+    left = {p: (2 if samples else 1) for p in rank_dirs}
+
+    def finished(job: tuple[Path, str]) -> None:
+        left[job[0]] -= 1
+        if ranks_done is not None and not left[job[0]]:
+            ranks_done(sum(1 for n in left.values() if not n), len(left))
+
     if workers <= 1:
         for job in jobs:
             results[job] = _job(job)
             done += sizes[job]
+            finished(job)
             if progress is not None:
                 progress(done, total)
     else:
@@ -88,6 +104,7 @@ def read_recording(path: str | Path, *, samples: bool = False, workers: int | No
                 job = futures[future]
                 results[job] = future.result()
                 done += sizes[job]
+                finished(job)
                 if progress is not None:
                     progress(done, total)
     ranks = []

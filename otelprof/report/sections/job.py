@@ -11,6 +11,7 @@ from otelprof.analysis.report import Report
 from otelprof.report import svg
 from otelprof.report.blocks import charts, figure, from_prometheus, note, p, section, table
 from otelprof.report.formatting import DASH, pct, secs, when
+from otelprof.report.sections.ranks import summaries
 
 
 def summary(r: Report) -> str:
@@ -59,14 +60,20 @@ def summary(r: Report) -> str:
         out.append(note(f"Initialization took {pct(s.initialization_share)} of the job. Look at what runs before "
                         "the first step: data set download or indexing, model construction and compilation, "
                         "checkpoint loading, waiting for all ranks to join.", "warn"))
-    if len(s.ranks) > 1 or any(x.dropped and any(v for _, v in x.dropped) for x in s.ranks):
-        out.append("<h3>Ranks</h3>" + table(
+    if s.rank_summaries:
+        out.append("<h3>Ranks</h3>" + summaries(s.rank_summaries)
+                   + p(f"Ranks not finished, that dropped records or whose lines were skipped: the first "
+                       f"{len(s.standing_out)}." if s.standing_out else
+                       "Every rank finished without dropped records or skipped lines."))
+    if s.standing_out and (len(s.ranks) > 1 or any(x.dropped and any(v for _, v in x.dropped) for x in s.ranks)):
+        out.append(("" if s.rank_summaries else "<h3>Ranks</h3>") + table(
             ("Rank", "Local rank", "Node", "Status", "Started", "First step", "Last step end", "Shutdown", "Steps",
              "Dropped records", "Skipped lines"),
             [(x.rank, x.local_rank, x.node, f"{x.status} ({x.status_basis})" if x.status_basis else x.status,
               when(x.process_start), when(x.first_step_start),
               when(x.last_step_end), when(x.shutdown), f"{x.steps:,}",
-              ", ".join(f"{k}: {v:,.0f}" for k, v in x.dropped if v) or "0", x.skipped_lines) for x in s.ranks], 4))
+              ", ".join(f"{k}: {v:,.0f}" for k, v in x.dropped if v) or "0", x.skipped_lines) for x in s.standing_out],
+            4))
     return section("summary", "Training job summary", "".join(out))
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from otelprof import semconv as sc
 from otelprof.analysis import progress as prog
+from otelprof.analysis.ranksummary import TOP, many
 from otelprof.analysis.report import Report
 from otelprof.report import svg
 from otelprof.report.blocks import IN_RECORDING, charts, figure, from_prometheus, note, p, section, table
 from otelprof.report.formatting import elapsed, extreme, num, pct, secs
+from otelprof.report.sections.ranks import summaries
 
 MAX_HISTOGRAMS = 16
 
@@ -32,7 +34,8 @@ def durations(r: Report) -> str:
         out = [p(f"Per rank and phase, over every recorded step. An outlier is a step slower than the mean plus "
                  f"{a.sigma:g} standard deviations of all steps of its rank and phase; the histograms leave "
                  "outliers out so that the bulk of the distribution stays visible.")]
-    out.append(table(("Rank", "Node", "Phase", "Steps", "mean", "max", "p99", "p95", "p50", "min", "std",
+    out.append(summaries(a.summaries) if a.summaries else table(
+                     ("Rank", "Node", "Phase", "Steps", "mean", "max", "p99", "p95", "p50", "min", "std",
                       "Outliers", "Threshold"),
                      [(x.rank, x.node, x.phase, f"{x.durations.count:,}", secs(x.durations.mean),
                        extreme(x.durations.max, x.max_bucket),
@@ -53,6 +56,9 @@ def durations(r: Report) -> str:
     if len(a.rows) > MAX_HISTOGRAMS:
         out.append(p(f"Histograms of the first {MAX_HISTOGRAMS} rank/phase pairs are shown; the JSON output has all."))
     outliers = [x for x in a.rows if x.outliers]
+    if a.summaries:  # the ranks with the most outliers, per phase
+        worst = {(x.subject, s.group) for s in a.summaries if s.figure == "outlier steps" for x in s.worst if x.value}
+        outliers = [x for x in outliers if (f"rank {x.rank}", x.phase) in worst]
     if outliers:
         out.append("<h3>Outlier steps</h3>")
         where = (f"not in Prometheus: {sc.SPAN_STEP} spans with {sc.ATTR_STEP_OUTLIER} = true (Tempo), or "
@@ -67,7 +73,7 @@ def durations(r: Report) -> str:
     throughput = [x for x in a.rows if x.samples_per_second is not None or x.tokens_per_second is not None]
     if throughput:
         out.append("<h3>Throughput</h3>")
-        out.append(table(("Rank", "Phase", "Samples per step (median)", "Samples/s", "Tokens/s"),
+        out.append("" if a.summaries else table(("Rank", "Phase", "Samples per step (median)", "Samples/s", "Tokens/s"),
                          [(x.rank, x.phase, num(x.samples_per_step), num(x.samples_per_second),
                            num(x.tokens_per_second)) for x in throughput], 2))
         if a.throughput:
@@ -129,7 +135,8 @@ def dataloader(r: Report) -> str:
             out.append(note(f"Rank {worst.rank} ({worst.phase}) spent {pct(worst.wait_share)} of its step time "
                             "waiting for data: the input pipeline limits training. More loader workers, "
                             "prefetching, faster storage or cheaper preprocessing shorten the wait.", "warn"))
-        out.append(table(("Rank", "Phase", "Steps", "Steps waiting", "Wait p25", "Wait p50", "Wait p95", "Wait max",
+        out.append(summaries(d.summaries) if d.summaries else table(
+                         ("Rank", "Phase", "Steps", "Steps waiting", "Wait p25", "Wait p50", "Wait p95", "Wait max",
                           "Wait share", "Input-bound steps"),
                          [(x.rank, x.phase, f"{x.steps:,}", f"{x.steps_waiting:,}", secs(x.wait_p25),
                            secs(x.wait.p50), secs(x.wait.p95), extreme(x.wait.max, x.max_bucket), pct(x.wait_share),
@@ -143,10 +150,12 @@ def dataloader(r: Report) -> str:
                    for x in d.phases[:MAX_HISTOGRAMS]
                    if x.histogram.counts]
         out.append(charts(*figures))
+    notes: dict[tuple[str, str, int], list[int]] = {}  # with many ranks, alike notes are one, naming the ranks
+    grouped = many(len(d.loaders))
     for loader in d.loaders:
         parts = []
         if loader.workers is not None and loader.cpus_available:
-            parts.append(f"Rank {loader.rank}'s data loader runs {loader.workers} worker process(es) with "
+            parts.append(f"{{who}} data loader runs {loader.workers} worker process(es) with "
                          f"{loader.cpus_available:g} CPUs available.")
             if loader.too_few_workers:
                 parts.append(f"That is fewer than {pct(d.min_workers_share, 0)} of the CPUs: more workers would "
@@ -155,10 +164,20 @@ def dataloader(r: Report) -> str:
                 parts.append(f"That is more than {pct(d.max_workers_share, 0)} of the CPUs: the workers compete for "
                              "cores; fewer would do.")
         elif loader.workers is not None:
-            parts.append(f"Rank {loader.rank}'s data loader runs {loader.workers} worker process(es).")
+            parts.append(f"{{who}} data loader runs {loader.workers} worker process(es).")
         if loader.pin_memory is False and r.gpus.gpus:
             parts.append("pin_memory is off: with pin_memory=True host-to-GPU copies of each batch are faster "
                          "and can overlap with compute.")
         if parts:
-            out.append(note(" ".join(parts), "warn" if len(parts) > 1 else ""))
+            key = (" ".join(parts), "warn" if len(parts) > 1 else "", -1 if grouped else loader.rank)
+            notes.setdefault(key, []).append(loader.rank)
+    for (text, kind, _), ranks in notes.items():
+        who = f"Rank {ranks[0]}'s" if len(ranks) == 1 else _ranks_text(ranks) + ": each"
+        out.append(note(text.replace("{who}", who), kind))
     return section("dataloader", "Data loading analysis", "".join(out))
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``Ranks 0, 1, 2`` or, beyond ranksummary.TOP, ``Ranks 0, 1, 2, 3, 4 and 1,019 more``."""
+    shown = ", ".join(map(str, ranks[:TOP]))
+    return f"Ranks {shown}" + (f" and {len(ranks) - TOP:,} more" if len(ranks) > TOP else "")

@@ -13,6 +13,7 @@ from otelprof.analysis.report import Report
 from otelprof.report import svg
 from otelprof.report.blocks import charts, figure, from_prometheus, note, p, section, table
 from otelprof.report.formatting import elapsed, extreme, finite, num, pct, pct0, rate, secs, size
+from otelprof.report.sections.ranks import summaries
 
 
 def _unit_fmt(unit: str) -> Callable[[float], str]:
@@ -46,11 +47,17 @@ def usage(r: Report) -> str:
         out = [p("Each figure is first averaged over the node's devices in every sample (the mean busy share of the "
                  "logical CPUs, the mean utilization of the GPUs), then summarized over the whole run. “Busiest "
                  "core” is the most loaded logical CPU of each sample, the one the CPU-bottleneck check looks at.")]
-        out.append(table(("Node", "Metric", "Unit", "max", "p99", "p95", "p50", "min", "Samples"),
+        out.append(summaries(u.summaries, "nodes") if u.summaries else table(
+                         ("Node", "Metric", "Unit", "max", "p99", "p95", "p50", "min", "Samples"),
                          [(row.subject, row.metric, row.unit, *(_unit_fmt(row.unit)(v) for v in
                                                                (row.max, row.p99, row.p95, row.p50, row.min)),
                            f"{row.datapoints:,}") for row in u.rows], 3))
-    for n in u.nodes:
+    nodes = u.nodes
+    if u.summaries:  # the nodes named most often among the worst
+        nodes = tuple(n for n in u.nodes if n.node in u.detailed)
+        out.append(p(f"Details of the {len(nodes)} nodes named most often among the worst above; the other "
+                     f"{len(u.nodes) - len(nodes):,} are folded (the JSON output has every node)."))
+    for n in nodes:
         cpu = u.row(n.node, "CPU")
         gpu = u.row(n.node, "GPU")
         text = {
@@ -112,6 +119,8 @@ def _process_rows(r: Report) -> str:
     rows = r.system.process_rows
     if not rows:
         return ""
+    if r.system.process_summaries:
+        return "<h3>Training processes</h3>" + summaries(r.system.process_summaries)
     if from_prometheus(r):
         return "<h3>Training processes</h3>" + p(
             "Each rank's own CPU use (a share of the CPUs the container may use) and resident memory, from the "
@@ -139,7 +148,12 @@ def bottleneck(r: Report, io: bool) -> str:
     if not b.nodes:
         out.append(p("No node samples were recorded."))
         return section(anchor, title, "".join(out))
-    for n in b.nodes:
+    nodes = b.nodes
+    if b.summary is not None:  # many nodes: the distribution, and the details of the worst
+        out.append(summaries((b.summary,), "nodes"))
+        named = {x.subject for x in b.summary.worst}
+        nodes = tuple(n for n in b.nodes if n.node in named)
+    for n in nodes:
         out.append(f"<h3>Node {escape(n.node)}</h3>")
         if n.low_gpu == 0 and not r.gpus.gpus:
             out.append(p(f"{n.datapoints:,} samples, {n.busy:,} with a CPU above the threshold; no GPU was sampled, "
