@@ -40,6 +40,7 @@ from torch import nn
 from torch_integration import cnn_step
 
 import otelprof
+from otelprof.integrations import profile_schedule
 from otelprof.integrations import torch as otorch
 from otelprof.recording.reader import read_recording
 
@@ -71,36 +72,14 @@ def _profiler(steps: int) -> float:
         return (time.perf_counter() - began) / steps
 
 
-def _otelprof(steps: int, windows: list[dict[str, Any]], every: float = 600.0) -> float:
+def _session_run(steps: int, windows: list[dict[str, Any]], every: float, warmup: float, warmup_steps: int,
+                 wait_for_window: bool) -> float:
+    """Seconds for ``steps`` instrumented steps in a session with windows every ``every`` s (0: none); the
+    recorded windows are appended to ``windows``."""
     step, model, optimizer = _parts()
     with tempfile.TemporaryDirectory() as tmp:
-        session = otelprof.init(record_dir=tmp, system_metrics=False, profile_warmup=0.0, profile_every=every,
-                                profile_warmup_steps=WARMUP_STEPS + 5)
-        otorch.instrument(model=model, optimizer=optimizer)
-        for _ in range(WARMUP_STEPS):
-            with otelprof.step():
-                step()
-        began = time.perf_counter()
-        for _ in range(steps):
-            with otelprof.step():
-                step()
-        elapsed = (time.perf_counter() - began) / steps
-        deadline = time.monotonic() + 10
-        while every and not session.profile_schedule.windows_run and time.monotonic() < deadline:
-            time.sleep(0.05)
-        run_dir = session.run_dir
-        otelprof.shutdown()
-        windows.extend(read_recording(run_dir).ranks[0].profiles())
-        otorch.uninstrument()
-    return elapsed
-
-
-def _whole(steps: int, every: float, windows: list[dict[str, Any]]) -> float:
-    """Seconds for ``steps`` instrumented steps in a session with windows every ``every`` s (0: none)."""
-    step, model, optimizer = _parts()
-    with tempfile.TemporaryDirectory() as tmp:
-        session = otelprof.init(record_dir=tmp, system_metrics=False, profile_warmup=every, profile_every=every,
-                                profile_warmup_steps=WARMUP_STEPS)
+        session = otelprof.init(record_dir=tmp, system_metrics=False, profile_warmup=warmup, profile_every=every,
+                                profile_warmup_steps=warmup_steps)
         otorch.instrument(model=model, optimizer=optimizer)
         for _ in range(WARMUP_STEPS):
             with otelprof.step():
@@ -110,11 +89,26 @@ def _whole(steps: int, every: float, windows: list[dict[str, Any]]) -> float:
             with otelprof.step():
                 step()
         elapsed = time.perf_counter() - began
+        schedule = profile_schedule.of(session)
+        deadline = time.monotonic() + 10
+        while wait_for_window and schedule is not None and not schedule.windows_run and time.monotonic() < deadline:
+            time.sleep(0.05)
         run_dir = session.run_dir
         otelprof.shutdown()
+        assert run_dir is not None
         windows.extend(read_recording(run_dir).ranks[0].profiles())
         otorch.uninstrument()
     return elapsed
+
+
+def _otelprof(steps: int, windows: list[dict[str, Any]], every: float = 600.0) -> float:
+    """Seconds per step, with one periodic window after the warm-up steps (none with ``every=0``)."""
+    return _session_run(steps, windows, every, 0.0, WARMUP_STEPS + 5, wait_for_window=bool(every)) / steps
+
+
+def _whole(steps: int, every: float, windows: list[dict[str, Any]]) -> float:
+    """Seconds for ``steps`` steps in a session with windows every ``every`` s (0: none)."""
+    return _session_run(steps, windows, every, every, WARMUP_STEPS, wait_for_window=False)
 
 
 def whole(interval: float, seconds: float, rounds: int, budget: float) -> None:
