@@ -425,6 +425,8 @@ def test_the_report_draws_per_layer_norms_and_shows_the_layers_a_check_named(tmp
         assert value == pytest.approx(trial.reduction("gradients/4.weight", step, "l2"))
     shades = [s for row in layers["rows"] for s in row["shades"] if s is not None]
     assert min(shades) == 0.0 and max(shades) == 1.0
+    nav = out["html"][out["html"].index("<nav>"):out["html"].index("</nav>")]
+    assert nav.endswith('<a href="#layers">Layers</a>')  # listed in the navigation, after the other sections
     section = out["html"][out["html"].index('<section id="layers">'):]
     section = section[:section.index("</section>")]
     assert "rank 0 3/output" in section and "3/output <b" in section
@@ -437,7 +439,8 @@ def test_a_report_without_collections_has_no_layers_section(tmp_path: Path) -> N
                              str(tmp_path / "report.html")], env=_env(tmp_path), capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr
-    assert 'id="layers"' not in (tmp_path / "report.html").read_text(encoding="utf-8")
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert 'id="layers"' not in html and 'href="#layers"' not in html and 'href="#gpu-memory"' in html
 
 
 # ---------------------------------------------------------------------------------------------- custom live rules

@@ -11,6 +11,9 @@ from html import escape
 from otelprof.analysis.layers import LayerHeatmap
 from otelprof.analysis.report import Report
 
+__all__ = ["LAYERS", "layers_section"]
+
+LAYERS = ("layers", "Layers")  # the section's anchor and title, for the page's navigation
 LIGHT = (0xFF, 0xF5, 0xEB)
 DARK = (0x7F, 0x27, 0x04)
 NONFINITE = "#d62728"
@@ -67,4 +70,5 @@ def layers_section(report: Report) -> str:
         more = (f"{m.omitted_rows} more tensors and {m.omitted_steps} more saved steps are in tensors.jsonl "
                 "(read_trial).")
         out.append(f'<div class="note">{escape(more)}</div>')
-    return f'<section id="layers"><h2>Layers</h2>{"".join(out)}</section>'
+    anchor, title = LAYERS
+    return f'<section id="{anchor}"><h2>{title}</h2>{"".join(out)}</section>'
