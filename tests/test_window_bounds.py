@@ -22,9 +22,11 @@ import torch
 
 import otelprof
 from otelprof import semconv as sc
+from otelprof.analysis.report import build_report, load
 from otelprof.integrations import operators, profile_schedule, window_bounds
 from otelprof.integrations import torch as otorch
 from otelprof.recording.reader import read_recording
+from otelprof.report.html import render
 from otelprof.runtime import hotpath as hot
 from tests.servers import free_port
 
@@ -157,6 +159,17 @@ def test_a_window_past_the_cap_stops_mid_step_and_says_so(tmp_path: Path, caplog
     assert truncated[("events",)] == len(found)
     assert kept[("kept",)] == sum(w["events"]["kept"] for w in found)
     assert sum("profiler events" in r.getMessage() for r in caplog.records) == 1  # said once
+    # the report: one window of len(found) segments, each stopped at the cap, in the windows table
+    report = build_report(load(session.run_dir))
+    [window] = report.framework.windows
+    assert (window.start_step, window.last_step, window.num_steps) == (
+        4, found[-1]["start_step"] + found[-1]["num_steps"] - 1, sum(w["num_steps"] for w in found))
+    assert window.segments == len(found) and window.truncated == (("events", len(found)),)
+    assert window.trigger == "api" and window.duration == pytest.approx(sum(w["d"] for w in found) / 1e9)
+    page = render(report)
+    table = page[page.index("<th>Segments</th>"):]
+    assert (f"<td>{len(found)}</td><td>{len(found)} of {len(found)} at the event cap (OTELPROF_PROFILE_MAX_EVENTS)"
+            "</td>") in table[:table.index("</table>")]
 
 
 class WarmingUp(torch.nn.Module):
@@ -286,6 +299,8 @@ def test_a_window_of_small_steps_is_whole_and_teaches_the_plan(tmp_path: Path) -
     second = windows_seen[1]
     assert second["num_steps"] <= min(int(20_000 // per_step), 50) and second["events"]["kept"] <= 20_000
     _check_cost(second)
+    first = build_report(load(session.run_dir)).framework.windows[0]
+    assert (first.start_step, first.last_step, first.num_steps, first.segments, first.truncated) == (2, 3, 2, 1, ())
 
 
 def test_an_expensive_window_stretches_the_interval_to_stay_within_the_budget(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import compress
 from operator import add, not_, sub
 from typing import Any
@@ -134,13 +134,26 @@ class Operator:
 
 @dataclass(frozen=True)
 class ProfileWindow:
+    """One requested window, its segments folded in: a window stopped short (the event cap) goes on from the
+    next step in a further segment, a record of its own (``segment`` 1, 2, ...)."""
     rank: int
     start_step: int
     num_steps: int
+    """Steps profiled, all segments together."""
     start: float
     """Unix seconds."""
     duration: float
+    """Seconds under the profiler, all segments together."""
     trace_file: str | None
+    """The first segment's trace."""
+    last_step: int = -1
+    """The last step profiled (of the last segment); start_step + num_steps - 1 for a window of one segment."""
+    segments: int = 1
+    truncated: tuple[tuple[str, int], ...] = ()
+    """(why, segments that stopped there before their planned steps: their last step profiled in part)."""
+    trigger: str | None = None
+    """What started it: ``periodic``, ``api`` (profile_window), ``capture`` (the control endpoint)."""
+    phase: str | None = None
 
 
 @dataclass(frozen=True)
@@ -362,9 +375,7 @@ def _window(rank: int, record: dict[str, Any], cpu: dict[str, list[float]], gpu:
     by kind and the kernel precision mix) stands in, so the tables agree with the timeline and the overlap."""
     rest = rest if rest is not None else {"cpu": 0.0, "gpu": 0.0}
     try:
-        windows.append(ProfileWindow(rank, int(record.get("start_step", 0)), int(record.get("num_steps", 0)),
-                                     int(record.get("t", 0)) / 1e9, int(record.get("d", 0)) / 1e9,
-                                     str(record["trace_file"]) if record.get("trace_file") else None))
+        _add_segment(windows, rank, record)
         found = record.get("operators")
         trace: dict[str, Any] = found if isinstance(found, dict) else {}
         sources = (("cpu", record.get("cpu_ops") or trace.get("ops") or [], cpu),
@@ -384,3 +395,27 @@ def _window(rank: int, record: dict[str, Any], cpu: dict[str, list[float]], gpu:
                 acc2[str(key)] = acc2.get(str(key), 0.0) + float(seconds)
     except (KeyError, TypeError, ValueError, AttributeError):
         return  # a malformed window record: nothing of it is used
+
+
+
+def _add_segment(windows: list[ProfileWindow], rank: int, record: dict[str, Any]) -> None:
+    """Add a window record: a new window, or the next segment of the rank's latest window of the same trigger
+    and phase (a window's segments are recorded in order, one at a time)."""
+    start_step, num_steps = int(record.get("start_step", 0)), int(record.get("num_steps", 0))
+    duration, segment = int(record.get("d", 0)) / 1e9, int(record.get("segment", 0))
+    why = record.get("truncated")
+    trigger, phase = (str(record[k]) if record.get(k) is not None else None for k in ("trigger", "phase"))
+    if segment > 0:
+        for i in range(len(windows) - 1, -1, -1):
+            w = windows[i]
+            if w.rank == rank and w.segments == segment and (w.trigger, w.phase) == (trigger, phase):
+                counts = Counter(dict(w.truncated))
+                if why:
+                    counts[str(why)] += 1
+                windows[i] = replace(w, num_steps=w.num_steps + num_steps, duration=w.duration + duration,
+                                     last_step=start_step + num_steps - 1, segments=segment + 1,
+                                     truncated=tuple(sorted(counts.items())))
+                return
+    windows.append(ProfileWindow(rank, start_step, num_steps, int(record.get("t", 0)) / 1e9, duration,
+                                 str(record["trace_file"]) if record.get("trace_file") else None,
+                                 start_step + num_steps - 1, 1, ((str(why), 1),) if why else (), trigger, phase))

@@ -12,6 +12,8 @@ from otelprof.report.blocks import IN_RECORDING, charts, figure, from_prometheus
 from otelprof.report.formatting import DASH, extreme, finite, pct, secs
 
 MAX_BREAKDOWN_CHARTS = 4
+MAX_WINDOW_ROWS = 10
+TRUNCATED_WHY = {"events": "at the event cap (OTELPROF_PROFILE_MAX_EVENTS)"}
 
 
 def summary(r: Report) -> str:
@@ -71,10 +73,7 @@ def summary(r: Report) -> str:
                      "otelprof.torch.profile_window(start_step, num_steps), or on a running job with "
                      "otelprof capture URL --steps N; the top CPU and GPU operators then appear here."))
     else:
-        out.append(p(f"{len(f.windows)} profiling window(s): " + ", ".join(
-            f"rank {w.rank} steps {w.start_step} to {w.start_step + w.num_steps - 1}"
-            + (f" (trace {w.trace_file})" if w.trace_file else "") for w in f.windows[:10])
-            + (" …" if len(f.windows) > 10 else "") + "."))
+        out.append(_windows(f))
         for label, ops, total, rest in (("CPU", f.cpu_operators, f.cpu_operator_time, f.cpu_operators_other),
                                         ("GPU", f.gpu_operators, f.gpu_operator_time, f.gpu_operators_other)):
             if not ops:
@@ -161,3 +160,19 @@ def _operators_elsewhere(r: Report) -> str:
     total = sum(n for _, n in counts)
     return p(f"{total:,} operator-profiling window(s) completed in the range ("
              + ", ".join(f"rank {rank}: {n:,}" for rank, n in counts) + f"); {where}")
+
+
+def _windows(f: fw.FrameworkSummary) -> str:
+    """The operator-profiling windows: steps, segments and the ones stopped short."""
+    rows = [(w.rank, w.trigger or DASH, w.phase or DASH,
+             f"{w.start_step} to {w.last_step}" if w.last_step >= w.start_step else DASH,
+             f"{w.num_steps:,}", w.segments,
+             "; ".join(f"{n} of {w.segments} {TRUNCATED_WHY.get(why, why)}" for why, n in w.truncated) or "no",
+             secs(w.duration), w.trace_file or DASH) for w in f.windows[:MAX_WINDOW_ROWS]]
+    out = [p(f"{len(f.windows):,} profiling window(s). A window stopped short (truncated: it reached its event cap "
+             "within a step, so that step is profiled in part) goes on from the next step in a further segment."),
+           table(("Rank", "Trigger", "Phase", "Steps", "Profiled steps", "Segments", "Truncated", "Time", "Trace"),
+                 rows, 3)]
+    if len(f.windows) > MAX_WINDOW_ROWS:
+        out.append(p(f"{len(f.windows) - MAX_WINDOW_ROWS:,} more window(s) are in the recording (profiles.jsonl)."))
+    return "".join(out)
