@@ -4,7 +4,8 @@
 into Prometheus rule groups. Every alert carries ``severity``, an ``action`` label when the
 config gives it one, and ``summary`` / ``description`` / ``runbook_url`` / ``dashboard_url``.
 What an alert is lives in :mod:`otelprof.mixin.alert_model`; each group's alerts in a module
-of their own (``*_alerts``), listed once in :data:`GROUPS`.
+of their own (``*_alerts``), listed once in :data:`~otelprof.mixin.built_in_groups.BUILT_IN`; :data:`GROUPS`
+adds the custom rules' group after them.
 """
 
 from __future__ import annotations
@@ -12,21 +13,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from otelprof.mixin import custom_alerts, step_alerts, system_alerts, telemetry_alerts, tensor_alerts, training_alerts
+from otelprof.mixin import custom_alerts
 from otelprof.mixin.alert_model import Alert, AlertGroup
+from otelprof.mixin.built_in_groups import BUILT_IN
 from otelprof.mixin.config import MixinConfig
 
 __all__ = ["GROUPS", "NO_FOR", "alert_groups", "alerts"]
 
-GROUPS: tuple[AlertGroup, ...] = (
-    system_alerts.GROUP,
-    step_alerts.GROUP,
-    training_alerts.GROUP,
-    tensor_alerts.GROUP,
-    telemetry_alerts.GROUP,
-    custom_alerts.GROUP,
-)
-"""The rule groups in runbook order: a new group of alerts is one line here."""
+GROUPS: tuple[AlertGroup, ...] = (*BUILT_IN, custom_alerts.GROUP)
+"""The rule groups in runbook order: the built-in ones (a new group is one line there), then the custom rules."""
 
 NO_FOR: dict[str, str] = {short: why for group in GROUPS for short, why in group.no_for.items()}
 """Why an alert without ``for`` needs none: one evaluation is conclusive (stated in its runbook entry)."""

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from otelprof.mixin import config as mc
-from otelprof.mixin import step_alerts, system_alerts, telemetry_alerts, tensor_alerts, training_alerts
 from otelprof.mixin.alert_model import Alert, AlertGroup, Runbook
+from otelprof.mixin.built_in_groups import BUILT_IN
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.promql import IDENTITY, catalog_series_names
 
@@ -116,9 +116,7 @@ def load(path: str) -> list[dict[str, str]]:
 def _built_in() -> list[Alert]:
     """The alerts otelprof ships (every group but this one's)."""
     config = MixinConfig()
-    groups = (system_alerts.GROUP, step_alerts.GROUP, training_alerts.GROUP, tensor_alerts.GROUP,
-              telemetry_alerts.GROUP)
-    return [alert for group in groups for alert in group.build(config)]
+    return [alert for group in BUILT_IN for alert in group.build(config)]
 
 
 def custom_alerts(config: MixinConfig) -> list[Alert]:
