@@ -75,7 +75,8 @@ def test_a_pod_with_8_local_ranks_yields_8_ranks_scraped(tmp_path: Path) -> None
     pod = job["spec"]["template"]
     [monitor] = [d for d in build("overlays/kube-prometheus-stack") if d["kind"] == "PodMonitor"]
     [config_map] = [d for d in build("overlays/plain-prometheus") if d["metadata"]["name"] == "otelprof-prometheus"]
-    [plain] = yaml.safe_load(config_map["data"]["prometheus.yml"])["scrape_configs"]
+    [plain] = [s for s in yaml.safe_load(config_map["data"]["prometheus.yml"])["scrape_configs"]
+               if s["job_name"] == "otelprof-training"]
     ranks = 8
 
     base = free_port(ranks)  # the ranks listen on base + LOCAL_RANK
@@ -163,7 +164,8 @@ def test_both_overlays_select_the_same_ports(overlay: str) -> None:
         regexes = [r["regex"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"] if "regex" in r]
     else:
         [config_map] = [d for d in docs if d["metadata"]["name"] == "otelprof-prometheus"]
-        [plain] = yaml.safe_load(config_map["data"]["prometheus.yml"])["scrape_configs"]
+        [plain] = [s for s in yaml.safe_load(config_map["data"]["prometheus.yml"])["scrape_configs"]
+                   if s["job_name"] == "otelprof-training"]
         regexes = [r["regex"] for r in plain["relabel_configs"]
                    if r["source_labels"] == ["__meta_kubernetes_pod_container_port_name"]]
     assert regexes == [deploy.METRICS_PORT_REGEX]

@@ -165,6 +165,11 @@ def test_cluster_wiring_files_carry_the_settings(bundle: Path) -> None:
 
     [monitor] = [d for d in yaml.safe_load_all((bundle / "kubernetes/podmonitor.yaml").read_text()) if d]
     assert monitor["kind"] == "PodMonitor" and monitor["metadata"]["labels"]["release"] == "prom"
+    [webhook] = [d for d in yaml.safe_load_all((bundle / "kubernetes/servicemonitor.yaml").read_text()) if d]
+    assert webhook["kind"] == "ServiceMonitor" and webhook["metadata"]["labels"]["release"] == "prom"
+    assert webhook["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+    scrape = yaml.safe_load((bundle / "prometheus/prometheus.yml").read_text())["scrape_configs"]
+    assert [s["job_name"] for s in scrape] == ["otelprof-training", "otelprof-webhook"]  # the ranks and the webhook
     docs = [d for d in yaml.safe_load_all((bundle / "kubernetes/training-job.yaml").read_text()) if d]
     for doc in docs:
         kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
@@ -180,8 +185,9 @@ def test_cluster_wiring_files_carry_the_settings(bundle: Path) -> None:
     [amc] = [d for d in yaml.safe_load_all((bundle / "kubernetes/alertmanagerconfig.yaml").read_text()) if d]
     assert spec["alertmanagerConfigSelector"]["matchLabels"].items() <= amc["metadata"]["labels"].items()
     assert "configSecret" not in spec
-    schema = _crd_schema("PodMonitor")  # last: skips where the CRDs are absent (the AlertmanagerConfig's: its own test)
-    jsonschema.validators.validator_for(schema)(schema).validate(monitor)
+    for doc in (monitor, webhook):  # last: skips where the CRDs are absent (the AlertmanagerConfig's: its own test)
+        schema = _crd_schema(doc["kind"])
+        jsonschema.validators.validator_for(schema)(schema).validate(doc)
 
 
 def test_provisioning_and_configmaps_carry_the_settings(bundle: Path) -> None:

@@ -13,9 +13,10 @@ Layout of ``DIR`` (one config applied to all of it)::
     kubernetes/alertmanagerconfig.yaml          otelprof's routes as an AlertmanagerConfig (adds, replaces nothing)
     kubernetes/kube-prometheus-stack-values.yaml  the chart values that select and link all of it
     kubernetes/podmonitor.yaml                  scrapes every local rank's /metrics port of labelled pods
+    kubernetes/servicemonitor.yaml              scrapes the webhook's own /metrics through its Service
     kubernetes/training-job.yaml                a training Job wired for otelprof (the pod template to copy)
     otel-collector/config.yaml                  the OpenTelemetry Collector config (spans to Tempo)
-    prometheus/prometheus.yml                   plain Prometheus: pod discovery scrape config and the rule files
+    prometheus/prometheus.yml                   plain Prometheus: pod discovery of the ranks and the webhook, the rules
     prometheus/alertmanager.yml                 plain Prometheus: a whole Alertmanager config of its own
     tests/otelprof-rules-test.yaml              promtool unit tests of these rules (``promtool test rules``)
     scale/mimir-otelprof.yaml                   the same rules as a Grafana Mimir / Cortex ruler namespace
@@ -44,12 +45,12 @@ def packaged(name: str) -> str:
     return (resources.files("otelprof.mixin") / "files" / name).read_text(encoding="utf-8")
 
 
-def _podmonitor(config: MixinConfig) -> str:
-    """The PodMonitor with the ``release`` label kube-prometheus-stack selects monitors by."""
-    text = packaged("podmonitor.yaml")
-    head = "metadata:\n  name: otelprof-training\n"
+def _monitor(config: MixinConfig, file: str, name: str) -> str:
+    """A packaged PodMonitor / ServiceMonitor with the ``release`` label kube-prometheus-stack selects monitors by."""
+    text = packaged(file)
+    head = f"metadata:\n  name: {name}\n"
     if head not in text:
-        raise ValueError("the packaged PodMonitor has no otelprof-training metadata")
+        raise ValueError(f"the packaged {file} has no {name} metadata")
     labels = f"  labels:\n    release: {yamlout.dump(config.prometheus_rule_release).strip()}\n"
     return text.replace(head, head + labels, 1)
 
@@ -74,7 +75,8 @@ def render(config: MixinConfig) -> dict[Path, str]:
     out[KUBERNETES / "alertmanagerconfig.yaml"] = deploy.documents([stack_doc], SOURCE)
     out[KUBERNETES / "kube-prometheus-stack-values.yaml"] = (deploy.HEADER.format(source=SOURCE)
                                                              + yamlout.dump(routing.stack_values(config)))
-    out[KUBERNETES / "podmonitor.yaml"] = _podmonitor(config)
+    out[KUBERNETES / "podmonitor.yaml"] = _monitor(config, "podmonitor.yaml", "otelprof-training")
+    out[KUBERNETES / "servicemonitor.yaml"] = _monitor(config, "servicemonitor.yaml", deploy.WEBHOOK_NAME)
     out[KUBERNETES / "training-job.yaml"] = packaged("training-job.yaml")
     out[Path("otel-collector") / "config.yaml"] = packaged("otel-collector-config.yaml")
     scrape = deploy.prometheus_config()

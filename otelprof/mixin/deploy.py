@@ -34,11 +34,18 @@ METRICS_PORT_REGEX = f"{METRICS_PORT_NAME}(-[0-9]+)?"
 """Container ports scraped: ``metrics-<LOCAL_RANK>``, one per local rank (each serves 9464 + LOCAL_RANK),
 or a lone ``metrics``. The pod declares one per local rank; every declared one becomes a target."""
 PODMONITOR = KUBERNETES / "overlays/kube-prometheus-stack/podmonitor.yaml"
+WEBHOOK_MONITOR = KUBERNETES / "overlays/kube-prometheus-stack/servicemonitor.yaml"
+"""The ServiceMonitor of the webhook's own /metrics (its Service in base/webhook.yaml)."""
+WEBHOOK_NAME = "otelprof-webhook"
+"""The webhook's ``app.kubernetes.io/name`` (Deployment, pods, Service) and its scrape job."""
+WEBHOOK_PORT_NAME = "http"
+"""The webhook's one port: Alertmanager's notifications and ``GET /metrics``."""
 TRAINING_JOB = KUBERNETES / "base/training-job.yaml"
 PACKAGE_FILES = Path("otelprof/mixin/files")
 """Copies of deploy/ sources inside the package, for ``otelprof mixin -o DIR`` without a checkout."""
 PACKAGED = {"otel-collector-config.yaml": COLLECTOR_CONFIG, "podmonitor.yaml": PODMONITOR,
-            "training-job.yaml": TRAINING_JOB, "alertmanager.yml": ALERTMANAGER_CONFIG}
+            "training-job.yaml": TRAINING_JOB, "alertmanager.yml": ALERTMANAGER_CONFIG,
+            "servicemonitor.yaml": WEBHOOK_MONITOR}
 STACK_ALERTMANAGER = KUBERNETES / "overlays/kube-prometheus-stack/alertmanager"
 """The AlertmanagerConfig, applied in Alertmanager's namespace (its own kustomization sets the namespace)."""
 
@@ -102,7 +109,8 @@ def prometheus_config() -> dict[str, Any]:
     """prometheus.yml for plain Prometheus in the cluster: pod discovery of otelprof's /metrics ports.
 
     Pod discovery yields one target per declared container port; the relabeling keeps the ports named
-    ``metrics-<LOCAL_RANK>``, so every local rank of a multi-GPU pod is scraped.
+    ``metrics-<LOCAL_RANK>``, so every local rank of a multi-GPU pod is scraped. A second job scrapes the
+    webhook's own /metrics: its pods' ``http`` port, by their name label.
     """
     return {
         "global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
@@ -120,6 +128,17 @@ def prometheus_config() -> dict[str, Any]:
                 {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
                 {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
                 {"source_labels": ["__meta_kubernetes_pod_ip"], "target_label": sc.SCRAPE_LABEL_POD_IP},
+            ],
+        }, {
+            "job_name": WEBHOOK_NAME,
+            "kubernetes_sd_configs": [{"role": "pod"}],
+            "relabel_configs": [
+                {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"], "regex": WEBHOOK_NAME,
+                 "action": "keep"},
+                {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": WEBHOOK_PORT_NAME,
+                 "action": "keep"},
+                {"source_labels": ["__meta_kubernetes_namespace"], "target_label": sc.SCRAPE_LABEL_NAMESPACE},
+                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
             ],
         }],
     }
