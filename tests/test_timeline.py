@@ -13,7 +13,7 @@ import pytest
 
 from otelprof.recording.reader import read_recording
 from otelprof.report.timeline import build_timeline
-from tests.test_report_fixtures import T0, manifest, small_run, step_line, write_rank
+from tests.test_report_fixtures import T0, manifest, ns, small_run, step_line, write_rank
 
 PHASES = {"B", "E", "X", "I", "i", "C", "b", "n", "e", "s", "t", "f", "M", "P", "N", "O", "D"}
 
@@ -98,6 +98,55 @@ def test_window_by_step_numbers_and_max_steps(tmp_path: Path) -> None:
     assert "cut after 3 steps" in capped["otherData"]["window"]
     none = build_timeline(recording, from_step=100)
     assert not [e for e in validate(none) if e["cat"] == "step"]
+
+
+def _uneven_ranks(root: Path) -> Path:
+    """Two ranks of one node whose steps run at different times: rank 0's train steps take 0.1 s every 0.2 s
+    (an eval step between train steps 4 and 5, another after 7; a checkpoint after step 9), rank 1's take
+    0.3 s back to back, so its steps 3..5 start when rank 0 is at step 4 and end after rank 0's step 9."""
+    run = root / "uneven"
+    fast = [step_line("train", n, T0 + 0.2 * n, 0.1, [("forward", 0.0, 0.04, 0)]) for n in range(12)]
+    fast += [step_line("eval", 0, T0 + 0.2 * 4 + 0.12, 0.05), step_line("eval", 1, T0 + 0.2 * 7 + 0.12, 0.05)]
+    fast.sort(key=lambda r: r["t"])
+    checkpoint = {"k": "a", "name": "checkpoint", "ph": "train", "t": ns(T0 + 1.92), "d": ns(0.05)}
+    slow = [step_line("train", n, T0 + 0.3 * n, 0.3, [("forward", 0.0, 0.1, 0), ("backward", 0.1, 0.15, 0)])
+            for n in range(8)]
+    samples = [{"t": ns(T0 + 0.25 * i), "pid": 100, "pcpu": 0.5, "rss": 1000, "cpu": [0.5], "iow": [0.0],
+                "mem": 0.3, "disk": [0, 0], "net": [0, 0], "thr": 0} for i in range(12)]
+    write_rank(run, 0, manifest(0, world=2), fast, samples, [checkpoint])
+    write_rank(run, 1, manifest(1, world=2), slow)
+    return run
+
+
+def test_a_step_range_selects_exactly_those_steps_of_each_rank(tmp_path: Path) -> None:
+    recording = read_recording(_uneven_ranks(tmp_path), samples=True)
+    trace = build_timeline(recording, from_step=3, to_step=5)
+    events = validate(trace)
+    steps = {(e["pid"] - 1, e["args"]["phase"], e["args"]["number"]) for e in events if e["cat"] == "step"}
+    # each rank's own steps 3..5 (rank 1's span, 0.9-1.8 s, holds rank 0's steps 5..8: none of them shown), and
+    # the eval step inside rank 0's span (0.6-1.1 s); not the one after step 7, nor rank 0's checkpoint at 1.92 s
+    assert steps == {(0, "train", 3), (0, "train", 4), (0, "train", 5), (0, "eval", 0),
+                     (1, "train", 3), (1, "train", 4), (1, "train", 5)}
+    assert trace["otherData"]["steps_in_window"] == 7 and trace["otherData"]["steps_in_run"] == 22
+    assert "of each rank" in trace["otherData"]["window"]
+    regions = sorted((e["pid"] - 1, e["args"].get("step"), e["name"]) for e in events if e["cat"] == "region")
+    assert regions == sorted([(0, n, "forward") for n in (3, 4, 5)]
+                             + [(1, n, name) for n in (3, 4, 5) for name in ("forward", "backward")])
+    # the node's counters over the span of the steps shown on it: 0.6 s (rank 0's step 3) to 1.8 s (rank 1's 5)
+    cpu = [e["ts"] for e in events if e["name"] == "CPU %"]
+    assert cpu == pytest.approx([0.75e6, 1.0e6, 1.25e6, 1.5e6, 1.75e6])
+    capped = build_timeline(recording, from_step=3, to_step=5, max_steps=2)
+    steps = {(e["pid"] - 1, e["args"]["number"]) for e in validate(capped)
+             if e["cat"] == "step" and e["args"]["phase"] == "train"}
+    assert steps == {(0, 3), (0, 4), (1, 3), (1, 4)}  # the first 2 of each rank's
+    assert "cut after 2 steps per rank" in capped["otherData"]["window"]
+    out = tmp_path / "trace.json"
+    result = subprocess.run([sys.executable, "-m", "otelprof", "timeline", str(tmp_path / "uneven"), "--steps", "6-",
+                             "-o", str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    shown = {(e["pid"] - 1, e["args"]["phase"], e["args"]["number"]) for e in validate(json.loads(out.read_text()))
+             if e["cat"] == "step"}
+    assert shown == {(0, "train", n) for n in range(6, 12)} | {(0, "eval", 1), (1, "train", 6), (1, "train", 7)}
 
 
 def test_overlapping_regions_go_to_separate_lanes(tmp_path: Path) -> None:

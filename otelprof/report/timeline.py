@@ -10,8 +10,9 @@ of its own; per rank counters of its own CPU and memory;
 one process per node with counter tracks for CPU (mean and busiest core), I/O wait, host memory,
 and each GPU's utilization and memory. Times are microseconds since the run's first record (its
 Unix time is in ``otherData``). Long runs are cut to a window of steps so the file stays small
-enough for a browser: ``from_step``/``to_step`` (step numbers of one phase) or the first
-``max_steps`` steps per rank.
+enough for a browser: ``from_step``/``to_step`` (step numbers of one phase: exactly those steps of each
+rank, and what else of the rank falls inside their time span, whatever the other ranks' timing) or the
+first ``max_steps`` steps per rank.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from otelprof.analysis.run import RunView
 from otelprof.analysis.steps import outlier_flags
 from otelprof.analysis.system import gpu_order
 from otelprof.recording.ranks import Recording
+from otelprof.recording.selection import StepSelection, select_steps
 from otelprof.shared import collectives
 
 DEFAULT_MAX_STEPS = 2000
@@ -53,6 +56,8 @@ class TimelineWindow:
     total_steps: int
     truncated: bool
     description: str
+    selected: tuple[StepSelection, ...] | None = None
+    """With a step range: each rank's steps and span (in the view's rank order)."""
 
 
 OVERLAP_TOLERANCE_NS = 1000
@@ -90,24 +95,10 @@ class _Lanes:
 def _window(view: RunView, from_step: int | None, to_step: int | None, max_steps: int | None,
             phase: str) -> TimelineWindow:
     total = sum(len(r.step_columns) for r in view.ranks)
-    lo, hi = -(1 << 62), 1 << 62
     if from_step is not None or to_step is not None:
-        starts, ends = [], []
-        for rank in view.ranks:
-            c = rank.step_columns
-            if phase not in c.phase_names:
-                continue
-            code = c.phase_names.index(phase)
-            for i, (p, n) in enumerate(zip(c.phase, c.number)):
-                if p == code and (from_step is None or n >= from_step) and (to_step is None or n <= to_step):
-                    starts.append(c.start_ns[i])
-                    ends.append(c.start_ns[i] + c.duration_ns[i])
-        if starts:
-            lo, hi = min(starts), max(ends)
-        else:
-            lo, hi = 0, -1  # nothing matches: an empty window
-    limit = max_steps if max_steps is not None else (None if from_step is not None or to_step is not None
-                                                     else DEFAULT_MAX_STEPS)
+        return _selected_window(view, from_step, to_step, max_steps, phase)
+    lo, hi = -(1 << 62), 1 << 62
+    limit = max_steps if max_steps is not None else DEFAULT_MAX_STEPS
     truncated = False
     if limit is not None:
         cut = hi
@@ -120,14 +111,46 @@ def _window(view: RunView, from_step: int | None, to_step: int | None, max_steps
         hi = cut
     count = sum(1 for rank in view.ranks for s, d in zip(rank.step_columns.start_ns, rank.step_columns.duration_ns)
                 if s >= lo and s + d <= hi)
-    if from_step is not None or to_step is not None:
-        what = f"{phase} steps {from_step if from_step is not None else 'first'} to " \
-               f"{to_step if to_step is not None else 'last'}"
-    else:
-        what = "the whole run"
+    what = "the whole run"
     if truncated:
         what += f", cut after {limit} steps per rank"
     return TimelineWindow(lo, hi, count, total, truncated, what)
+
+
+def _selected_window(view: RunView, from_step: int | None, to_step: int | None, max_steps: int | None,
+                     phase: str) -> TimelineWindow:
+    """Each rank's own steps ``from_step`` .. ``to_step`` of ``phase`` (the first ``max_steps`` of them) and
+    the steps of other phases inside their span."""
+    selected = tuple(select_steps(r.step_columns, phase, from_step, to_step, max_steps) for r in view.ranks)
+    count = 0
+    for rank, sel in zip(view.ranks, selected):
+        count += sum(1 for i in range(len(rank.step_columns)) if _shows_step(rank.step_columns, i, sel, phase))
+    spans = [sel for sel in selected if sel.rows]
+    lo, hi = (min(x.start_ns for x in spans), max(x.end_ns for x in spans)) if spans else (0, -1)
+    truncated = any(sel.truncated for sel in selected)
+    what = f"{phase} steps {from_step if from_step is not None else 'first'} to " \
+           f"{to_step if to_step is not None else 'last'} of each rank"
+    if truncated:
+        what += f", cut after {max_steps} steps per rank"
+    total = sum(len(r.step_columns) for r in view.ranks)
+    return TimelineWindow(lo, hi, count, total, truncated, what, selected)
+
+
+def _shows_step(c: Any, i: int, sel: StepSelection, phase: str) -> bool:
+    """A selected step, or a step of another phase inside the selected steps' span."""
+    if i in sel.rows:
+        return True
+    start: int = c.start_ns[i]
+    end: int = start + c.duration_ns[i]
+    return bool(c.phase_names[c.phase[i]] != phase and sel.start_ns <= start and end <= sel.end_ns)
+
+
+def _step_filter(c: Any, sel: StepSelection | None, phase: str,
+                 inside: Callable[[int, int], bool]) -> Callable[[int], bool]:
+    """Whether the rank's step ``i`` is shown: by the selection, else by the time window."""
+    if sel is not None:
+        return lambda i: _shows_step(c, i, sel, phase)
+    return lambda i: inside(c.start_ns[i], c.start_ns[i] + c.duration_ns[i])
 
 
 def build_timeline(recording: Recording, from_step: int | None = None, to_step: int | None = None,
@@ -136,15 +159,15 @@ def build_timeline(recording: Recording, from_step: int | None = None, to_step: 
     view = RunView(recording)
     window = _window(view, from_step, to_step, max_steps, phase)
     origin_ns = int((view.first_time() or 0.0) * 1e9)
-    lo, hi = window.start_ns, window.end_ns
-    whole = from_step is None and to_step is None and not window.truncated
+    whole = window.selected is None and not window.truncated
 
     def ts(t_ns: int) -> float:
         return round((t_ns - origin_ns) / 1e3, 3)
 
-    def inside(start: int, end: int) -> bool:
-        return whole or (start >= lo and end <= hi)
+    def span(lo: int, hi: int) -> Callable[[int, int], bool]:
+        return lambda start, end: whole or (start >= lo and end <= hi)
 
+    node_spans: dict[str, tuple[int, int]] = {}
     meta: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     flows: dict[tuple[int, str, int], int] = {}
@@ -153,6 +176,13 @@ def build_timeline(recording: Recording, from_step: int | None = None, to_step: 
         meta += _process(pid, f"rank {info.rank} ({info.node})", info.rank)
         meta += _thread(pid, TID_STEPS, "steps", 0)
         c = rank.step_columns
+        sel = window.selected[index] if window.selected is not None else None
+        lo, hi = (sel.start_ns, sel.end_ns) if sel is not None else (window.start_ns, window.end_ns)
+        inside = span(lo, hi)
+        if sel is None or sel.rows:
+            low, high = node_spans.get(info.node, (lo, hi))
+            node_spans[info.node] = (min(low, lo), max(high, hi))
+        shows = _step_filter(c, sel, phase, inside)
         flags = outlier_flags(view, index) if len(c) else []
         lanes: dict[int, _Lanes] = {}
         step_lanes = _Lanes()
@@ -161,7 +191,7 @@ def build_timeline(recording: Recording, from_step: int | None = None, to_step: 
         collective, exposed = collectives.of_columns(c)
         for i in range(first, len(c)):
             start, duration = c.start_ns[i], c.duration_ns[i]
-            if not inside(start, start + duration):
+            if not shows(i):
                 if start > hi:
                     break
                 continue
@@ -229,7 +259,7 @@ def build_timeline(recording: Recording, from_step: int | None = None, to_step: 
                            "cat": "profile", "ph": "X", "pid": pid, "tid": TID_PROFILES, "ts": ts(int(p["t"])),
                            "dur": int(p.get("d", 0)) / 1e3,
                            "args": {"self time ms": top, "trace_file": p.get("trace_file")}})
-        meta += _device_time_track(rank, pid, events, ts, inside)
+        meta += _device_time_track(rank, pid, events, ts, shows)
         meta += _operator_tracks(rank, pid, events, ts, inside, flows)
         if counters:
             s = view.samples(index)
@@ -244,6 +274,7 @@ def build_timeline(recording: Recording, from_step: int | None = None, to_step: 
             pid = NODE_PID_BASE + n
             meta += _process(pid, f"node {node}", 10_000 + n)
             gpus = sorted(s.gpus, key=gpu_order)
+            inside = span(*node_spans.get(node, (0, -1)))  # the span of its ranks' steps shown
             for i, t in enumerate(s.t_ns):
                 if not inside(t, t):
                     continue
@@ -269,7 +300,8 @@ def build_timeline(recording: Recording, from_step: int | None = None, to_step: 
     }
 
 
-def _device_time_track(rank: Any, pid: int, events: list[dict[str, Any]], ts: Any, inside: Any) -> list[dict[str, Any]]:
+def _device_time_track(rank: Any, pid: int, events: list[dict[str, Any]], ts: Any,
+                       shows: Callable[[int], bool]) -> list[dict[str, Any]]:
     """Each step's CUDA-event region times on one track. The events give durations only, so a region is drawn
     where one stream would have run it: from its host region's start, or the end of the previous region's
     device work when that is later (the GPU was still busy); ``args`` carry the host time beside it."""
@@ -283,7 +315,7 @@ def _device_time_track(rank: Any, pid: int, events: list[dict[str, Any]], ts: An
     shown_any = False
     for i in range(len(c)):
         start = c.start_ns[i]
-        if not inside(start, start + c.duration_ns[i]):
+        if not shows(i):
             continue
         regions = by_step.pop((c.phase_names[c.phase[i]], c.number[i]), None)  # a step number repeated: once
         if not regions:
