@@ -400,6 +400,46 @@ def test_a_bad_rules_file_is_a_one_line_error_with_exit_2(tmp_path: Path, conten
     assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_closure_optimizer_loop_saves_its_model_found_inside_step(tmp_path: Path) -> None:
+    """L-BFGS under ``otelprof run``: the model is first called by the closure inside ``step()`` (the discovery
+    lasts until the first step ends), several evaluations a step (the first one's outputs are saved), and each
+    step is followed by a prediction under no_grad in train mode (not a training forward: never saved)."""
+    steps = 5
+    result = subprocess.run([sys.executable, "-m", "otelprof", "run", "-q", "--", sys.executable,
+                             str(JOB.with_name("tensor_closure_job.py")), str(steps)],
+                            env=_env(tmp_path, OTELPROF_RUN_ID="closure",
+                                     OTELPROF_COLLECTIONS="gradients@2,weights@2,outputs@2,optimizer@2"),
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "otelprof:" not in result.stderr, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])["steps"]
+    assert len(seen) == steps and all(s["evaluations"] > 1 for s in seen)  # several closure calls a step
+    trial = read_trial(tmp_path / "runs" / "closure" / "rank-0")
+    saved = [0, 2, 4]  # every 2nd of 5 steps
+    weights = {"cell.weight_ih", "cell.weight_hh", "linear.weight"}
+    assert set(trial.tensor_names(kind="weights")) == weights
+    for name in weights:  # step 0 too: the weights as they were when the closure first called the model
+        assert trial.steps(name) == saved
+        for n in saved:
+            assert trial.reduction(name, n, "l2") == pytest.approx(seen[n]["weights"][name], rel=1e-5)
+    assert seen[0]["gradients"] == {}
+    for name in seen[2]["gradients"]:  # none before step 0: no backward has run yet
+        assert trial.steps(f"gradients/{name}") == [2, 4]
+        for n in (2, 4):
+            assert trial.reduction(f"gradients/{name}", n, "l2") == pytest.approx(seen[n]["gradients"][name],
+                                                                                   rel=1e-5)
+    assert set(seen[2]["gradients"]) == {"cell.weight_ih", "cell.weight_hh", "cell.bias_ih", "cell.bias_hh",
+                                         "linear.weight", "linear.bias"}
+    assert trial.steps("cell/output") == saved and trial.steps("update/linear.weight") == saved
+    for n in saved:  # the step's first training forward: the first evaluation, not the prediction (3 rows)
+        assert trial.reduction("cell/output", n, "l2") == pytest.approx(seen[n]["first_output"], rel=1e-5)
+        assert trial.reduction("update/linear.weight", n, "l2") == pytest.approx(
+            seen[n]["updates"]["linear.weight"], rel=1e-5)
+    lines = [json.loads(line) for line in (tmp_path / "runs/closure/rank-0/tensors.jsonl").read_text().splitlines()]
+    shapes = {tuple(x["shape"]) for x in lines if x.get("name") == "cell/output"}
+    assert shapes == {tuple(seen[0]["first_output_shape"])} == {(7, 6)}  # the training batch, never the 3 predicted
+
+
 # ---------------------------------------------------------------------------------------------- report heatmap
 
 def test_the_report_draws_per_layer_norms_and_shows_the_layers_a_check_named(tmp_path: Path) -> None:

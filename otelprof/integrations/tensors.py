@@ -4,8 +4,9 @@ Steps are counted in ``optimizer.step()`` calls (0-based; the first optimizer th
 At a step that some collection saves (:mod:`otelprof.collections`):
 
 * before its forward, forward hooks go on the leaf modules whose ``/output`` or ``/input`` is selected;
-  they reduce the tensor on its device at once (the activation itself is not kept) — other steps have
-  no such hooks and pay one integer comparison in the optimizer hooks;
+  they reduce the tensor of the step's first training forward (in train mode, with gradients: not a
+  prediction under ``torch.no_grad()``) on its device at once (the activation itself is not kept) — other
+  steps have no such hooks and pay one integer comparison in the optimizer hooks;
 * just before ``optimizer.step()`` the selected weights and gradients are reduced (and the weights the
   ``optimizer`` collection follows are copied), just after it the update and its ratio to the weight;
 * every reduction of the step is stacked into one tensor and copied off the device without waiting;
@@ -126,6 +127,8 @@ class TensorCollector:
         self._lock = threading.Lock()
         self._handles: list[Any] = []
         self._discovering: Any = None
+        self._stepping = False
+        """Inside the first optimizer's ``step()`` (where a closure optimizer, L-BFGS, calls the model)."""
         self.dropped = 0
         """Tensors not saved (over :data:`MAX_TENSORS_PER_STEP`, or not written)."""
         self.closed = False
@@ -157,7 +160,8 @@ class TensorCollector:
         atexit.register(self.close)
 
     def discover(self) -> None:
-        """Take each top-level module with parameters called before the first optimizer step as a model."""
+        """Take each top-level module with parameters called before the first optimizer step ends as a model
+        (a closure optimizer, L-BFGS, calls it inside ``step()`` only)."""
         from torch.nn.modules import module as nn_module
 
         if self._discovering is None and self._primary is None and not self.closed:
@@ -172,6 +176,8 @@ class TensorCollector:
             self._known.add(module)
         if self._active:
             self._hook_forwards([(prefix, model)])
+            if self._stepping:  # found by a closure inside step(): its weights are still those before the step
+                self._save_parameters([(prefix + name, p) for name, p in model.named_parameters()])
 
     def _discover(self, module: Any, args: Any) -> None:
         if module not in self._known and next(module.parameters(recurse=True), None) is not None:
@@ -218,8 +224,8 @@ class TensorCollector:
         done: set[str] = set()
 
         def hook(mod: Any, args: Any, output: Any) -> None:
-            if not mod.training:
-                return  # evaluation forwards between train steps
+            if not mod.training or not torch.is_grad_enabled():
+                return  # evaluation forwards between train steps (eval mode, or a prediction without gradients)
             for kind, wanted, value, suffix in (("outputs", outputs, output, "output"),
                                                 ("inputs", inputs, args, "input")):
                 tensor = _first_tensor(value)
@@ -254,13 +260,16 @@ class TensorCollector:
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._primary is None:
             self._primary = optimizer
-            if self._discovering is not None:
-                self._discovering.remove()
-                self._discovering = None
-        if optimizer is not self._primary or not self._active:
+        if optimizer is not self._primary:
             return
+        self._stepping = True
+        if self._active:
+            self._save_parameters(self._parameters())
+
+    def _save_parameters(self, parameters: list[tuple[str, torch.nn.Parameter]]) -> None:
+        """The selected weights and gradients as they are before the step (and the weights to follow)."""
         with torch.no_grad():
-            for name, p in self._parameters():
+            for name, p in parameters:
                 kind = "biases" if name.rsplit(".", 1)[-1].startswith("bias") else "weights"
                 wanted = self._selected(kind, name)
                 if wanted:
@@ -277,6 +286,10 @@ class TensorCollector:
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if optimizer is not self._primary:
             return
+        self._stepping = False
+        if self._discovering is not None:  # the first step is over: the models are the ones called until now
+            self._discovering.remove()
+            self._discovering = None
         if self._active:
             with torch.no_grad():
                 for name, p in self._parameters():
