@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml setup.py otelprof/integrations/_torch_native.c
 	# The CPU build of torch, pinned: never let a dependency pull a CUDA build.
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	# Lightning and transformers + accelerate add ~220 MB; torch stays pinned in the same command.
-	$(PY) -m pip install --quiet -e ".[torch,dev,gpu,lightning,hf,storage]" "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[torch,dev,gpu,lightning,hf,storage,fast]" "torch==2.13.0"
 	$(PY) -c "import torch, sys; sys.exit('a CUDA build of torch was installed' if torch.version.cuda else 0)"
 	touch $(STAMP)
 

