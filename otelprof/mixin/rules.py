@@ -43,9 +43,6 @@ def recording_rules(c: MixinConfig) -> list[Record]:
     iw = c.input_bound_window
     ow = c.step_outlier_window
     step = sc.STEP_DURATION.prometheus_name
-    step_sum = q.delta(sc.STEP_DURATION, sw, "sum")
-    coll_sum = q.delta(sc.COLLECTIVE_EXPOSED, sw, "sum")  # all-reduce time the backward pass did not overlap
-    step_count = q.delta(sc.STEP_DURATION, sw, "count")
     loss_count = q.delta(sc.LOSS_RECORDED, c.overtraining_window)
     records = [
         Record("step_p50", step, f"p50_{sw}", q.window_quantile(0.5, sc.STEP_DURATION, sw),
@@ -54,9 +51,9 @@ def recording_rules(c: MixinConfig) -> list[Record]:
                "95th percentile step time per process and phase."),
         Record("step_mean", step, f"mean_{sw}", q.window_mean(sc.STEP_DURATION, sw),
                "Mean step time per process and phase (exact)."),
-        Record("step_compute_mean", "step_compute_seconds", f"mean_{sw}",
-               f"({step_sum} - ({coll_sum} or {step_sum} * 0)) / {step_count}",
-               "Mean step time less exposed collective time: what the straggler alert compares across ranks."),
+        Record("step_compute_mean", "step_compute_seconds", f"mean_{sw}", step_compute(q, sw),
+               "Mean step time less exposed collective time, of processes with steps in the window: what the "
+               "straggler alert compares across ranks."),
         Record("steps_rate", sc.STEPS.prometheus_name, "rate5m", f"rate({q.sel(sc.STEPS)}[5m])",
                "Steps per second."),
         Record("samples_rate", sc.SAMPLES.prometheus_name, "rate5m", f"rate({q.sel(sc.SAMPLES)}[5m])",
@@ -96,6 +93,23 @@ def recording_rules(c: MixinConfig) -> list[Record]:
         records.append(Record(f"{key}_mean", spec.prometheus_name, f"mean_{w}",
                               q.window_mean(spec, w), f"Mean of the samples of {key} (exact)."))
     return records
+
+
+def step_compute(q: Q, window: str) -> str:
+    """Mean compute time per step over ``window``: step time less the all-reduce time the backward pass did not
+    overlap, for each process and phase with steps in the window (no series otherwise, never NaN)."""
+    step_sum = q.delta(sc.STEP_DURATION, window, "sum")
+    coll_sum = q.delta(sc.COLLECTIVE_EXPOSED, window, "sum")
+    step_count = q.delta(sc.STEP_DURATION, window, "count")
+    return f"({step_sum} - ({coll_sum} or {step_sum} * 0)) / ({step_count} > 0)"
+
+
+def reuse(c: MixinConfig, key: str, expr: str) -> str:
+    """What an alert reads for ``expr``: the recording rule ``key``'s series where that rule records exactly
+    ``expr`` (computed once per evaluation by the recording group, read as of its last evaluation: at most one
+    evaluation interval older), else ``expr`` itself, in parentheses."""
+    record = next((r for r in recording_rules(c) if r.key == key), None)
+    return record.name if record is not None and record.expr == expr else f"({expr})"
 
 
 def recording_names(c: MixinConfig | None = None) -> dict[str, str]:
