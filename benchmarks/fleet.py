@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -308,7 +309,7 @@ def run_prometheus(workdir: Path, config: dict[str, Any], port: int, extra: tupl
         stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # a restart on a large head replays its WAL first
         while True:
             try:
                 with urllib.request.urlopen(url + "/-/ready", timeout=2) as response:
@@ -332,49 +333,69 @@ def run_prometheus(workdir: Path, config: dict[str, Any], port: int, extra: tupl
 
 # ------------------------------------------------------------------------------------- live benchmark
 
-class Served:
-    """Every rank's exposition, rendered once per tick by one low-priority thread and served as bytes.
-
-    Rendering per scrape would cost the generator about as much CPU as Prometheus spends ingesting, on the
-    same cores: a benchmark of a starved Prometheus measures nothing. Values are at most one tick old when
-    scraped, as with a real exporter's sampling interval.
-    """
-
-    def __init__(self, fleet: Fleet, tick: float) -> None:
-        self.fleet, self.tick = fleet, tick
-        self.bodies: list[bytes] = []
-        self.rounds = 0
-        self.render_cpu = 0.0  # thread CPU seconds spent advancing and rendering, all rounds
-        self.stop = threading.Event()
-        self.render()
-
-    def render(self) -> None:
-        t0 = time.thread_time()
-        now = time.time()
-        bodies = []
-        for model in self.fleet.models:
-            with self.fleet.lock:
-                model.advance(now, self.fleet.job_step)
-            bodies.append(model.exposition().encode())
-        self.bodies = bodies
-        self.rounds += 1
-        self.render_cpu += time.thread_time() - t0
-
-    def run(self) -> None:
-        _lower_priority()
-        while not self.stop.wait(self.tick):
-            self.render()
-
-
-def _lower_priority() -> None:
-    """Lower the calling thread's priority (Linux: nice applies per thread; threads it starts inherit it)."""
+def _render_loop(fleet: Fleet, tick: float, out: Connection) -> None:
+    """The renderer process: every ``tick`` s, advance each rank to now and send every rank's exposition (bytes),
+    with the process's CPU seconds so far; at a lower priority than Prometheus."""
     import os
 
     with suppress(OSError):
         os.nice(NICE)
+    while True:
+        started = time.monotonic()
+        now = time.time()
+        bodies = []
+        for model in fleet.models:
+            model.advance(now, fleet.job_step)
+            bodies.append(model.exposition().encode())
+        try:
+            out.send((bodies, time.process_time()))
+        except OSError:  # the server went away
+            return
+        time.sleep(max(tick - (time.monotonic() - started), 0.0))
 
 
 NICE = 10
+
+
+class Served:
+    """Every rank's exposition, rendered once per tick in a process of its own at a lower priority and served as
+    bytes by this one.
+
+    Rendering per scrape would cost the generator about as much CPU as Prometheus spends ingesting, on the same
+    cores: a benchmark of a starved Prometheus measures nothing. A rendering thread would hold the server's GIL
+    whenever the scheduler preempts it (more often, the lower its priority), so scrapes would wait for it.
+    Values are at most one tick old when scraped, as with a real exporter's sampling interval.
+    """
+
+    def __init__(self, fleet: Fleet, tick: float) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")  # the child starts from the fleet as advanced here
+        receive, send = context.Pipe(duplex=False)
+        self.process = context.Process(target=_render_loop, args=(fleet, tick, send), daemon=True)
+        self.process.start()
+        send.close()
+        self.receive = receive
+        self.bodies, self.render_cpu = receive.recv()
+        self.rounds = 1
+        threading.Thread(target=self._receive, daemon=True).start()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                self.bodies, self.render_cpu = self.receive.recv()
+            except (EOFError, OSError):
+                return
+            self.rounds += 1
+
+    def cpu(self) -> float:
+        """CPU seconds of the renderer process so far."""
+        pid = self.process.pid
+        return _cpu_seconds(pid) if pid is not None and self.process.is_alive() else self.render_cpu
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.join(10)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -530,14 +551,9 @@ def main() -> None:
     print(f"fleet: {args.ranks} ranks on {nodes} nodes; a rank serves "
           f"{sum(1 for line in one.splitlines() if line and not line.startswith('#'))} series")
     served = Served(fleet, args.scrape)
+    del fleet  # the renderer process has it
     server = ThreadingHTTPServer(("127.0.0.1", _free_port()), type("H", (_Handler,), {"served": served}))
-
-    def serve() -> None:
-        _lower_priority()
-        server.serve_forever()
-
-    threading.Thread(target=serve, daemon=True).start()
-    threading.Thread(target=served.run, daemon=True).start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     address = f"127.0.0.1:{server.server_address[1]}"
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -558,7 +574,7 @@ def main() -> None:
         os.environ["GOMEMLIMIT"] = args.memory_limit
         with run_prometheus(work, config, port) as (url, process):
             began = time.time()
-            cpu0, prom0, rounds0, render0 = _own_cpu(), _cpu_seconds(process.pid), served.rounds, served.render_cpu
+            cpu0, prom0, rounds0, render0 = _own_cpu(), _cpu_seconds(process.pid), served.rounds, served.cpu()
             while time.time() - began < args.minutes * 60:
                 time.sleep(5)
                 up = _metric(url, 'count(up{job="otelprof"} == 1)')
@@ -566,39 +582,54 @@ def main() -> None:
                       flush=True)
             live = time.time() - began
             rounds = max(served.rounds - rounds0, 1)
-            generator, prometheus = _own_cpu() - cpu0, _cpu_seconds(process.pid) - prom0
+            rendering, serving = served.cpu() - render0, _own_cpu() - cpu0
+            generator, prometheus = rendering + serving, _cpu_seconds(process.pid) - prom0
             print(f"\nlive {live:.0f} s, load average {_load()} (1/5/15 min)")
             print(f"generator CPU: {generator:.1f} s in {rounds} rounds = {generator / rounds:.2f} s per round of "
-                  f"{args.ranks} ranks (rendering {(served.render_cpu - render0) / rounds:.2f} s of it), "
-                  f"{generator / live:.1%} of a core")
+                  f"{args.ranks} ranks (rendering {rendering / rounds:.2f} s, serving the scrapes and this "
+                  f"benchmark's queries {serving / rounds:.2f} s), {generator / live:.1%} of a core")
             print(f"prometheus CPU: {prometheus:.1f} s = {prometheus / live:.1%} of a core "
                   f"({prometheus / live * args.scrape:.2f} s per {args.scrape} s interval)")
-            report(url, args, began, process.pid)
+            report(url, args, began)
             if args.repeat:
                 compare(url, args.scrape, began, time.time(), args.repeat)
-    served.stop.set()
+            end = time.time()
+        served.stop()
+        quiet_cost(work, args.rules, end, args.scrape, port)
     server.shutdown()
 
 
-def _rule_cost(url: str, pid: int) -> None:
-    """Each rule's expression as one instant query, in turn: its wall time and the CPU Prometheus spent meanwhile
-    (ingestion included: what Prometheus burns per evaluation, against the evaluation's wall time live)."""
-    print("\nrule groups evaluated rule by rule through the API (wall s / Prometheus CPU s):")
-    at = f"{time.time():.3f}"
-    slowest: list[tuple[float, float, str]] = []
-    for group in get(url, "/api/v1/rules", {})["data"]["groups"]:
-        wall = cpu = 0.0
-        for rule in group["rules"]:
-            c0, t0 = _cpu_seconds(pid), time.perf_counter()
-            get(url, "/api/v1/query", {"query": rule["query"], "time": at})
-            w, c = time.perf_counter() - t0, _cpu_seconds(pid) - c0
-            wall, cpu = wall + w, cpu + c
-            slowest.append((w, c, rule["name"]))
-        print(f"  {group['name']:24s} {wall:7.3f} / {cpu:7.3f}")
-    print("  slowest: " + ", ".join(f"{name} {w:.2f}/{c:.2f}" for w, c, name in sorted(slowest)[-6:]))
+def quiet_cost(work: Path, rules: Path, at: float, scrape: int, port: int, repeat: int = 3) -> None:
+    """What each rule costs Prometheus, without the contention of the live run: a Prometheus restarted on the
+    live run's data with no scrapes and no rules evaluates each rule's expression at ``at`` (the live run's end),
+    alone, ``repeat`` times; the median wall time and Prometheus CPU seconds of each, summed per group against
+    the evaluation interval (a group's CPU per evaluation: what it needs of a core of its own)."""
+    with run_prometheus(work, {"global": {"scrape_interval": f"{scrape}s"}}, port) as (url, process):
+        print(f"\nquiet Prometheus on the same data, each rule alone at the live run's end (median of {repeat}; "
+              f"load {_load()}):\n  {'group':24s} {'wall s':>8s} {'CPU s':>8s}  CPU share of {scrape} s")
+        costs: list[tuple[float, float, str]] = []
+        for path in (rules / p.name for p in RULE_FILES):
+            for group in yaml.safe_load(path.read_text())["groups"]:
+                wall = cpu = 0.0
+                for rule in group["rules"]:
+                    runs = []
+                    for _ in range(repeat):
+                        c0, t0 = _cpu_seconds(process.pid), time.perf_counter()
+                        body = get(url, "/api/v1/query", {"query": rule["expr"], "time": f"{at:.3f}"})
+                        runs.append((time.perf_counter() - t0, _cpu_seconds(process.pid) - c0))
+                        if body.get("status") != "success":
+                            print(f"  error: {rule.get('record') or rule.get('alert')}: {body.get('error')}")
+                    w, c = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+                    wall, cpu = wall + w, cpu + c
+                    costs.append((c, w, rule.get("record") or rule["alert"]))
+                print(f"  {group['name']:24s} {wall:8.3f} {cpu:8.2f}  {cpu / scrape:6.1%}")
+        print(f"  all groups                {sum(w for _, w, _ in costs):8.3f} {sum(c for c, _, _ in costs):8.2f}  "
+              f"{sum(c for c, _, _ in costs) / scrape:6.1%}")
+        print("  costliest (CPU s / wall s): " + ", ".join(f"{name} {c:.2f}/{w:.2f}"
+                                                         for c, w, name in sorted(costs)[-10:]))
 
 
-def report(url: str, args: argparse.Namespace, began: float, pid: int) -> None:
+def report(url: str, args: argparse.Namespace, began: float) -> None:
     window = f"{max(int(time.time() - began) // 60 - 1, 1)}m"
     print(f"\nrule groups (evaluation time, s: last, median and max over the last {window}; last as a share of the "
           "interval; missed iterations):")
@@ -629,7 +660,6 @@ def report(url: str, args: argparse.Namespace, began: float, pid: int) -> None:
                          ("targets down", 'count(up{job="otelprof"} == 0) or vector(0)')):
         values = _metric(url, promql)
         print(f"{name}: {values[0][1]:.4g}" if values else f"{name}: (none)")
-    _rule_cost(url, pid)
     end = time.time()
     range_s = int(end - began)
     latencies: list[tuple[float, str]] = []

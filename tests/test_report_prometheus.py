@@ -61,6 +61,8 @@ GPU_UTILIZATION, GPU_MEMORY = (0.62, 0.82), (0.33, 0.97)
 """The fake GPUs 0 and 1, every sample."""
 SCRAPES = 5
 ALERT_RULES = Path(__file__).parent.parent / "deploy" / "prometheus" / "otelprof-alerts.yaml"
+RECORDING_RULES = ALERT_RULES.with_name("otelprof-rules.yaml")
+"""Read by several alerts (the GPU percentiles, the straggler's compute time, ...)."""
 """Scrapes of the node's gauges to wait for: enough for quantiles over scrapes and the sample counter's slope."""
 
 
@@ -104,7 +106,7 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
                             profile_every=0)  # the windows the test arms, not also a periodic one of a slow run
     assert isinstance(session, otelprof.Session) and session.metrics_address is not None
     host, port = session.metrics_address
-    with prometheus(tmp_path, [f"{host}:{port}"], rule_files=[ALERT_RULES]) as prom:
+    with prometheus(tmp_path, [f"{host}:{port}"], rule_files=[ALERT_RULES, RECORDING_RULES]) as prom:
         # scraped before the loop starts, so that the steps span several scrapes (the curves' resolution)
         prom.wait_for(f'{sc.PROCESS_START_TIME.prometheus_name}{{job_name="promreport"}}')
         for i in range(STEPS):
