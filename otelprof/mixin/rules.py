@@ -16,6 +16,11 @@ from otelprof.mixin.gpu_source import GpuReadings
 from otelprof.mixin.promql import Q
 
 LEVEL = "otelprof"
+GROUP = "otelprof-recording"
+"""Per training process: steps, loss, data wait."""
+SYSTEM_GROUP = "otelprof-recording-system"
+"""Per node and GPU, from the sampler's histograms and counters. A group of its own: Prometheus evaluates groups
+concurrently, and at a thousand ranks either half is a large share of an evaluation interval (docs/scale.md)."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,7 @@ class Record:
     operation: str
     expr: str
     help: str
+    group: str = GROUP
 
     @property
     def name(self) -> str:
@@ -74,24 +80,26 @@ def recording_rules(c: MixinConfig) -> list[Record]:
         records.append(Record(
             f"{key}_ratio", spec.prometheus_name, f"ratio_{w}",
             f"{q.delta(spec, w)} / {q.delta(sc.SAMPLER_SAMPLES, w)}",
-            f"Share of the node's samples that counted as {key.replace('_', ' ')} (exact)."))
+            f"Share of the node's samples that counted as {key.replace('_', ' ')} (exact).", SYSTEM_GROUP))
     g = GpuReadings(c)
     for key, spec, gauge in (("gpu_utilization", sc.GPU_UTILIZATION_DISTRIBUTION, sc.GPU_UTILIZATION),
                              ("gpu_memory_utilization", sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION,
                               sc.GPU_MEMORY_UTILIZATION)):
         records.append(Record(f"{key}_p95", spec.prometheus_name, f"p95_{w}",
-                              g.quantile(0.95, gauge, w), f"95th percentile of the samples of {key}."))
+                              g.quantile(0.95, gauge, w), f"95th percentile of the samples of {key}.", SYSTEM_GROUP))
         records.append(Record(f"{key}_p5", spec.prometheus_name, f"p5_{w}",
-                              g.quantile(0.05, gauge, w), f"5th percentile of the samples of {key}."))
+                              g.quantile(0.05, gauge, w), f"5th percentile of the samples of {key}.", SYSTEM_GROUP))
         records.append(Record(f"{key}_mean", spec.prometheus_name, f"mean_{w}",
-                              g.mean(gauge, w), f"Mean of the samples of {key} (exact)."))
+                              g.mean(gauge, w), f"Mean of the samples of {key} (exact).", SYSTEM_GROUP))
     for key, spec in (("node_cpu_utilization", sc.NODE_CPU_UTILIZATION),):
         records.append(Record(f"{key}_p95", spec.prometheus_name, f"p95_{w}",
-                              q.window_quantile(0.95, spec, w), f"95th percentile of the samples of {key}."))
+                              q.window_quantile(0.95, spec, w), f"95th percentile of the samples of {key}.",
+                              SYSTEM_GROUP))
         records.append(Record(f"{key}_p5", spec.prometheus_name, f"p5_{w}",
-                              q.window_quantile(0.05, spec, w), f"5th percentile of the samples of {key}."))
+                              q.window_quantile(0.05, spec, w), f"5th percentile of the samples of {key}.",
+                              SYSTEM_GROUP))
         records.append(Record(f"{key}_mean", spec.prometheus_name, f"mean_{w}",
-                              q.window_mean(spec, w), f"Mean of the samples of {key} (exact)."))
+                              q.window_mean(spec, w), f"Mean of the samples of {key} (exact).", SYSTEM_GROUP))
     return records
 
 
