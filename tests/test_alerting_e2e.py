@@ -35,7 +35,7 @@ WEBHOOK_TOKEN = "e2e-webhook-token"
 CONTROL_TOKEN = "e2e-control-token"
 
 # The production rules except a short input-bound window, so the bottleneck shows within seconds.
-E2E_CONFIG = with_overrides(MixinConfig(), ["input_bound_window=6s", "input_bound_for=0s"])
+E2E_CONFIG = with_overrides(MixinConfig(), ["input_bound_window=6s", "input_bound_for=0s", "recording_interval="])
 
 TRAINING = r"""
 import json, logging, math, os, random, sys, time

@@ -53,7 +53,7 @@ otelprof.shutdown()
 """
 JOB = "llm"
 CONFIG = MixinConfig(gpu_source="dcgm", window="10s", patience="0s", low_gpu_for="0s",
-                     gpu_memory_capacity_window="10s", batch_size_for="0s")
+                     gpu_memory_capacity_window="10s", batch_size_for="0s", recording_interval="")
 
 
 @contextmanager

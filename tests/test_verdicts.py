@@ -60,6 +60,7 @@ SETTINGS = [
     "overfit_window=15s", "overfit_for=5s",
     "host_memory_increase_window=15s", "host_memory_increase_for=10s", "host_memory_limit_window=15s",
     "absent_for=5s", "sampler_window=10s", "dropped_window=30s",
+    "recording_interval=",  # the recording groups every 2 s too: their windows are as short as the alerts'
 ]
 """Windows and ``for`` durations short enough for jobs of a minute or two. Starting two dozen processes at
 once on a small machine takes a while: initialization counts as slow after 60 s."""

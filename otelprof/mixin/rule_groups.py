@@ -14,7 +14,8 @@ from otelprof.mixin.rules import recording_rules
 
 def rule_groups(c: MixinConfig) -> list[dict[str, Any]]:
     records = recording_rules(c)
-    groups = [{"name": name, "rules": [r.rule() for r in records if r.group == name]}
+    interval = {"interval": c.recording_interval} if c.recording_interval else {}
+    groups = [{"name": name, **interval, "rules": [r.rule() for r in records if r.group == name]}
               for name in dict.fromkeys(r.group for r in records)]
     groups.append(recording_rules_aggregation.group(c))
     if c.gpu_source == GPU_SOURCE_DCGM:
