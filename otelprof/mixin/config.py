@@ -190,7 +190,7 @@ class MixinConfig:
     rate interval at the default 15 s scrape (4 x scrape). Set 4 x your scrape interval."""
     recording_interval: str = "30s"
     """Evaluation interval of the recording groups ``otelprof-recording`` and ``otelprof-recording-system``, whose
-    windows are all 250 s or longer (empty: Prometheus's global one). At a thousand ranks each costs 2-2.5 s of a
+    windows are all 250 s or longer (empty: Prometheus's global one). At a thousand ranks each costs 2-3 s of a
     core per evaluation (docs/scale.md); the alerts that read them judge values up to this much older."""
 
     # ---- routing and links
