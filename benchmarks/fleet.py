@@ -33,9 +33,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +241,20 @@ def backfill(openmetrics: Path, data: Path) -> None:
                    check=True, capture_output=True, timeout=600)
 
 
+def backfill_recording_rules(url: str, start: float, end: float, interval: float, data: Path) -> None:
+    """Evaluate the shipped recording rules every ``interval`` s over [start, end] against the Prometheus at ``url``
+    and add the results to ``data`` as blocks (``promtool tsdb create-blocks-from rules``), as the recording group
+    would have recorded them live: the alerts that read recorded series judge them. Restart the Prometheus on
+    ``data`` afterwards to read them. (promtool cannot backfill a rule that reads another recorded series: only the
+    dashboards' aggregates do, and no alert reads them.)"""
+    blocks = data.parent / "recorded"
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--url={url}", f"--start={int(start)}",
+                    f"--end={int(end)}", f"--eval-interval={int(interval)}s", f"--output-dir={blocks}", "--quiet",
+                    str(RULE_FILES[0])], check=True, capture_output=True, timeout=600)
+    for block in blocks.iterdir():
+        block.rename(data / block.name)
+
+
 def _seconds(duration: str | None) -> float:
     if not duration:
         return 0.0
@@ -294,7 +309,7 @@ def run_prometheus(workdir: Path, config: dict[str, Any], port: int, extra: tupl
         stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # a restart on a large head replays its WAL first
         while True:
             try:
                 with urllib.request.urlopen(url + "/-/ready", timeout=2) as response:
@@ -318,18 +333,81 @@ def run_prometheus(workdir: Path, config: dict[str, Any], port: int, extra: tupl
 
 # ------------------------------------------------------------------------------------- live benchmark
 
+def _render_loop(fleet: Fleet, tick: float, out: Connection) -> None:
+    """The renderer process: every ``tick`` s, advance each rank to now and send every rank's exposition (bytes),
+    with the process's CPU seconds so far; at a lower priority than Prometheus."""
+    import os
+
+    with suppress(OSError):
+        os.nice(NICE)
+    while True:
+        started = time.monotonic()
+        now = time.time()
+        bodies = []
+        for model in fleet.models:
+            model.advance(now, fleet.job_step)
+            bodies.append(model.exposition().encode())
+        try:
+            out.send((bodies, time.process_time()))
+        except OSError:  # the server went away
+            return
+        time.sleep(max(tick - (time.monotonic() - started), 0.0))
+
+
+NICE = 10
+
+
+class Served:
+    """Every rank's exposition, rendered once per tick in a process of its own at a lower priority and served as
+    bytes by this one.
+
+    Rendering per scrape would cost the generator about as much CPU as Prometheus spends ingesting, on the same
+    cores: a benchmark of a starved Prometheus measures nothing. A rendering thread would hold the server's GIL
+    whenever the scheduler preempts it (more often, the lower its priority), so scrapes would wait for it.
+    Values are at most one tick old when scraped, as with a real exporter's sampling interval.
+    """
+
+    def __init__(self, fleet: Fleet, tick: float) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")  # the child starts from the fleet as advanced here
+        receive, send = context.Pipe(duplex=False)
+        self.process = context.Process(target=_render_loop, args=(fleet, tick, send), daemon=True)
+        self.process.start()
+        send.close()
+        self.receive = receive
+        self.bodies, self.render_cpu = receive.recv()
+        self.rounds = 1
+        threading.Thread(target=self._receive, daemon=True).start()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                self.bodies, self.render_cpu = self.receive.recv()
+            except (EOFError, OSError):
+                return
+            self.rounds += 1
+
+    def cpu(self) -> float:
+        """CPU seconds of the renderer process so far."""
+        pid = self.process.pid
+        return _cpu_seconds(pid) if pid is not None and self.process.is_alive() else self.render_cpu
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.join(10)
+
+
 class _Handler(BaseHTTPRequestHandler):
-    fleet: Fleet
+    served: Served
 
     def do_GET(self) -> None:
         match = re.fullmatch(r"/metrics/(\d+)", self.path)
-        if match is None or int(match.group(1)) >= len(self.fleet.models):
+        bodies = self.served.bodies
+        if match is None or int(match.group(1)) >= len(bodies):
             self.send_error(404)
             return
-        model = self.fleet.models[int(match.group(1))]
-        with self.fleet.lock:
-            model.advance(time.time(), self.fleet.job_step)
-            body = model.exposition().encode()
+        body = bodies[int(match.group(1))]
         try:
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -430,6 +508,27 @@ def _metric(url: str, promql: str) -> list[tuple[dict[str, str], float]]:
     return [(s["metric"], float(s["value"][1])) for s in body.get("data", {}).get("result", [])]
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _load() -> str:
+    import os
+
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=1024)
@@ -438,7 +537,10 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=5.0, help="how long to scrape live")
     parser.add_argument("--memory-limit", default="4GiB", help="GOMEMLIMIT of the Prometheus")
     parser.add_argument("--repeat", type=int, default=5,
-                        help="runs of each replaced panel's old and new query (the side-by-side comparison)")
+                        help="runs of each replaced panel's old and new query (the side-by-side comparison; 0: none)")
+    parser.add_argument("--rules", type=Path, default=RULE_FILES[0].parent,
+                        help="directory of the rule files to load (default: the shipped deploy/prometheus; another "
+                             "checkout's to compare)")
     args = parser.parse_args()
     nodes = args.nodes or max(args.ranks // GPUS_PER_NODE, 1)
     now = time.time()
@@ -448,7 +550,9 @@ def main() -> None:
     one = fleet.models[1].exposition()
     print(f"fleet: {args.ranks} ranks on {nodes} nodes; a rank serves "
           f"{sum(1 for line in one.splitlines() if line and not line.startswith('#'))} series")
-    server = ThreadingHTTPServer(("127.0.0.1", _free_port()), type("H", (_Handler,), {"fleet": fleet}))
+    served = Served(fleet, args.scrape)
+    del fleet  # the renderer process has it
+    server = ThreadingHTTPServer(("127.0.0.1", _free_port()), type("H", (_Handler,), {"served": served}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     address = f"127.0.0.1:{server.server_address[1]}"
     with tempfile.TemporaryDirectory() as tmp:
@@ -457,40 +561,103 @@ def main() -> None:
                     "labels": {"__metrics_path__": f"/metrics/{rank}", "instance": f"rank-{rank}"}}
                    for rank in range(args.ranks)]
         (work / "targets.json").write_text(json.dumps(targets))
-        config = {"global": {"scrape_interval": f"{args.scrape}s", "evaluation_interval": f"{args.scrape}s"},
-                  "rule_files": [str(p) for p in RULE_FILES],
-                  "scrape_configs": [{"job_name": "otelprof", "honor_labels": True,
-                                      "file_sd_configs": [{"files": [str(work / "targets.json")]}]},
-                                     {"job_name": "prometheus", "static_configs": [{"targets": ["PROM"]}]}]}
         port = _free_port()
-        config["scrape_configs"][1]["static_configs"][0]["targets"] = [f"127.0.0.1:{port}"]
+        interval = f"{args.scrape}s"
+        config: dict[str, Any] = {
+            "global": {"scrape_interval": interval, "evaluation_interval": interval},
+            "rule_files": [str(args.rules / p.name) for p in RULE_FILES],
+            "scrape_configs": [{"job_name": "otelprof", "honor_labels": True,
+                                "file_sd_configs": [{"files": [str(work / "targets.json")]}]},
+                               {"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}]}
         import os
 
         os.environ["GOMEMLIMIT"] = args.memory_limit
-        with run_prometheus(work, config, port) as (url, _process):
+        with run_prometheus(work, config, port) as (url, process):
             began = time.time()
+            cpu0, prom0, rounds0, render0 = _own_cpu(), _cpu_seconds(process.pid), served.rounds, served.cpu()
             while time.time() - began < args.minutes * 60:
                 time.sleep(5)
                 up = _metric(url, 'count(up{job="otelprof"} == 1)')
-                print(f"  {time.time() - began:5.0f} s: {int(up[0][1]) if up else 0} targets up", flush=True)
+                print(f"  {time.time() - began:5.0f} s: {int(up[0][1]) if up else 0} targets up, load {_load()}",
+                      flush=True)
+            live = time.time() - began
+            rounds = max(served.rounds - rounds0, 1)
+            rendering, serving = served.cpu() - render0, _own_cpu() - cpu0
+            generator, prometheus = rendering + serving, _cpu_seconds(process.pid) - prom0
+            print(f"\nlive {live:.0f} s, load average {_load()} (1/5/15 min)")
+            print(f"generator CPU: {generator:.1f} s in {rounds} rounds = {generator / rounds:.2f} s per round of "
+                  f"{args.ranks} ranks (rendering {rendering / rounds:.2f} s, serving the scrapes and this "
+                  f"benchmark's queries {serving / rounds:.2f} s), {generator / live:.1%} of a core")
+            print(f"prometheus CPU: {prometheus:.1f} s = {prometheus / live:.1%} of a core "
+                  f"({prometheus / live * args.scrape:.2f} s per {args.scrape} s interval)")
             report(url, args, began)
-            compare(url, args.scrape, began, time.time(), args.repeat)
+            if args.repeat:
+                compare(url, args.scrape, began, time.time(), args.repeat)
+            end = time.time()
+        served.stop()
+        quiet_cost(work, args.rules, end, args.scrape, port)
     server.shutdown()
 
 
+def quiet_cost(work: Path, rules: Path, at: float, scrape: int, port: int, repeat: int = 3) -> None:
+    """What each rule costs Prometheus, without the contention of the live run: a Prometheus restarted on the
+    live run's data with no scrapes and no rules evaluates each rule's expression at ``at`` (the live run's end),
+    alone, ``repeat`` times; the median wall time and Prometheus CPU seconds of each, summed per group against
+    the evaluation interval (a group's CPU per evaluation: what it needs of a core of its own)."""
+    with run_prometheus(work, {"global": {"scrape_interval": f"{scrape}s"}}, port) as (url, process):
+        print(f"\nquiet Prometheus on the same data, each rule alone at the live run's end (median of {repeat}; "
+              f"load {_load()}):\n  {'group':24s} {'wall s':>8s} {'CPU s':>8s}  CPU share of {scrape} s")
+        costs: list[tuple[float, float, str]] = []
+        for path in (rules / p.name for p in RULE_FILES):
+            for group in yaml.safe_load(path.read_text())["groups"]:
+                wall = cpu = 0.0
+                for rule in group["rules"]:
+                    runs = []
+                    for _ in range(repeat):
+                        c0, t0 = _cpu_seconds(process.pid), time.perf_counter()
+                        body = get(url, "/api/v1/query", {"query": rule["expr"], "time": f"{at:.3f}"})
+                        runs.append((time.perf_counter() - t0, _cpu_seconds(process.pid) - c0))
+                        if body.get("status") != "success":
+                            print(f"  error: {rule.get('record') or rule.get('alert')}: {body.get('error')}")
+                    w, c = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+                    wall, cpu = wall + w, cpu + c
+                    costs.append((c, w, rule.get("record") or rule["alert"]))
+                print(f"  {group['name']:24s} {wall:8.3f} {cpu:8.2f}  {cpu / scrape:6.1%}")
+        print(f"  all groups                {sum(w for _, w, _ in costs):8.3f} {sum(c for c, _, _ in costs):8.2f}  "
+              f"{sum(c for c, _, _ in costs) / scrape:6.1%}")
+        print("  costliest (CPU s / wall s): " + ", ".join(f"{name} {c:.2f}/{w:.2f}"
+                                                         for c, w, name in sorted(costs)[-10:]))
+
+
 def report(url: str, args: argparse.Namespace, began: float) -> None:
-    print("\nrule groups (last evaluation, s; share of the interval):")
+    window = f"{max(int(time.time() - began) // 60 - 1, 1)}m"
+    print(f"\nrule groups (evaluation time, s: last, median and max over the last {window}; last as a share of the "
+          "interval; missed iterations):")
+    median = {labels["rule_group"]: value for labels, value in _metric(
+        url, f"quantile_over_time(0.5, prometheus_rule_group_last_duration_seconds[{window}])")}
+    top = {labels["rule_group"]: value for labels, value in _metric(
+        url, f"max_over_time(prometheus_rule_group_last_duration_seconds[{window}])")}
+    missed = {labels["rule_group"]: value for labels, value in _metric(
+        url, "prometheus_rule_group_iterations_missed_total")}
     for labels, value in sorted(_metric(url, "prometheus_rule_group_last_duration_seconds"),
                                 key=lambda x: x[0].get("rule_group", "")):
-        print(f"  {labels['rule_group'].split(';')[-1]:24s} {value:8.3f}  {value / args.scrape:6.1%}")
-    rules = [(float(rule.get("evaluationTime", 0.0)), rule["name"]) for group in
-             get(url, "/api/v1/rules", {})["data"]["groups"] for rule in group["rules"]]
-    print("slowest rules (last evaluation, s): " + ", ".join(f"{name} {t:.2f}" for t, name in sorted(rules)[-6:]))
+        group = labels["rule_group"]
+        print(f"  {group.split(';')[-1]:24s} {value:8.3f} {median.get(group, math.nan):8.3f} "
+              f"{top.get(group, math.nan):8.3f}  {value / args.scrape:6.1%}  {missed.get(group, 0):.0f}")
+    groups = get(url, "/api/v1/rules", {})["data"]["groups"]
+    rules = [(float(rule.get("evaluationTime", 0.0)), rule["name"]) for group in groups for rule in group["rules"]]
+    print("slowest rules (last evaluation, s): " + ", ".join(f"{name} {t:.2f}" for t, name in sorted(rules)[-8:]))
+    for group in groups:
+        print(f"  {group['name']}: " + ", ".join(f"{rule['name']} {float(rule.get('evaluationTime', 0)):.3f}"
+                                                  for rule in group["rules"]))
     for name, promql in (("head series", "prometheus_tsdb_head_series"),
                          ("samples/s appended", "rate(prometheus_tsdb_head_samples_appended_total[2m])"),
                          ("resident memory, bytes", 'process_resident_memory_bytes{job="prometheus"}'),
                          ("Go heap in use, bytes", 'go_memstats_heap_inuse_bytes{job="prometheus"}'),
-                         ("scrape duration max, s", 'max(scrape_duration_seconds{job="otelprof"})')):
+                         ("scrape duration max, s", 'max(scrape_duration_seconds{job="otelprof"})'),
+                         ("scrape duration max over the run, s",
+                          f'max(max_over_time(scrape_duration_seconds{{job="otelprof"}}[{window}]))'),
+                         ("targets down", 'count(up{job="otelprof"} == 0) or vector(0)')):
         values = _metric(url, promql)
         print(f"{name}: {values[0][1]:.4g}" if values else f"{name}: (none)")
     end = time.time()
@@ -510,9 +677,11 @@ def report(url: str, args: argparse.Namespace, began: float) -> None:
         print(f"  {latencies[-1][0]:7.3f} s  {where}", flush=True)
     latencies.sort(reverse=True)
     print(f"\ndashboard queries: {len(latencies)} ({errors} errors), over 2 s: "
-          f"{sum(1 for seconds, _ in latencies if seconds > 2)}; slowest:")
-    for seconds, where in latencies[:8]:
-        print(f"  {seconds:7.3f} s  {where}")
+          f"{sum(1 for seconds, _ in latencies if seconds > 2)}, over 1 s: "
+          f"{sum(1 for seconds, _ in latencies if seconds > 1)}; load {_load()}; slowest:")
+    for seconds, where in latencies:
+        if seconds > 1 or seconds == latencies[0][0]:
+            print(f"  {seconds:7.3f} s  {where}")
     firing = {(s["metric"]["alertname"], s["metric"].get("rank", "")) for s in
               get(url, "/api/v1/query", {"query": 'ALERTS{alertstate="firing"}'})["data"]["result"]}
     pending = {(s["metric"]["alertname"], s["metric"].get("rank", "")) for s in

@@ -26,7 +26,7 @@ from typing import Any
 from otelprof.cli import actions
 from otelprof.mixin import MixinConfig
 from otelprof.mixin.config import with_overrides
-from otelprof.mixin.generate import render_alerts
+from otelprof.mixin.generate import render_alerts, render_rules
 from tests.servers import Prometheus, free_port, require_binary
 from tests.test_webhook_storm import DeadTargets, dead_targets
 
@@ -35,7 +35,7 @@ WEBHOOK_TOKEN = "e2e-webhook-token"
 CONTROL_TOKEN = "e2e-control-token"
 
 # The production rules except a short input-bound window, so the bottleneck shows within seconds.
-E2E_CONFIG = with_overrides(MixinConfig(), ["input_bound_window=6s", "input_bound_for=0s"])
+E2E_CONFIG = with_overrides(MixinConfig(), ["input_bound_window=6s", "input_bound_for=0s", "recording_interval="])
 
 TRAINING = r"""
 import json, logging, math, os, random, sys, time
@@ -134,9 +134,10 @@ def alertmanager(tmp: Path, webhook_port: int) -> Iterator[str]:
 def prometheus_with_rules(tmp: Path, targets: list[str], alertmanager_url: str) -> Iterator[Prometheus]:
     binary = require_binary("prometheus")
     (tmp / "alerts.yaml").write_text(render_alerts(E2E_CONFIG))
+    (tmp / "rules.yaml").write_text(render_rules(E2E_CONFIG))  # InputBound reads the recorded data-wait share
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(tmp / "alerts.yaml")],
+        "rule_files": [str(tmp / "alerts.yaml"), str(tmp / "rules.yaml")],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager_url.split("//")[1]]}]}]},
         "scrape_configs": [{"job_name": "training", "static_configs": [{"targets": targets}]}],
     }

@@ -29,9 +29,10 @@ from otelprof.dashboards import ids
 from otelprof.dashboards.generate import dashboards
 from otelprof.dashboards.model import NEEDS, Prom
 from otelprof.dashboards.preview import write_preview
-from otelprof.mixin import MixinConfig
+from otelprof.mixin import MixinConfig, yamlout
 from otelprof.mixin.config import with_overrides
-from otelprof.mixin.generate import PROMETHEUS_DIR, RULES_FILE, render_alerts
+from otelprof.mixin.generate import RULES_FILE, render_alerts, render_rules
+from otelprof.mixin.rules import recording_rules
 from tests.servers import Prometheus, free_port, prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,8 +85,14 @@ def _run_window(prom: Prometheus) -> tuple[float, float]:
 def test_every_promql_target_runs_and_the_panels_that_must_have_data_have_it(tmp_path: Path) -> None:
     port = free_port()
     alerts = tmp_path / "alerts.yaml"
-    alerts.write_text(render_alerts(with_overrides(MixinConfig(), ["input_bound_window=6s", "input_bound_for=0s"])))
-    rules = [ROOT / PROMETHEUS_DIR / RULES_FILE, alerts]
+    short = with_overrides(MixinConfig(), ["input_bound_window=6s", "input_bound_for=0s"])
+    alerts.write_text(render_alerts(short))
+    wait = tmp_path / "wait.yaml"  # the 6 s data-wait share the input-bound alert reads (the rest: committed rules)
+    wait.write_text(yamlout.dump({"groups": [{"name": "input-bound-6s", "rules": [
+        record.rule() for record in recording_rules(short) if record.key == "dataloader_wait_ratio"]}]}))
+    recorded = tmp_path / RULES_FILE  # the committed rules, every group at the 1 s evaluation interval
+    recorded.write_text(render_rules(with_overrides(MixinConfig(), ["recording_interval="])))
+    rules = [recorded, alerts, wait]
     env = {**os.environ, "OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
            "OTEL_EXPORTER_PROMETHEUS_PORT": str(port), "OTELPROF_SAMPLE_INTERVAL_MS": "200",
            "OTEL_TRACES_EXPORTER": "none"}

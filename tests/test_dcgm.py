@@ -31,6 +31,7 @@ from otelprof.dashboards import ids
 from otelprof.dashboards.generate import render_all as render_dashboards
 from otelprof.mixin.config import MixinConfig
 from otelprof.mixin.generate import render_alerts, render_rules
+from otelprof.mixin.ruletests import group_eval_order
 from tests.fake_nvml import FIXTURES, FakeNvml
 from tests.servers import Prometheus, free_port, require_binary
 from tests.test_dashboards_prometheus import JOB as DASHBOARD_JOB
@@ -52,7 +53,7 @@ otelprof.shutdown()
 """
 JOB = "llm"
 CONFIG = MixinConfig(gpu_source="dcgm", window="10s", patience="0s", low_gpu_for="0s",
-                     gpu_memory_capacity_window="10s", batch_size_for="0s")
+                     gpu_memory_capacity_window="10s", batch_size_for="0s", recording_interval="")
 
 
 @contextmanager
@@ -258,7 +259,8 @@ def test_promtool_cases_of_the_dcgm_mode_alerts(tmp_path: Path) -> None:
                 "exp_annotations": {k: render(v, labels, value) for k, v in rule["annotations"].items()}}
 
     full = {"rank": "0", "local_rank": "0", "hw_id": "GPU-a"}
-    document = {"rule_files": ["alerts.yaml", "rules.yaml"], "evaluation_interval": "15s", "tests": [{
+    document = {"rule_files": ["alerts.yaml", "rules.yaml"], "evaluation_interval": "15s",
+                "group_eval_order": group_eval_order(PROMTOOL_CONFIG), "tests": [{
         "interval": "15s", "input_series": series,
         "alert_rule_test": [
             {"eval_time": "9m", "alertname": by_name["GPUUnderutilized"].name, "exp_alerts": []},  # patience
@@ -461,7 +463,8 @@ def test_promtool_cases_of_the_dcgm_mode_alerts_on_mig_instances(tmp_path: Path)
                 "exp_annotations": {k: render(v, labels, value) for k, v in rule["annotations"].items()}}
 
     rank0 = {"rank": "0", "local_rank": "0", "gpu": "0", "hw_id": "MIG-a"}
-    document = {"rule_files": ["alerts.yaml", "rules.yaml"], "evaluation_interval": "15s", "tests": [{
+    document = {"rule_files": ["alerts.yaml", "rules.yaml"], "evaluation_interval": "15s",
+                "group_eval_order": group_eval_order(PROMTOOL_CONFIG), "tests": [{
         "interval": "15s", "input_series": series,
         "alert_rule_test": [
             {"eval_time": "15m", "alertname": by_name["GPUUnderutilized"].name,

@@ -1,7 +1,8 @@
 """A synthetic fleet (benchmarks/fleet.py) of 64 ranks on 8 nodes, judged by a real Prometheus with the shipped
 alert rules: each injected fault (straggler, leaking rank, stalled rank, NaN loss) fires for exactly its rank
-and nothing else fires; a healthy fleet fires nothing. 16 minutes of 15 s scrapes are backfilled with promtool
-and each alert is evaluated over its ``for:`` window (docs/scale.md)."""
+and nothing else fires; a healthy fleet fires nothing. 16 minutes of 15 s scrapes are backfilled with promtool,
+then the recording rules evaluated over them (the alerts read recorded series), and each alert is evaluated over
+its ``for:`` window (docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,13 @@ def _judge(tmp_path: Path, faults: fl.Faults) -> set[tuple[str, str]]:
     samples = fl.history(fleet, start, end, INTERVAL, tmp_path / "history.om")
     assert samples > RANKS * 64 * 60  # every rank, every scrape
     fl.backfill(tmp_path / "history.om", tmp_path / "data")
-    with fl.run_prometheus(tmp_path, {"global": {"scrape_interval": "15s"}}, free_port()) as (url, _):
+    config = {"global": {"scrape_interval": "15s"}}
+    with fl.run_prometheus(tmp_path, config, free_port()) as (url, _):  # the alerts read recorded series too
+        fl.backfill_recording_rules(url, start, end, INTERVAL, tmp_path / "data")
+    with fl.run_prometheus(tmp_path, config, free_port()) as (url, _):
+        recorded = fl.get(url, "/api/v1/query", {"query": "count(otelprof:step_compute_seconds:mean_5m)",
+                                                 "time": str(end)})["data"]["result"]
+        assert float(recorded[0]["value"][1]) == RANKS - (faults.stall >= 0)  # the stalled rank has no steps
         ranks = fl.get(url, "/api/v1/query", {"query": "count(otelprof_process_start_time_seconds)",
                                               "time": str(end)})["data"]["result"]
         assert float(ranks[0]["value"][1]) == RANKS

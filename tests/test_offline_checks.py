@@ -23,8 +23,9 @@ from otelprof.analysis.histogram import bucket_quantile, cumulative_counts
 from otelprof.mixin import MixinConfig, yamlout
 from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import with_overrides
-from otelprof.mixin.generate import render_alerts
+from otelprof.mixin.generate import render_alerts, render_rules
 from otelprof.mixin.promql import series_name
+from otelprof.mixin.ruletests import group_eval_order
 from otelprof.recording.reader import read_recording
 from otelprof.shared.outliers import LossSpikes, StepJudge
 from tests.servers import require_binary
@@ -361,8 +362,10 @@ def test_promtool_and_offline_evaluator_agree(scenario: str, tmp_path: Path) -> 
                    for name, subject in sorted(offline[t])]
         expr_tests.append({"expr": query, "eval_time": _fmt(t), "exp_samples": samples})
     (tmp_path / "alerts.yaml").write_text(render_alerts(config))
+    (tmp_path / "rules.yaml").write_text(render_rules(config))  # several alerts read recorded series
     document: dict[str, Any] = {
-        "rule_files": ["alerts.yaml"], "evaluation_interval": _fmt(SCRAPE),
+        "rule_files": ["alerts.yaml", "rules.yaml"], "evaluation_interval": _fmt(SCRAPE),
+        "group_eval_order": group_eval_order(config),
         "tests": [{"name": scenario, "interval": _fmt(SCRAPE), "input_series": exposition(ranks),
                    "promql_expr_test": expr_tests}],
     }

@@ -43,6 +43,9 @@ from otelprof.analysis import system as sysmod
 from otelprof.analysis.prometheus import PrometheusError, extreme_buckets, parse_time, report_from_prometheus
 from otelprof.analysis.report import ORIGIN_PROMETHEUS, Report
 from otelprof.analysis.stats import Bucket
+from otelprof.mixin import MixinConfig
+from otelprof.mixin.config import with_overrides
+from otelprof.mixin.generate import render_rules
 from otelprof.report.formatting import bounds, pct, secs
 from otelprof.report.html import SECTIONS, render
 from otelprof.runtime.collectors.sampler import Sampler
@@ -61,7 +64,15 @@ GPU_UTILIZATION, GPU_MEMORY = (0.62, 0.82), (0.33, 0.97)
 """The fake GPUs 0 and 1, every sample."""
 SCRAPES = 5
 ALERT_RULES = Path(__file__).parent.parent / "deploy" / "prometheus" / "otelprof-alerts.yaml"
+RECORDING_RULES = render_rules(with_overrides(MixinConfig(), ["recording_interval="]))
+"""The committed recording rules, every group at the test's evaluation interval: several alerts read them (the GPU
+percentiles, the straggler's compute time, ...)."""
 """Scrapes of the node's gauges to wait for: enough for quantiles over scrapes and the sample counter's slope."""
+
+
+def _written(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
 
 
 def _loader(i: int) -> float:
@@ -104,7 +115,8 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
                             profile_every=0)  # the windows the test arms, not also a periodic one of a slow run
     assert isinstance(session, otelprof.Session) and session.metrics_address is not None
     host, port = session.metrics_address
-    with prometheus(tmp_path, [f"{host}:{port}"], rule_files=[ALERT_RULES]) as prom:
+    recording = _written(tmp_path / "rules.yaml", RECORDING_RULES)
+    with prometheus(tmp_path, [f"{host}:{port}"], rule_files=[ALERT_RULES, recording]) as prom:
         # scraped before the loop starts, so that the steps span several scrapes (the curves' resolution)
         prom.wait_for(f'{sc.PROCESS_START_TIME.prometheus_name}{{job_name="promreport"}}')
         for i in range(STEPS):

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from otelprof import semconv as sc
 from otelprof.cli import main
@@ -151,11 +152,20 @@ def test_overridden_config_generates_valid_selective_rules(tmp_path: Path) -> No
                                             "actions=NonFiniteValues:stop"])
     files = render_all(config)
     assert "OtelprofOverfitting" not in files["otelprof-alerts.yaml"]
-    assert "otelprof_sampler_cpu_bottleneck_total{namespace=\"ml\"} offset 5m" in files["otelprof-alerts.yaml"]
+    # the CPU-bottleneck alert reads the share the recording rule computes with the selector and the window
+    recorded = {rule.get("record"): rule["expr"] for group in yaml.safe_load(files["otelprof-rules.yaml"])["groups"]
+                for rule in group["rules"]}
+    assert "otelprof_sampler_cpu_bottleneck_total{namespace=\"ml\"} offset 5m" in \
+        recorded["otelprof:sampler_cpu_bottleneck:ratio_5m"]
+    assert "otelprof:sampler_cpu_bottleneck:ratio_5m > 0.6" in files["otelprof-alerts.yaml"]
     assert "action: capture" not in files["otelprof-alerts.yaml"]
+    records = {record.name: record.expr for record in recording_rules(config)}
     for alert in alerts(config):
         for name in metric_names(alert.expr):
-            if name != "up":
+            if name in records:  # a recorded series the alert reads: its recording rule selects
+                for raw in metric_names(records[name]):
+                    assert re.search(re.escape(raw) + r'\{namespace="ml"', records[name]), (alert.name, name, raw)
+            elif name != "up":
                 assert re.search(re.escape(name) + r'\{namespace="ml"', alert.expr), (alert.name, name)
     for name, text in files.items():
         (tmp_path / name).write_text(text)

@@ -206,9 +206,13 @@ def test_the_shipped_rules_evaluate_on_remote_written_series(tmp_path: Path) -> 
             assert found, (tmp_path / "agent.log").read_text()[-2000:] + (tmp_path / "store.log").read_text()[-2000:]
             assert found[0]["metric"]["namespace"] == POD["namespace"] and found[0]["metric"]["rank"] == "0"
             assert 0.001 < float(found[0]["value"][1]) < 1.0
-            time.sleep(2)  # every group has evaluated on the written series
-            with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=10) as response:
-                groups = json.load(response)["data"]["groups"]
+            def evaluated() -> list[dict[str, Any]]:  # every group (the recording groups every 30 s)
+                time.sleep(1)  # ...and once more after that: on the written series
+                with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=10) as response:
+                    groups: list[dict[str, Any]] = json.load(response)["data"]["groups"]
+                return groups if all(rule["health"] != "unknown" for g in groups for rule in g["rules"]) else []
+
+            groups = _wait(evaluated, timeout=90)
     finally:
         otelprof.shutdown()
     rules = [rule for group in groups for rule in group["rules"]]

@@ -39,7 +39,7 @@ from otelprof.analysis.checks import OFFLINE_CHECKS
 from otelprof.mixin import MixinConfig
 from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import ALERT_PREFIX, with_overrides
-from otelprof.mixin.generate import render_alerts
+from otelprof.mixin.generate import render_alerts, render_rules
 from tests.servers import Prometheus, free_port, prometheus, require_binary
 from tests.test_tensors_live import JOBS as TENSOR_JOBS
 
@@ -60,6 +60,7 @@ SETTINGS = [
     "overfit_window=15s", "overfit_for=5s",
     "host_memory_increase_window=15s", "host_memory_increase_for=10s", "host_memory_limit_window=15s",
     "absent_for=5s", "sampler_window=10s", "dropped_window=30s",
+    "recording_interval=",  # the recording groups every 2 s too: their windows are as short as the alerts'
 ]
 """Windows and ``for`` durations short enough for jobs of a minute or two. Starting two dozen processes at
 once on a small machine takes a while: initialization counts as slow after 60 s."""
@@ -281,11 +282,13 @@ def test_every_fault_fires_its_alert_live_and_offline_and_healthy_jobs_stay_quie
     records = tmp_path / "runs"
     rules = tmp_path / "alerts.yaml"
     rules.write_text(render_alerts(VERDICT_CONFIG))
+    recording = tmp_path / "rules.yaml"  # several alerts read recorded series (the straggler, input-bound, ...)
+    recording.write_text(render_rules(VERDICT_CONFIG))
     ports = {(job.name, rank): free_port() for job in JOBS for rank in range(job.ranks)}
     targets = [f"127.0.0.1:{port}" for port in ports.values()]
     expected = {(ALERT_PREFIX + a, job.name, r) for job in JOBS for a, r in job.live} | \
                {(ALERT_PREFIX + a, job.name, "*") for job in JOBS for a in job.info}  # any rank
-    with prometheus(tmp_path, targets, SCRAPE, [rules]) as prom, _busy_neighbour(), \
+    with prometheus(tmp_path, targets, SCRAPE, [rules, recording]) as prom, _busy_neighbour(), \
             _jobs(tmp_path, ports, tmp_path / "stop") as processes:
         launched = time.time()
         while True:  # the verdicts are taken while every job still runs (a job that ends is a target down)

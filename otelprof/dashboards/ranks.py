@@ -57,11 +57,11 @@ def _step_time() -> Row:
         timeseries(103, "Collective time per step", "Per rank: mean time at least one of its gradient all-reduces "
                    "was in flight per training step (DDP communication hook; buckets in flight at once count once), "
                    "and the exposed part: all-reduce time its backward pass did not overlap. Fast ranks wait here "
-                   "for the straggler.",
-                   [Prom(pq.rate_mean(PROC, sc.COLLECTIVE_DURATION, (RANK,), pq.TRAIN_M), RANK_LEGEND,
+                   "for the straggler." + SHOWN,
+                   [Prom(_extremes(pq.rate_mean(PROC, sc.COLLECTIVE_DURATION, (RANK,), pq.TRAIN_M)), RANK_LEGEND,
                          needs=frozenset({"ddp"})),
-                    Prom(pq.rate_mean(PROC, sc.COLLECTIVE_EXPOSED, (RANK,), pq.TRAIN_M), RANK_LEGEND + " exposed",
-                         needs=frozenset({"ddp"}))], "s", min=0, w=8),
+                    Prom(_extremes(pq.rate_mean(PROC, sc.COLLECTIVE_EXPOSED, (RANK,), pq.TRAIN_M)),
+                         RANK_LEGEND + " exposed", needs=frozenset({"ddp"}))], "s", min=0, w=8),
         bargauge(104, "Mean training step time per rank", "Exact mean over the dashboard's time range.",
                  [Prom(pq.mean(PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), RANK_LEGEND, instant=True)], "s", w=8),
         timeseries(105, "Training step time p95 per rank", "95th percentile of each rank's training steps over "

@@ -188,6 +188,10 @@ class MixinConfig:
     dashboard_rate_window: str = "1m"
     """Window of the per-interval recording rules the dashboards read instead of ``$__rate_interval``: Grafana's
     rate interval at the default 15 s scrape (4 x scrape). Set 4 x your scrape interval."""
+    recording_interval: str = "30s"
+    """Evaluation interval of the recording groups ``otelprof-recording`` and ``otelprof-recording-system``, whose
+    windows are all 250 s or longer (empty: Prometheus's global one). At a thousand ranks each costs 2-3 s of a
+    core per evaluation (docs/scale.md); the alerts that read them judge values up to this much older."""
 
     # ---- routing and links
     actions: tuple[tuple[str, str], ...] = field(default=(
@@ -245,6 +249,8 @@ def validate(config: MixinConfig) -> None:
         if f.name.endswith(("window", "_for", "patience", "lookback", "_time", "stalled_training_threshold")) \
                 and isinstance(value, str):
             seconds(value)
+    if config.recording_interval:
+        seconds(config.recording_interval)
     if config.gpu_source not in GPU_SOURCES:
         raise ValueError(f"gpu_source must be one of {', '.join(GPU_SOURCES)}, not {config.gpu_source!r}")
     for name, action in config.actions:

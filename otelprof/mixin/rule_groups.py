@@ -13,7 +13,10 @@ from otelprof.mixin.rules import recording_rules
 
 
 def rule_groups(c: MixinConfig) -> list[dict[str, Any]]:
-    groups = [{"name": "otelprof-recording", "rules": [r.rule() for r in recording_rules(c)]}]
+    records = recording_rules(c)
+    interval = {"interval": c.recording_interval} if c.recording_interval else {}
+    groups = [{"name": name, **interval, "rules": [r.rule() for r in records if r.group == name]}
+              for name in dict.fromkeys(r.group for r in records)]
     groups.append(recording_rules_aggregation.group(c))
     if c.gpu_source == GPU_SOURCE_DCGM:
         groups.insert(0, {"name": gpu_source.GROUP, "rules": gpu_source.dcgm_rules(c)})

@@ -16,6 +16,11 @@ from otelprof.mixin.gpu_source import GpuReadings
 from otelprof.mixin.promql import Q
 
 LEVEL = "otelprof"
+GROUP = "otelprof-recording"
+"""Per training process: steps, loss, data wait."""
+SYSTEM_GROUP = "otelprof-recording-system"
+"""Per node and GPU, from the sampler's histograms and counters. A group of its own: Prometheus evaluates groups
+concurrently, and at a thousand ranks either half is a large share of an evaluation interval (docs/scale.md)."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,7 @@ class Record:
     operation: str
     expr: str
     help: str
+    group: str = GROUP
 
     @property
     def name(self) -> str:
@@ -43,9 +49,6 @@ def recording_rules(c: MixinConfig) -> list[Record]:
     iw = c.input_bound_window
     ow = c.step_outlier_window
     step = sc.STEP_DURATION.prometheus_name
-    step_sum = q.delta(sc.STEP_DURATION, sw, "sum")
-    coll_sum = q.delta(sc.COLLECTIVE_EXPOSED, sw, "sum")  # all-reduce time the backward pass did not overlap
-    step_count = q.delta(sc.STEP_DURATION, sw, "count")
     loss_count = q.delta(sc.LOSS_RECORDED, c.overtraining_window)
     records = [
         Record("step_p50", step, f"p50_{sw}", q.window_quantile(0.5, sc.STEP_DURATION, sw),
@@ -54,9 +57,9 @@ def recording_rules(c: MixinConfig) -> list[Record]:
                "95th percentile step time per process and phase."),
         Record("step_mean", step, f"mean_{sw}", q.window_mean(sc.STEP_DURATION, sw),
                "Mean step time per process and phase (exact)."),
-        Record("step_compute_mean", "step_compute_seconds", f"mean_{sw}",
-               f"({step_sum} - ({coll_sum} or {step_sum} * 0)) / {step_count}",
-               "Mean step time less exposed collective time: what the straggler alert compares across ranks."),
+        Record("step_compute_mean", "step_compute_seconds", f"mean_{sw}", step_compute(q, sw),
+               "Mean step time less exposed collective time, of processes with steps in the window: what the "
+               "straggler alert compares across ranks."),
         Record("steps_rate", sc.STEPS.prometheus_name, "rate5m", f"rate({q.sel(sc.STEPS)}[5m])",
                "Steps per second."),
         Record("samples_rate", sc.SAMPLES.prometheus_name, "rate5m", f"rate({q.sel(sc.SAMPLES)}[5m])",
@@ -77,25 +80,44 @@ def recording_rules(c: MixinConfig) -> list[Record]:
         records.append(Record(
             f"{key}_ratio", spec.prometheus_name, f"ratio_{w}",
             f"{q.delta(spec, w)} / {q.delta(sc.SAMPLER_SAMPLES, w)}",
-            f"Share of the node's samples that counted as {key.replace('_', ' ')} (exact)."))
+            f"Share of the node's samples that counted as {key.replace('_', ' ')} (exact).", SYSTEM_GROUP))
     g = GpuReadings(c)
     for key, spec, gauge in (("gpu_utilization", sc.GPU_UTILIZATION_DISTRIBUTION, sc.GPU_UTILIZATION),
                              ("gpu_memory_utilization", sc.GPU_MEMORY_UTILIZATION_DISTRIBUTION,
                               sc.GPU_MEMORY_UTILIZATION)):
         records.append(Record(f"{key}_p95", spec.prometheus_name, f"p95_{w}",
-                              g.quantile(0.95, gauge, w), f"95th percentile of the samples of {key}."))
+                              g.quantile(0.95, gauge, w), f"95th percentile of the samples of {key}.", SYSTEM_GROUP))
         records.append(Record(f"{key}_p5", spec.prometheus_name, f"p5_{w}",
-                              g.quantile(0.05, gauge, w), f"5th percentile of the samples of {key}."))
+                              g.quantile(0.05, gauge, w), f"5th percentile of the samples of {key}.", SYSTEM_GROUP))
         records.append(Record(f"{key}_mean", spec.prometheus_name, f"mean_{w}",
-                              g.mean(gauge, w), f"Mean of the samples of {key} (exact)."))
+                              g.mean(gauge, w), f"Mean of the samples of {key} (exact).", SYSTEM_GROUP))
     for key, spec in (("node_cpu_utilization", sc.NODE_CPU_UTILIZATION),):
         records.append(Record(f"{key}_p95", spec.prometheus_name, f"p95_{w}",
-                              q.window_quantile(0.95, spec, w), f"95th percentile of the samples of {key}."))
+                              q.window_quantile(0.95, spec, w), f"95th percentile of the samples of {key}.",
+                              SYSTEM_GROUP))
         records.append(Record(f"{key}_p5", spec.prometheus_name, f"p5_{w}",
-                              q.window_quantile(0.05, spec, w), f"5th percentile of the samples of {key}."))
+                              q.window_quantile(0.05, spec, w), f"5th percentile of the samples of {key}.",
+                              SYSTEM_GROUP))
         records.append(Record(f"{key}_mean", spec.prometheus_name, f"mean_{w}",
-                              q.window_mean(spec, w), f"Mean of the samples of {key} (exact)."))
+                              q.window_mean(spec, w), f"Mean of the samples of {key} (exact).", SYSTEM_GROUP))
     return records
+
+
+def step_compute(q: Q, window: str) -> str:
+    """Mean compute time per step over ``window``: step time less the all-reduce time the backward pass did not
+    overlap, for each process and phase with steps in the window (no series otherwise, never NaN)."""
+    step_sum = q.delta(sc.STEP_DURATION, window, "sum")
+    coll_sum = q.delta(sc.COLLECTIVE_EXPOSED, window, "sum")
+    step_count = q.delta(sc.STEP_DURATION, window, "count")
+    return f"({step_sum} - ({coll_sum} or {step_sum} * 0)) / ({step_count} > 0)"
+
+
+def reuse(c: MixinConfig, key: str, expr: str) -> str:
+    """What an alert reads for ``expr``: the recording rule ``key``'s series where that rule records exactly
+    ``expr`` (computed once per evaluation by the recording group, read as of its last evaluation: at most one
+    evaluation interval older), else ``expr`` itself, in parentheses."""
+    record = next((r for r in recording_rules(c) if r.key == key), None)
+    return record.name if record is not None and record.expr == expr else f"({expr})"
 
 
 def recording_names(c: MixinConfig | None = None) -> dict[str, str]:

@@ -21,6 +21,18 @@ INTERVAL = 15
 TEST_FILE = "otelprof-rules-test.yaml"
 
 
+def group_eval_order(config: MixinConfig) -> list[str]:
+    """Every rule group of ``config``'s files, the recording groups first (promtool's ``group_eval_order``): at each
+    evaluation time promtool then evaluates the alerts on what the recording rules just computed; left to itself
+    its order among groups is arbitrary, so an alert reading a recorded series would lag one evaluation in some
+    runs and not in others. (A live Prometheus evaluates each group on its own schedule: there an alert reads the
+    recorded series as of the recording group's last evaluation, at most one interval older.)"""
+    from otelprof.mixin.alerts import alert_groups
+    from otelprof.mixin.rule_groups import rule_groups
+
+    return [group["name"] for group in (*rule_groups(config), *alert_groups(config))]
+
+
 def _selector_labels(selector: str) -> dict[str, str]:
     """Equality matchers of the mixin's ``selector`` (``namespace="ml"``) as labels the test series carry."""
     labels = {}
@@ -78,4 +90,5 @@ def render_tests(config: MixinConfig, rule_files: list[str]) -> dict[str, Any]:
             "exp_samples": [{"labels": "{}", "value": 1}],
         }],
     })
-    return {"rule_files": rule_files, "evaluation_interval": f"{INTERVAL}s", "tests": tests}
+    return {"rule_files": rule_files, "evaluation_interval": f"{INTERVAL}s",
+            "group_eval_order": group_eval_order(config), "tests": tests}

@@ -10,6 +10,7 @@ from otelprof.mixin.alert_model import Alert, AlertGroup, Runbook
 from otelprof.mixin.alert_text import AT_RANK, DUR, L_JOB, L_NODE, L_PHASE, NUM, PCT, human, params, pct
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.promql import IDENTITY, JOB, NODE, PHASE, RANK, Q, number
+from otelprof.mixin.rules import reuse, step_compute
 
 NAME = "otelprof-steps"
 
@@ -18,10 +19,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
     """The step alerts in runbook order."""
     q = Q(c.selector)
     sw = c.straggler_window
-    step_sum = q.delta(sc.STEP_DURATION, sw, "sum")
-    coll_sum = q.delta(sc.COLLECTIVE_EXPOSED, sw, "sum")  # all-reduce time the backward pass did not overlap
-    step_count = q.delta(sc.STEP_DURATION, sw, "count")
-    compute = f"(({step_sum} - ({coll_sum} or {step_sum} * 0)) / ({step_count} > 0))"  # ranks with steps in it
+    # each rank's compute time per step, as the recording group computed it (ranks with steps in the window)
+    compute = reuse(c, "step_compute_mean", step_compute(q, sw))
     g = f"on ({JOB}, {PHASE})"
     ranks = f"count by ({JOB}, {PHASE}) ({compute})"
     # A rank against the median of the *other* ranks. PromQL cannot leave a series out of its own group's
@@ -192,7 +191,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
     iw = c.input_bound_window
     input_bound = Alert(
         "InputBound", NAME,
-        f"{q.window_mean(sc.DATALOADER_WAIT_RATIO, iw)} > {number(c.input_bound_threshold)}",
+        f"{reuse(c, 'dataloader_wait_ratio', q.window_mean(sc.DATALOADER_WAIT_RATIO, iw))} "
+        f"> {number(c.input_bound_threshold)}",
         c.input_bound_for, "warning",
         "Steps spend most of their time waiting for data.",
         f"{AT_RANK}: {L_PHASE} steps spent on average {PCT} of their time waiting for the next batch over the "

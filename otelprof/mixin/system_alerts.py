@@ -10,6 +10,7 @@ from otelprof.mixin.alert_text import AT_GPU, AT_RANK, L_JOB, L_NODE, NUM, PCT, 
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.gpu_source import GpuReadings
 from otelprof.mixin.promql import GPU, HW_ID, IDENTITY, JOB, NODE, RANK, Q, number
+from otelprof.mixin.rules import reuse
 
 NAME = "otelprof-system"
 
@@ -27,8 +28,9 @@ def alerts(c: MixinConfig) -> list[Alert]:
 
     def bottleneck(short: str, counter: sc.MetricSpec, threshold: float, what: str, original: str,
                    todo: str, high: str) -> Alert:
-        expr = (f"(\n  {q.delta(counter, w)}\n  /\n  {q.delta(sc.SAMPLER_SAMPLES, w)}\n)"
-                f" > {number(threshold)}\n{warm}")
+        key = "cpu_bottleneck_ratio" if counter is sc.SAMPLER_CPU_BOTTLENECK else "io_bottleneck_ratio"
+        ratio = reuse(c, key, f"{q.delta(counter, w)} / {q.delta(sc.SAMPLER_SAMPLES, w)}")
+        expr = f"{ratio} > {number(threshold)}\n{warm}"
         return Alert(
             short, NAME, expr, c.bottleneck_for, "warning",
             f"GPUs wait while the CPUs are {what}.",
@@ -77,8 +79,9 @@ def alerts(c: MixinConfig) -> list[Alert]:
         "check the volume's throughput limits (network file systems and cloud disks cap IOPS per volume).",
         f"a CPU above {pct(c.io_threshold)} in iowait")
 
-    util_p95 = g.quantile(0.95, sc.GPU_UTILIZATION, w)
-    util_p5 = g.quantile(0.05, sc.GPU_UTILIZATION, w)
+    # the window's quantiles and means as the recording group computed them (the same expressions)
+    util_p95 = reuse(c, "gpu_utilization_p95", g.quantile(0.95, sc.GPU_UTILIZATION, w))
+    util_p5 = reuse(c, "gpu_utilization_p5", g.quantile(0.05, sc.GPU_UTILIZATION, w))
     low_runbook_dev = (f"The original used numpy quantiles over the last 500 samples; here the quantiles come "
                        f"from the per-sample utilization histogram (buckets every 5 %, linear interpolation "
                        f"inside a bucket, as histogram_quantile does), over the last {w}, so a GPU sitting "
@@ -131,8 +134,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "remove host synchronizations from the step.",
             deviations=low_runbook_dev, original="LowGPUUtilization"))
 
-    mem_p95 = g.quantile(0.95, sc.GPU_MEMORY_UTILIZATION, w)
-    cpu_p95 = q.window_quantile(0.95, sc.NODE_CPU_UTILIZATION, w)
+    mem_p95 = reuse(c, "gpu_memory_utilization_p95", g.quantile(0.95, sc.GPU_MEMORY_UTILIZATION, w))
+    cpu_p95 = reuse(c, "node_cpu_utilization_p95", q.window_quantile(0.95, sc.NODE_CPU_UTILIZATION, w))
     batch = Alert(
         "BatchSizeTooSmall", NAME,
         f"{util_p95} < {number(c.batch_size_gpu_threshold_p95)}\n"
@@ -194,7 +197,7 @@ def alerts(c: MixinConfig) -> list[Alert]:
     cap_w = c.gpu_memory_capacity_window
     capacity = Alert(
         "GPUMemoryNearCapacity", NAME,
-        f"{g.mean(sc.GPU_MEMORY_UTILIZATION, cap_w)} > "
+        f"{reuse(c, 'gpu_memory_utilization_mean', g.mean(sc.GPU_MEMORY_UTILIZATION, cap_w))} > "
         f"{number(c.gpu_memory_capacity_threshold)}",
         "0s", "warning",
         "A GPU's memory is nearly full.",
@@ -214,7 +217,7 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "compare otelprof_cuda_memory_allocated_bytes with _reserved_bytes before blaming the model.",
             deviations="No original: SageMaker Debugger only watched growth, not the ceiling."))
 
-    spread_mean = g.mean(sc.GPU_UTILIZATION, w)
+    spread_mean = reuse(c, "gpu_utilization_mean", g.mean(sc.GPU_UTILIZATION, w))
     load = Alert(
         "GPULoadImbalance", NAME,
         f"(\n  max by ({JOB}) ({spread_mean})\n  -\n  min by ({JOB}) ({spread_mean})\n)"
