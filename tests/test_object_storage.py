@@ -341,7 +341,8 @@ def test_parts_an_unreachable_storage_left_go_up_with_the_next_process(s3: S3, t
     code = ("import sys, otelprof\nfor _ in range(int(sys.argv[1])):\n    with otelprof.step():\n"
             "        otelprof.record('loss', 1.0)\n")
     settings = {"OTELPROF_RECORD_DIR": "s3://restart/runs", "OTELPROF_RECORD_SPOOL_DIR": str(spool),
-                "OTELPROF_RUN_ID": "resumed", "OTELPROF_SYSTEM_METRICS": "false", "AWS_MAX_ATTEMPTS": "1"}
+                "OTELPROF_RUN_ID": "resumed", "OTELPROF_SYSTEM_METRICS": "false", "AWS_MAX_ATTEMPTS": "1",
+                "OTELPROF_SHUTDOWN_TIMEOUT": "30"}
     s3.stop()  # the first process never reaches the storage
     first = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", code, "30"],
                            capture_output=True, text=True, timeout=120, env=_env(s3, **settings), cwd=tmp_path)

@@ -16,7 +16,13 @@ import pytest
 from otelprof import semconv as sc
 from otelprof.recording import remote, spool
 from otelprof.recording.reader import read_recording
-from tests.test_object_storage import S3, Lines, _env, _wait
+from tests.test_object_storage import S3, Lines, _wait
+from tests.test_object_storage import _env as _base_env
+
+
+def _env(s3: S3, **settings: str) -> dict[str, str]:
+    """A job's environment; a shutdown timeout long enough for the last uploads on a busy machine."""
+    return _base_env(s3, **{"OTELPROF_SHUTDOWN_TIMEOUT": "60", **settings})
 
 
 @pytest.fixture
@@ -137,3 +143,221 @@ def test_a_restart_uploads_what_a_killed_process_left(store: S3, tmp_path: Path)
     assert sorted(p.name for p in rank_dir.iterdir()) == sorted(
         [spool.LOCK, spool.DESTINATION, spool.UPLOADED, "manifest.json"])
     assert not (spool_dir / "killed-2").exists()
+
+
+IDLE_LOOP = """
+import sys
+import otelprof
+def steps(count):
+    for _ in range(count):
+        with otelprof.step():
+            otelprof.record("loss", 1.0)
+    otelprof.get_session().flush_recording()
+steps(int(sys.argv[1]))
+print("A", flush=True)
+sys.stdin.readline()
+steps(3)
+print("B", flush=True)
+"""
+
+
+def _start(script: Path, count: int, env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], Lines, Lines]:
+    job = subprocess.Popen([sys.executable, "-m", "otelprof", "run", "--", sys.executable, str(script), str(count)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                           cwd=cwd)
+    assert job.stdout is not None and job.stderr is not None
+    return job, Lines(job.stdout), Lines(job.stderr)
+
+
+def _go_on(job: subprocess.Popen[str]) -> None:
+    assert job.stdin is not None
+    job.stdin.write("\n")
+    job.stdin.flush()
+
+
+def _steps(url: str) -> list[int]:
+    return [s.number for s in read_recording(remote.local_copy(url)).ranks[0].steps]
+
+
+def test_a_folder_a_live_process_holds_is_never_touched(store: S3, tmp_path: Path) -> None:
+    """A live process whose storage is unreachable keeps its parts; another process sharing the spool passes
+    them over; once the first ended, a third uploads them to the first one's own destination."""
+    store.client().create_bucket(Bucket="present")
+    script = tmp_path / "loop.py"
+    script.write_text(IDLE_LOOP)
+    spool_dir = tmp_path / "spool"
+    common = dict(OTELPROF_RECORD_SPOOL_DIR=str(spool_dir), OTELPROF_RECORD_UPLOAD_INTERVAL="0.2",
+                  OTELPROF_SYSTEM_METRICS="false", AWS_MAX_ATTEMPTS="1")
+    held = spool_dir / "alive" / "rank-0"
+    job, out, err = _start(script, 25, _env(store, OTELPROF_RECORD_DIR="s3://later/runs", OTELPROF_RUN_ID="alive",
+                                            **common), tmp_path)
+    try:
+        out.wait_for("A")
+        err.wait_for("uploading the run recording to s3://later/runs failed")  # no such bucket (yet)
+        _wait(lambda: any((held / remote.PENDING).glob("*.steps.jsonl")), "a part waiting for the storage")
+        before = {p.name for p in (held / remote.PENDING).iterdir()}
+        other = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", SHORT_LOOP],
+                               capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                               env=_env(store, OTELPROF_RECORD_DIR="s3://present/runs", OTELPROF_RUN_ID="other",
+                                        **common))
+        assert other.returncode == 0 and "previous process" not in other.stderr, other.stderr
+        assert before <= {p.name for p in (held / remote.PENDING).iterdir()}, "the live process's parts stay"
+        assert not any("alive" in k for k in store.keys("present"))
+        assert _steps("s3://present/runs/other") == list(range(5))
+        _go_on(job)
+        out.wait_for("B")
+        assert job.wait(120) == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert "Traceback" not in err.text() and "previous process" not in err.text()
+    assert any((held / remote.PENDING).glob("*.steps.jsonl")), "its storage never came: the parts wait"
+
+    store.client().create_bucket(Bucket="later")
+    third = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", SHORT_LOOP],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                           env=_env(store, OTELPROF_RECORD_DIR="s3://present/runs", OTELPROF_RUN_ID="third", **common))
+    assert third.returncode == 0 and third.stderr.count("a previous process left in") == 1, third.stderr
+    assert _steps("s3://later/runs/alive") == list(range(28))  # its own destination, every step
+    assert not any("alive" in k for k in store.keys("present"))
+
+
+def test_live_ranks_sharing_a_spool_never_take_each_others_folder(store: S3, tmp_path: Path) -> None:
+    """Two ranks of one pod, started together on one spool, their storage unreachable at first: each uploads
+    exactly its own steps once it is there, and neither adopts anything."""
+    script = tmp_path / "loop.py"
+    script.write_text(IDLE_LOOP)
+    spool_dir = tmp_path / "spool"
+    jobs = []
+    try:
+        for rank, count in ((0, 17), (1, 9)):
+            env = _env(store, OTELPROF_RECORD_DIR="s3://pod/runs", OTELPROF_RECORD_SPOOL_DIR=str(spool_dir),
+                       OTELPROF_RECORD_UPLOAD_INTERVAL="0.2", OTELPROF_SYSTEM_METRICS="false", AWS_MAX_ATTEMPTS="1",
+                       OTELPROF_RUN_ID="shared", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+            jobs.append(_start(script, count, env, tmp_path))
+        for rank, (_, out, err) in enumerate(jobs):
+            out.wait_for("A")
+            err.wait_for("uploading the run recording to s3://pod/runs failed")
+            _wait(lambda r=rank: any((spool_dir / "shared" / f"rank-{r}" / remote.PENDING).glob("*.steps.jsonl")),
+                  "parts waiting for the storage")
+        store.client().create_bucket(Bucket="pod")
+        _wait(lambda: {k.split("/")[2] for k in store.keys("pod") if "steps.jsonl.parts" in k} == {"rank-0", "rank-1"},
+              "both ranks' uploads")
+        for job, out, _ in jobs:
+            _go_on(job)
+            out.wait_for("B")
+            assert job.wait(120) == 0
+    finally:
+        for job, _, _ in jobs:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+    for _, _, err in jobs:
+        assert "Traceback" not in err.text() and "previous process" not in err.text(), err.text()
+    local = remote.local_copy("s3://pod/runs/shared")
+    recording = read_recording(local)
+    assert {r.rank: [s.number for s in r.steps] for r in recording.ranks} == {0: list(range(20)),
+                                                                             1: list(range(12))}
+    for rank in (0, 1):
+        assert _metric(local / f"rank-{rank}", sc.RECORDING_ADOPTED_PARTS.name) == 0
+    assert not (spool_dir / "shared").exists()
+
+
+def _orphan(directory: Path, url: str, lines: list[str], stamp: int = 1) -> None:
+    """A rank folder as a killed process leaves it: its destination, a manifest, one part waiting."""
+    (directory / remote.PENDING).mkdir(parents=True)
+    spool.record_destination(directory, url)
+    (directory / "manifest.json").write_text(json.dumps({"status": "running", "resource": {}}))
+    (directory / remote.PENDING / f"{stamp:020d}.steps.jsonl").write_text("".join(f"{x}\n" for x in lines))
+
+
+def test_hostile_spool_contents_never_reach_the_training_or_leave_the_spool(store: S3, tmp_path: Path) -> None:
+    store.client().create_bucket(Bucket="hostile")
+    spool_dir, outside = tmp_path / "spool", tmp_path / "outside"
+    spool_dir.mkdir()
+    outside.mkdir()
+    secret = outside / "secret.steps.jsonl"
+    secret.write_text("SECRET\n")
+    _orphan(outside / "linked-run" / "rank-0", "s3://hostile/runs", ["OUTSIDE"])
+    (spool_dir / "a-file").write_text("not a run folder")
+    (spool_dir / "run-with-file").mkdir()
+    (spool_dir / "run-with-file" / "rank-0").write_text("not a rank folder")
+    (spool_dir / "linked-run").symlink_to(outside / "linked-run")  # a run folder that is a link out
+    (spool_dir / "run-with-link").mkdir()
+    (spool_dir / "run-with-link" / "rank-0").symlink_to(outside / "linked-run" / "rank-0")
+    lock_dir = spool_dir / "lock-is-a-dir" / "rank-0"
+    _orphan(lock_dir, "s3://hostile/runs", ["LOCKDIR"])
+    (lock_dir / spool.LOCK).mkdir()
+    linked_destination = spool_dir / "linked-destination" / "rank-0"
+    linked_destination.mkdir(parents=True)
+    (outside / "destination.json").write_text(json.dumps({"url": "s3://hostile/stolen"}))
+    (linked_destination / spool.DESTINATION).symlink_to(outside / "destination.json")
+    (linked_destination / remote.PENDING).mkdir()
+    (linked_destination / remote.PENDING / f"{1:020d}.steps.jsonl").write_text("NODEST\n")
+    mixed = spool_dir / "mixed" / "rank-3"
+    _orphan(mixed, "s3://hostile/runs", ["GOOD"])
+    pending = mixed / remote.PENDING
+    (pending / f"{2:020d}.steps.jsonl").symlink_to(secret)  # a part that is a link out
+    os.mkfifo(pending / f"{3:020d}.steps.jsonl")  # a part that would block a reader
+    (pending / f"{4:020d}.spans.jsonl").mkdir()  # a part that is a folder
+    (pending / "not-a-part").write_text("JUNK\n")
+    unreadable = pending / f"{5:020d}.steps.jsonl"
+    unreadable.write_text("LOCKED\n")
+    unreadable.chmod(0)
+    (mixed / "samples.jsonl").symlink_to(secret)  # a writer's file that is a link out
+    (mixed / "extra.json").symlink_to(secret)
+    (mixed / "bad-url").mkdir()
+    bad_url = spool_dir / "bad-url" / "rank-0"
+    _orphan(bad_url, "nosuchstore://x/y", ["BADURL"])
+    before = sorted((str(p.relative_to(outside)), p.is_file() and p.read_text()) for p in outside.rglob("*"))
+
+    env = _env(store, OTELPROF_RECORD_DIR="s3://hostile/runs", OTELPROF_RECORD_SPOOL_DIR=str(spool_dir),
+               OTELPROF_RUN_ID="job", OTELPROF_SYSTEM_METRICS="false")
+    job = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", SHORT_LOOP],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert job.returncode == 0 and "Traceback" not in job.stderr, job.stderr
+    assert _steps("s3://hostile/runs/job") == list(range(5))
+    # Nothing outside the spool was read, uploaded, moved or deleted.
+    assert sorted((str(p.relative_to(outside)), p.is_file() and p.read_text())
+                  for p in outside.rglob("*")) == before
+    client = store.client()
+    bodies = {k: client.get_object(Bucket="hostile", Key=k)["Body"].read() for k in store.keys("hostile")}
+    assert not any(b"SECRET" in b or b"OUTSIDE" in b or b"NODEST" in b for b in bodies.values())
+    assert not any(k.startswith("stolen/") for k in bodies)
+    # The one good folder went up to its destination; what could not be used stays, said once.
+    assert bodies[f"runs/mixed/rank-3/steps.jsonl.parts/{1:020d}"] == b"GOOD\n"
+    assert "runs/mixed/rank-3/manifest.json" in bodies and not any("extra.json" in k for k in bodies)
+    readable_as_root = os.geteuid() == 0  # root reads a file whatever its mode
+    assert (f"runs/mixed/rank-3/steps.jsonl.parts/{5:020d}" in bodies) == readable_as_root
+    assert not any(k.startswith(("runs/lock-is-a-dir", "runs/bad-url", "runs/linked")) for k in bodies)
+    assert job.stderr.count("a previous process left in") == 1, job.stderr
+    assert job.stderr.count("stays in the spool (") == 1, job.stderr  # the nosuchstore:// folder
+    assert job.stderr.count("no upload destination recorded") == 1, job.stderr
+    assert (bad_url / remote.PENDING / f"{1:020d}.steps.jsonl").read_text() == "BADURL\n"
+    assert (lock_dir / remote.PENDING / f"{1:020d}.steps.jsonl").read_text() == "LOCKDIR\n"
+    assert (spool_dir / "a-file").read_text() == "not a run folder"
+
+
+def test_a_huge_spool_is_looked_at_within_bounds(store: S3, tmp_path: Path) -> None:
+    """Thousands of orphaned folders: one start takes at most MAX_FOLDERS of them, the next ones the rest."""
+    store.client().create_bucket(Bucket="huge")
+    spool_dir = tmp_path / "spool"
+    count = 3 * spool.MAX_FOLDERS + 5
+    for index in range(count):
+        _orphan(spool_dir / f"old-{index:05d}" / "rank-0", "s3://huge/runs", [f"L{index}"])
+    for index in range(2000):  # and a crowd of empty run folders
+        (spool_dir / f"empty-{index:05d}").mkdir()
+    env = _env(store, OTELPROF_RECORD_DIR="s3://huge/runs", OTELPROF_RECORD_SPOOL_DIR=str(spool_dir),
+               OTELPROF_SYSTEM_METRICS="false")
+    uploaded: list[int] = []
+    for start in range(5):
+        job = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", SHORT_LOOP],
+                             capture_output=True, text=True, timeout=300, env={**env, "OTELPROF_RUN_ID": f"s{start}"},
+                             cwd=tmp_path)
+        assert job.returncode == 0 and "Traceback" not in job.stderr, job.stderr
+        assert job.stderr.count("a previous process left in") <= 1, job.stderr
+        old = {k.split("/")[1] for k in store.keys("huge") if k.startswith("runs/old-") and ".parts/" in k}
+        uploaded.append(len(old))
+    assert all(0 <= b - a <= spool.MAX_FOLDERS for a, b in zip([0, *uploaded], uploaded)), uploaded
+    assert uploaded[-1] == count, uploaded  # none twice, none lost
