@@ -361,3 +361,48 @@ def test_a_huge_spool_is_looked_at_within_bounds(store: S3, tmp_path: Path) -> N
         uploaded.append(len(old))
     assert all(0 <= b - a <= spool.MAX_FOLDERS for a, b in zip([0, *uploaded], uploaded)), uploaded
     assert uploaded[-1] == count, uploaded  # none twice, none lost
+
+
+def test_the_spool_bound_counts_adopted_parts(store: S3, tmp_path: Path) -> None:
+    """With the storage unreachable, what a restart adopts and what it writes stay within
+    OTELPROF_RECORD_SPOOL_MAX_BYTES together: the oldest parts go first, their lines counted as dropped."""
+    spool_dir = tmp_path / "spool"
+    left = spool_dir / "before" / "rank-0"
+    sizes = {}
+    for index in range(10):  # 10 parts of 200 lines, ~20 KiB each: 200 KiB, three times the bound
+        stamp = 10**18 + index
+        _orphan(left, "s3://nowhere/runs", [f"{index:03d}-{n:04d}-" + "x" * 90 for n in range(200)], stamp) \
+            if index == 0 else (left / remote.PENDING / f"{stamp:020d}.steps.jsonl").write_text(
+                "".join(f"{index:03d}-{n:04d}-" + "x" * 90 + "\n" for n in range(200)))
+        sizes[f"{stamp:020d}.steps.jsonl"] = (left / remote.PENDING / f"{stamp:020d}.steps.jsonl").stat().st_size
+    env = _env(store, OTELPROF_RECORD_DIR="s3://nowhere/runs", OTELPROF_RECORD_SPOOL_DIR=str(spool_dir),
+               OTELPROF_RECORD_SPOOL_MAX_BYTES="65536", OTELPROF_RUN_ID="after", OTELPROF_SYSTEM_METRICS="false",
+               AWS_MAX_ATTEMPTS="1", OTELPROF_SHUTDOWN_TIMEOUT="10")
+    script = tmp_path / "loop.py"
+    script.write_text(IDLE_LOOP)
+    job, out, err = _start(script, 5, env, tmp_path)
+    try:
+        out.wait_for("A")
+        err.wait_for("its oldest parts are deleted")
+        _wait(lambda: sum(p.stat().st_size for p in (left / remote.PENDING).iterdir()) <= 65536, "the bound")
+        gone_at_once = set(sizes) - {p.name for p in (left / remote.PENDING).iterdir()}
+        _go_on(job)
+        assert job.wait(120) == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    stderr = err.text()
+    assert "Traceback" not in stderr, stderr
+    assert stderr.count("uploading 10 parts a previous process left in") == 1, stderr
+    assert stderr.count("its oldest parts are deleted") == 1, stderr
+    kept = sorted(p.name for p in (left / remote.PENDING).iterdir())
+    gone = sorted(set(sizes) - set(kept))
+    assert gone and kept and max(gone) < min(kept), "the oldest went first"
+    own = spool_dir / "after" / "rank-0"
+    spooled = sum(p.stat().st_size for p in [*(left / remote.PENDING).iterdir(), *(own / remote.PENDING).iterdir()])
+    assert spooled <= 65536
+    manifest = json.loads((own / "manifest.json").read_text())
+    # Counted in the manifest: all dropped before the shutdown (the last upload round comes after it is written).
+    assert 200 * len(gone_at_once) <= manifest["dropped"][sc.DROPPED_RECORDING_UPLOAD] <= 200 * len(gone)
+    assert len(gone_at_once) >= 7  # at once: 10 parts of ~20 KiB within 64 KiB

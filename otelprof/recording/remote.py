@@ -324,6 +324,7 @@ class Uploader:
             spool.take_over(orphan, self._next_stamp())
         self._orphans = found.orphans
         count = sum(len(spool.parts(o)) for o in found.orphans)
+        self._bound()  # what they hold counts in this process's spool bound from now on
         if count:
             warn_once("recording:adopt", "otelprof: uploading %d parts a previous process left in %s%s", count,
                       escape(str(self._spool)), " (more folders wait for the next start)" if found.truncated else "")
