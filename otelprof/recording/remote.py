@@ -265,10 +265,17 @@ class Uploader:
             self._fs.exists(self._remote)
         return True
 
-    def _put(self, local: Path, remote: str, fs: Any = None) -> bool:
+    def _put(self, local: Path, remote: str, fs: Any = None, left_for: str = "") -> bool:
+        """Store ``local`` as ``remote``; ``left_for``: the URL of a folder a previous process left (its
+        failure is told apart from this process's own)."""
         try:
             (fs or self._fs).put_file(str(local), remote)
         except Exception as exc:  # whatever the storage client raises: the job goes on
+            if left_for:
+                warn_once("recording:adopt-upload", "otelprof: uploading a recording a previous process left to "
+                          "%s failed (%s); it waits in %s and is retried every %g s", sanitize(left_for, 200),
+                          sanitize(f"{type(exc).__name__}: {exc}"), escape(str(local.parent)), self._interval)
+                return False
             if not self._failing:
                 self._failing = True
                 warn_once("recording:upload", "otelprof: uploading the run recording to %s failed (%s); it waits "
@@ -366,7 +373,7 @@ class Uploader:
                     continue
                 stamp, _, name = part.name.partition(".")
                 size = _size(part)
-                if not self._put(part, f"{remote}/{name}{PARTS}/{stamp}", fs):
+                if not self._put(part, f"{remote}/{name}{PARTS}/{stamp}", fs, orphan.url):
                     return
                 with contextlib.suppress(OSError):
                     part.unlink()
@@ -375,7 +382,7 @@ class Uploader:
                 if self._on_adopted is not None:
                     self._on_adopted(1)
             for path in spool.whole_files(orphan):
-                if spool.readable(path) and not self._put(path, f"{remote}/{path.name}", fs):
+                if spool.readable(path) and not self._put(path, f"{remote}/{path.name}", fs, orphan.url):
                     return
             self._orphans.remove(orphan)
             if orphan.unreadable:
