@@ -406,3 +406,29 @@ def test_the_spool_bound_counts_adopted_parts(store: S3, tmp_path: Path) -> None
     # Counted in the manifest: all dropped before the shutdown (the last upload round comes after it is written).
     assert 200 * len(gone_at_once) <= manifest["dropped"][sc.DROPPED_RECORDING_UPLOAD] <= 200 * len(gone)
     assert len(gone_at_once) >= 7  # at once: 10 parts of ~20 KiB within 64 KiB
+
+
+def test_a_forked_child_never_keeps_a_folder_its_parent_took(tmp_path: Path) -> None:
+    """A DataLoader worker is forked with the parent's descriptors: the lock must end with the parent."""
+    spool_dir = tmp_path / "spool"
+    _orphan(spool_dir / "left" / "rank-0", "s3://bucket/runs", ["L"])
+    [orphan] = spool.find(spool_dir, tmp_path / "own").orphans
+    assert spool.find(spool_dir, tmp_path / "own").orphans == [], "taken: nobody else gets it"
+    wait, done = os.pipe()
+    started, ready = os.pipe()
+    child = os.fork()
+    if child == 0:  # the worker outlives the parent's hold on the folder
+        os.write(ready, b"r")  # its fork hooks ran
+        os.read(wait, 1)
+        os._exit(0)
+    try:
+        assert os.read(started, 1) == b"r"
+        spool.release(orphan)
+        [again] = spool.find(spool_dir, tmp_path / "own").orphans  # free although the child still runs
+        assert again.directory == orphan.directory
+        spool.release(again)
+    finally:
+        os.write(done, b"x")
+        os.waitpid(child, 0)
+        for fd in (wait, done, started, ready):
+            os.close(fd)

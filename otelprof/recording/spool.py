@@ -49,6 +49,10 @@ APPENDED = (schema.STEPS, schema.SPANS, schema.METRICS, schema.SAMPLES, schema.P
 PART_NAME = re.compile(r"(\d{20})\.(" + "|".join(re.escape(n) for n in APPENDED) + r")")
 _RANK = re.compile(r"rank-\d{1,9}")
 _KEPT = frozenset({schema.MANIFEST, LOCK, DESTINATION, UPLOADED})
+_held: set[int] = set()
+"""Lock descriptors of folders this process took; a forked child (a DataLoader worker) closes its copies, so
+that the lock ends with this process and not with its longest-lived child."""
+_fork_hook: list[bool] = []
 
 
 @dataclass
@@ -133,7 +137,24 @@ def _lock(directory: Path) -> int | None:
     except OSError:
         os.close(fd)
         return None
+    if not _fork_hook and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forget)
+        _fork_hook.append(True)
+    _held.add(fd)
     return fd
+
+
+def _unlock(fd: int) -> None:
+    _held.discard(fd)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _forget() -> None:
+    for fd in list(_held):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
 
 
 def _destination(directory: Path) -> str | None:
@@ -182,11 +203,11 @@ def find(spool: Path, own: Path, max_folders: int = MAX_FOLDERS, max_entries: in
                 continue
             if os.path.lexists(directory / UPLOADED):
                 _clean(directory)  # an adopter ended between marking it and cleaning it
-                os.close(fd)
+                _unlock(fd)
                 continue
             url = _destination(directory)
             if url is None:
-                os.close(fd)
+                _unlock(fd)
                 found.unknown.append(directory)
                 continue
             found.orphans.append(Orphan(directory, url, f"{run.name}/{rank.name}", fd))
@@ -272,8 +293,7 @@ def finish(orphan: Orphan) -> None:
 
 def release(orphan: Orphan) -> None:
     if orphan.fd >= 0:
-        with contextlib.suppress(OSError):
-            os.close(orphan.fd)
+        _unlock(orphan.fd)
         orphan.fd = -1
 
 
