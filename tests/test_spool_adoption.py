@@ -432,3 +432,39 @@ def test_a_forked_child_never_keeps_a_folder_its_parent_took(tmp_path: Path) -> 
         os.waitpid(child, 0)
         for fd in (wait, done, started, ready):
             os.close(fd)
+
+
+def test_a_process_still_uploading_at_its_exit_keeps_its_folder(store: S3, tmp_path: Path) -> None:
+    """The writer is closed (its manifest says finished) but the last upload still runs, against a storage
+    endpoint that takes connections and never answers: the folder stays its process's until that ends."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # connections complete in the backlog; nothing ever answers
+    store.client().create_bucket(Bucket="present")
+    spool_dir = tmp_path / "spool"
+    script = tmp_path / "loop.py"
+    script.write_text(IDLE_LOOP)
+    common = dict(OTELPROF_RECORD_SPOOL_DIR=str(spool_dir), OTELPROF_SYSTEM_METRICS="false", AWS_MAX_ATTEMPTS="1")
+    env = _env(store, OTELPROF_RECORD_DIR="s3://present/runs", OTELPROF_RUN_ID="slow", OTELPROF_SHUTDOWN_TIMEOUT="60",
+               AWS_ENDPOINT_URL=f"http://127.0.0.1:{silent.getsockname()[1]}", **common)
+    held = spool_dir / "slow" / "rank-0"
+    job, out, err = _start(script, 11, env, tmp_path)
+    try:
+        out.wait_for("A")
+        _go_on(job)
+        out.wait_for("B")
+        _wait(lambda: json.loads((held / "manifest.json").read_text())["status"] == "finished", "the writer's close")
+        other = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", SHORT_LOOP],
+                               capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                               env=_env(store, OTELPROF_RECORD_DIR="s3://present/runs", OTELPROF_RUN_ID="other",
+                                        **common))
+        assert job.poll() is None, "the first process was still in its last upload"
+        assert other.returncode == 0 and "previous process" not in other.stderr, other.stderr
+        assert not any("slow" in k for k in store.keys("present"))
+        assert (held / "steps.jsonl").exists() or any((held / remote.PENDING).glob("*.steps.jsonl"))
+    finally:
+        job.kill()
+        job.wait()
+        silent.close()
