@@ -468,3 +468,27 @@ def test_a_process_still_uploading_at_its_exit_keeps_its_folder(store: S3, tmp_p
         job.kill()
         job.wait()
         silent.close()
+
+
+def test_what_was_left_goes_up_at_once_not_at_the_first_interval(store: S3, tmp_path: Path) -> None:
+    """In a crash loop each process may die before its first upload interval: the adopted parts go up at once."""
+    store.client().create_bucket(Bucket="loop")
+    spool_dir = tmp_path / "spool"
+    _orphan(spool_dir / "crashed" / "rank-0", "s3://loop/runs", ["x"], 7)
+    script = tmp_path / "loop.py"
+    script.write_text(IDLE_LOOP)
+    env = _env(store, OTELPROF_RECORD_DIR="s3://loop/runs", OTELPROF_RECORD_SPOOL_DIR=str(spool_dir),
+               OTELPROF_RECORD_UPLOAD_INTERVAL="3600", OTELPROF_RUN_ID="again", OTELPROF_SYSTEM_METRICS="false")
+    job, out, err = _start(script, 4, env, tmp_path)
+    try:
+        out.wait_for("A")
+        _wait(lambda: "runs/crashed/rank-0/manifest.json" in store.keys("loop"), "the adopted folder's upload")
+        assert job.poll() is None  # uploaded while the job runs, long before its first interval
+        job.send_signal(signal.SIGKILL)
+        job.wait(60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert f"runs/crashed/rank-0/steps.jsonl.parts/{7:020d}" in store.keys("loop")
+    assert "Traceback" not in err.text()

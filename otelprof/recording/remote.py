@@ -151,6 +151,8 @@ class Uploader:
                 self._adopt()
             except Exception:
                 logger.exception("otelprof: internal error while looking for recordings left in the spool")
+        if self._orphans and not self._stop.is_set():
+            self.sync(final=False)  # at once: a process killed again soon (a crash loop) still moves them on
         while not self._stop.is_set():
             self._wake.wait(self._interval)
             self._wake.clear()
