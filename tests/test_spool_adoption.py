@@ -468,6 +468,7 @@ def test_a_process_still_uploading_at_its_exit_keeps_its_folder(store: S3, tmp_p
         job.kill()
         job.wait()
         silent.close()
+    assert "Traceback" not in err.text()
 
 
 def test_what_was_left_goes_up_at_once_not_at_the_first_interval(store: S3, tmp_path: Path) -> None:
