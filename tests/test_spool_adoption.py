@@ -291,6 +291,7 @@ def test_hostile_spool_contents_never_reach_the_training_or_leave_the_spool(stor
     (lock_dir / spool.LOCK).mkdir()
     linked_destination = spool_dir / "linked-destination" / "rank-0"
     linked_destination.mkdir(parents=True)
+    (linked_destination / "manifest.json").write_text("{}")
     (outside / "destination.json").write_text(json.dumps({"url": "s3://hostile/stolen"}))
     (linked_destination / spool.DESTINATION).symlink_to(outside / "destination.json")
     (linked_destination / remote.PENDING).mkdir()

@@ -4,7 +4,9 @@ Each uploading process holds an exclusive ``flock`` on its rank folder's ``.lock
 writer's claim, kept until its last upload); the kernel releases it however the process ends (SIGKILL, the OOM
 killer). A rank folder is therefore an orphan exactly when that lock can be taken: never judged by pid (pids are
 reused; the other ranks of a pod run beside it in the same spool). Its upload destination is the URL its owner
-recorded in ``.destination.json``; a folder without one is left alone.
+recorded in ``.destination.json``; a folder without one is left alone. A folder without a manifest is not even
+locked: a process claims its folder (takes the lock) before it writes its manifest, so the search never makes a
+starting rank's claim fail.
 
 Walking the spool never follows a symbolic link: only real directories below the spool are entered and only
 regular files are taken, so hostile contents (a file where a folder belongs, a link out of the spool, a FIFO)
@@ -198,6 +200,8 @@ def find(spool: Path, own: Path, max_folders: int = MAX_FOLDERS, max_entries: in
             directory = Path(rank.path)
             if not _RANK.fullmatch(rank.name) or directory == own or not _inside(directory, root):
                 continue
+            if not os.path.lexists(directory / schema.MANIFEST):
+                continue  # being claimed (the manifest comes after the lock), or never recorded: not locked
             fd = _lock(directory)
             if fd is None:
                 continue
