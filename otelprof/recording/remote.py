@@ -146,6 +146,7 @@ class Uploader:
 
     def _run(self) -> None:
         with self._lock:
+            spool.record_destination(self._dir, self._url)  # here, not in init(): a step never waits for a file
             self._connect()  # now, not at exit: the interpreter's exit allows no new threads for the client
             try:
                 self._adopt()
@@ -403,8 +404,8 @@ class Uploader:
 def start_uploader(config: Any, rank_dir: Path, writer: Any, on_dropped: Callable[[int], None],
                    on_adopted: Callable[[int], None] | None = None) -> Uploader | None:
     """The uploader of ``rank_dir`` to ``config.record_dir`` (a URL), started; None (one warning) when the URL
-    cannot be used: the recording stays in the spool. It records the URL in ``rank_dir`` (a process that finds
-    the folder orphaned uploads it there) and takes over what previous processes left in the spool."""
+    cannot be used: the recording stays in the spool. Its thread records the URL in ``rank_dir`` (a process that
+    finds the folder orphaned uploads it there) and takes over what previous processes left in the spool."""
     url = config.record_dir
     shown = sanitize(url, 200)
     problem = _problem(url)
@@ -412,7 +413,6 @@ def start_uploader(config: Any, rank_dir: Path, writer: Any, on_dropped: Callabl
         warn_once("recording:remote", "otelprof: OTELPROF_RECORD_DIR=%s %s; the recording stays in %s", shown,
                   problem, rank_dir)
         return None
-    spool.record_destination(rank_dir, url)
     uploader = Uploader(url, f"{config.run_id}/{rank_dir.name}", rank_dir, writer, config.record_upload_interval,
                         config.record_spool_max_bytes, on_dropped, shown, local_root(config), on_adopted)
     # Storage clients close their connections from weakref finalizers at exit; registering that exit hook now,
