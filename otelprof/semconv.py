@@ -479,6 +479,10 @@ SPAN_BUILD_TIME = MetricSpec(
     "Background-thread time spent building and exporting spans (what the span budget limits).")
 RECORDING_BYTES = MetricSpec(
     "otelprof.recording.bytes", Kind.COUNTER, "By", "Bytes written to the local run recording.")
+RECORDING_ADOPTED_PARTS = MetricSpec(
+    "otelprof.recording.adopted_parts", Kind.COUNTER, "{part}",
+    "Parts of recordings a previous process left in the upload spool (killed before it could upload them) that "
+    "this process uploaded to their own run's destination.")
 ENDPOINT_ERRORS = MetricSpec(
     "otelprof.endpoint.errors", Kind.COUNTER, "{request}",
     "Connections and requests this process's /metrics and control endpoint refused or lost, by reason: "
@@ -660,8 +664,9 @@ FRAMEWORK_METRICS: tuple[MetricSpec, ...] = (
     TENSOR_SAVES, TENSOR_SUMMED, TENSOR_FLAGGED,
 )
 """Set by the PyTorch integration when it sees a data loader / CUDA."""
-SELF_METRICS: tuple[MetricSpec, ...] = (ENDPOINT_ERRORS, SERIES_FOLDED)
-"""About otelprof itself under hostile clients and runaway names: present once something was refused or folded."""
+SELF_METRICS: tuple[MetricSpec, ...] = (ENDPOINT_ERRORS, SERIES_FOLDED, RECORDING_ADOPTED_PARTS)
+"""About otelprof itself under hostile clients, runaway names and restarts: present once something was refused,
+folded or adopted."""
 
 # ---- `otelprof webhook`, a process of its own: on its GET /metrics, without the identity labels of a training
 # process (it serves every job).

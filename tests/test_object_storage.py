@@ -335,31 +335,36 @@ def test_kubernetes_overlay_records_to_object_storage() -> None:
     assert config.shutdown_timeout < job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
 
 
-def test_parts_an_unreachable_storage_left_stay_in_the_spool(s3: S3, tmp_path: Path) -> None:
+def test_parts_an_unreachable_storage_left_go_up_with_the_next_process(s3: S3, tmp_path: Path) -> None:
     s3.client().create_bucket(Bucket="restart")
     spool = tmp_path / "spool"
     code = ("import sys, otelprof\nfor _ in range(int(sys.argv[1])):\n    with otelprof.step():\n"
             "        otelprof.record('loss', 1.0)\n")
     settings = {"OTELPROF_RECORD_DIR": "s3://restart/runs", "OTELPROF_RECORD_SPOOL_DIR": str(spool),
-                "OTELPROF_RUN_ID": "resumed", "OTELPROF_SYSTEM_METRICS": "false", "AWS_MAX_ATTEMPTS": "1"}
+                "OTELPROF_RUN_ID": "resumed", "OTELPROF_SYSTEM_METRICS": "false", "AWS_MAX_ATTEMPTS": "1",
+                "OTELPROF_SHUTDOWN_TIMEOUT": "30"}
     s3.stop()  # the first process never reaches the storage
     first = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", code, "30"],
                            capture_output=True, text=True, timeout=120, env=_env(s3, **settings), cwd=tmp_path)
     assert first.returncode == 0 and "Traceback" not in first.stderr, first.stderr
     assert first.stderr.count("uploading the run recording to s3://restart/runs failed") == 1, first.stderr
-    left = list((spool / "resumed" / "rank-0" / remote.PENDING).glob("*.steps.jsonl"))
-    assert left, "the parts wait in the spool"
+    left = list((spool / "resumed" / "rank-0" / remote.PENDING).glob("*"))
+    assert any(p.name.endswith(".steps.jsonl") for p in left), "the parts wait in the spool"
     s3.restart()
     assert s3.keys("restart") == []
     second = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", code, "12"],
                             capture_output=True, text=True, timeout=120, env=_env(s3, **settings), cwd=tmp_path)
     assert second.returncode == 0 and "failed" not in second.stderr, second.stderr
-    # A restart records as a new run (resumed-2: the writer's claim); the predecessor's parts are kept, not lost.
+    assert second.stderr.count(f"uploading {len(left)} parts a previous process left in") == 1, second.stderr
+    # A restart records as a new run (resumed-2: the writer's claim) and uploads its predecessor's parts to the
+    # predecessor's run.
     local = remote.local_copy("s3://restart/runs/resumed-2")
     lines = [json.loads(line) for line in (local / "rank-0" / "steps.jsonl").read_text().splitlines()]
     assert [d["n"] for d in lines if d["k"] == "s"] == list(range(12))
-    kept = [json.loads(line) for part in sorted(left) for line in part.read_text().splitlines()]
-    assert [d["n"] for d in kept if d["k"] == "s"] == list(range(30))
+    earlier = remote.local_copy("s3://restart/runs/resumed")
+    assert json.loads((earlier / "rank-0" / "manifest.json").read_text())["status"] == "finished"
+    assert [s.number for s in read_recording(earlier).ranks[0].steps] == list(range(30))
+    assert not list((spool / "resumed" / "rank-0").glob("*.jsonl")), "nothing is left to upload"
 
 
 GRACEFUL_LOOP = """

@@ -10,6 +10,10 @@ never a duplicate line. ``manifest.json`` and other files go up whole when they 
 most ``OTELPROF_RECORD_SPOOL_MAX_BYTES`` of parts not uploaded yet; past that the oldest are deleted and their
 lines counted as dropped. Nothing here blocks a step or raises into the job.
 
+Adopting: at start the upload thread looks in the spool for rank folders a previous process left (killed before
+it could upload them: their lock is free, :mod:`otelprof.recording.spool`) and uploads them to their own
+destination with the same parts, counted in the spool's bound.
+
 Reading: :func:`local_copy` downloads one run (parts joined back into their files) to a temporary directory
 the readers take as any local recording.
 """
@@ -30,8 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from otelprof._log import info_once, logger, sanitize, warn_once
-from otelprof.recording import schema
+from otelprof._log import escape, info_once, logger, sanitize, warn_once
+from otelprof.recording import schema, spool
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 PARTS = ".parts"
@@ -101,10 +105,14 @@ class Uploader:
     """Uploads one rank's spooled recording to ``<url>/<run-id>/rank-<rank>/`` on a daemon thread."""
 
     def __init__(self, url: str, remote_subdir: str, rank_dir: Path, writer: Any, interval: float, max_bytes: int,
-                 on_dropped: Callable[[int], None], shown: str) -> None:
+                 on_dropped: Callable[[int], None], shown: str, spool_dir: Path | None = None,
+                 on_adopted: Callable[[int], None] | None = None) -> None:
+        """``spool_dir``: where to look for folders a previous process left (None: nowhere); ``on_adopted(n)``
+        is told about their parts once stored."""
         self._url = url
         self._fs: Any = None  # made on first use, off the training thread (the storage client imports slowly)
         self._subdir = remote_subdir
+        self._root = ""
         self._remote = ""
         self._dir = rank_dir
         self._pending = rank_dir / PENDING
@@ -121,6 +129,12 @@ class Uploader:
         self._stop = threading.Event()
         self.uploaded_bytes = 0
         self.dropped_lines = 0
+        self._spool = spool_dir
+        self._on_adopted = on_adopted
+        self._orphans: list[spool.Orphan] = []
+        self._filesystems: dict[str, tuple[Any, str] | None] = {}
+        self._discarded = False
+        self.adopted_parts = 0
         self._thread = threading.Thread(target=self._run, name="otelprof-upload", daemon=True)
 
     def start(self) -> None:
@@ -132,13 +146,23 @@ class Uploader:
 
     def _run(self) -> None:
         with self._lock:
+            spool.record_destination(self._dir, self._url)  # here, not in init(): a step never waits for a file
             self._connect()  # now, not at exit: the interpreter's exit allows no new threads for the client
+            try:
+                self._adopt()
+            except Exception:
+                logger.exception("otelprof: internal error while looking for recordings left in the spool")
+        if self._orphans and not self._stop.is_set():
+            self.sync(final=False)  # at once: a process killed again soon (a crash loop) still moves them on
         while not self._stop.is_set():
             self._wake.wait(self._interval)
             self._wake.clear()
             if self._stop.is_set():
-                return
+                break
             self.sync(final=False)
+        if self._discarded:
+            with self._lock:
+                self._release_orphans()
 
     def close(self, timeout: float) -> bool:
         """Stop the thread and upload everything left (bounded by ``timeout``). True when all is stored; then
@@ -164,6 +188,7 @@ class Uploader:
 
     def discard(self) -> None:
         """Stop without uploading more (the session's recording is discarded)."""
+        self._discarded = True
         self._stop.set()
         self._wake.set()
 
@@ -174,7 +199,12 @@ class Uploader:
             with self._lock:
                 self._take_over(final)
                 self._bound()
-                return self._upload()
+                done = self._upload()
+                if done and self._orphans:
+                    self._upload_orphans()
+                if final:
+                    self._release_orphans()  # what is left waits for the next process
+                return done
         except Exception:
             logger.exception("otelprof: internal error while uploading the run recording")
             return False
@@ -205,7 +235,7 @@ class Uploader:
             return []
 
     def _bound(self) -> None:
-        parts = self._parts()
+        parts = sorted(self._parts() + [p for o in self._orphans for p in spool.parts(o)], key=lambda p: p.name)
         sizes = {p: _size(p) for p in parts}
         total = sum(sizes.values())
         for part in parts:
@@ -230,6 +260,7 @@ class Uploader:
                       "stays in %s", self._shown, sanitize(f"{type(exc).__name__}: {exc}"), self._dir)
             self._stop.set()
             return False
+        self._root = root
         self._remote = "/".join(p for p in (root, self._subdir) if p)
         # One request now makes the client's connection pool: at the interpreter's exit (the last upload) the
         # client could not make it any more (it starts a thread for that). Its failure is the next put's to tell.
@@ -237,10 +268,17 @@ class Uploader:
             self._fs.exists(self._remote)
         return True
 
-    def _put(self, local: Path, remote: str) -> bool:
+    def _put(self, local: Path, remote: str, fs: Any = None, left_for: str = "") -> bool:
+        """Store ``local`` as ``remote``; ``left_for``: the URL of a folder a previous process left (its
+        failure is told apart from this process's own)."""
         try:
-            self._fs.put_file(str(local), remote)
+            (fs or self._fs).put_file(str(local), remote)
         except Exception as exc:  # whatever the storage client raises: the job goes on
+            if left_for:
+                warn_once("recording:adopt-upload", "otelprof: uploading a recording a previous process left to "
+                          "%s failed (%s); it waits in %s and is retried every %g s", sanitize(left_for, 200),
+                          sanitize(f"{type(exc).__name__}: {exc}"), escape(str(local.parent)), self._interval)
+                return False
             if not self._failing:
                 self._failing = True
                 warn_once("recording:upload", "otelprof: uploading the run recording to %s failed (%s); it waits "
@@ -285,10 +323,89 @@ class Uploader:
             self.uploaded_bytes += stat.st_size
         return True
 
+    # ------------------------------------------------------------------ what a previous process left
+    def _adopt(self) -> None:
+        """Take the spool's orphaned rank folders (bounded), their writers' files made parts; one warning."""
+        if self._spool is None:
+            return
+        found = spool.find(self._spool, self._dir)
+        for orphan in found.orphans:
+            self._stamp = max(self._stamp, spool.latest_stamp(orphan))
+            spool.take_over(orphan, self._next_stamp())
+        self._orphans = found.orphans
+        count = sum(len(spool.parts(o)) for o in found.orphans)
+        self._bound()  # what they hold counts in this process's spool bound from now on
+        if count:
+            warn_once("recording:adopt", "otelprof: uploading %d parts a previous process left in %s%s", count,
+                      escape(str(self._spool)), " (more folders wait for the next start)" if found.truncated else "")
+        if found.unknown:
+            warn_once("recording:adopt-unknown", "otelprof: %s%s was left by a previous process with no upload "
+                      "destination recorded; it stays there", escape(str(found.unknown[0])),
+                      f" (and {len(found.unknown) - 1} more folders)" if len(found.unknown) > 1 else "")
 
-def start_uploader(config: Any, rank_dir: Path, writer: Any, on_dropped: Callable[[int], None]) -> Uploader | None:
+    def _orphan_fs(self, url: str) -> tuple[Any, str] | None:
+        """The filesystem and root of an orphan's URL (made once; None, one warning, when it cannot be used)."""
+        if url == self._url and self._fs is not None:
+            return self._fs, self._root
+        if url not in self._filesystems:
+            problem = _problem(url) if is_url(url) else "is not object storage"
+            try:
+                if problem:
+                    raise ValueError(problem)
+                self._filesystems[url] = filesystem(url)
+            except Exception as exc:
+                self._filesystems[url] = None
+                warn_once("recording:adopt-url", "otelprof: a recording a previous process left for %s stays in the "
+                          "spool (%s)", sanitize(url, 200), sanitize(f"{type(exc).__name__}: {exc}"))
+        return self._filesystems[url]
+
+    def _upload_orphans(self) -> None:
+        """Upload the orphans' parts and files to their own destinations; a finished one is emptied to its
+        manifest and released. Stops at the first failed upload (retried next round)."""
+        for orphan in list(self._orphans):
+            connection = self._orphan_fs(orphan.url)
+            if connection is None:
+                self._orphans.remove(orphan)
+                spool.release(orphan)
+                continue
+            fs, root = connection
+            remote = "/".join(p for p in (root, orphan.subdir) if p)
+            for part in spool.parts(orphan):
+                if not spool.readable(part):
+                    orphan.unreadable.add(part.name)
+                    continue
+                stamp, _, name = part.name.partition(".")
+                size = _size(part)
+                if not self._put(part, f"{remote}/{name}{PARTS}/{stamp}", fs, orphan.url):
+                    return
+                with contextlib.suppress(OSError):
+                    part.unlink()
+                self.uploaded_bytes += size
+                self.adopted_parts += 1
+                if self._on_adopted is not None:
+                    self._on_adopted(1)
+            for path in spool.whole_files(orphan):
+                if spool.readable(path) and not self._put(path, f"{remote}/{path.name}", fs, orphan.url):
+                    return
+            self._orphans.remove(orphan)
+            if orphan.unreadable:
+                warn_once("recording:adopt-unreadable", "otelprof: %d parts in %s cannot be read; they stay there",
+                          len(orphan.unreadable), escape(str(orphan.pending)))
+                spool.release(orphan)
+            else:
+                spool.finish(orphan)
+
+    def _release_orphans(self) -> None:
+        for orphan in self._orphans:
+            spool.release(orphan)
+        self._orphans = []
+
+
+def start_uploader(config: Any, rank_dir: Path, writer: Any, on_dropped: Callable[[int], None],
+                   on_adopted: Callable[[int], None] | None = None) -> Uploader | None:
     """The uploader of ``rank_dir`` to ``config.record_dir`` (a URL), started; None (one warning) when the URL
-    cannot be used: the recording stays in the spool."""
+    cannot be used: the recording stays in the spool. Its thread records the URL in ``rank_dir`` (a process that
+    finds the folder orphaned uploads it there) and takes over what previous processes left in the spool."""
     url = config.record_dir
     shown = sanitize(url, 200)
     problem = _problem(url)
@@ -297,7 +414,7 @@ def start_uploader(config: Any, rank_dir: Path, writer: Any, on_dropped: Callabl
                   problem, rank_dir)
         return None
     uploader = Uploader(url, f"{config.run_id}/{rank_dir.name}", rank_dir, writer, config.record_upload_interval,
-                        config.record_spool_max_bytes, on_dropped, shown)
+                        config.record_spool_max_bytes, on_dropped, shown, local_root(config), on_adopted)
     # Storage clients close their connections from weakref finalizers at exit; registering that exit hook now,
     # before init() registers the session's shutdown, makes the shutdown (and its last upload) run first.
     weakref.finalize(uploader, int)

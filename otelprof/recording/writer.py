@@ -232,7 +232,9 @@ class RecordingWriter:
                           "training goes on without it", self.directory, exc)
             return moved
 
-    def close(self) -> None:
+    def close(self, keep_lock: bool = False) -> None:
+        """Flush and close the files; ``keep_lock``: the folder stays claimed until :meth:`release_lock` (its
+        last upload still runs)."""
         self.flush()
         with self._lock:
             for handle in self._files.values():
@@ -240,5 +242,11 @@ class RecordingWriter:
                     handle.close()
             self._files.clear()
             self._ok = False
+            if not keep_lock:
+                self.release_lock()
+
+    def release_lock(self) -> None:
+        """Let another process take the folder (a restart uploads what is left in it)."""
+        with self._lock:
             _release(self._lock_fd)
             self._lock_fd = None

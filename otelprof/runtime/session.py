@@ -144,7 +144,8 @@ class Session:
         self._sigterm: _sigterm.SigtermHandler | None = None
         self.uploader: remote.Uploader | None = None
         if self.writer is not None and self.run_dir is not None and remote.is_url(config.record_dir):
-            self.uploader = remote.start_uploader(config, self.run_dir, self.writer, self._upload_dropped)
+            self.uploader = remote.start_uploader(config, self.run_dir, self.writer, self._upload_dropped,
+                                                  self._adopted_parts)
         self._thread = threading.Thread(target=self._run, name="otelprof-recorder", daemon=True)
         self._thread.start()
         hot._activate(self.recorder)
@@ -188,6 +189,9 @@ class Session:
 
     def _upload_dropped(self, amount: int) -> None:
         self.recorder.count_dropped(sc.DROPPED_RECORDING_UPLOAD, amount)
+
+    def _adopted_parts(self, amount: int) -> None:
+        self.registry.add(sc.RECORDING_ADOPTED_PARTS, (), amount)
 
     def _writer_bytes(self, amount: int) -> None:
         with self.registry.lock:
@@ -382,9 +386,11 @@ class Session:
             if self.writer is not None:
                 # Exporters abandoned at the deadline count their losses only now.
                 self.writer.update_manifest(dropped=self._dropped_summary())
-                self.writer.close()
+                self.writer.close(keep_lock=self.uploader is not None)  # claimed until its last upload ends
             if self.uploader is not None:
                 self.uploader.close(max(deadline - time.monotonic(), 0.0))
+                if self.writer is not None:
+                    self.writer.release_lock()
             if self.prometheus is not None:
                 self.prometheus.stop()
             if self.control is not None:
