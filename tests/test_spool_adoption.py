@@ -62,6 +62,9 @@ sys.stdin.readline()  # killed here
 """
 
 SHORT_LOOP = "import otelprof\nfor _ in range(5):\n    with otelprof.step():\n        pass\n"
+WAIT_FOR = ("import os, time\ndeadline = time.monotonic() + 120\n"
+            "while not os.path.exists({marker!r}) and time.monotonic() < deadline:\n    time.sleep(0.05)\n")
+"""Appended to a job's script: it ends once a folder it adopts is uploaded (as any job longer than that would)."""
 
 
 def _metric(rank_dir: Path, name: str) -> float:
@@ -215,7 +218,8 @@ def test_a_folder_a_live_process_holds_is_never_touched(store: S3, tmp_path: Pat
     assert any((held / remote.PENDING).glob("*.steps.jsonl")), "its storage never came: the parts wait"
 
     store.client().create_bucket(Bucket="later")
-    third = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", SHORT_LOOP],
+    waiting = SHORT_LOOP + WAIT_FOR.format(marker=str(held / spool.UPLOADED))  # a job outlives the adoption
+    third = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", waiting],
                            capture_output=True, text=True, timeout=300, cwd=tmp_path,
                            env=_env(store, OTELPROF_RECORD_DIR="s3://present/runs", OTELPROF_RUN_ID="third", **common))
     assert third.returncode == 0 and third.stderr.count("a previous process left in") == 1, third.stderr

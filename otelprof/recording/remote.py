@@ -333,6 +333,8 @@ class Uploader:
             self._stamp = max(self._stamp, spool.latest_stamp(orphan))
             spool.take_over(orphan, self._next_stamp())
         self._orphans = found.orphans
+        for orphan in found.orphans:  # their clients made now: none can be made at the interpreter's exit
+            self._orphan_fs(orphan.url)
         count = sum(len(spool.parts(o)) for o in found.orphans)
         self._bound()  # what they hold counts in this process's spool bound from now on
         if count:
@@ -352,7 +354,9 @@ class Uploader:
             try:
                 if problem:
                     raise ValueError(problem)
-                self._filesystems[url] = filesystem(url)
+                fs, root = self._filesystems[url] = filesystem(url)
+                with contextlib.suppress(Exception):  # its connection pool made now, not at the interpreter's exit
+                    fs.exists(root)
             except Exception as exc:
                 self._filesystems[url] = None
                 warn_once("recording:adopt-url", "otelprof: a recording a previous process left for %s stays in the "
