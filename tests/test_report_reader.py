@@ -144,11 +144,30 @@ def test_process_only_samples_in_bulk_and_gpus_that_come_and_go(tmp_path: Path) 
     recording = read_recording(run, samples=True)
     one = recording.ranks[1].sample_columns()
     assert list(one.t_ns) == [1, 2] and list(one.rss) == [10.0, 20.0]
-    assert one.pcpu[0] == 0.5 and math.isnan(one.pcpu[1]) and math.isnan(one.cpu_mean[0])
+    assert one.pcpu[0] == 0.5 and math.isnan(one.pcpu[1])
+    assert [len(column) for column in one.node_columns()] == [0] * 12  # no node value: no NaN columns kept
     zero = recording.ranks[0].sample_columns()
     u0, u1 = list(zero.gpus["0"]["u"]), list(zero.gpus["1"]["u"])
     assert u0[0] == 0.5 and math.isnan(u0[1]) and u0[2] == 0.7
     assert math.isnan(u1[0]) and math.isnan(u1[1]) and u1[2] == 0.1
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_node_columns_appear_with_the_first_node_value(tmp_path: Path, bulk: bool) -> None:
+    """Process-only samples keep no node columns; the first node value (after them, in bulk or one by one)
+    brings every node column, NaN for the samples before it, and process-only samples after it are NaN there."""
+    first = [{"t": i, "pid": 5, "pcpu": 0.5, "rss": 10} for i in range(3)]
+    if not bulk:
+        first.append({"t": 3, "pid": 5, "rss": 10, "gpu": {"0": {"u": 0.25}}})  # not the bulk layout: one by one
+    node = {"t": 10, "pid": 5, "rss": 11, "mem": 0.5, "disk": [1, 2]}
+    later = [{"t": 11, "pid": 5, "pcpu": 0.5, "rss": 12}]
+    run = tmp_path / "run"
+    write_rank(run, 0, manifest(), samples=[*first, node, *later])
+    c = read_recording(run, samples=True).ranks[0].sample_columns()
+    n = len(first)
+    assert len(c) == n + 2 and all(len(column) == n + 2 for column in c.node_columns())
+    assert list(c.mem[n:n + 1]) == [0.5] and list(c.disk_write[n:n + 1]) == [2.0] and c.node_samples == 0
+    assert all(math.isnan(v) for v in [*c.mem[:n], c.mem[n + 1], *c.cpu_mean, *c.net_rx])
 
 
 def test_parallel_read_gives_the_same_recording(tmp_path: Path) -> None:
