@@ -250,3 +250,39 @@ def test_the_documented_read_api_is_at_its_documented_path(tmp_path: Path) -> No
     assert len(recording.ranks[0].sample_columns()) == len(list(rank.samples())) > 0
     with pytest.raises(reader.RecordingError, match="holds no rank"):
         reader.read_recording(tmp_path)
+
+
+def _mark_prepared(rank: RankRecording) -> None:
+    """A prepare hook for the test below: leaves the pid of the process that ran it with the rank's columns."""
+    import os
+
+    rank.step_columns.__dict__["_prepared_in"] = os.getpid()
+
+
+def test_prepare_runs_in_the_parsing_processes_and_the_checks_read_what_it_kept(tmp_path: Path) -> None:
+    import os
+
+    from otelprof.analysis.check_recording import _sample_table, _step_table, prepare_rank
+    from otelprof.analysis.checks import evaluate
+
+    run = small_run(tmp_path)
+    write_rank(run, 1, manifest(rank=1), [step_line("train", 0, T0 + 10, 0.5, [("forward", 0, 0.2, 0)])],
+               [{"t": 5, "pid": 1, "rss": 3}])
+    marked = read_recording(run, samples=True, workers=2, prepare=_mark_prepared)
+    pids = {r.step_columns.__dict__["_prepared_in"] for r in marked.ranks}
+    assert os.getpid() not in pids and len(marked.ranks) == 2
+    assert [len(r.sample_columns()) for r in marked.ranks] == [len(r.sample_columns())
+                                                              for r in read_recording(run, samples=True).ranks]
+    plain = read_recording(run, samples=True, workers=1)
+    prepared = read_recording(run, samples=True, workers=2, prepare=prepare_rank)
+    for rank in prepared.ranks:  # made in the parsing process, found here, not made again
+        assert rank.step_columns.__dict__["_check_steps"] and rank.sample_columns().__dict__["_check_samples"]
+    from otelprof.analysis.check_recording import OutlierSettings
+    from otelprof.mixin.config import MixinConfig
+
+    rank = prepared.ranks[0]
+    settings = OutlierSettings.of(rank.manifest.get("config") or {}, MixinConfig())
+    assert _step_table(rank, settings) is _step_table(rank, settings)
+    assert _sample_table(rank, MixinConfig()) is _sample_table(rank, MixinConfig())
+    assert evaluate(prepared) == evaluate(plain)  # the same verdicts, values and subjects
+    assert sum(result.datapoints for result in evaluate(plain)) > 0  # they judged something

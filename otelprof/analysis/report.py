@@ -17,6 +17,7 @@ from typing import Any
 
 from otelprof.analysis.batch import BatchSize, batch_size
 from otelprof.analysis.bottlenecks import Bottleneck, bottleneck
+from otelprof.analysis.check_recording import prepare_rank
 from otelprof.analysis.dataloader import DataLoaderAnalysis, dataloader_analysis
 from otelprof.analysis.device import DeviceAnalysis, device_analysis
 from otelprof.analysis.diagnosis import Diagnosis, diagnose, pending
@@ -96,7 +97,8 @@ def load(path: str | Path, progress: Callable[[str], None] | None = None,
             progress(f"reading {Path(path).name}: {done / 2**20:,.0f} of {total / 2**20:,.0f} MiB "
                      f"({now - started:.0f} s)")
 
-    return read_recording(path, samples=True, regions=True, progress=bytes_done, ranks_done=ranks_done)
+    return read_recording(path, samples=True, regions=True, progress=bytes_done, ranks_done=ranks_done,
+                          prepare=prepare_rank)
 
 
 def build_report(recording: Recording, config: MixinConfig | None = None, check_interval: float | None = None,
