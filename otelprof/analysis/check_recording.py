@@ -82,9 +82,14 @@ def prepare_rank(rank: RankRecording) -> None:
     the collectives' union per step and the checks' step and sample tables (with the settings of the recording
     and the default mixin config; other settings compute theirs when asked)."""
     config = MixinConfig()
-    collectives.of_columns(rank.step_columns)
+    prepare_sections(rank)
     _step_table(rank, OutlierSettings.of(rank.manifest.get("config") or {}, config))
     _sample_table(rank, config)
+
+
+def prepare_sections(rank: RankRecording) -> None:
+    """What :func:`prepare_rank` computes for the report's sections only (a report without the checks)."""
+    collectives.of_columns(rank.step_columns)
 
 
 def _step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
