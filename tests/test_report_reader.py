@@ -144,11 +144,30 @@ def test_process_only_samples_in_bulk_and_gpus_that_come_and_go(tmp_path: Path) 
     recording = read_recording(run, samples=True)
     one = recording.ranks[1].sample_columns()
     assert list(one.t_ns) == [1, 2] and list(one.rss) == [10.0, 20.0]
-    assert one.pcpu[0] == 0.5 and math.isnan(one.pcpu[1]) and math.isnan(one.cpu_mean[0])
+    assert one.pcpu[0] == 0.5 and math.isnan(one.pcpu[1])
+    assert [len(column) for column in one.node_columns()] == [0] * 12  # no node value: no NaN columns kept
     zero = recording.ranks[0].sample_columns()
     u0, u1 = list(zero.gpus["0"]["u"]), list(zero.gpus["1"]["u"])
     assert u0[0] == 0.5 and math.isnan(u0[1]) and u0[2] == 0.7
     assert math.isnan(u1[0]) and math.isnan(u1[1]) and u1[2] == 0.1
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_node_columns_appear_with_the_first_node_value(tmp_path: Path, bulk: bool) -> None:
+    """Process-only samples keep no node columns; the first node value (after them, in bulk or one by one)
+    brings every node column, NaN for the samples before it, and process-only samples after it are NaN there."""
+    first = [{"t": i, "pid": 5, "pcpu": 0.5, "rss": 10} for i in range(3)]
+    if not bulk:
+        first.append({"t": 3, "pid": 5, "rss": 10, "gpu": {"0": {"u": 0.25}}})  # not the bulk layout: one by one
+    node = {"t": 10, "pid": 5, "rss": 11, "mem": 0.5, "disk": [1, 2]}
+    later = [{"t": 11, "pid": 5, "pcpu": 0.5, "rss": 12}]
+    run = tmp_path / "run"
+    write_rank(run, 0, manifest(), samples=[*first, node, *later])
+    c = read_recording(run, samples=True).ranks[0].sample_columns()
+    n = len(first)
+    assert len(c) == n + 2 and all(len(column) == n + 2 for column in c.node_columns())
+    assert list(c.mem[n:n + 1]) == [0.5] and list(c.disk_write[n:n + 1]) == [2.0] and c.node_samples == 0
+    assert all(math.isnan(v) for v in [*c.mem[:n], c.mem[n + 1], *c.cpu_mean, *c.net_rx])
 
 
 def test_parallel_read_gives_the_same_recording(tmp_path: Path) -> None:
@@ -231,3 +250,39 @@ def test_the_documented_read_api_is_at_its_documented_path(tmp_path: Path) -> No
     assert len(recording.ranks[0].sample_columns()) == len(list(rank.samples())) > 0
     with pytest.raises(reader.RecordingError, match="holds no rank"):
         reader.read_recording(tmp_path)
+
+
+def _mark_prepared(rank: RankRecording) -> None:
+    """A prepare hook for the test below: leaves the pid of the process that ran it with the rank's columns."""
+    import os
+
+    rank.step_columns.__dict__["_prepared_in"] = os.getpid()
+
+
+def test_prepare_runs_in_the_parsing_processes_and_the_checks_read_what_it_kept(tmp_path: Path) -> None:
+    import os
+
+    from otelprof.analysis.check_recording import _sample_table, _step_table, prepare_rank
+    from otelprof.analysis.checks import evaluate
+
+    run = small_run(tmp_path)
+    write_rank(run, 1, manifest(rank=1), [step_line("train", 0, T0 + 10, 0.5, [("forward", 0, 0.2, 0)])],
+               [{"t": 5, "pid": 1, "rss": 3}])
+    marked = read_recording(run, samples=True, workers=2, prepare=_mark_prepared)
+    pids = {r.step_columns.__dict__["_prepared_in"] for r in marked.ranks}
+    assert os.getpid() not in pids and len(marked.ranks) == 2
+    assert [len(r.sample_columns()) for r in marked.ranks] == [len(r.sample_columns())
+                                                              for r in read_recording(run, samples=True).ranks]
+    plain = read_recording(run, samples=True, workers=1)
+    prepared = read_recording(run, samples=True, workers=2, prepare=prepare_rank)
+    for rank in prepared.ranks:  # made in the parsing process, found here, not made again
+        assert rank.step_columns.__dict__["_check_steps"] and rank.sample_columns().__dict__["_check_samples"]
+    from otelprof.analysis.check_recording import OutlierSettings
+    from otelprof.mixin.config import MixinConfig
+
+    rank = prepared.ranks[0]
+    settings = OutlierSettings.of(rank.manifest.get("config") or {}, MixinConfig())
+    assert _step_table(rank, settings) is _step_table(rank, settings)
+    assert _sample_table(rank, MixinConfig()) is _sample_table(rank, MixinConfig())
+    assert evaluate(prepared) == evaluate(plain)  # the same verdicts, values and subjects
+    assert sum(result.datapoints for result in evaluate(plain)) > 0  # they judged something

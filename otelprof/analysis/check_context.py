@@ -42,9 +42,23 @@ class CheckContext:
         self.steps = {id(r): r.step_table or StepTable.from_records(r.steps) for r in ranks}
         self.first_steps = {id(r): r.first_step if r.first_step is not None else
                             min((s.start for s in r.steps), default=None) for r in ranks}
+        self._at: float | None = None
+        self._quantiles: dict[tuple[int, float, int, int], float] = {}
         self.judged: set[str] = set()
         """Checks that compared something with their threshold at least once (past warm-up, with data)."""
         self._phase_indexes: dict[int, tuple[list[float], list[int], list[tuple[str, PhaseSteps]]]] = {}
+
+    def quantile(self, series: Series, q: float, i: int, j: int, t: float) -> float:
+        """``series.quantile(q, i, j)`` at evaluation time ``t``, computed once however many checks read it (the
+        checks are evaluated time by time: what one computed at ``t`` is kept until the next time)."""
+        if t != self._at:
+            self._quantiles.clear()
+            self._at = t
+        key = (id(series), q, i, j)
+        found = self._quantiles.get(key)
+        if found is None:
+            found = self._quantiles[key] = series.quantile(q, i, j)
+        return found
 
     def warm(self, rank: RankData, t: float) -> bool:
         return t - rank.process_start > self.patience

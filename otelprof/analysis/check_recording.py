@@ -14,14 +14,26 @@ from otelprof import semconv as sc
 from otelprof.analysis.check_tables import RankData, SampleTable, StepTable
 from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.config import MixinConfig
+from otelprof.recording.columns import SampleColumns
 from otelprof.recording.ranks import RankRecording
 from otelprof.shared import collectives
 from otelprof.shared.outliers import StepJudge, in_windows
 
 
 def _sample_table(rank: RankRecording, config: MixinConfig) -> SampleTable:
-    """Node samples from the reader's columns: per-CPU maxima and means, not 64-value tuples."""
+    """Node samples from the reader's columns: per-CPU maxima and means, not 64-value tuples. Kept with the
+    columns per thresholds (:func:`prepare_rank` makes it while the recording is parsed)."""
     columns = rank.sample_columns()
+    key = (config.cpu_threshold, config.io_threshold, config.gpu_threshold)
+    cached: dict[tuple[float, float, float], tuple[int, SampleTable]] = columns.__dict__.setdefault(
+        "_check_samples", {})
+    found = cached.get(key)
+    if found is None or found[0] != len(columns):
+        found = cached[key] = (len(columns), _build_sample_table(columns, config))
+    return found[1]
+
+
+def _build_sample_table(columns: SampleColumns, config: MixinConfig) -> SampleTable:
     node = list(map(operator.eq, columns.cpu_max, columns.cpu_max))  # NaN: a process-only sample
     nan = array("d", [math.nan]) * len(columns)
 
@@ -64,8 +76,34 @@ class OutlierSettings:
                                get("outlier_min_excess", config.step_outlier_min_excess))
 
 
+def prepare_rank(rank: RankRecording) -> None:
+    """What the checks and the report's sections both compute from a rank's steps, computed once where the rank
+    is parsed (``read_recording(prepare=...)``: beside the parsing, in its processes) and kept with its columns:
+    the collectives' union per step and the checks' step and sample tables (with the settings of the recording
+    and the default mixin config; other settings compute theirs when asked)."""
+    config = MixinConfig()
+    prepare_sections(rank)
+    _step_table(rank, OutlierSettings.of(rank.manifest.get("config") or {}, config))
+    _sample_table(rank, config)
+
+
+def prepare_sections(rank: RankRecording) -> None:
+    """What :func:`prepare_rank` computes for the report's sections only (a report without the checks)."""
+    collectives.of_columns(rank.step_columns)
+
+
 def _step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
-    """Steps from the reader's columns: a million Step objects with their annotations would cost ~25 s here."""
+    """Steps from the reader's columns: a million Step objects with their annotations would cost ~25 s here.
+    Kept with the columns per outlier settings (:func:`prepare_rank` makes it while the recording is parsed)."""
+    columns = rank.step_columns
+    cached: dict[OutlierSettings, tuple[int, StepTable]] = columns.__dict__.setdefault("_check_steps", {})
+    found = cached.get(outlier)
+    if found is None or found[0] != len(columns):
+        found = cached[outlier] = (len(columns), _build_step_table(rank, outlier))
+    return found[1]
+
+
+def _build_step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
     columns = rank.step_columns
     start = [t / 1e9 for t in columns.start_ns]
     end = [(t + d) / 1e9 for t, d in zip(columns.start_ns, columns.duration_ns)]

@@ -94,7 +94,7 @@ class Series:
     __slots__ = ("times", "values", "_buckets", "_positive", "_sums", "_squares")
 
     def __init__(self, times: Iterable[float], values: Iterable[float]) -> None:
-        self.times = array("d", times)
+        self.times = times if type(times) is array and times.typecode == "d" else array("d", times)  # kept, not copied
         self.values = array("d", values)
         self._buckets: bytes | None = None
         self._positive: array[int] | None = None
@@ -167,9 +167,15 @@ class SampleTable:
             hit = map(lowest.below, map(high.__lt__, peaks), range(len(peaks)), repeat(config.gpu_threshold))
             return array("q", accumulate(hit, initial=0))
 
+        kept_times: dict[bytes, array[float]] = {}
+
         def series(values: Sequence[float]) -> Series:
             known = list(map(operator.eq, values, values))  # not NaN
-            return Series(compress(times, known), compress(values, known))
+            key = bytes(known)  # the GPUs of a node read in the same samples share one array of their times
+            at = kept_times.get(key)
+            if at is None:
+                at = kept_times[key] = array("d", compress(times, known))
+            return Series(at, compress(values, known))
 
         def known(t: Sequence[float], values: Sequence[float]) -> Series:
             keep = list(map(operator.eq, values, values))

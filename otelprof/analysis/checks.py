@@ -82,12 +82,16 @@ def evaluate_ranks(ranks: list[RankData], config: MixinConfig | None = None, int
         times.append(end)  # judge the recording's last data too
     ctx = CheckContext(ranks, config)
     by_short = {a.short: a for a in alerts(config)}
+    checks = [(short, by_short[short], condition, datapoints) for short, (condition, datapoints)
+              in conditions(ctx).items() if short in by_short]  # not those disabled in the config
+    states: list[list[tuple[float, list[Firing]]]] = [[] for _ in checks]
+    # time by time, every check at each time: what several read at one time is computed once (CheckContext.quantile)
+    for at_time in zip(*(_states(alert, condition, times) for _, alert, condition, _ in checks)):
+        for kept, state in zip(states, at_time):
+            kept.append(state)
     results = []
-    for short, (condition, datapoints) in conditions(ctx).items():
-        alert = by_short.get(short)
-        if alert is None:  # disabled in the config
-            continue
-        result = _run(alert, condition, datapoints, times)
+    for (short, alert, _, datapoints), kept in zip(checks, states):
+        result = _run(alert, kept, datapoints, times)
         if short not in ctx.judged:  # never past its warm-up, or never with data in its windows
             result = dataclasses.replace(result, datapoints=0)
         results.append(result)
@@ -122,12 +126,14 @@ def _states(alert: Alert, condition: Condition, times: Sequence[float]) -> Itera
         yield t, [current[s] for s in sorted(current) if t - active[s] >= hold]
 
 
-def _run(alert: Alert, condition: Condition, datapoints: int, times: Sequence[float]) -> CheckResult:
+def _run(alert: Alert, states: Iterable[tuple[float, list[Firing]]], datapoints: int,
+         times: Sequence[float]) -> CheckResult:
+    """The verdict of one check from its :func:`_states` at every evaluation time."""
     firing_evaluations = 0
     first: float | None = None
     value: float | None = None
     subjects: set[str] = set()
-    for t, firing in _states(alert, condition, times):
+    for t, firing in states:
         if firing:
             firing_evaluations += 1
             subjects |= {f.subject for f in firing}

@@ -17,6 +17,7 @@ from typing import Any
 
 from otelprof.analysis.batch import BatchSize, batch_size
 from otelprof.analysis.bottlenecks import Bottleneck, bottleneck
+from otelprof.analysis.check_recording import prepare_rank, prepare_sections
 from otelprof.analysis.dataloader import DataLoaderAnalysis, dataloader_analysis
 from otelprof.analysis.device import DeviceAnalysis, device_analysis
 from otelprof.analysis.diagnosis import Diagnosis, diagnose, pending
@@ -83,9 +84,10 @@ class Report:
 
 
 def load(path: str | Path, progress: Callable[[str], None] | None = None,
-         ranks_done: Callable[[int, int], None] | None = None) -> Recording:
+         ranks_done: Callable[[int, int], None] | None = None, checks: bool = True) -> Recording:
     """Read a recording with its samples, telling ``progress`` how far a long load is (and ``ranks_done`` how many
-    ranks are read)."""
+    ranks are read); what the sections (and with ``checks`` the offline checks) compute per rank is computed
+    while parsing (:func:`~otelprof.analysis.check_recording.prepare_rank`)."""
     started = time.monotonic()
     last = [0.0]
 
@@ -96,7 +98,8 @@ def load(path: str | Path, progress: Callable[[str], None] | None = None,
             progress(f"reading {Path(path).name}: {done / 2**20:,.0f} of {total / 2**20:,.0f} MiB "
                      f"({now - started:.0f} s)")
 
-    return read_recording(path, samples=True, regions=True, progress=bytes_done, ranks_done=ranks_done)
+    return read_recording(path, samples=True, regions=True, progress=bytes_done, ranks_done=ranks_done,
+                          prepare=prepare_rank if checks else prepare_sections)
 
 
 def build_report(recording: Recording, config: MixinConfig | None = None, check_interval: float | None = None,

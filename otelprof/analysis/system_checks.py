@@ -48,7 +48,7 @@ def gpu_quantiles(ctx: CheckContext, kind: str) -> Condition:
                 if not values.any_positive(i, j):
                     continue  # never busy: an unused device
                 ctx.judged.add(name)
-                p95, p5 = values.quantile(0.95, i, j), values.quantile(0.05, i, j)
+                p95, p5 = ctx.quantile(values, 0.95, i, j, t), ctx.quantile(values, 0.05, i, j, t)  # 3 checks' own
                 subject = f"{r.subject} gpu {gpu}"
                 if kind == "under" and p95 < c.low_gpu_threshold_p95:
                     out.append(Firing(subject, p95))

@@ -111,7 +111,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         bar = progress_bar("reading", args.quiet, args.progress)
         try:
             run = resolve_run(args.run_dir)
-            recording = load(run, None if bar else say, bar.ranks if bar else None)
+            recording = load(run, None if bar else say, bar.ranks if bar else None, checks=not args.no_checks)
         except RecordingError as exc:
             return _err("report", str(exc))
         finally:

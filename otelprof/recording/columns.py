@@ -330,7 +330,9 @@ class SampleColumns:
 
     ``cpu_*``/``iow_*`` are the mean and the maximum over the logical CPUs of each node sample;
     ``gpus[index][key]`` holds the raw GPU keys of the sampler (``u`` utilization, ``mu``/``mt``
-    memory used/total, ``p`` power, ...). Node-wide columns are NaN in process-only samples."""
+    memory used/total, ``p`` power, ...). Node-wide columns (:meth:`node_columns`) are NaN in process-only
+    samples, and empty when none of the rank's samples has a node value (most ranks of a large job do not
+    sample their node: 12 columns of NaN each would be most of their memory)."""
 
     t_ns: array[int] = field(default_factory=lambda: array("q"))
     pcpu: array[float] = field(default_factory=lambda: array("d"))
@@ -361,3 +363,8 @@ class SampleColumns:
 
     def __len__(self) -> int:
         return len(self.t_ns)
+
+    def node_columns(self) -> tuple[array[float], ...]:
+        """The node-wide columns: as long as :attr:`t_ns`, or all empty (no sample with a node value)."""
+        return (self.cpu_mean, self.cpu_max, self.iow_mean, self.iow_max, self.mem, self.disk_read, self.disk_write,
+                self.net_rx, self.net_tx, self.throttled, self.container_memory, self.container_limit)

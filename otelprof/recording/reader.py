@@ -48,7 +48,8 @@ def read_rank(path: Path) -> RankRecording:
 def read_recording(path: str | Path, *, samples: bool = False, workers: int | None = None,
                    progress: Callable[[int, int], None] | None = None, regions: bool = False,
                    ranks_done: Callable[[int, int], None] | None = None,
-                   only: Collection[int] | None = None) -> Recording:
+                   only: Collection[int] | None = None,
+                   prepare: Callable[[RankRecording], None] | None = None) -> Recording:
     """Parse a run directory (``<run-id>/`` with ``rank-*/``) or a single rank directory.
 
     ``samples`` also parses every rank's samples.jsonl into :meth:`RankRecording.sample_columns`;
@@ -56,7 +57,10 @@ def read_recording(path: str | Path, *, samples: bool = False, workers: int | No
     Large recordings are parsed by ``workers`` processes (default: one per CPU when the files add up
     to more than 64 MiB); ``progress(done_bytes, total_bytes)`` is called as files are done, ``ranks_done(done,
     total)`` as ranks are (all their files parsed). ``only`` reads just those ranks of a run (by their
-    ``rank-<n>`` directories); none of them there is a :class:`RecordingError`."""
+    ``rank-<n>`` directories); none of them there is a :class:`RecordingError`. ``prepare(rank)`` is called on
+    each rank once its files are parsed, in the parsing process (a module-level function: it is sent there by
+    name; each rank is then one job, its steps and samples together), to compute what the rank's columns cache
+    for the analyses beside the parsing."""
     root = Path(path)
     if not root.is_dir():
         raise RecordingError(f"{root} is not a directory")
@@ -71,18 +75,23 @@ def read_recording(path: str | Path, *, samples: bool = False, workers: int | No
             if not rank_dirs:
                 raise RecordingError(f"{root} holds none of the ranks asked for")
     steps_job = "steps+regions" if regions else "steps"
-    jobs = [(p, kind) for p in rank_dirs for kind in ((steps_job, "samples") if samples else (steps_job,))]
-    sizes = {job: _size(job[0] / (schema.SAMPLES if job[1] == "samples" else schema.STEPS)) for job in jobs}
+    kinds = (steps_job, "samples") if samples else (steps_job,)
+    if samples and prepare is not None:
+        steps_job += "+samples"
+        kinds = (steps_job,)
+    jobs = [(p, kind, prepare) for p in rank_dirs for kind in kinds]
+    sizes = {job: (_size(job[0] / schema.SAMPLES) if "samples" in job[1] else 0)
+             + (_size(job[0] / schema.STEPS) if job[1] != "samples" else 0) for job in jobs}
     total = sum(sizes.values())
     if workers is None:
         workers = min(os.cpu_count() or 1, len(jobs)) if total > PARALLEL_BYTES else 1
     if "fork" not in _start_methods():
         workers = 1
-    results: dict[tuple[Path, str], Any] = {}
+    results: dict[tuple[Path, str, Any], Any] = {}
     done = 0
-    left = {p: (2 if samples else 1) for p in rank_dirs}
+    left = {p: len(kinds) for p in rank_dirs}
 
-    def finished(job: tuple[Path, str]) -> None:
+    def finished(job: tuple[Path, str, Any]) -> None:
         left[job[0]] -= 1
         if ranks_done is not None and not left[job[0]]:
             ranks_done(sum(1 for n in left.values() if not n), len(left))
@@ -110,12 +119,12 @@ def read_recording(path: str | Path, *, samples: bool = False, workers: int | No
     ranks = []
     seen: dict[int, Path] = {}
     for p in rank_dirs:
-        rank: RankRecording = results[(p, steps_job)]
+        rank: RankRecording = results[(p, steps_job, prepare)]
         if rank.rank in seen:
             raise RecordingError(f"{seen[rank.rank]} and {p} both hold rank {rank.rank}: not one run's recording")
         seen[rank.rank] = p
-        if samples:
-            rank.add_sample_columns(results[(p, "samples")])
+        if "samples" in kinds:
+            rank.add_sample_columns(results[(p, "samples", prepare)])
         ranks.append(rank)
     return Recording(root, ranks)
 
@@ -124,13 +133,17 @@ PARALLEL_BYTES = 64 * 2**20
 """Recordings larger than this are parsed by several processes."""
 
 
-def _job(job: tuple[Path, str]) -> Any:
-    path, kind = job
+def _job(job: tuple[Path, str, Callable[[RankRecording], None] | None]) -> Any:
+    path, kind, prepare = job
     if kind == "samples":
         return parse_samples(path / schema.SAMPLES)
     rank = read_rank(path)
-    if kind == "steps+regions":
+    if kind.startswith("steps+regions"):
         rank.step_columns.summarize_regions()
+    if kind.endswith("+samples"):
+        rank.add_sample_columns(parse_samples(path / schema.SAMPLES))
+    if prepare is not None:
+        prepare(rank)
     return rank
 
 

@@ -1,5 +1,6 @@
 """Parsing samples.jsonl into :class:`~otelprof.recording.columns.SampleColumns` (process samples in
-bulk, node and GPU samples line by line, each checked before it is kept)."""
+bulk, node and GPU samples line by line, each checked before it is kept). The node columns of a rank
+whose samples have no node value stay empty (:meth:`~otelprof.recording.columns.SampleColumns.node_columns`)."""
 
 from __future__ import annotations
 
@@ -68,9 +69,9 @@ def _read_samples(c: SampleColumns, text: str) -> None:
             c.t_ns.extend(t_ns)
             c.pcpu.extend(pcpu_values)
             c.rss.extend(rss_values)
-            for column in (c.cpu_mean, c.cpu_max, c.iow_mean, c.iow_max, c.mem, c.disk_read, c.disk_write, c.net_rx,
-                           c.net_tx, c.throttled, c.container_memory, c.container_limit):
-                column.extend(array("d", [math.nan]) * n)
+            if len(c.cpu_mean):  # the node columns are kept once a line had a node value: NaN for these
+                for column in c.node_columns():
+                    column.extend(array("d", [math.nan]) * n)
             return
     for line in text.split("\n"):
         line = line.strip()
@@ -154,6 +155,14 @@ def _add_sample(c: SampleColumns, line: str) -> None:
     c.t_ns.append(t)
     c.pcpu.append(pcpu)
     c.rss.append(rss)
+    if not len(c.cpu_mean):  # no node value yet: the node columns stay empty while the lines have none
+        if not cpu and not iow and mem != mem and throttled != throttled and container_memory != container_memory \
+                and container_limit != container_limit and disk[0] != disk[0] and disk[1] != disk[1] \
+                and net[0] != net[0] and net[1] != net[1]:
+            _add_gpus(c, gpus, n)
+            return
+        for column in c.node_columns():
+            column.extend(array("d", [nan]) * n)
     c.mem.append(mem)
     c.throttled.append(throttled)
     c.container_memory.append(container_memory)
@@ -175,6 +184,12 @@ def _add_sample(c: SampleColumns, line: str) -> None:
     c.disk_write.append(disk[1])
     c.net_rx.append(net[0])
     c.net_tx.append(net[1])
+    _add_gpus(c, gpus, n)
+
+
+def _add_gpus(c: SampleColumns, gpus: dict[str, dict[str, float]], n: int) -> None:
+    """A sample's GPU values, at row ``n`` of their columns."""
+    nan = math.nan
     layouts = c._layouts
     for index, entry in gpus.items():
         layout = layouts.get(index)
