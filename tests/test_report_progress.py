@@ -34,6 +34,7 @@ from otelprof.analysis.report import build_report, load
 from otelprof.analysis.steps import StepAnalysis
 from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import MixinConfig
+from otelprof.mixin.rules import recording_rules
 from otelprof.recording.reader import read_recording
 from otelprof.report.html import render
 from otelprof.runtime.collectors import environment as detect
@@ -315,8 +316,11 @@ def test_prometheus_curves_end_at_the_range_end() -> None:
 
 def test_prometheus_alert_inputs_leave_out_the_warm_up_guard() -> None:
     by_name = {a.name: a for a in alerts(MixinConfig())}
-    gpu = input_series(by_name["OtelprofGPUUnderutilized"].expr)
+    recorded = {record.name: record.expr for record in recording_rules(MixinConfig())}
+    gpu = input_series(by_name["OtelprofGPUUnderutilized"].expr, recorded)  # through the recorded percentile
     assert gpu == {"otelprof_gpu_utilization_bucket", "hw_gpu_utilization_ratio"}
+    straggler = input_series(by_name["OtelprofRankStraggler"].expr, recorded)
+    assert sc.STEP_DURATION.prometheus_name + "_count" in straggler
     assert input_series(by_name["OtelprofTelemetryAbsent"].expr) == {sc.PROCESS_START_TIME.prometheus_name}
 
 

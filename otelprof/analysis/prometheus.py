@@ -622,6 +622,7 @@ def _gpus(qs: _Queries, config: MixinConfig, origin: float) -> GpuAnalysis:
 
 def _rules(qs: _Queries, config: MixinConfig) -> RulesSummary:
     from otelprof.mixin.alerts import alerts
+    from otelprof.mixin.rules import recording_rules
 
     mine = {a.name: a for a in alerts(config)}
     try:
@@ -639,8 +640,9 @@ def _rules(qs: _Queries, config: MixinConfig) -> RulesSummary:
         per_alert[name] = max(per_alert.get(name, 0.0), count)
     rows = []
     span = qs.end - qs.start
+    recorded = {record.name: record.expr for record in recording_rules(config)}
     judged = prometheus_progress.datapoints(qs, {name: alert.expr for name, alert in mine.items()
-                                                 if name in loaded or name in per_alert})
+                                                 if name in loaded or name in per_alert}, recorded)
     for name, alert in mine.items():
         if name not in loaded and name not in per_alert:
             continue

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from otelprof import semconv as sc
@@ -279,19 +279,32 @@ GUARD = f"{sc.PROCESS_START_TIME.prometheus_name}"
 """Every alert's warm-up guard reads the process start time, which every process exports: not an input."""
 
 
-def input_series(expr: str) -> set[str]:
-    """The catalog series an alert's expression reads."""
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def input_series(expr: str, recorded: Mapping[str, str] | None = None) -> set[str]:
+    """The catalog series an alert's expression reads, also through the recording rules it reads
+    (``recorded``: a recording rule's name -> its expression)."""
     names: set[str] = set()
     for spec in sc.METRICS:
         names.update(spec.prometheus_name + suffix for suffix in ("", "_total", "_bucket", "_sum", "_count"))
-    found = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr)) & names
+    tokens = set(_NAME.findall(expr))
+    pending = tokens & set(recorded or ())
+    seen: set[str] = set()
+    while pending and recorded:  # a recording rule may read another one
+        name = pending.pop()
+        seen.add(name)
+        more = set(_NAME.findall(recorded[name]))
+        tokens |= more
+        pending |= (more & set(recorded)) - seen
+    found = tokens & names
     return found - {GUARD} if found - {GUARD} else found
 
 
-def datapoints(qs: _Queries, exprs: dict[str, str]) -> dict[str, int]:
-    """Per alert: the samples (scrapes) of its scarcest input series for the job over the range; 0 when one of
-    them is absent (the alert had nothing to judge)."""
-    inputs = {name: input_series(expr) for name, expr in exprs.items()}
+def datapoints(qs: _Queries, exprs: dict[str, str], recorded: Mapping[str, str] | None = None) -> dict[str, int]:
+    """Per alert: the samples (scrapes) of its scarcest input series for the job over the range (through the
+    recording rules ``recorded``); 0 when one of them is absent (the alert had nothing to judge)."""
+    inputs = {name: input_series(expr, recorded) for name, expr in exprs.items()}
     every = sorted(set().union(*inputs.values())) if inputs else []
     if not every:
         return dict.fromkeys(exprs, 0)
