@@ -148,7 +148,7 @@ def alerts(c: MixinConfig) -> list[Alert]:
 
 
 READERS = ("CPUBottleneck", "IOBottleneck", "GPUUnderutilized", "GPUUtilizationFluctuating", "BatchSizeTooSmall",
-           "GPULoadImbalance", "RankStraggler", "InputBound")
+           "GPULoadImbalance", "RankStraggler", "InputBound", "Overtraining")
 """The alerts that read recorded series (the runbook of RecordingRulesMissing names them; a test keeps the list
 true)."""
 
