@@ -28,11 +28,9 @@ def evaluated(group: str) -> dict[str, Any]:
 def rule_groups(c: MixinConfig) -> list[dict[str, Any]]:
     records = recording_rules(c)
     interval = {"interval": c.recording_interval} if c.recording_interval else {}
-    groups = [{"name": name, **interval, "rules": [r.rule() for r in records if r.group == name]}
-              for name in dict.fromkeys(r.group for r in records)]
+    groups: list[dict[str, Any]] = [{"name": name, **interval, "rules": [r.rule() for r in records if r.group == name]}
+                                    for name in dict.fromkeys(r.group for r in records)]
     groups.append(recording_rules_aggregation.group(c))
     if c.gpu_source == GPU_SOURCE_DCGM:
         groups.insert(0, {"name": gpu_source.GROUP, "rules": gpu_source.dcgm_rules(c)})
-    for group in groups:
-        group["rules"].append(evaluated(group["name"]))
-    return groups
+    return [{**group, "rules": [*group["rules"], evaluated(group["name"])]} for group in groups]
