@@ -12,7 +12,8 @@ judged for a while, then asserts per job which alerts fired at warning or critic
 and ``rank`` -- the faulty rank and only it, the named alert and no other -- and that ``otelprof check``
 gives the same verdicts (``fired``, ``ok``, ``no data``). Run with ``-s`` for the time each alert took.
 
-The per-layer tensor alerts are provoked by their own suite (``tests/test_tensors_live.py``). What a CPU
+The per-layer tensor alerts are provoked by their own suite (``tests/test_tensors_live.py``). RecordingRulesMissing
+by its own test here (a Prometheus loading the alerts without the recording rules). What a CPU
 machine cannot provoke is listed in :data:`NOT_PROVOKED`, with the reason; promtool cases and
 the offline twin's tests cover those on recorded series.
 """

@@ -183,7 +183,11 @@ def _rules_missing(c: MixinConfig) -> Alert:
                     f"`{EVALUATED}` = 1 at each evaluation, a rule without input: it is there whenever the "
                     "group runs, also for a stalled job, a node without GPUs or a single rank, when other "
                     "records of the group are empty, so its absence means the group is not evaluated — not "
-                    "that the job is quiet.",
+                    "that the job is quiet. A constant rather than Prometheus's own prometheus_rule_group_* "
+                    "metrics: a ruler (Mimir, Thanos) does not expose those where the alerts read, and a "
+                    "Prometheus need not scrape itself. The lookback spans three evaluations of a group with a "
+                    "long recording_interval; the `for` outlasts a Prometheus or a rule file that has just "
+                    "started.",
             thresholds=params(("lookback", w), ("for", c.rules_missing_for)),
             limit=f"A recording group that is not loaded while otelprof processes are scraped; fires "
                   f"{c.rules_missing_for} after their first scrape, or "
