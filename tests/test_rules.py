@@ -11,12 +11,13 @@ import yaml
 
 from otelprof import semconv as sc
 from otelprof.cli import main
-from otelprof.mixin import MixinConfig, render_all, yamlout
+from otelprof.mixin import MixinConfig, render_all, telemetry_alerts, yamlout
 from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import with_overrides
 from otelprof.mixin.generate import PROMETHEUS_DIR, prometheus_rule
 from otelprof.mixin.promql import catalog_series_names
 from otelprof.mixin.recording_rules import aggregates
+from otelprof.mixin.rule_groups import EVALUATED, rule_groups
 from otelprof.mixin.rules import recording_names, recording_rules
 from tests.rules import cases
 from tests.servers import require_binary
@@ -51,7 +52,7 @@ def test_promtool_check_rules_on_every_generated_file(tmp_path: Path) -> None:
     result = promtool("check", "rules", *files)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(alerts(MixinConfig()))} rules found" in result.stdout
-    records = len(recording_rules(MixinConfig())) + len(aggregates(MixinConfig()))
+    records = len(recording_rules(MixinConfig())) + len(aggregates(MixinConfig())) + len(rule_groups(MixinConfig()))
     assert f"SUCCESS: {records} rules found" in result.stdout
 
 
@@ -102,7 +103,7 @@ def metric_names(expr: str) -> set[str]:
 
 def test_rules_only_reference_catalog_metrics() -> None:
     config = MixinConfig()
-    allowed = catalog_series_names() | {"up"} | {record.name for record in recording_rules(config)}
+    allowed = catalog_series_names() | {"up", EVALUATED} | {record.name for record in recording_rules(config)}
     used: set[str] = set()
     for alert in alerts(config):  # the catalog's series, or this file's records
         used |= metric_names(alert.expr)
@@ -165,7 +166,7 @@ def test_overridden_config_generates_valid_selective_rules(tmp_path: Path) -> No
             if name in records:  # a recorded series the alert reads: its recording rule selects
                 for raw in metric_names(records[name]):
                     assert re.search(re.escape(raw) + r'\{namespace="ml"', records[name]), (alert.name, name, raw)
-            elif name != "up":
+            elif name not in ("up", EVALUATED):  # a constant the recording groups write: no scrape labels
                 assert re.search(re.escape(name) + r'\{namespace="ml"', alert.expr), (alert.name, name)
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -219,3 +220,21 @@ def test_every_runbook_entry_states_its_detection_limit() -> None:
         MixinConfig(), ["straggler_window=1m", "straggler_for=30s", "straggler_ratio=1.5"]))}
     assert "A rank more than 50 % slower" in quick["RankStraggler"]
     assert "at the latest 1 min 30 s after the slowdown" in quick["RankStraggler"]
+
+
+def test_recording_rules_missing_names_every_group_and_the_alerts_that_read_them() -> None:
+    """Every recording group records the constant RecordingRulesMissing looks for; its runbook names every alert
+    that reads a recorded series, and only those."""
+    config = with_overrides(MixinConfig(), ["gpu_source=dcgm"])
+    groups = rule_groups(config)
+    for group in groups:
+        assert {"record": EVALUATED, "expr": "vector(1)", "labels": {"rule_group": group["name"]}} in group["rules"]
+    missing = next(a for a in alerts(config) if a.short == "RecordingRulesMissing")
+    assert all(f'"{group["name"]}"' in missing.expr for group in groups) and len(groups) == 4
+    recorded = {rule["record"] for group in groups for rule in group["rules"]} - {EVALUATED}
+    readers = {a.short for a in alerts(MixinConfig()) if metric_names(a.expr) & recorded}
+    assert readers == set(telemetry_alerts.READERS)
+    assert all(short in missing.runbook.meaning for short in readers)
+    slow = next(a for a in alerts(with_overrides(MixinConfig(), ["recording_interval=10m"]))
+                if a.short == "RecordingRulesMissing")
+    assert "[1800s]" in slow.expr  # three evaluations of a slow group before it counts as missing

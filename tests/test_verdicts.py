@@ -12,7 +12,8 @@ judged for a while, then asserts per job which alerts fired at warning or critic
 and ``rank`` -- the faulty rank and only it, the named alert and no other -- and that ``otelprof check``
 gives the same verdicts (``fired``, ``ok``, ``no data``). Run with ``-s`` for the time each alert took.
 
-The per-layer tensor alerts are provoked by their own suite (``tests/test_tensors_live.py``). What a CPU
+The per-layer tensor alerts are provoked by their own suite (``tests/test_tensors_live.py``). RecordingRulesMissing
+by its own test here (a Prometheus loading the alerts without the recording rules). What a CPU
 machine cannot provoke is listed in :data:`NOT_PROVOKED`, with the reason; promtool cases and
 the offline twin's tests cover those on recorded series.
 """
@@ -40,6 +41,8 @@ from otelprof.mixin import MixinConfig
 from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import ALERT_PREFIX, with_overrides
 from otelprof.mixin.generate import render_alerts, render_rules
+from otelprof.mixin.rule_groups import EVALUATED, GROUP_LABEL, rule_groups
+from otelprof.mixin.rules import recording_names
 from tests.servers import Prometheus, free_port, prometheus, require_binary
 from tests.test_tensors_live import JOBS as TENSOR_JOBS
 
@@ -167,6 +170,13 @@ JOBS = (
 )
 
 
+RULES_MISSING = "RecordingRulesMissing"
+RULES_MISSING_JOBS = (Job("rules-steady", "steady"), Job("rules-stalled", "stall", options={"onset": 5.0}))
+"""Scraped at once by a Prometheus that loads only the alerts file, where RecordingRulesMissing fires for each job
+and recording group, and by one that loads both files, where it stays quiet -- also for the job whose steps stop
+(the compute-time record leaves it out then)."""
+
+
 @dataclass
 class Process:
     job: Job
@@ -218,12 +228,13 @@ def _busy_neighbour() -> Iterator[None]:
 
 
 @contextmanager
-def _jobs(tmp: Path, ports: dict[tuple[str, int], int], stop: Path) -> Iterator[list[Process]]:
+def _jobs(tmp: Path, ports: dict[tuple[str, int], int], stop: Path,
+          jobs: tuple[Job, ...] = JOBS) -> Iterator[list[Process]]:
     """Every job's processes, each in a session of its own; on exit they are asked to stop (the stop file),
     and whatever is left after a minute is killed with its data-loader workers."""
     processes: list[Process] = []
     try:
-        for job in JOBS:
+        for job in jobs:
             master = free_port()
             for rank in range(job.ranks):
                 out = tmp / f"{job.name}-{rank}.log"
@@ -363,6 +374,7 @@ def test_the_suite_provokes_every_alert_a_cpu_machine_can() -> None:
     alert and the offline twin's verdict wherever the twin exists; healthy jobs expect nothing."""
     provoked = {a for job in JOBS for a, _ in job.live} | {a for job in JOBS for a in job.info}
     provoked |= {a for _, fired in TENSOR_JOBS.values() for a, _ in fired}  # the per-layer suite's own jobs
+    provoked.add(RULES_MISSING)  # its own test: a Prometheus without the recording rules
     everything = {a.short for a in alerts(MixinConfig())}
     assert provoked | set(NOT_PROVOKED) == everything, sorted(everything - provoked - set(NOT_PROVOKED))
     assert not provoked & set(NOT_PROVOKED)
@@ -372,3 +384,45 @@ def test_the_suite_provokes_every_alert_a_cpu_machine_can() -> None:
     assert {job.name for job in JOBS if job.healthy} == {"healthy", "healthy-ddp", "checkpoints", "long-eval",
                                                          "warmup-steps", "lr-warmup", "variable-length",
                                                          "healthy-ddp-3"}
+
+
+def test_alerts_without_the_recording_rules_fire_recording_rules_missing(tmp_path: Path) -> None:
+    require_binary("prometheus")
+    config = with_overrides(VERDICT_CONFIG, ["rules_missing_for=10s"])
+    alerts_file, rules_file = tmp_path / "alerts.yaml", tmp_path / "rules.yaml"
+    alerts_file.write_text(render_alerts(config))
+    rules_file.write_text(render_rules(config))
+    ports = {(job.name, rank): free_port() for job in RULES_MISSING_JOBS for rank in range(job.ranks)}
+    targets = [f"127.0.0.1:{port}" for port in ports.values()]
+    name = ALERT_PREFIX + RULES_MISSING
+    groups = {g["name"] for g in rule_groups(config)}
+    expected = {(job.name, group) for job in RULES_MISSING_JOBS for group in groups}
+    for sub in ("alone", "both"):
+        (tmp_path / sub).mkdir()
+    compute = recording_names(config)["step_compute_mean"]
+    with prometheus(tmp_path / "alone", targets, SCRAPE, [alerts_file]) as alone, \
+            prometheus(tmp_path / "both", targets, SCRAPE, [alerts_file, rules_file]) as both, \
+            _jobs(tmp_path, ports, tmp_path / "stop", RULES_MISSING_JOBS) as processes:
+        launched = time.time()
+        seen: set[tuple[str, str]] = set()
+        complete = None
+        while time.time() - launched < 120:
+            seen = {(m["job_name"], m["rule_group"]) for m in _fired(alone, launched) if m["alertname"] == name}
+            complete = complete or (time.time() if seen >= expected else None)
+            if complete and time.time() - complete >= 20:  # the other Prometheus judged for twice the `for` more
+                break
+            time.sleep(2)
+        quiet = [m for m in _fired(both, launched) if m["alertname"] == name]
+        now = both.query(f'ALERTS{{alertname="{name}"}}')  # not even pending
+        evaluated = {r["metric"][GROUP_LABEL] for r in both.query(EVALUATED)}
+        computed = {r["metric"]["job_name"] for r in both.query(compute)}
+        took = (complete or time.time()) - launched
+    for p in processes:
+        assert p.popen.returncode == 0 and "Traceback" not in p.log(), p.log()[-3000:]
+    print(f"\nRecordingRulesMissing fired for {len(expected)} (job, group) pairs {took:.0f} s after the launch "
+          "(10 s `for`)")
+    assert seen == expected, sorted(expected - seen)
+    assert not quiet and not now, quiet or now
+    assert evaluated == groups
+    assert computed == {"rules-steady"}  # the stalled job had no step in the window: quiet all the same
+    assert all("onset" in p.events() for p in processes if p.job.kind == "stall")

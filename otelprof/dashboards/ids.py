@@ -117,6 +117,7 @@ ALERT_PANELS: dict[str, tuple[str, int]] = {
     "SystemTelemetryAbsent": (GPU_SYSTEM, SYSTEM_SAMPLER),
     "GPUTelemetryAbsent": (GPU_SYSTEM, SYSTEM_GPU_UTILIZATION),
     "TelemetryDropped": (RANKS, RANKS_DROPPED),
+    "RecordingRulesMissing": (RANKS, RANKS_STRAGGLER),
     **{check: (TRAINING_REPORT, REPORT_LAYER_FLAGS) for check in LAYER_RULES},
     OVERTRAINING: (TRAINING_REPORT, REPORT_LOSS),
 }

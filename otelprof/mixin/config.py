@@ -183,6 +183,9 @@ class MixinConfig:
     absent_for: str = "1m"
     sampler_window: str = "2m"
     dropped_window: str = "10m"
+    rules_missing_for: str = "15m"
+    """RecordingRulesMissing: how long processes are scraped while a recording group records nothing before it
+    fires (longer than a Prometheus or a rule file takes to load and evaluate a group)."""
 
     # ---- dashboard pre-aggregation (otelprof.mixin.recording_rules)
     dashboard_rate_window: str = "1m"

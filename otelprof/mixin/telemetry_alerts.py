@@ -1,5 +1,5 @@
 """The telemetry alerts (group ``otelprof-telemetry``): a target down, a rank, a node's sampler or a GPU gone
-silent, telemetry dropped. Absence never reads as healthy."""
+silent, telemetry dropped, recording rules not evaluated. Absence never reads as healthy."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from otelprof.mixin.alert_text import AT_GPU, AT_RANK, L_JOB, L_NODE, NUM, human
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.gpu_source import GpuReadings
 from otelprof.mixin.promql import GPU, HW_ID, IDENTITY, JOB, NODE, RANK, Q
+from otelprof.mixin.rule_groups import EVALUATED, GROUP_LABEL, rule_groups
 
 NAME = "otelprof-telemetry"
 
@@ -143,7 +144,61 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "exporter=cuda_events: the GPU ran far behind the training loop or no forward ran to read the "
                  "CUDA events; only device times (otelprof_region_device_duration_seconds) are missing.",
             deviations="No original."))
-    return [target_down, absent, system_absent, gpu_absent, dropped]
+    return [target_down, absent, system_absent, gpu_absent, dropped, _rules_missing(c)]
+
+
+READERS = ("CPUBottleneck", "IOBottleneck", "GPUUnderutilized", "GPUUtilizationFluctuating", "BatchSizeTooSmall",
+           "GPULoadImbalance", "RankStraggler", "InputBound", "Overtraining")
+"""The alerts that read recorded series (the runbook of RecordingRulesMissing names them; a test keeps the list
+true)."""
+
+
+def rules_missing_window(c: MixinConfig) -> str:
+    """How far back RecordingRulesMissing looks for a group's last evaluation: Prometheus's 5-minute lookback, or
+    three recording intervals when those are longer (a slow group is not a missing one)."""
+    lookback = int(max(300, 3 * seconds(c.recording_interval or "0s")))
+    return "5m" if lookback == 300 else f"{lookback}s"
+
+
+def _rules_missing(c: MixinConfig) -> Alert:
+    """RecordingRulesMissing: processes are scraped, a recording group records nothing (its file not loaded)."""
+    w = rules_missing_window(c)
+    scraped = f"group by ({JOB}) ({Q(c.selector).sel(sc.PROCESS_START_TIME)})"
+    groups = [g["name"] for g in rule_groups(c)]
+    per_group = "\n  or ".join(f'label_replace({scraped}, "{GROUP_LABEL}", "{name}", "", "")' for name in groups)
+    label = f"{{{{ $labels.{GROUP_LABEL} }}}}"
+    return Alert(
+        "RecordingRulesMissing", NAME,
+        f"(\n  {per_group}\n)\nunless on ({GROUP_LABEL}) last_over_time({EVALUATED}[{w}])",
+        c.rules_missing_for, "warning",
+        "The recording rules the alerts read are not evaluated.",
+        f"Job {L_JOB} is scraped, but the recording group {label} recorded nothing in the last {w}: the alerts "
+        "that read its series cannot fire, and dashboard panels built on it stay empty.",
+        mc.DASHBOARD_RANKS, (JOB, GROUP_LABEL),
+        Runbook(
+            meaning=f"otelprof processes are scraped, but the recording group named in `{GROUP_LABEL}` "
+                    f"({', '.join(groups)}) has not been evaluated for {w}. Several alerts read the series "
+                    f"these groups record ({', '.join(READERS)}): without them they stay silent whatever the "
+                    "job does, and the dashboards' per-rank and per-job panels are empty. Every group records "
+                    f"`{EVALUATED}` = 1 at each evaluation, a rule without input: it is there whenever the "
+                    "group runs, also for a stalled job, a node without GPUs or a single rank, when other "
+                    "records of the group are empty, so its absence means the group is not evaluated — not "
+                    "that the job is quiet. A constant rather than Prometheus's own prometheus_rule_group_* "
+                    "metrics: a ruler (Mimir, Thanos) does not expose those where the alerts read, and a "
+                    "Prometheus need not scrape itself. The lookback spans three evaluations of a group with a "
+                    "long recording_interval; the `for` outlasts a Prometheus or a rule file that has just "
+                    "started.",
+            thresholds=params(("lookback", w), ("for", c.rules_missing_for)),
+            limit=f"A recording group that is not loaded while otelprof processes are scraped; fires "
+                  f"{c.rules_missing_for} after their first scrape, or "
+                  f"{human(seconds(w) + seconds(c.rules_missing_for))} after the last evaluation of a group that "
+                  "was unloaded.",
+            todo="Load otelprof-rules.yaml beside otelprof-alerts.yaml (rule_files of prometheus.yml; the "
+                 "PrometheusRule and the Mimir namespace file hold both). If it is loaded, look for the group in "
+                 "Prometheus's Rules page: an evaluation error (prometheus_rule_evaluation_failures_total) or a "
+                 "ruler that refused or split the group (Mimir's rules-per-group limit). Alerts and recording "
+                 "rules must be evaluated by the same Prometheus or ruler (tenant).",
+            deviations="No original: the SageMaker rules computed everything in one process."))
 
 
 UNMAPPED_GPU = "unmapped"
