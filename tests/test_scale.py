@@ -43,7 +43,9 @@ def _agent_config(target: str, write_url: str) -> dict[str, Any]:
     """The shipped agent config on this machine: pod discovery replaced by one static target carrying the
     labels pod discovery would set (so the shipped relabelling runs), the store by the test receiver."""
     config = yaml.safe_load(AGENT.read_text())
-    [scrape] = config["scrape_configs"]
+    scrape, webhook = config["scrape_configs"]
+    assert webhook["job_name"] == "otelprof-webhook"  # tests/test_deploy_webhook.py runs its relabelling
+    config["scrape_configs"] = [scrape]
     # Debian's Prometheus is built without Kubernetes discovery.
     assert scrape.pop("kubernetes_sd_configs") == [{"role": "pod"}]
     scrape["scrape_interval"] = "1s"
