@@ -173,6 +173,9 @@ def test_progress_bar_on_a_terminal_only_and_quiet_silences_it(tmp_path: Path) -
 
     piped = _report_cli(run, tmp_path / "b.html", tty=False)
     assert "\r" not in piped and "ranks [" not in piped and "] " not in piped.replace("s] ", "")
+    for stage in ("step durations", "regions", "step time breakdown"):  # a tenth of the 24 ranks apart, and the last
+        said = re.findall(rf"\] {stage} of rank (\d+) \((\d+) of 24 ranks\)", piped)
+        assert [rank for rank, _ in said] == ["0", "2", "4", "6", "8", "10", "12", "14", "16", "18", "20", "22", "23"]
     asked = _report_cli(run, tmp_path / "c.html", "--progress", tty=False)
     assert re.search(r"\[[#.]+\] +24/24 ranks", asked), asked
     quiet = _report_cli(run, tmp_path / "d.html", "--quiet", "--progress", tty=True)

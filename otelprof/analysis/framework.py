@@ -257,7 +257,7 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
     covered: dict[str, float] = {}
     step_time = 0.0
     for index, rank in enumerate(view.ranks):
-        view.say(f"regions of rank {rank.rank}")
+        view.say_rank("regions", index)
         c = rank.step_columns
         for phase, durations in view.durations(index).items():
             phase_time[phase] = phase_time.get(phase, 0.0) + math.fsum(durations)
@@ -315,7 +315,7 @@ def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
         n = len(c)
         if not n:
             continue
-        view.say(f"step time breakdown of rank {rank.rank}")
+        view.say_rank("step time breakdown", index)
         masks = c.phase_steps() if len(c.phase_names) > 1 else None  # per phase: its steps
         covered = [0] * n
         top_counts = (Counter(compress(c.ann_name, map(not_, c.ann_depth))) if any(c.ann_depth)

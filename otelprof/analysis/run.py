@@ -13,6 +13,7 @@ from typing import Any
 
 from otelprof import semconv as sc
 from otelprof import thresholds
+from otelprof.analysis import ranksummary
 from otelprof.recording.columns import SampleColumns
 from otelprof.recording.ranks import RankRecording, Recording
 
@@ -163,6 +164,17 @@ class RunView:
     def say(self, message: str) -> None:
         if self.progress is not None:
             self.progress(message)
+
+    def say_rank(self, what: str, index: int) -> None:
+        """Progress through the ranks: each one up to :data:`ranksummary.THRESHOLD` ranks, beyond about ten
+        lines and the last (a line per rank of a thousand ranks would be thousands of lines)."""
+        if self.progress is None:
+            return
+        count = len(self.info)
+        every = 1 if count <= ranksummary.THRESHOLD else max(1, count // 10)
+        if index % every == 0 or index == count - 1:
+            self.progress(f"{what} of rank {self.info[index].rank}"
+                          + ("" if every == 1 else f" ({index + 1:,} of {count:,} ranks)"))
 
 
 def _info(rank: RankRecording) -> RankInfo:

@@ -168,7 +168,7 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
     throughput: dict[str, float] = {}
     shown = view.shown_phases()
     for index, info in enumerate(view.info):
-        view.say(f"step durations of rank {info.rank}")
+        view.say_rank("step durations", index)
         c = view.ranks[index].step_columns
         slowed = slowed_steps(view.ranks[index])
         samples_by_phase = _by_phase(c.phase, *c.scalar("samples"))
