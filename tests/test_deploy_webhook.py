@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from otelprof.mixin import deploy
 from tests.endpoints import WebhookProcess
 from tests.servers import Prometheus, free_port, require_binary
 from tests.test_deploy import build
+from tests.test_deploy_ranks import _wait_for_value
 
 SERVICE_MONITOR_JOB = "servicemonitor"
 
@@ -89,25 +89,6 @@ def _service_monitor_relabeling(monitor: dict[str, Any]) -> list[dict[str, Any]]
             {"source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": endpoint["port"], "action": "keep"},
             {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job"},
             {"target_label": "__metrics_path__", "replacement": endpoint.get("path", "/metrics")}]
-
-
-def _value(server: Prometheus, query: str) -> float:
-    result = server.query(query)
-    return float(result[0]["value"][1]) if result else 0.0
-
-
-def _wait_for_value(server: Prometheus, query: str, expected: float, timeout: float = 40.0) -> float:
-    deadline = time.monotonic() + timeout
-    value = 0.0
-    while time.monotonic() < deadline:
-        try:
-            value = _value(server, query)
-        except OSError:
-            value = 0.0
-        if value == expected:
-            return value
-        time.sleep(0.5)
-    return value
 
 
 def test_both_overlays_scrape_the_webhooks_own_metrics_and_nothing_else(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from otelprof import semconv as sc
 from otelprof.recording import remote, spool
 from otelprof.recording.reader import read_recording
-from tests.test_object_storage import S3, Lines, _wait
+from tests.test_object_storage import S3, Lines, _otelprof, _wait
 from tests.test_object_storage import _env as _base_env
 
 
@@ -116,8 +116,7 @@ def test_a_restart_uploads_what_a_killed_process_left(store: S3, tmp_path: Path)
 
     store.restart()
     assert store.keys("kills") == []
-    second = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", SHORT_LOOP],
-                            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    second = _otelprof("run", "--", sys.executable, "-c", SHORT_LOOP, env=env, cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert "Traceback" not in second.stderr and "failed" not in second.stderr, second.stderr
     assert "this process records it as run killed-2" in second.stderr
@@ -132,9 +131,8 @@ def test_a_restart_uploads_what_a_killed_process_left(store: S3, tmp_path: Path)
     local = remote.local_copy("s3://kills/runs/killed")
     numbers = [s.number for s in read_recording(local).ranks[0].steps if s.phase == "train"]
     assert numbers == list(range(steps))
-    report = subprocess.run([sys.executable, "-m", "otelprof", "report", "s3://kills/runs/killed", "-o",
-                             str(tmp_path / "r.html"), "--quiet"], capture_output=True, text=True, timeout=300,
-                            env=env, cwd=tmp_path)
+    report = _otelprof("report", "s3://kills/runs/killed", "-o",
+                             str(tmp_path / "r.html"), "--quiet", env=env, cwd=tmp_path)
     assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr
     html = (tmp_path / "r.html").read_text()
     assert "Rank(s) 0 never recorded a clean shutdown: the process was killed or is still running" in html
@@ -199,8 +197,7 @@ def test_a_folder_a_live_process_holds_is_never_touched(store: S3, tmp_path: Pat
         err.wait_for("uploading the run recording to s3://later/runs failed")  # no such bucket (yet)
         _wait(lambda: any((held / remote.PENDING).glob("*.steps.jsonl")), "a part waiting for the storage")
         before = {p.name for p in (held / remote.PENDING).iterdir()}
-        other = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", SHORT_LOOP],
-                               capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        other = _otelprof("run", "--", sys.executable, "-c", SHORT_LOOP, cwd=tmp_path,
                                env=_env(store, OTELPROF_RECORD_DIR="s3://present/runs", OTELPROF_RUN_ID="other",
                                         **common))
         assert other.returncode == 0 and "previous process" not in other.stderr, other.stderr
@@ -219,8 +216,7 @@ def test_a_folder_a_live_process_holds_is_never_touched(store: S3, tmp_path: Pat
 
     store.client().create_bucket(Bucket="later")
     waiting = SHORT_LOOP + WAIT_FOR.format(marker=str(held / spool.UPLOADED))  # a job outlives the adoption
-    third = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", waiting],
-                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    third = _otelprof("run", "--", sys.executable, "-c", waiting, cwd=tmp_path,
                            env=_env(store, OTELPROF_RECORD_DIR="s3://present/runs", OTELPROF_RUN_ID="third", **common))
     assert third.returncode == 0 and third.stderr.count("a previous process left in") == 1, third.stderr
     assert _steps("s3://later/runs/alive") == list(range(28))  # its own destination, every step
@@ -319,8 +315,7 @@ def test_hostile_spool_contents_never_reach_the_training_or_leave_the_spool(stor
 
     env = _env(store, OTELPROF_RECORD_DIR="s3://hostile/runs", OTELPROF_RECORD_SPOOL_DIR=str(spool_dir),
                OTELPROF_RUN_ID="job", OTELPROF_SYSTEM_METRICS="false")
-    job = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", SHORT_LOOP],
-                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    job = _otelprof("run", "--", sys.executable, "-c", SHORT_LOOP, env=env, cwd=tmp_path)
     assert job.returncode == 0 and "Traceback" not in job.stderr, job.stderr
     assert _steps("s3://hostile/runs/job") == list(range(5))
     # Nothing outside the spool was read, uploaded, moved or deleted.
@@ -357,8 +352,7 @@ def test_a_huge_spool_is_looked_at_within_bounds(store: S3, tmp_path: Path) -> N
                OTELPROF_SYSTEM_METRICS="false")
     uploaded: list[int] = []
     for start in range(5):
-        job = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", SHORT_LOOP],
-                             capture_output=True, text=True, timeout=300, env={**env, "OTELPROF_RUN_ID": f"s{start}"},
+        job = _otelprof("run", "--", sys.executable, "-c", SHORT_LOOP, env={**env, "OTELPROF_RUN_ID": f"s{start}"},
                              cwd=tmp_path)
         assert job.returncode == 0 and "Traceback" not in job.stderr, job.stderr
         assert job.stderr.count("a previous process left in") <= 1, job.stderr
@@ -461,8 +455,7 @@ def test_a_process_still_uploading_at_its_exit_keeps_its_folder(store: S3, tmp_p
         _go_on(job)
         out.wait_for("B")
         _wait(lambda: json.loads((held / "manifest.json").read_text())["status"] == "finished", "the writer's close")
-        other = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", SHORT_LOOP],
-                               capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        other = _otelprof("run", "--", sys.executable, "-c", SHORT_LOOP, cwd=tmp_path,
                                env=_env(store, OTELPROF_RECORD_DIR="s3://present/runs", OTELPROF_RUN_ID="other",
                                         **common))
         assert job.poll() is None, "the first process was still in its last upload"
