@@ -59,9 +59,16 @@ def _comparable(value: object) -> object:
     return value
 
 
-def test_the_fast_path_is_taken_where_it_is_installed() -> None:
+def test_the_fast_path_is_taken_where_it_is_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert limits._fast_loads is not None
     assert limits.loads(json.dumps(NODE_LINE), exact=False) == NODE_LINE
+    decoded: list[object] = []
+    fast = limits._fast_loads
+    monkeypatch.setattr(limits, "_fast_loads", lambda text: decoded.append(fast(text)) or decoded[-1])
+    path = tmp_path / "samples.jsonl"
+    path.write_text(json.dumps(NODE_LINE) + "\n" + json.dumps(dict(NODE_LINE, t=NODE_LINE["t"] + 1)) + "\n")
+    assert len(parse_samples(path).t_ns) == 2
+    assert len(decoded) == 2  # the node lines went through orjson
 
 
 def test_values_only_the_json_module_reads_are_read_as_before() -> None:
