@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -226,11 +227,15 @@ def test_a_window_of_steps_that_wait_is_not_cut_by_the_first_window_rate(
 
 def test_the_heap_watch_counts_growth_only_against_a_measured_step() -> None:
     unknown, measured = window_bounds.HeapWatch(120.0, None), window_bounds.HeapWatch(120.0, 0)
-    block = torch.ones(8 * 1024 * 1024)  # 32 MiB
+    # 32 MiB of pages new to the process, each written (a tensor could reuse heap earlier tests freed, which is
+    # resident already: the resident size would not grow)
+    block = mmap.mmap(-1, 32 * 1024 * 1024)
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1
     assert unknown.events(force=True) >= 0 and measured.events(force=True) >= 0
     assert unknown.growth() == 0
     assert measured.growth() >= 16 * 1024 * 1024  # most of the block's pages are resident
-    del block
+    block.close()
 
 
 def test_busy_time_is_cpu_time_allowing_for_a_busy_machine_never_past_the_wall_clock() -> None:
