@@ -352,6 +352,14 @@ def _histogram_row(node: str, metric: str, unit: str, buckets: list[tuple[float,
     return UsageRow(node, metric, unit, NAN, p99, p95, p50, NAN, int(count), SOURCE_HISTOGRAM, None, high, low)
 
 
+def _within(value: float, low: float, top: float) -> float:
+    """A quantile within the minimum and maximum of the same values: Prometheus interpolates between two
+    samples and can pass the larger by a rounding (a p99 one ulp above the max)."""
+    if math.isnan(value) or math.isnan(low) or math.isnan(top):
+        return value
+    return min(max(value, low), top)
+
+
 def _gauge_rows(qs: _Queries, metric: str, unit: str, expr: str, scraped: str, step: int | None = None,
                 by: str = NODE) -> dict[str, UsageRow]:
     """Per node (or per value of label ``by``): quantiles of ``expr``. With ``step`` None ``expr`` is a gauge
@@ -367,6 +375,7 @@ def _gauge_rows(qs: _Queries, metric: str, unit: str, expr: str, scraped: str, s
     rows = {}
     for (key,), p50 in values[0.5].items():
         top, p99, p95, _, low = (values[q].get((key,), NAN) for q in QUANTILES)
+        p99, p95, p50 = (_within(v, low, top) for v in (p99, p95, p50))
         rows[key] = UsageRow(key, metric, unit, top, p99, p95, p50, low, int(scrapes.get((key,), 0)),
                              SOURCE_SCRAPES if step is None else SOURCE_EVALUATED,
                              None if step is None else float(step))
