@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from otelprof.recording import limits, schema
+from tests.sample_records import sample_records
 
 ERROR, SKIPS, ANY = "error", "skips", "any"
 RUN_ID = "corpus-run"
@@ -211,7 +212,7 @@ def _huge_numbers(run: Path) -> None:
 
 
 def _samples_huge_numbers(run: Path) -> None:
-    sample = json.loads(_lines(run / "rank-0" / schema.SAMPLES)[0])
+    sample = sample_records(run / "rank-0" / schema.SAMPLES)[0]
     text = json.dumps(sample)
     _append(schema.SAMPLES, text.replace(str(sample["t"]), "1e400"), text.replace(str(sample["t"]), str(10**30)),
             text.replace('"rss": ', '"rss": 1e400, "x": '))(run)
@@ -228,10 +229,24 @@ def math_nan() -> float:
 
 
 def _samples_nan(run: Path) -> None:
-    sample = json.loads(_lines(run / "rank-0" / schema.SAMPLES)[0])
+    sample = sample_records(run / "rank-0" / schema.SAMPLES)[0]
     _append(schema.SAMPLES, json.dumps({**sample, "pcpu": math_nan(), "cpu": [math_nan(), float("inf")],
                                         "mem": float("-inf")}),
             json.dumps({**sample, "t": math_nan()}))(run)
+
+
+def _samples_bad_blocks(run: Path) -> None:
+    """Block lines (schema 1.2) that are not what the writer writes: each skipped whole."""
+    path = run / "rank-0" / schema.SAMPLES
+    block = json.loads(next(line for line in _lines(path) if line.startswith('{"k":"b"')))
+    n = len(block["t"])
+    bad = [{**block, "pcpu": block["pcpu"][:-1]}, {**block, "t": [str(t) for t in block["t"]]},
+           {**block, "t": []}, {**block, "rss": [float("inf")] * n}, {**block, "cpu": [[True, "x"]] * n},
+           {**block, "cpu": [[0.5] * (limits.MAX_CORES + 1)] * n}, {**block, "disk": [[1, 2, 3]] * n},
+           {**block, "gpu": {str(g): {"u": [0.5] * n} for g in range(limits.MAX_GPUS + 1)}},
+           {**block, "gpu": {"0": {"u": [float("-inf")] * n}}}, {**block, "gpu": {"0": {"u": "x"}}},
+           {**block, "t": [10**30] * n}, {**block, "mem": {"a": 1}}]
+    _append(schema.SAMPLES, *(json.dumps(b) for b in bad))(run)
 
 
 def _many_names(run: Path) -> None:
@@ -390,6 +405,7 @@ def _build() -> dict[str, Case]:
     cases["steps.jsonl:zero-steps"] = Case(_zero_steps, ANY)
     cases["samples.jsonl:huge-numbers"] = Case(_samples_huge_numbers, SKIPS)
     cases["samples.jsonl:nan"] = Case(_samples_nan, SKIPS)
+    cases["samples.jsonl:bad-blocks"] = Case(_samples_bad_blocks, SKIPS)
     cases["ranks:duplicated"] = Case(_duplicated_rank, ERROR)
     cases["ranks:symlink-loop"] = Case(_rank_symlink_loop, ANY)
     return cases

@@ -1,51 +1,41 @@
-"""Node samples read a block at a time give exactly the columns the line-by-line reader gives: for the sampler's
-own lines, for lines that vary, and for blocks with hostile lines among them (which the block path leaves to the
-line-by-line reader)."""
+"""samples.jsonl in blocks (schema 1.2): whatever the samples and wherever the blocks are cut, the reader gives
+exactly the columns it gives for the same samples one line each; the writer writes blocks when full, old or
+asked, and a killed process loses at most the block it was filling."""
 
 from __future__ import annotations
 
 import json
 import math
-import random
+import os
+import signal
+import subprocess
+import sys
+import time
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otelprof.recording import sample_blocks, samples
+from otelprof.recording import schema
 from otelprof.recording.columns import SampleColumns
+from otelprof.recording.reader import read_recording
+from otelprof.recording.sample_blocks import BLOCK_SAMPLES, BLOCK_SECONDS, SampleBlock, decode, encode
+from otelprof.recording.samples import parse_samples
+from otelprof.recording.writer import RecordingWriter
+from tests.sample_records import sample_records
 
 T0 = 1_750_000_001_000_000_000
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def _node_line(i: int, rng: random.Random, cores: int = 8, gpus: int = 2) -> dict[str, object]:
-    return {"t": T0 + i * 500_000_000, "pid": 7, "pcpu": round(rng.random() * 2, 4), "rss": 8_000_000_000 + i,
-            "cpu": [round(rng.random(), 4) for _ in range(cores)],
-            "iow": [round(rng.random() / 20, 4) for _ in range(cores)],
-            "mem": round(rng.random(), 4), "disk": [i * 1024, i * 512], "net": [i * 10, i * 20], "thr": i // 10,
-            "cws": 1e9 + i, "cml": 2e9,
-            "gpu": {str(g): {"u": round(rng.random(), 4), "mu": 6e10 + g, "mt": 8e10, "p": 400.5 + g}
-                    for g in range(gpus)}}
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"))
 
 
-def _read(blocks: list[str], bulk: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, object], int]:
-    """The columns of ``blocks`` (each one block of samples.jsonl), and how many lines the block path took."""
-    taken = []
-
-    def counted(c: SampleColumns, lines: list[str]) -> bool:
-        done = sample_blocks.read_node_block(c, lines)
-        taken.append(len(lines) if done else 0)
-        return done
-
-    monkeypatch.setattr(samples, "read_node_block", counted if bulk else (lambda c, lines: False))
-    c = SampleColumns()
-    for text in blocks:
-        samples._read_samples(c, text)
-    monkeypatch.undo()
-    return _comparable(c), sum(taken)
-
-
-def _comparable(c: SampleColumns) -> dict[str, object]:
+def _columns(path: Path) -> dict[str, object]:
     def plain(value: object) -> object:
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}
@@ -54,84 +44,146 @@ def _comparable(c: SampleColumns) -> dict[str, object]:
         if isinstance(value, float) and math.isnan(value):
             return "nan"
         return value
+    c: SampleColumns = parse_samples(path)
     return {name: plain(value) for name, value in vars(c).items() if not name.startswith("_")}
 
 
-def _text(lines: list[object]) -> str:
-    return "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+def _as_lines_and_blocks(tmp_path: Path, samples: list[dict[str, Any]], cuts: list[int]) -> tuple[dict, dict]:
+    lines, blocks = tmp_path / "lines.jsonl", tmp_path / "blocks.jsonl"
+    lines.write_text("".join(_line(s) + "\n" for s in samples))
+    bounds = sorted({0, len(samples), *(c % (len(samples) + 1) for c in cuts)})
+    blocks.write_text("".join(_line(encode(samples[a:b])) + "\n" for a, b in pairwise(bounds) if b > a))
+    return _columns(lines), _columns(blocks)
 
 
-def _both(blocks: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, object], int]:
-    bulk, taken = _read(blocks, True, monkeypatch)
-    lines, _ = _read(blocks, False, monkeypatch)
-    assert bulk == lines
-    return bulk, taken
+def _sample(i: int, node: bool, gpus: int = 2, cores: int = 4) -> dict[str, Any]:
+    sample: dict[str, Any] = {"t": T0 + i * 500_000_000, "pid": 7, "pcpu": 0.25 * (i % 5), "rss": 1e9 + i}
+    if node:
+        sample |= {"cpu": [round(0.1 * ((i + k) % 10), 4) for k in range(cores)],
+                   "iow": [0.01 * k for k in range(cores)], "mem": 0.5, "disk": [i * 10, i * 5],
+                   "net": [i, 2 * i], "thr": i // 3,
+                   "gpu": {str(g): {"u": 0.9 - 0.1 * g, "mu": 6e10 + i, "mt": 8e10} for g in range(gpus)}}
+    return sample
 
 
-def test_the_samplers_node_lines_are_read_in_bulk_to_the_same_columns(monkeypatch: pytest.MonkeyPatch) -> None:
-    rng = random.Random(1)
-    blocks = [_text([_node_line(b * 50 + i, rng) for i in range(50)]) for b in range(3)]
-    columns, taken = _both(blocks, monkeypatch)
-    assert taken == 150
-    assert len(columns["t_ns"]) == 150 and columns["node_samples"] == 150  # type: ignore[arg-type]
-    assert columns["cores"] == 8 and set(columns["gpus"]) == {"0", "1"}  # type: ignore[arg-type]
+def test_a_sampled_run_reads_the_same_as_lines_and_as_blocks(tmp_path: Path) -> None:
+    samples = [_sample(i, node=i >= 7, gpus=2 if i < 30 else 3, cores=4 if i < 40 else 6) for i in range(61)]
+    samples[12]["gpu"]["0"]["pm"] = 123  # a key only some samples have
+    del samples[20]["mem"], samples[21]["gpu"]
+    samples[22]["pcpu"] = float("nan")
+    lines, blocks = _as_lines_and_blocks(tmp_path, samples, [5, 20, 40])
+    assert lines == blocks
+    assert blocks["node_samples"] == 54 and blocks["cores"] == 6 and set(blocks["gpus"]) == {"0", "1", "2"}  # type: ignore[arg-type]
+    assert len(blocks["t_ns"]) == 61  # type: ignore[arg-type]
 
 
-def test_blocks_that_change_shape_between_them_read_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Process-only lines first (the node sampler starts later), then node lines; more cores, a GPU and a GPU
-    key appear in a later block; a block without the container keys; a block of lines without disk values."""
-    rng = random.Random(2)
-    process = _text([{"t": T0 - 10 + i, "pid": 7, "pcpu": 0.5, "rss": 100 + i} for i in range(5)])
-    first = _text([_node_line(i, rng) for i in range(10)])
-    wider = _text([dict(_node_line(10 + i, rng, cores=16, gpus=3)) for i in range(10)])
-    lines = [_node_line(20 + i, rng) for i in range(10)]
-    for line in lines:
-        del line["cws"], line["cml"], line["disk"]
-        line["gpu"]["0"]["clk"] = 1.98e9  # type: ignore[index]
-    columns, taken = _both([process, first, wider, _text(lines), process], monkeypatch)
-    assert taken == 30
-    assert columns["cores"] == 16 and set(columns["gpus"]) == {"0", "1", "2"}  # type: ignore[arg-type]
-    assert columns["disk_read"][-15:-5] == ["nan"] * 10  # type: ignore[index]
+finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
+value = finite | st.integers(0, 2**40) | st.just(float("nan"))
 
 
-@pytest.mark.parametrize("bad", [
-    '{"t":1,"cpu":[1e400,0]}', '{"t":1,"cpu":[Infinity,0],"iow":[0,0]}', '{"t":"1"}', '{"t":1.5,"cpu":[0]}',
-    "not json", '{"t":1,"cpu":[true,0]}', '{"t":1,"cpu":[],"iow":[]}', '{"t":1,"cpu":[0,null]}',
-    '{"t":1,"cpu":[0.5],"pcpu":true}', '{"t":1,"cpu":[0.5],"mem":NaN}', '{"t":1,"cpu":[0.5],"disk":[1]}',
-    '{"t":1,"cpu":[0.5],"net":[1,null]}', '{"t":1,"cpu":[0.5],"gpu":{"0":{"u":null}}}',
-    '{"t":1,"cpu":[0.5],"gpu":{"0":{"u":Infinity}}}', '{"t":1,"cpu":[0.5],"gpu":{"0":{"mu":1,"u":2}}}',
-    '{"t":1,"cpu":[0.5],"gpu":{"1":{"u":0.5}}}', '{"t":1,"cpu":[0.5],"gpu":[]}', '{"t":1,"cpu":[0.5],"gpu":null}',
-    '{"t":-1,"cpu":[0.5]}', '{"t":18446744073709551616,"cpu":[0.5]}', '[1,2]', '{"t":1,"cpu":"x"}',
-    '{"t":1,"cpu":[0.5],"pcpu":1e308,"rss":1e308}', '{"t":1,"cpu":[1e308,1e308]}',
-])
-def test_a_hostile_line_in_a_block_reads_the_same(bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    rng = random.Random(3)
-    good = [_node_line(i, rng, cores=2, gpus=1) for i in range(6)]
-    columns, _ = _both([_text([*good[:3], bad, *good[3:]])], monkeypatch)
-    assert len(columns["t_ns"]) >= 6  # type: ignore[arg-type]
+@st.composite
+def _samples(draw: st.DrawFn) -> list[dict[str, Any]]:
+    out = []
+    node_from = draw(st.integers(0, 12))
+    for i in range(draw(st.integers(1, 12))):
+        sample: dict[str, Any] = {"t": T0 + i}
+        for key in ("pid", "pcpu", "rss"):
+            if draw(st.booleans()):
+                sample[key] = draw(value)
+        if i >= node_from:
+            for key in ("mem", "thr", "cws", "cml"):
+                if draw(st.booleans()):
+                    sample[key] = draw(value)
+            for key in ("cpu", "iow"):
+                if draw(st.booleans()):
+                    sample[key] = draw(st.lists(value, max_size=4))
+            for key in ("disk", "net"):
+                if draw(st.booleans()):
+                    sample[key] = draw(st.lists(value, min_size=2, max_size=2))
+            if draw(st.booleans()):
+                sample["gpu"] = draw(st.dictionaries(st.sampled_from("012"),
+                                                     st.dictionaries(st.sampled_from(["u", "mu", "p"]), value,
+                                                                     max_size=3), max_size=3))
+        out.append(sample)
+    return out
 
 
-values = (st.floats(allow_infinity=False, width=32) | st.integers(-2**40, 2**40) | st.none() | st.booleans()
-          | st.just(1e308))
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(samples=_samples(), cuts=st.lists(st.integers(0, 12), max_size=4))
+def test_any_samples_read_the_same_however_the_blocks_are_cut(tmp_path_factory: pytest.TempPathFactory,
+                                                             samples: list[dict[str, Any]], cuts: list[int]) -> None:
+    lines, blocks = _as_lines_and_blocks(tmp_path_factory.mktemp("blocks"), samples, cuts)
+    assert lines == blocks
 
 
-@settings(max_examples=120, deadline=None, derandomize=True, database=None)
-@given(edits=st.lists(st.tuples(st.integers(0, 5),
-                                st.sampled_from(["pcpu", "rss", "mem", "thr", "cws", "cml", "cpu", "iow", "disk",
-                                                 "net", "gpu", "t"]),
-                                values | st.lists(values, max_size=3)
-                                | st.dictionaries(st.sampled_from(["0", "1"]),
-                                                  st.dictionaries(st.sampled_from(["u", "mu"]), values, max_size=2),
-                                                  max_size=2)),
-                      max_size=4),
-       dropped=st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["mem", "disk", "gpu", "cml"])), max_size=3))
-def test_any_block_of_varied_node_lines_reads_the_same(edits: list[tuple[int, str, object]],
-                                                      dropped: list[tuple[int, str]]) -> None:
-    rng = random.Random(4)
-    lines = [_node_line(i, rng, cores=3, gpus=2) for i in range(6)]
-    for i, key, value in edits:
-        lines[i][key] = value
-    for i, key in dropped:
-        lines[i].pop(key, None)
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        _both([_text(lines)], monkeypatch)
+def test_decode_gives_back_the_samples() -> None:
+    samples = [_sample(i, node=i % 2 == 0) for i in range(5)]
+    samples[1]["gpu"] = {"4": {"u": 0.5}}
+    assert decode(json.loads(_line(encode(samples)))) == samples
+
+
+def test_a_bad_block_is_skipped_whole_and_counted(tmp_path: Path) -> None:
+    good = encode([_sample(i, node=True) for i in range(4)])
+    path = tmp_path / "samples.jsonl"
+    bad = {**good, "rss": good["rss"][:-1]}  # a column of the wrong length
+    path.write_text(_line(good) + "\n" + _line(bad) + "\n" + _line({**good, "t": [T0 + 9] * 4}) + "\n")
+    c = parse_samples(path)
+    assert len(c.t_ns) == 8 and c.skipped_lines == 1 and c.node_samples == 8
+
+
+def test_the_block_is_written_when_full_old_or_asked() -> None:
+    block = SampleBlock()
+    assert all(block.add(_sample(i, node=False), 100.0) is None for i in range(BLOCK_SAMPLES - 1))
+    full = block.add(_sample(99, node=False), 100.0)
+    assert full is not None and len(full["t"]) == BLOCK_SAMPLES and len(block) == 0
+    block.add(_sample(0, node=False), 200.0)
+    assert not block.due(200.0 + BLOCK_SECONDS - 0.1) and block.due(200.0 + BLOCK_SECONDS)
+    wide = SampleBlock()  # thousands of CPUs: smaller blocks
+    assert wide.add(_sample(0, node=True, cores=12_000), 0.0) is not None
+    assert block.take() is not None and block.take() is None
+
+
+def test_the_writer_writes_blocks_and_the_rest_at_a_complete_flush(tmp_path: Path) -> None:
+    writer = RecordingWriter(tmp_path, {"rank": 0}, on_dropped=lambda n: None, on_written=lambda n: None)
+    for i in range(BLOCK_SAMPLES + 3):
+        writer.add_sample(_sample(i, node=True))
+    writer.flush(complete=False)  # the periodic flush: the full block only
+    path = tmp_path / schema.SAMPLES
+    assert len(sample_records(path)) == BLOCK_SAMPLES
+    writer.flush()
+    assert len(sample_records(path)) == BLOCK_SAMPLES + 3
+    writer.close()
+    assert len(parse_samples(path).t_ns) == BLOCK_SAMPLES + 3
+
+
+_KILLED = """
+import sys, time
+import otelprof
+otelprof.init(job_name="blocks", record_dir=sys.argv[1], sample_interval=0.1)
+for step in range(1000):
+    with otelprof.step():
+        time.sleep(0.01)
+    if step == 20:
+        print("ready", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_process_loses_at_most_the_block_it_was_filling(tmp_path: Path, sig: signal.Signals) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL", "TORCHELASTIC"))}
+    env["PYTHONPATH"] = str(ROOT)
+    child = subprocess.Popen([sys.executable, "-c", _KILLED, str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    time.sleep(2.0)
+    child.send_signal(sig)
+    child.wait(30)
+    rank = next(tmp_path.glob("*/rank-0"))
+    samples = read_recording(rank, samples=True).ranks[0].sample_columns()
+    times = sample_records(rank / schema.SAMPLES)
+    assert len(samples.t_ns) == len(times) and samples.skipped_lines == 0
+    last = times[-1]["t"] / 1e9
+    lost = time.time() - last  # the samples not written: at most a block's (20 samples of 0.1 s), and since the kill
+    assert len(times) >= 20 and lost < BLOCK_SAMPLES * 0.1 + 5.0
+    if sig == signal.SIGTERM:  # flushed on the signal: nothing held back
+        assert lost < 5.0

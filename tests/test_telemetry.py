@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import sys
@@ -29,6 +28,7 @@ from otelprof.runtime.collectors.sampler import Sampler
 from otelprof.runtime.collectors.system import HostReading, SystemCollector
 from otelprof.runtime.metrics import MetricRegistry
 from tests.fake_nvml import FIXTURES, FakeNvml
+from tests.sample_records import sample_records
 
 IDENTITY = {"job_name": "t", "rank": "0", "local_rank": "0", "node": "n"}
 CGROUPS = FIXTURES / "cgroup"
@@ -279,7 +279,7 @@ def test_sampler_series_histograms_and_coincidences_with_two_gpus(tmp_path: Path
     assert _values(registry, sc.NODE_CPU_UTILIZATION) == {(): 10}
     assert _values(registry, sc.CPU_AVAILABLE)[()] >= 1
     sampler.writer.flush()  # type: ignore[union-attr]
-    lines = [json.loads(line) for line in (path / schema.SAMPLES).read_text().splitlines()]
+    lines = sample_records(path / schema.SAMPLES)
     assert len(lines) == 10
     assert len(lines[0]["cpu"]) == cores and lines[1]["gpu"]["1"]["u"] == 0.04 and lines[0]["gpu"]["0"]["pm"] > 0
 
@@ -387,7 +387,7 @@ def test_container_memory_reaches_the_series_the_recording_and_the_reader(tmp_pa
     assert _values(registry, sc.CONTAINER_MEMORY_WORKING_SET) == {(): 8 * 1024**3}
     assert _values(registry, sc.CONTAINER_MEMORY_LIMIT) == {(): 16 * 1024**3}
     writer.flush()
-    lines = [json.loads(line) for line in (tmp_path / "rank-0" / schema.SAMPLES).read_text().splitlines()]
+    lines = sample_records(tmp_path / "rank-0" / schema.SAMPLES)
     assert lines and all(line["cws"] == 8 * 1024**3 and line["cml"] == 16 * 1024**3 for line in lines)
     columns = read_recording(tmp_path / "rank-0", samples=True).ranks[0].sample_columns()
     assert list(columns.container_memory) == [8 * 1024**3] * len(lines)
@@ -513,7 +513,7 @@ def test_a_mig_instance_reads_its_memory_and_gpm_activity_and_nothing_it_cannot(
     assert all(asked[i] == {"memory_used", "memory_total", "process_memory", "gpm"} for i in mig), asked
     assert "utilization" in asked[2] and "power" in asked[2]  # the whole GPU is read in full
     sampler.writer.flush()  # type: ignore[union-attr]
-    last = json.loads((tmp_path / schema.SAMPLES).read_text().splitlines()[-1])["gpu"]  # keyed like the series
+    last = sample_records(tmp_path / schema.SAMPLES)[-1]["gpu"]  # keyed like the series
     assert {gpu: sorted(entry) for gpu, entry in last.items()} == {
         "0": ["mt", "mu", "pm"], "1": ["mt", "mu", "occ", "pm", "sm", "tc", "u"], "2": sorted(last["2"])}
     assert last["1"]["u"] == 0.62 and "p" in last["2"]

@@ -15,6 +15,7 @@ from otelprof.recording.files import lines, lines_backwards, open_regular
 from otelprof.recording.limits import MAX_LINE_BYTES, MAX_TIME_NS, check_int, loads
 from otelprof.recording.profiles import check_profile
 from otelprof.recording.records import Annotation, DeviceTime, Span
+from otelprof.recording.sample_blocks import KIND, decode
 from otelprof.recording.samples import parse_samples
 
 
@@ -101,19 +102,22 @@ class RankRecording:
             self._skipped(schema.SPANS, bad)
 
     def samples(self) -> Iterator[dict[str, Any]]:
-        """Raw telemetry samples of samples.jsonl (format in :mod:`otelprof.recording.schema`)."""
+        """Raw telemetry samples of samples.jsonl (format in :mod:`otelprof.recording.schema`; a block line's
+        samples one by one)."""
         bad = 0
         try:
             for line in lines(self.path / schema.SAMPLES):
                 try:
                     if line is None:
                         raise ValueError("line too long")
-                    sample = loads(line)
-                    check_int(sample["t"], 0, MAX_TIME_NS)
-                except (ValueError, KeyError, TypeError):
+                    record = loads(line)
+                    found = decode(record) if type(record) is dict and record.get("k") == KIND else [record]
+                    for sample in found:
+                        check_int(sample["t"], 0, MAX_TIME_NS)
+                except (ValueError, KeyError, TypeError, AttributeError):
                     bad += 1
                     continue
-                yield sample
+                yield from found
         finally:
             self._skipped(schema.SAMPLES, bad)
 

@@ -27,7 +27,8 @@ from otelprof.recording.limits import (
     loads,
     within,
 )
-from otelprof.recording.sample_blocks import read_node_block
+from otelprof.recording.node_lines import read_node_block
+from otelprof.recording.sample_blocks import KIND, add_block
 
 _PROCESS_SAMPLE = re.compile(r'^(?:\{"t":(\d+),"pid":\d+(?:,"pcpu":([-+0-9.eE]+))?(?:,"rss":(\d+))?\}|(.+))$', re.M)
 """A sample line of a rank that does not sample the node (groups: time, process CPU, RSS), or any other line."""
@@ -53,8 +54,14 @@ def parse_samples(path: Path) -> SampleColumns:
 
 
 def _read_samples(c: SampleColumns, text: str) -> None:
-    """One block of samples.jsonl: in bulk when it holds only process samples or only node samples, else line
-    by line."""
+    """One block of samples.jsonl (text of whole lines): block lines each at once (schema 1.2); sample lines in
+    bulk when they are only process samples, a few at a time when they are node samples, else line by line."""
+    if _BLOCK_LINE in text:  # schema 1.2: a block of samples per line
+        for line in text.split("\n"):
+            line = line.strip()
+            if line:
+                _add_sample(c, line)
+        return
     rows = _PROCESS_SAMPLE.findall(text)
     if rows and not any(row[3] for row in rows):
         times, pcpu, rss, _ = zip(*rows)
@@ -87,6 +94,10 @@ def _read_samples(c: SampleColumns, text: str) -> None:
 NODE_CHUNK = 32
 """Node lines read in bulk together: few enough that their decoded values stay in the CPU's caches (a whole
 block of them at once is slower than line by line)."""
+
+
+_BLOCK_LINE = f'{{"k":"{KIND}",'
+"""How the writer starts a block line."""
 
 
 def _value(value: Any) -> float:
@@ -150,6 +161,9 @@ def _add_sample(c: SampleColumns, line: str) -> None:
         sample = loads(line, exact=False)
         if type(sample) is not dict:
             raise ValueError("not an object")
+        if sample.get("k") == KIND:
+            add_block(c, sample)
+            return
         get = sample.get
         t = check_int(sample["t"], 0, MAX_TIME_NS)
         pcpu, rss, mem, throttled = _value(get("pcpu")), _value(get("rss")), _value(get("mem")), _value(get("thr"))

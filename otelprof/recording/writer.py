@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -14,6 +15,7 @@ from typing import IO, Any
 from otelprof import semconv as sc
 from otelprof._log import escape, warn_once
 from otelprof.recording import schema
+from otelprof.recording.sample_blocks import SampleBlock
 
 _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False, default=str).encode
 
@@ -119,6 +121,7 @@ class RecordingWriter:
         self._buffers: dict[str, list[str]] = {name: [] for name in (schema.STEPS, schema.SPANS, schema.METRICS,
                                                                       schema.SAMPLES, schema.PROFILES)}
         self._files: dict[str, IO[str]] = {}
+        self._samples = SampleBlock()
         self._lock = threading.RLock()  # re-entrant: a SIGTERM flush may interrupt a flush
         self._ok = self._open()
 
@@ -141,9 +144,21 @@ class RecordingWriter:
     def add_json(self, file: str, record: dict[str, Any]) -> None:
         self._buffers[file].append(_encode(record))
 
-    def flush(self) -> None:
-        """Append buffered lines to disk. Lines that cannot be written are dropped and counted."""
+    def add_sample(self, sample: dict[str, Any]) -> None:
+        """Queue one sample for samples.jsonl, written in a block (:mod:`otelprof.recording.sample_blocks`)."""
         with self._lock:
+            block = self._samples.add(sample, time.monotonic())
+            if block is not None:
+                self._buffers[schema.SAMPLES].append(_encode(block))
+
+    def flush(self, complete: bool = True) -> None:
+        """Append buffered lines to disk. Lines that cannot be written are dropped and counted. ``complete=False``
+        (the periodic flush) keeps the samples of a block that is neither full nor old."""
+        with self._lock:
+            if complete or self._samples.due(time.monotonic()):
+                block = self._samples.take()
+                if block is not None:
+                    self._buffers[schema.SAMPLES].append(_encode(block))
             for name, lines in self._buffers.items():
                 if not lines:
                     continue
@@ -189,6 +204,7 @@ class RecordingWriter:
         with self._lock:
             for lines in self._buffers.values():
                 lines.clear()
+            self._samples.take()
             for handle in self._files.values():
                 with contextlib.suppress(OSError):
                     handle.close()

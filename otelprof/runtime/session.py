@@ -217,7 +217,7 @@ class Session:
                     next_export = now + self.config.metric_export_interval
                     self._export_metrics()
                 if self.writer is not None:
-                    self.writer.flush()
+                    self.writer.flush(complete=False)  # samples go out a block at a time
             except Exception:
                 logger.exception("otelprof: internal error in the background thread")
 

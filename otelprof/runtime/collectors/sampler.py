@@ -19,7 +19,6 @@ from collections.abc import Callable
 from otelprof import semconv as sc
 from otelprof._log import logger, warn_once
 from otelprof.config import Config
-from otelprof.recording import schema
 from otelprof.recording.writer import RecordingWriter
 from otelprof.runtime.collectors.cgroup import CgroupReader, CgroupReading
 from otelprof.runtime.collectors.gpu import GpuCollector, GpuReading
@@ -147,7 +146,7 @@ class Sampler:
                     self._update_coincidences(host, gpus)
         self.samples_taken += 1
         if self.writer is not None and (host is None or host.cpu_busy):
-            self.writer.add_json(schema.SAMPLES, _raw_sample(now, host, process, gpus, cgroup))
+            self.writer.add_sample(_raw_sample(now, host, process, gpus, cgroup))
 
     def _read_cgroup(self) -> CgroupReading | None:
         if not self.cgroup.available:
