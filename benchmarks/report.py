@@ -40,8 +40,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TextIO
 
 import psutil
+
+from otelprof.recording.sample_blocks import SampleBlock
 
 T0 = 1_750_000_000.0
 NODE = "node-a"
@@ -127,6 +130,7 @@ def _write_samples(path: Path, rank: int, hours: float, rng: random.Random) -> N
     busy = [pool[v] for v in range(350, 1001)]
     idle = [pool[v] for v in range(0, 40)]
     lines: list[str] = []
+    block = SampleBlock()
     disk_r = disk_w = net_r = net_t = 0
     with open(path, "w", encoding="utf-8") as out:
         for i in range(n):
@@ -151,10 +155,20 @@ def _write_samples(path: Path, rank: int, hours: float, rng: random.Random) -> N
                              f'"mem":{rng.uniform(0.3, 0.4):.4f},"disk":[{disk_r},{disk_w}],'
                              f'"net":[{net_r},{net_t}],"thr":0,"gpu":{{{gpus}}}}}')
             if len(lines) >= 5000:
-                out.write("\n".join(lines) + "\n")
-                lines.clear()
-        if lines:
-            out.write("\n".join(lines) + "\n")
+                _write_blocks(out, lines, block)
+        _write_blocks(out, lines, block, last=True)
+
+
+def _write_blocks(out: TextIO, lines: list[str], block: SampleBlock, last: bool = False) -> None:
+    """Sample lines written as the writer writes them: in blocks (``lines`` emptied)."""
+    for line in lines:
+        full = block.add(json.loads(line), 0.0)
+        if full is not None:
+            out.write(json.dumps(full, separators=(",", ":")) + "\n")
+    lines.clear()
+    rest = block.take() if last else None
+    if rest is not None:
+        out.write(json.dumps(rest, separators=(",", ":")) + "\n")
 
 
 def _write_profiles(path: Path, first_step: float) -> None:
@@ -219,6 +233,7 @@ def _write_fleet_samples(path: Path, rank: int, node: int, samples_node: bool, h
             tails.append((f',"cpu":[{cpu}],"iow":[{iow}],"mem":{rng.uniform(0.3, 0.4):.4f},',
                           f',"thr":0,"gpu":{{{gpus}}}}}'))
     lines: list[str] = []
+    block = SampleBlock()
     with open(path, "w", encoding="utf-8") as out:
         for i in range(n):
             t = int((T0 + 1 + i * INTERVAL) * 1e9)
@@ -231,10 +246,8 @@ def _write_fleet_samples(path: Path, rank: int, node: int, samples_node: bool, h
                 lines.append(f'{head}{a}"disk":[{i * 50_000_000},{i * 1_000_000}],'
                              f'"net":[{i * 400_000_000},{i * 400_000_000}]{b}')
             if len(lines) >= 5000:
-                out.write("\n".join(lines) + "\n")
-                lines.clear()
-        if lines:
-            out.write("\n".join(lines) + "\n")
+                _write_blocks(out, lines, block)
+        _write_blocks(out, lines, block, last=True)
 
 
 STEP_SECONDS = 3.0

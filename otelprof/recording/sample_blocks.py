@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import operator
 from array import array
+from itertools import chain
 from typing import Any
 
 from otelprof.recording.columns import SampleColumns
@@ -35,6 +36,8 @@ MAX_BLOCK_SAMPLES = 10_000
 """Samples in one block line the reader accepts."""
 
 _SCALARS = ("pcpu", "rss", "mem", "thr", "cws", "cml")
+_NODE_KEYS = ("cpu", "iow", "mem", "thr", "cws", "cml", "disk", "net")
+"""What only the node sampler writes."""
 
 
 class SampleBlock:
@@ -118,14 +121,29 @@ def add_block(c: SampleColumns, block: dict[str, Any]) -> None:
         raise ValueError("a sample time out of range")
     n = len(times)
     get = block.get
-    pcpu, rss, mem, throttled, container_memory, container_limit = (_doubles(get(key), n) for key in _SCALARS)
+    if all(get(key) is None for key in _NODE_KEYS):  # a process's samples (most ranks of a large job)
+        pcpu, rss = _many_doubles([get("pcpu"), get("rss")], n)
+        gpus = _gpus(c, get("gpu"), n)
+        start = len(c.t_ns)
+        c.t_ns.extend(t_ns)
+        c.pcpu.extend(pcpu)
+        c.rss.extend(rss)
+        if len(c.cpu_mean):  # the node columns are kept once a sample had a node value: NaN for these
+            for column in c.node_columns():
+                column.extend(array("d", [math.nan]) * n)
+        _add_gpus(c, gpus, start)
+        return
+    pcpu, rss, mem, throttled, container_memory, container_limit = _many_doubles([get(key) for key in _SCALARS], n)
     cpu, iow = _per_cpu(get("cpu"), n), _per_cpu(get("iow"), n)
     disk, net = _pairs(get("disk"), n), _pairs(get("net"), n)
     gpus = _gpus(c, get("gpu"), n)
-    node_rows = list(map(operator.or_, cpu[3], iow[3]))
-    for column in (mem, throttled, container_memory, container_limit, *disk, *net):
-        if any(map(operator.eq, column, column)):  # a value (not NaN) in some sample
-            node_rows = [has or value == value for has, value in zip(node_rows, column)]
+    if False in cpu[3]:  # some sample without per-CPU values: which have other node values?
+        node_rows = list(map(operator.or_, cpu[3], iow[3]))
+        for column in (mem, throttled, container_memory, container_limit, *disk, *net):
+            if any(map(operator.eq, column, column)):  # a value (not NaN) in some sample
+                node_rows = [has or value == value for has, value in zip(node_rows, column)]
+    else:
+        node_rows = cpu[3]
     start = len(c.t_ns)
     c.t_ns.extend(t_ns)
     c.pcpu.extend(pcpu)
@@ -153,6 +171,11 @@ def add_block(c: SampleColumns, block: dict[str, Any]) -> None:
                 busy.extend([0.0] * (len(line) - c.cores))
                 c.cores = len(line)
             busy[:len(line)] = map(operator.add, busy, line)
+    _add_gpus(c, gpus, start)
+
+
+def _add_gpus(c: SampleColumns, gpus: dict[str, dict[str, array[float]]], start: int) -> None:
+    """A block's GPU columns appended from row ``start`` (earlier rows without the value: NaN)."""
     nan = array("d", [math.nan])
     for index, values in gpus.items():
         columns = c.gpus.setdefault(index, {})
@@ -173,18 +196,39 @@ def _column(value: Any, n: int) -> list[Any]:
 
 def _doubles(value: Any, n: int, kinds: frozenset[type] = frozenset({int, float, type(None)})) -> array[float]:
     """A number or null per sample (absent: all null), no infinity."""
-    if value is None:
-        return array("d", [math.nan]) * n
-    values = _column(value, n)
-    found = set(map(type, values))
-    if not found <= kinds:
-        raise ValueError("not a number")
-    if type(None) in found:
-        values = [math.nan if v is None else v for v in values]
-    doubles = array("d", values)
+    return _many_doubles([value], n, kinds)[0]
+
+
+def _many_doubles(values: list[Any], n: int, kinds: frozenset[type] = frozenset({int, float, type(None)})) \
+        -> list[array[float]]:
+    """:func:`_doubles` of several columns, checked together (a few calls in C for all of them)."""
+    columns = [value for value in values if value is not None]
+    if set(map(type, columns)) - {list} or set(map(len, columns)) - {n}:
+        raise ValueError(f"not columns of {n} values")
+    flat = list(chain.from_iterable(columns))
+    try:
+        if bool in kinds:  # array() takes every number (and bool) and refuses the rest: one pass
+            doubles = array("d", flat)
+        else:
+            raise TypeError
+    except TypeError:
+        found = set(map(type, flat))
+        if not found <= kinds:
+            raise ValueError("not a number") from None
+        if type(None) in found:
+            flat = [math.nan if v is None else v for v in flat]
+        doubles = array("d", flat)
     if not math.isfinite(sum(doubles, 0.0)) and (math.inf in doubles or -math.inf in doubles):
         raise ValueError("an infinite value")
-    return doubles
+    nan = array("d", [math.nan]) * n
+    out, at = [], 0
+    for value in values:
+        if value is None:
+            out.append(nan[:])
+        else:
+            out.append(doubles[at:at + n])
+            at += n
+    return out
 
 
 _GPU_VALUE: frozenset[type] = frozenset({int, float, bool, type(None)})
@@ -201,13 +245,15 @@ def _per_cpu(value: Any, n: int) -> tuple[array[float], array[float], list[list[
     if not set(map(type, rows)) <= {list, type(None)}:
         raise ValueError("not lists of per-CPU values")
     has = list(map(bool, rows))
-    lines = [row for row in rows if row]
-    if any(len(line) > MAX_CORES for line in lines):
+    lines = rows if False not in has else [row for row in rows if row]
+    if max(map(len, lines), default=0) > MAX_CORES:
         raise ValueError(f"more than {MAX_CORES} per-CPU values")
     sums = list(map(sum, lines, [0.0] * len(lines)))  # TypeError for a value that is not a number
     if not math.isfinite(sum(sums, 0.0)) and any(v in (math.inf, -math.inf) for line in lines for v in line):
         raise ValueError("an infinite value")
-    means, maxima = iter(map(operator.truediv, sums, map(len, lines))), iter(map(max, lines))
+    means, maxima = map(operator.truediv, sums, map(len, lines)), map(max, lines)
+    if lines is rows:
+        return array("d", means), array("d", maxima), lines, has
     mean = array("d", [next(means) if h else math.nan for h in has])
     peak = array("d", [next(maxima) if h else math.nan for h in has])
     return mean, peak, lines, has
@@ -233,10 +279,14 @@ def _gpus(c: SampleColumns, value: Any, n: int) -> dict[str, dict[str, array[flo
         return {}
     if type(value) is not dict or len(value) > MAX_GPUS or len(c.gpus.keys() | value.keys()) > MAX_GPUS:
         raise ValueError(f"not an object of at most {MAX_GPUS} GPUs")
-    out = {}
+    names = []
     for index, entry in value.items():
         if type(entry) is not dict or len(index) > 64 or sum(map(len, entry)) > MAX_STRING_CHARS \
                 or len(entry) > MAX_GPU_KEYS or len(c.gpus.get(index, {}).keys() | entry.keys()) > MAX_GPU_KEYS:
             raise ValueError("not a GPU's values")
-        out[index] = {name: _doubles(column, n, _GPU_VALUE) for name, column in entry.items()}
+        names += [(index, name) for name in entry]
+    out: dict[str, dict[str, array[float]]] = {index: {} for index in value}
+    columns = _many_doubles([value[index][name] for index, name in names], n, _GPU_VALUE)
+    for (index, name), column in zip(names, columns):
+        out[index][name] = column
     return out
