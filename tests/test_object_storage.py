@@ -367,6 +367,31 @@ def test_parts_an_unreachable_storage_left_go_up_with_the_next_process(s3: S3, t
     assert not list((spool / "resumed" / "rank-0").glob("*.jsonl")), "nothing is left to upload"
 
 
+def test_an_outage_leaves_a_few_parts_not_one_per_interval(s3: S3, tmp_path: Path) -> None:
+    """Uploads every 0.2 s with the storage away for the whole run: the lines wait in one part per file (up to
+    an eighth of the spool's bound each), then all go up, in order, with the next process."""
+    s3.client().create_bucket(Bucket="merged")
+    spool = tmp_path / "spool"
+    code = ("import sys, time, otelprof\nfor _ in range(int(sys.argv[1])):\n    with otelprof.step():\n"
+            "        time.sleep(0.02)\n")
+    settings = {"OTELPROF_RECORD_DIR": "s3://merged/runs", "OTELPROF_RECORD_SPOOL_DIR": str(spool),
+                "OTELPROF_RUN_ID": "outage", "OTELPROF_SYSTEM_METRICS": "false", "AWS_MAX_ATTEMPTS": "1",
+                "OTELPROF_RECORD_UPLOAD_INTERVAL": "0.2", "OTELPROF_SHUTDOWN_TIMEOUT": "30"}
+    s3.stop()
+    first = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", code, "150"],
+                           capture_output=True, text=True, timeout=120, env=_env(s3, **settings), cwd=tmp_path)
+    assert first.returncode == 0 and "Traceback" not in first.stderr, first.stderr
+    left = sorted(p.name for p in (spool / "outage" / "rank-0" / remote.PENDING).glob("*"))
+    steps = [name for name in left if name.endswith(".steps.jsonl")]
+    assert 1 <= len(steps) <= 2, left  # a part per round without merging (6 here)
+    s3.restart()
+    second = subprocess.run([sys.executable, "-m", "otelprof", "run", "--", sys.executable, "-c", code, "3"],
+                            capture_output=True, text=True, timeout=120, env=_env(s3, **settings), cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    earlier = remote.local_copy("s3://merged/runs/outage")
+    assert [s.number for s in read_recording(earlier).ranks[0].steps] == list(range(150))
+
+
 GRACEFUL_LOOP = """
 import signal, sys, time
 stop = []

@@ -38,6 +38,9 @@ from otelprof._log import escape, info_once, logger, sanitize, warn_once
 from otelprof.recording import schema, spool
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+MERGE_BYTES = 16 * 2**20
+"""While the storage is away, a file's new lines join its newest waiting part up to this size (or an eighth of the
+spool's bound): an outage leaves a few parts, not one per upload interval."""
 PARTS = ".parts"
 """Suffix of the folder of a file's parts: ``steps.jsonl.parts/<stamp>``."""
 PENDING = ".upload"
@@ -92,6 +95,18 @@ def _lines(path: Path) -> int:
             return sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
     except OSError:
         return 0
+
+
+def _append(source: Path, target: Path) -> None:
+    """Move what ``source`` holds to the end of ``target`` (both parts of one file; ``source`` goes)."""
+    size = _size(target)
+    try:
+        with open(source, "rb") as taken, open(target, "ab") as part:
+            shutil.copyfileobj(taken, part)
+        source.unlink()
+    except OSError:  # both stay parts, in their order (no line in both)
+        with contextlib.suppress(OSError):
+            os.truncate(target, size)
 
 
 def _size(path: Path) -> int:
@@ -218,6 +233,7 @@ class Uploader:
             self._pending.mkdir(exist_ok=True)
         except OSError:
             return
+        parts = self._parts() if self._failing else []
         for name in APPENDED:
             target = self._pending / f"{self._next_stamp()}.{name}"
             if final:  # the writer is closed: its files are ours
@@ -225,6 +241,13 @@ class Uploader:
                 with contextlib.suppress(OSError):
                     if source.stat().st_size > 0:
                         os.replace(source, target)
+                continue
+            last = next((p for p in reversed(parts) if p.name.partition(".")[2] == name), None)
+            if last is not None and _size(last) < min(MERGE_BYTES, self._max_bytes // 8):
+                # the storage is away: what the file got since goes into its newest waiting part, not one more
+                # small part every interval (the part keeps its name: stored once the storage is back)
+                if self._writer.rotate(name, target):
+                    _append(target, last)
             else:
                 self._writer.rotate(name, target)
 
