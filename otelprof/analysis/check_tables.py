@@ -122,10 +122,14 @@ class Series:
             self._positive = array("q", accumulate(map((0.0).__lt__, self.values), initial=0))
         return self._positive[j] > self._positive[i]
 
-    def quantile(self, q: float, i: int, j: int) -> float:
+    def buckets(self) -> bytes:
+        """Each value's ratio-bucket index (``le`` semantics; the last, ``len(BUCKETS)``, is +Inf's)."""
         if self._buckets is None:
             self._buckets = bytes(map(partial(bisect.bisect_left, BUCKETS), self.values))
-        window = self._buckets[i:j]
+        return self._buckets
+
+    def quantile(self, q: float, i: int, j: int) -> float:
+        window = self.buckets()[i:j]
         return bucket_quantile(q, BUCKETS, list(accumulate(map(window.count, range(len(BUCKETS) + 1)))))
 
 
