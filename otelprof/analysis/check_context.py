@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from functools import partial
@@ -57,14 +58,16 @@ class CheckContext:
         self.judged: set[str] = set()
         """Checks that compared something with their threshold at least once (past warm-up, with data)."""
         self._spans: dict[tuple[int, float, float], tuple[object, Spans]] = {}
-        self._quantiles: dict[tuple[int, float, float], tuple[object, list[float]]] = {}
+        self._quantiles: dict[tuple[int, tuple[float, ...], float], tuple[object, list[tuple[float, ...]]]] = {}
         self._means: dict[tuple[int, float, float], tuple[object, list[float | None]]] = {}
         """Kept per object id with the object itself (so that its id is not another's while kept)."""
         self._times: Sequence[float] = ()
+        self._backs: dict[float, Sequence[float]] = {}
 
     def _at(self, times: Sequence[float]) -> None:
         """What was kept for other evaluation times is dropped (firing_at and evaluate ask for different times)."""
         if times is not self._times:
+            self._backs.clear()
             self._spans.clear()
             self._quantiles.clear()
             self._means.clear()
@@ -78,19 +81,33 @@ class CheckContext:
         found = self._spans.get(key)
         if found is None:
             find = partial(bisect.bisect_right, at)
-            ends = times if until == 0.0 else [t - until for t in times]
-            found = self._spans[key] = (at, (list(map(find, [t - back for t in times])), list(map(find, ends))))
+            found = self._spans[key] = (at, (list(map(find, self._minus(back))), list(map(find, self._minus(until)))))
         return found[1]
 
-    def quantiles(self, series: Series, q: float, times: Sequence[float], back: float) -> list[float]:
-        """``series.quantile(q, i, j)`` of the window ``(t - back, t]`` at each time (NaN where it is empty),
-        computed once however many checks read it."""
+    def _minus(self, back: float) -> Sequence[float]:
+        """``t - back`` for each evaluation time (kept per ``back``)."""
+        found = self._backs.get(back)
+        if found is None:
+            found = self._backs[back] = self._times if back == 0.0 else [t - back for t in self._times]
+        return found
+
+    def quantiles(self, series: Series, qs: tuple[float, ...], times: Sequence[float],
+                  back: float) -> list[tuple[float, ...]]:
+        """``series.quantile(q, i, j)`` for each q of ``qs`` of the window ``(t - back, t]`` at each time (NaN where
+        it is empty), computed once however many checks read them."""
         self._at(times)
-        key = (id(series), q, back)
+        key = (id(series), qs, back)
         found = self._quantiles.get(key)
         if found is None:
-            found = self._quantiles[key] = (series, window_quantiles(series, q, *self.spans(series.times, times, back)))
+            spans = self.spans(series.times, times, back)
+            found = self._quantiles[key] = (series, window_quantiles(series, qs, *spans))
         return found[1]
+
+    def any_positive(self, series: Series, times: Sequence[float], back: float) -> list[bool]:
+        """``series.any_positive(i, j)`` of the window ``(t - back, t]`` at each time."""
+        positive = series.positive()
+        lo, hi = self.spans(series.times, times, back)
+        return list(map(operator.gt, map(positive.__getitem__, hi), map(positive.__getitem__, lo)))
 
     def means(self, series: Series, times: Sequence[float], back: float, until: float = 0.0) -> list[float | None]:
         """``series.mean(i, j)`` of the window ``(t - back, t - until]`` at each time (None where it is empty)."""
@@ -98,9 +115,14 @@ class CheckContext:
         key = (id(series), back, until)
         found = self._means.get(key)
         if found is None:
-            values = series.values.tolist()  # a list sums its floats without boxing them: the same sums, faster
-            found = self._means[key] = (series, [sum(values[i:j]) / (j - i) if j > i else None
-                                                 for i, j in zip(*self.spans(series.times, times, back, until))])
+            spans = zip(*self.spans(series.times, times, back, until))
+            sums = series.exact_sums()
+            if sums is not None:  # whole numbers (bytes): the running totals are the slices' sums, exactly
+                means = [(sums[j] - sums[i]) / (j - i) if j > i else None for i, j in spans]
+            else:
+                values = series.values.tolist()  # a list sums its floats without boxing them: the same sums
+                means = [sum(values[i:j]) / (j - i) if j > i else None for i, j in spans]
+            found = self._means[key] = (series, means)
         return found[1]
 
     def live(self, rank: RankData, times: Sequence[float], warm: bool = False) -> list[int]:
@@ -140,24 +162,31 @@ class CheckContext:
         return sum(len(t) for t in self.steps.values())
 
 
-def window_quantiles(series: Series, q: float, lo: Sequence[int], hi: Sequence[int]) -> list[float]:
-    """``series.quantile(q, lo[k], hi[k])`` for every k (NaN for an empty window): the window's bucket counts
-    move with it, adding the values that entered and removing those that left (recounted when it jumps)."""
+def window_quantiles(series: Series, qs: tuple[float, ...], lo: Sequence[int],
+                     hi: Sequence[int]) -> list[tuple[float, ...]]:
+    """``series.quantile(q, lo[k], hi[k])`` for each q of ``qs``, for every k (NaN for an empty window): the
+    window's bucket counts move with it, adding the values that entered and removing those that left
+    (recounted when it jumps)."""
     buckets = series.buckets()
-    counts = [0] * (len(BUCKETS) + 1)
+    size = len(BUCKETS) + 1
+    counts = [0] * size
     i0 = j0 = 0
-    out = []
+    empty = (math.nan,) * len(qs)
+    out: list[tuple[float, ...]] = []
     for i, j in zip(lo, hi):
         if i >= j0 or i < i0 or j < j0:  # no overlap with the previous window (or it went back): count afresh
-            window = buckets[i:j]
-            counts = list(map(window.count, range(len(BUCKETS) + 1)))
+            counts = list(map(buckets[i:j].count, range(size)))
         else:
             for b in buckets[j0:j]:
                 counts[b] += 1
             for b in buckets[i0:i]:
                 counts[b] -= 1
         i0, j0 = i, j
-        out.append(monotonic_quantile(q, BUCKETS, list(accumulate(counts))) if j > i else math.nan)
+        if j > i:
+            cumulative = list(accumulate(counts))
+            out.append(tuple(monotonic_quantile(q, BUCKETS, cumulative) for q in qs))
+        else:
+            out.append(empty)
     return out
 
 

@@ -14,7 +14,7 @@ from otelprof import semconv as sc
 from otelprof.analysis.check_tables import RankData, SampleTable, StepTable
 from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.config import MixinConfig
-from otelprof.recording.columns import SampleColumns
+from otelprof.recording.columns import SampleColumns, group_indexes
 from otelprof.recording.ranks import RankRecording
 from otelprof.shared import collectives
 from otelprof.shared.outliers import StepJudge, in_windows
@@ -123,17 +123,17 @@ def outlier_costs(rank: RankRecording, outlier: OutlierSettings) -> dict[int, li
         at, values = columns.scalar(name)
         units.update((i, v) for i, v in zip(at, values) if v > 0 and math.isfinite(v))
     slowed = profiled_windows(rank)
-    judges: dict[int, StepJudge] = {}
+    number, duration = columns.number, columns.duration_ns
     costs: dict[int, list[float]] = {}
-    for index, (code, number, duration) in enumerate(zip(columns.phase, columns.number, columns.duration_ns)):
+    for code, steps in group_indexes(columns.phase).items():
         windows = slowed.get(columns.phase_names[code])
-        if windows and in_windows(number, windows):
-            costs.setdefault(code, []).append(0.0)
-            continue
-        judge = judges.get(code)
-        if judge is None:
-            judge = judges[code] = StepJudge(outlier.sigma, outlier.min_steps, outlier.min_ratio, outlier.min_excess)
-        costs.setdefault(code, []).append(judge.observe(duration / 1e9, units.get(index)))
+        judged = [i for i in steps if not in_windows(number[i], windows)] if windows else steps
+        judge = StepJudge(outlier.sigma, outlier.min_steps, outlier.min_ratio, outlier.min_excess)
+        found = judge.observe_all([duration[i] / 1e9 for i in judged], list(map(units.get, judged)))
+        if len(judged) < len(steps):  # 0.0 for the steps otelprof slowed
+            by_step = dict(zip(judged, found))
+            found = [by_step.get(i, 0.0) for i in steps]
+        costs[code] = found
     return costs
 
 

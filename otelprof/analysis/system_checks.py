@@ -46,17 +46,16 @@ def gpu_quantiles(ctx: CheckContext, kind: str) -> Condition:
             table = ctx.samples[id(r)]
             cpu_lo, cpu_hi = ctx.spans(table.cpu_mean.times, times, ctx.w)
             for gpu, values in sorted(table.util.items()):
-                lo, hi = ctx.spans(values.times, times, ctx.w)
-                p95s, p5s = ctx.quantiles(values, 0.95, times, ctx.w), ctx.quantiles(values, 0.05, times, ctx.w)
+                busy = ctx.any_positive(values, times, ctx.w)
+                quantiles = ctx.quantiles(values, (0.95, 0.05), times, ctx.w)  # 3 checks' own
                 memory = table.memory.get(gpu)
                 mem_lo, mem_hi = ctx.spans(memory.times, times, ctx.w) if memory is not None else ([], [])
                 subject = f"{r.subject} gpu {gpu}"
                 for k in live:
-                    i, j = lo[k], hi[k]
-                    if j <= i or not values.any_positive(i, j):
+                    if not busy[k]:
                         continue  # no value in the window, or never busy: an unused device
                     ctx.judged.add(name)
-                    p95, p5 = p95s[k], p5s[k]
+                    p95, p5 = quantiles[k]
                     if kind == "under" and p95 < c.low_gpu_threshold_p95:
                         out[k].append(Firing(subject, p95))
                     elif kind == "fluctuating" and p5 < c.low_gpu_threshold_p5 and p95 > c.low_gpu_threshold_p95:
