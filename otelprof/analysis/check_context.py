@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import operator
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from functools import partial
@@ -104,10 +103,14 @@ class CheckContext:
         return found[1]
 
     def any_positive(self, series: Series, times: Sequence[float], back: float) -> list[bool]:
-        """``series.any_positive(i, j)`` of the window ``(t - back, t]`` at each time."""
-        positive = series.positive()
+        """``series.any_positive(i, j)`` of the window ``(t - back, t]`` at each time: a value past the first
+        ratio bucket's bound (not negative) is positive, so only a window of first-bucket values (an idle GPU)
+        looks at its values."""
+        buckets = series.buckets()
         lo, hi = self.spans(series.times, times, back)
-        return list(map(operator.gt, map(positive.__getitem__, hi), map(positive.__getitem__, lo)))
+        above = BUCKETS[0] >= 0
+        return [j > i and ((above and buckets.count(0, i, j) < j - i) or series.any_positive(i, j))
+                for i, j in zip(lo, hi)]
 
     def means(self, series: Series, times: Sequence[float], back: float, until: float = 0.0) -> list[float | None]:
         """``series.mean(i, j)`` of the window ``(t - back, t - until]`` at each time (None where it is empty)."""

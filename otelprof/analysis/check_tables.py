@@ -113,10 +113,16 @@ class Series:
 
     def moments(self, i: int, j: int) -> tuple[int, float, float]:
         """Count, sum and sum of squares of the window's values (running totals, as the live series are)."""
-        if self._sums is None or self._squares is None:
-            self._sums = array("d", accumulate(self.values, initial=0.0))
+        sums = self.running_sums()
+        if self._squares is None:
             self._squares = array("d", accumulate(map(operator.mul, self.values, self.values), initial=0.0))
-        return j - i, self._sums[j] - self._sums[i], self._squares[j] - self._squares[i]
+        return j - i, sums[j] - sums[i], self._squares[j] - self._squares[i]
+
+    def running_sums(self) -> array[float]:
+        """Running total of the values (``[i]``: of the values before i)."""
+        if self._sums is None:
+            self._sums = array("d", accumulate(self.values, initial=0.0))
+        return self._sums
 
     def positive(self) -> array[int]:
         """Running count of the positive values (``positive()[i]``: before value i)."""
@@ -130,10 +136,7 @@ class Series:
         either way is a whole number a double holds. None otherwise (sum a window's values instead)."""
         if self._exact is None:
             self._exact = all(map(float.is_integer, self.values)) and sum(map(abs, self.values)) < 2.0 ** 52
-        if not self._exact:
-            return None
-        self.moments(0, 0)
-        return self._sums
+        return self.running_sums() if self._exact else None
 
     def any_positive(self, i: int, j: int) -> bool:
         positive = self.positive()
