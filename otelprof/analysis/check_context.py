@@ -62,11 +62,13 @@ class CheckContext:
         """Kept per object id with the object itself (so that its id is not another's while kept)."""
         self._times: Sequence[float] = ()
         self._backs: dict[float, Sequence[float]] = {}
+        self._live: dict[tuple[int, bool], tuple[RankData, list[int]]] = {}
 
     def _at(self, times: Sequence[float]) -> None:
         """What was kept for other evaluation times is dropped (firing_at and evaluate ask for different times)."""
         if times is not self._times:
             self._backs.clear()
+            self._live.clear()
             self._spans.clear()
             self._quantiles.clear()
             self._means.clear()
@@ -129,9 +131,15 @@ class CheckContext:
         return found[1]
 
     def live(self, rank: RankData, times: Sequence[float], warm: bool = False) -> list[int]:
-        """The indexes of the times at which the rank was alive (and past its warm-up, when ``warm``)."""
-        start, end, patience = rank.process_start, rank.end, self.patience
-        return [k for k, t in enumerate(times) if start <= t <= end and (not warm or t - start > patience)]
+        """The indexes of the times at which the rank was alive (and past its warm-up, when ``warm``); kept."""
+        self._at(times)
+        key = (id(rank), warm)
+        found = self._live.get(key)
+        if found is None:
+            start, end, patience = rank.process_start, rank.end, self.patience
+            found = self._live[key] = (rank, [k for k, t in enumerate(times)
+                                              if start <= t <= end and (not warm or t - start > patience)])
+        return found[1]
 
     def phase_windows(self, rank: RankData, times: Sequence[float],
                       back: float) -> Iterable[tuple[str, PhaseSteps, list[tuple[int, int, int]]]]:

@@ -42,9 +42,10 @@ def loss_not_decreasing(ctx: CheckContext, times: Sequence[float]) -> list[list[
         (now_lo, now_hi), (before_lo, before_hi) = ctx.spans(losses.times, times, lw), \
             ctx.spans(losses.times, times, 2 * lw, lw)
         steps = ctx.steps[id(r)].phases.get(ctx.c.train_phase)
-        bad = [ctx.spans(ends, times, 2 * lw) for ends in (steps.bad_losses, steps.bad_norms)] if steps else []
+        bad = {k for ends in ((steps.bad_losses, steps.bad_norms) if steps else ()) if ends
+               for k, (lo, hi) in enumerate(zip(*ctx.spans(ends, times, 2 * lw))) if hi > lo}
         for k in live:
-            if any(hi[k] > lo[k] for lo, hi in bad):
+            if k in bad:
                 continue  # a NaN in the windows: NonFiniteValues speaks, the held loss would look flat
             i, j, k0, m = now_lo[k], now_hi[k], before_lo[k], before_hi[k]
             if j - i > 1 and m - k0 > 1:
