@@ -36,9 +36,11 @@ def _sample_table(rank: RankRecording, config: MixinConfig) -> SampleTable:
 def _build_sample_table(columns: SampleColumns, config: MixinConfig) -> SampleTable:
     node = list(map(operator.eq, columns.cpu_max, columns.cpu_max))  # NaN: a process-only sample
     nan = array("d", [math.nan]) * len(columns)
+    every = len(node) == len(columns) and False not in node  # a node rank: every sample a node sample
 
     def kept(values: Sequence[float] | None) -> list[float]:
-        return list(compress(nan if values is None else values, node))
+        values = nan if values is None else values
+        return list(values) if every else list(compress(values, node))
 
     def ratio(used: list[float], total: list[float]) -> list[float]:
         if 0.0 in total:
@@ -47,11 +49,12 @@ def _build_sample_table(columns: SampleColumns, config: MixinConfig) -> SampleTa
 
     util = {str(index): kept(g.get("u")) for index, g in columns.gpus.items()}
     memory = {str(index): ratio(kept(g.get("mu")), kept(g.get("mt"))) for index, g in columns.gpus.items()}
-    return SampleTable.build([t / 1e9 for t in compress(columns.t_ns, node)], kept(columns.cpu_max),
+    seconds = [t / 1e9 for t in columns.t_ns]
+    return SampleTable.build(seconds if every else list(compress(seconds, node)), kept(columns.cpu_max),
                              kept(columns.cpu_mean), kept(columns.iow_max),
                              {g: v for g, v in util.items() if any(map(operator.eq, v, v))},
                              {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config,
-                             ([t / 1e9 for t in columns.t_ns], columns.rss), kept(columns.mem),
+                             (seconds, columns.rss), kept(columns.mem),
                              kept(columns.container_memory), kept(columns.container_limit))
 
 

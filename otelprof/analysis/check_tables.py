@@ -198,13 +198,16 @@ class SampleTable:
         def series(values: Sequence[float]) -> Series:
             known = list(map(operator.eq, values, values))  # not NaN
             key = bytes(known)  # the GPUs of a node read in the same samples share one array of their times
+            every = False not in known
             at = kept_times.get(key)
             if at is None:
-                at = kept_times[key] = array("d", compress(times, known))
-            return Series(at, compress(values, known))
+                at = kept_times[key] = array("d", times if every else compress(times, known))
+            return Series(at, values if every else compress(values, known))  # a list converts faster
 
         def known(t: Sequence[float], values: Sequence[float]) -> Series:
             keep = list(map(operator.eq, values, values))
+            if False not in keep:
+                return Series(t, values) if keep else EMPTY
             return Series(compress(t, keep), compress(values, keep)) if any(keep) else EMPTY
 
         return SampleTable(array("d", times), hits(busy_max, config.cpu_threshold),
