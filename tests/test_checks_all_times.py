@@ -4,18 +4,22 @@ value, on sequences written here (random and adversarial)."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from itertools import accumulate
+from pathlib import Path
 
 import pytest
 
 from otelprof.analysis import checks
 from otelprof.analysis.check_context import CheckContext, window_quantiles
+from otelprof.analysis.check_recording import _build_sample_table
 from otelprof.analysis.check_tables import BUCKETS, RankData, Sample, Series, StepRecord
 from otelprof.analysis.histogram import bucket_quantile, cumulative_counts, monotonic_quantile
 from otelprof.analysis.step_checks import peers_median, peers_typical
 from otelprof.mixin.config import MixinConfig
+from otelprof.recording.samples import parse_samples
 from otelprof.shared.outliers import RESUM_STEPS, LossSpikes, StepJudge
 
 
@@ -215,3 +219,61 @@ def test_every_check_over_all_times_equals_each_time_judged_alone(seed: int) -> 
     assert together.judged == alone.judged
     assert fired == set(checks.OFFLINE_CHECKS)  # every check has something to find in these ranks
 
+
+
+def _sample_lines(rnd: random.Random, shape: str) -> str:
+    """A rank's sample lines: every one a node sample ("node"), none ("process"), or node samples then process
+    ones, some without a resident size or a GPU reading ("mixed")."""
+    lines = []
+    for k in range(400):
+        line: dict[str, object] = {"t": 1_750_000_000_000_000_000 + k * 500_000_000, "pid": 7, "pcpu": 1.0}
+        if not (shape == "mixed" and k % 7 == 3):
+            line["rss"] = 8_000_000_000 + k * 1024
+        if shape == "node" or (shape == "mixed" and k < 250):
+            line.update(cpu=[rnd.random(), rnd.choice([0.99, 0.1])], iow=[rnd.random() * 0.5], mem=rnd.random(),
+                        cws=9e8 + k, cml=1e9)
+            gpus = {"0": {"u": rnd.choice([0.0, 0.05, 0.5, 0.95]), "mu": 6e10, "mt": 8e10}}
+            if k % 5:
+                gpus["1"] = {"u": rnd.random(), "mu": 1e10 + k, "mt": 8e10}
+            line["gpu"] = gpus
+        lines.append(json.dumps(line))
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("shape", ["node", "process", "mixed"])
+def test_sample_table_holds_each_series_known_values(shape: str, tmp_path: Path) -> None:
+    """The checks' sample table from the reader's columns (a node rank's copied whole, others through their
+    node-sample mask) holds, per series, the (time, value) of each sample that has the value, and the running
+    count of bottleneck coincidences, as read value by value here."""
+    path = tmp_path / "samples.jsonl"
+    path.write_text(_sample_lines(random.Random(5), shape))
+    columns = parse_samples(path)
+    config = MixinConfig()
+    table = _build_sample_table(columns, config)
+    seconds = [t / 1e9 for t in columns.t_ns]
+    node = [k for k, v in enumerate(columns.cpu_max) if v == v] if len(columns.cpu_max) else []
+
+    def pairs(series: Series) -> list[tuple[float, float]]:
+        return list(zip(series.times, series.values))
+
+    def known(values: object, at: list[int]) -> list[tuple[float, float]]:
+        return [(seconds[k], v) for k in at if (v := values[k]) == v]  # type: ignore[index]
+
+    assert list(table.times) == [seconds[k] for k in node]
+    assert pairs(table.rss) == known(columns.rss, list(range(len(columns))))
+    assert pairs(table.cpu_mean) == known(columns.cpu_mean, node)
+    assert pairs(table.host_memory) == known(columns.mem, node)
+    assert pairs(table.container_memory) == known(columns.container_memory, node)
+    gpus = {str(g): c for g, c in columns.gpus.items()}
+    assert sorted(table.util) == sorted(table.memory) == (sorted(gpus) if node else [])
+    for g, c in gpus.items():
+        assert pairs(table.util[g]) == known(c["u"], node)
+        assert pairs(table.memory[g]) == [(seconds[k], c["mu"][k] / c["mt"][k]) for k in node
+                                         if c["mu"][k] == c["mu"][k]]
+    hits, count = [0], 0
+    for k in node:
+        count += columns.cpu_max[k] > config.cpu_threshold and any(
+            c["u"][k] < config.gpu_threshold for c in gpus.values())
+        hits.append(count)
+    assert list(table.cpu_hits) == hits
+    assert (shape == "process") == (not node) and (shape != "node" or len(node) == len(columns))
