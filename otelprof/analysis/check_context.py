@@ -1,14 +1,23 @@
 """What every offline check reads: the ranks' sample and step tables (built once), the config, the
 windows they share, and the set of checks that judged anything; a check is a :data:`Condition`, and a
-:class:`CheckGroup` lists one group's checks for the registry in :mod:`otelprof.analysis.checks`."""
+:class:`CheckGroup` lists one group's checks for the registry in :mod:`otelprof.analysis.checks`.
+
+A condition judges every evaluation time at once, rank by rank: a window's index range at each time comes
+from one bisection per time (:meth:`CheckContext.spans`), what several checks read of a series (its window
+quantiles and means at every time) is computed once per series, and its quantiles slide a window's bucket
+counts from one time to the next instead of recounting the window."""
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Sized
+import math
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
+from functools import partial
+from itertools import accumulate
 
-from otelprof.analysis.check_tables import PhaseSteps, RankData, SampleTable, Series, StepTable
+from otelprof.analysis.check_tables import BUCKETS, PhaseSteps, RankData, SampleTable, Series, StepTable
+from otelprof.analysis.histogram import monotonic_quantile
 from otelprof.mixin.config import MixinConfig, seconds
 
 
@@ -20,14 +29,17 @@ class Firing:
     value: float
 
 
-Condition = Callable[[float], list[Firing]]
-"""A check: the subjects firing at an evaluation time."""
+Condition = Callable[[Sequence[float]], list[list[Firing]]]
+"""A check: the subjects firing at each evaluation time (sorted times), in the order they were found."""
 
 Conditions = dict[str, tuple[Condition, int]]
 """Condition and datapoint count per alert short name."""
 
+Spans = tuple[list[int], list[int]]
+"""Per evaluation time, a window's index range ``[lo, hi)`` in a sorted array of times."""
+
 FEW_PHASES = 16
-"""Up to this many phases per rank, the step checks look at each phase's steps in every window."""
+"""Up to this many phases per rank, the step checks look at each phase's steps at every time."""
 
 
 class CheckContext:
@@ -42,63 +54,114 @@ class CheckContext:
         self.steps = {id(r): r.step_table or StepTable.from_records(r.steps) for r in ranks}
         self.first_steps = {id(r): r.first_step if r.first_step is not None else
                             min((s.start for s in r.steps), default=None) for r in ranks}
-        self._at: float | None = None
-        self._quantiles: dict[tuple[int, float, int, int], float] = {}
         self.judged: set[str] = set()
         """Checks that compared something with their threshold at least once (past warm-up, with data)."""
-        self._phase_indexes: dict[int, tuple[list[float], list[int], list[tuple[str, PhaseSteps]]]] = {}
+        self._spans: dict[tuple[int, float, float], tuple[object, Spans]] = {}
+        self._quantiles: dict[tuple[int, tuple[float, ...], float], tuple[object, list[tuple[float, ...]]]] = {}
+        self._means: dict[tuple[int, float, float], tuple[object, list[float | None]]] = {}
+        """Kept per object id with the object itself (so that its id is not another's while kept)."""
+        self._times: Sequence[float] = ()
+        self._backs: dict[float, Sequence[float]] = {}
+        self._live: dict[tuple[int, bool], tuple[RankData, list[int]]] = {}
 
-    def quantile(self, series: Series, q: float, i: int, j: int, t: float) -> float:
-        """``series.quantile(q, i, j)`` at evaluation time ``t``, computed once however many checks read it (the
-        checks are evaluated time by time: what one computed at ``t`` is kept until the next time)."""
-        if t != self._at:
+    def _at(self, times: Sequence[float]) -> None:
+        """What was kept for other evaluation times is dropped (firing_at and evaluate ask for different times)."""
+        if times is not self._times:
+            self._backs.clear()
+            self._live.clear()
+            self._spans.clear()
             self._quantiles.clear()
-            self._at = t
-        key = (id(series), q, i, j)
+            self._means.clear()
+            self._times = times
+
+    def spans(self, at: Sequence[float], times: Sequence[float], back: float, until: float = 0.0) -> Spans:
+        """The index ranges in ``at`` (sorted) of the windows ``t - back < x <= t - until`` at each time ``t``
+        (the rules' windows), kept for the other checks that read the same array with the same window."""
+        self._at(times)
+        key = (id(at), back, until)
+        found = self._spans.get(key)
+        if found is None:
+            find = partial(bisect.bisect_right, at)
+            found = self._spans[key] = (at, (list(map(find, self._minus(back))), list(map(find, self._minus(until)))))
+        return found[1]
+
+    def _minus(self, back: float) -> Sequence[float]:
+        """``t - back`` for each evaluation time (kept per ``back``)."""
+        found = self._backs.get(back)
+        if found is None:
+            found = self._backs[back] = self._times if back == 0.0 else [t - back for t in self._times]
+        return found
+
+    def quantiles(self, series: Series, qs: tuple[float, ...], times: Sequence[float],
+                  back: float) -> list[tuple[float, ...]]:
+        """``series.quantile(q, i, j)`` for each q of ``qs`` of the window ``(t - back, t]`` at each time (NaN where
+        it is empty), computed once however many checks read them."""
+        self._at(times)
+        key = (id(series), qs, back)
         found = self._quantiles.get(key)
         if found is None:
-            found = self._quantiles[key] = series.quantile(q, i, j)
-        return found
+            spans = self.spans(series.times, times, back)
+            found = self._quantiles[key] = (series, window_quantiles(series, qs, *spans))
+        return found[1]
 
-    def warm(self, rank: RankData, t: float) -> bool:
-        return t - rank.process_start > self.patience
+    def any_positive(self, series: Series, times: Sequence[float], back: float) -> list[bool]:
+        """``series.any_positive(i, j)`` of the window ``(t - back, t]`` at each time: a value past the first
+        ratio bucket's bound (not negative) is positive, so only a window of first-bucket values (an idle GPU)
+        looks at its values."""
+        buckets = series.buckets()
+        lo, hi = self.spans(series.times, times, back)
+        above = BUCKETS[0] >= 0
+        return [j > i and ((above and buckets.count(0, i, j) < j - i) or series.any_positive(i, j))
+                for i, j in zip(lo, hi)]
 
-    def alive(self, rank: RankData, t: float) -> bool:
-        return rank.process_start <= t <= rank.end
-
-    def gpu_windows(self, series: dict[str, Series], start: float, end: float) -> dict[str, tuple[Series, int, int]]:
-        """Per GPU with values in the window: its series and the window's index range."""
-        out = {}
-        for gpu, values in series.items():
-            i, j = values.span(start, end)
-            if j > i:
-                out[gpu] = (values, i, j)
-        return out
-
-    def phase_windows(self, rank: RankData, start: float, end: float) -> Iterable[tuple[str, PhaseSteps, int, int]]:
-        """Per phase with steps ending in the window: its columns and the window's index range. With many phases
-        (a run that names one per step) only those with a step in the window are looked at: the evaluations cost
-        the steps in their windows, not every phase each time."""
-        phases = self.steps[id(rank)].phases
-        if len(phases) <= FEW_PHASES:
-            candidates: Iterable[tuple[str, PhaseSteps]] = phases.items()
-        else:
-            ends, order, items = self._phase_index(rank)
-            found = order[bisect.bisect_right(ends, start):bisect.bisect_right(ends, end)]
-            candidates = map(items.__getitem__, sorted(set(found)))  # in the phases' order, as above
-        for phase, steps in candidates:
-            i, j = steps.span(start, end)
-            if j > i:
-                yield phase, steps, i, j
-
-    def _phase_index(self, rank: RankData) -> tuple[list[float], list[int], list[tuple[str, PhaseSteps]]]:
-        """Every step end of the rank in time order, the position of its phase, and the phases (built once)."""
-        found = self._phase_indexes.get(id(rank))
+    def means(self, series: Series, times: Sequence[float], back: float, until: float = 0.0) -> list[float | None]:
+        """``series.mean(i, j)`` of the window ``(t - back, t - until]`` at each time (None where it is empty)."""
+        self._at(times)
+        key = (id(series), back, until)
+        found = self._means.get(key)
         if found is None:
-            items = list(self.steps[id(rank)].phases.items())
-            pairs = sorted((e, k) for k, (_, steps) in enumerate(items) for e in steps.ends)
-            found = self._phase_indexes[id(rank)] = ([e for e, _ in pairs], [k for _, k in pairs], items)
-        return found
+            spans = zip(*self.spans(series.times, times, back, until))
+            sums = series.exact_sums()
+            if sums is not None:  # whole numbers (bytes): the running totals are the slices' sums, exactly
+                means = [(sums[j] - sums[i]) / (j - i) if j > i else None for i, j in spans]
+            else:
+                values = series.values.tolist()  # a list sums its floats without boxing them: the same sums
+                means = [sum(values[i:j]) / (j - i) if j > i else None for i, j in spans]
+            found = self._means[key] = (series, means)
+        return found[1]
+
+    def live(self, rank: RankData, times: Sequence[float], warm: bool = False) -> list[int]:
+        """The indexes of the times at which the rank was alive (and past its warm-up, when ``warm``); kept."""
+        self._at(times)
+        key = (id(rank), warm)
+        found = self._live.get(key)
+        if found is None:
+            start, end, patience = rank.process_start, rank.end, self.patience
+            found = self._live[key] = (rank, [k for k, t in enumerate(times)
+                                              if start <= t <= end and (not warm or t - start > patience)])
+        return found[1]
+
+    def phase_windows(self, rank: RankData, times: Sequence[float],
+                      back: float) -> Iterable[tuple[str, PhaseSteps, list[tuple[int, int, int]]]]:
+        """Per phase (in the phases' order), the times whose window ``(t - back, t]`` holds some of its steps:
+        (time index, index range). With many phases (a run that names one per step) each phase looks only at
+        the times near its steps: the evaluations cost the steps, not every phase at every time."""
+        phases = self.steps[id(rank)].phases
+        few = len(phases) <= FEW_PHASES
+        for phase, steps in phases.items():
+            ends = steps.ends
+            if not ends:
+                continue
+            if few:
+                found = [(k, i, j) for k, (i, j) in enumerate(zip(*self.spans(ends, times, back))) if j > i]
+            else:  # no window past these times can hold a step (the test of each window is the exact one)
+                first = bisect.bisect_left(times, ends[0])
+                last = bisect.bisect_right(times, ends[-1] + back + 1.0, first)
+                after = partial(bisect.bisect_right, ends)
+                found = [(k, i, j) for k in range(first, last)
+                         if (j := after(times[k])) > (i := after(times[k] - back))]
+            if found:
+                yield phase, steps, found
 
     def phase_count(self, phase: str | None, column: Callable[[PhaseSteps], Sized]) -> int:
         """Datapoints of a per-phase column over every rank (of one phase, or of all when None)."""
@@ -108,6 +171,34 @@ class CheckContext:
     def step_count(self) -> int:
         """Steps of every rank."""
         return sum(len(t) for t in self.steps.values())
+
+
+def window_quantiles(series: Series, qs: tuple[float, ...], lo: Sequence[int],
+                     hi: Sequence[int]) -> list[tuple[float, ...]]:
+    """``series.quantile(q, lo[k], hi[k])`` for each q of ``qs``, for every k (NaN for an empty window): the
+    window's bucket counts move with it, adding the values that entered and removing those that left
+    (recounted when it jumps)."""
+    buckets = series.buckets()
+    size = len(BUCKETS) + 1
+    counts = [0] * size
+    i0 = j0 = 0
+    empty = (math.nan,) * len(qs)
+    out: list[tuple[float, ...]] = []
+    for i, j in zip(lo, hi):
+        if i >= j0 or i < i0 or j < j0:  # no overlap with the previous window (or it went back): count afresh
+            counts = list(map(buckets[i:j].count, range(size)))
+        else:
+            for b in buckets[j0:j]:
+                counts[b] += 1
+            for b in buckets[i0:i]:
+                counts[b] -= 1
+        i0, j0 = i, j
+        if j > i:
+            cumulative = list(accumulate(counts))
+            out.append(tuple(monotonic_quantile(q, BUCKETS, cumulative) for q in qs))
+        else:
+            out.append(empty)
+    return out
 
 
 def by_job(ranks: Iterable[RankData]) -> dict[str, list[RankData]]:

@@ -14,7 +14,7 @@ from otelprof import semconv as sc
 from otelprof.analysis.check_tables import RankData, SampleTable, StepTable
 from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.config import MixinConfig
-from otelprof.recording.columns import SampleColumns
+from otelprof.recording.columns import SampleColumns, group_indexes
 from otelprof.recording.ranks import RankRecording
 from otelprof.shared import collectives
 from otelprof.shared.outliers import StepJudge, in_windows
@@ -36,9 +36,11 @@ def _sample_table(rank: RankRecording, config: MixinConfig) -> SampleTable:
 def _build_sample_table(columns: SampleColumns, config: MixinConfig) -> SampleTable:
     node = list(map(operator.eq, columns.cpu_max, columns.cpu_max))  # NaN: a process-only sample
     nan = array("d", [math.nan]) * len(columns)
+    every = len(node) == len(columns) and False not in node  # a node rank: every sample a node sample
 
     def kept(values: Sequence[float] | None) -> list[float]:
-        return list(compress(nan if values is None else values, node))
+        values = nan if values is None else values
+        return list(values) if every else list(compress(values, node))
 
     def ratio(used: list[float], total: list[float]) -> list[float]:
         if 0.0 in total:
@@ -47,11 +49,12 @@ def _build_sample_table(columns: SampleColumns, config: MixinConfig) -> SampleTa
 
     util = {str(index): kept(g.get("u")) for index, g in columns.gpus.items()}
     memory = {str(index): ratio(kept(g.get("mu")), kept(g.get("mt"))) for index, g in columns.gpus.items()}
-    return SampleTable.build([t / 1e9 for t in compress(columns.t_ns, node)], kept(columns.cpu_max),
+    seconds = [t / 1e9 for t in columns.t_ns]
+    return SampleTable.build(seconds if every else list(compress(seconds, node)), kept(columns.cpu_max),
                              kept(columns.cpu_mean), kept(columns.iow_max),
                              {g: v for g, v in util.items() if any(map(operator.eq, v, v))},
                              {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config,
-                             ([t / 1e9 for t in columns.t_ns], columns.rss), kept(columns.mem),
+                             (seconds, columns.rss), kept(columns.mem),
                              kept(columns.container_memory), kept(columns.container_limit))
 
 
@@ -123,17 +126,17 @@ def outlier_costs(rank: RankRecording, outlier: OutlierSettings) -> dict[int, li
         at, values = columns.scalar(name)
         units.update((i, v) for i, v in zip(at, values) if v > 0 and math.isfinite(v))
     slowed = profiled_windows(rank)
-    judges: dict[int, StepJudge] = {}
+    number, duration = columns.number, columns.duration_ns
     costs: dict[int, list[float]] = {}
-    for index, (code, number, duration) in enumerate(zip(columns.phase, columns.number, columns.duration_ns)):
+    for code, steps in group_indexes(columns.phase).items():
         windows = slowed.get(columns.phase_names[code])
-        if windows and in_windows(number, windows):
-            costs.setdefault(code, []).append(0.0)
-            continue
-        judge = judges.get(code)
-        if judge is None:
-            judge = judges[code] = StepJudge(outlier.sigma, outlier.min_steps, outlier.min_ratio, outlier.min_excess)
-        costs.setdefault(code, []).append(judge.observe(duration / 1e9, units.get(index)))
+        judged = [i for i in steps if not in_windows(number[i], windows)] if windows else steps
+        judge = StepJudge(outlier.sigma, outlier.min_steps, outlier.min_ratio, outlier.min_excess)
+        found = judge.observe_all([duration[i] / 1e9 for i in judged], list(map(units.get, judged)))
+        if len(judged) < len(steps):  # 0.0 for the steps otelprof slowed
+            by_step = dict(zip(judged, found))
+            found = [by_step.get(i, 0.0) for i in steps]
+        costs[code] = found
     return costs
 
 

@@ -12,7 +12,7 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import accumulate, compress, repeat
+from itertools import accumulate, compress
 
 from otelprof import semconv as sc
 from otelprof.analysis.histogram import bucket_quantile
@@ -91,7 +91,7 @@ class Series:
     For quantiles each value's ratio-bucket index is computed once (on first use), so a window's
     ``histogram_quantile`` counts bytes instead of re-bucketing every value."""
 
-    __slots__ = ("times", "values", "_buckets", "_positive", "_sums", "_squares")
+    __slots__ = ("times", "values", "_buckets", "_positive", "_sums", "_squares", "_exact")
 
     def __init__(self, times: Iterable[float], values: Iterable[float]) -> None:
         self.times = times if type(times) is array and times.typecode == "d" else array("d", times)  # kept, not copied
@@ -100,6 +100,7 @@ class Series:
         self._positive: array[int] | None = None
         self._sums: array[float] | None = None
         self._squares: array[float] | None = None
+        self._exact: bool | None = None
 
     def __len__(self) -> int:
         return len(self.times)
@@ -112,20 +113,43 @@ class Series:
 
     def moments(self, i: int, j: int) -> tuple[int, float, float]:
         """Count, sum and sum of squares of the window's values (running totals, as the live series are)."""
-        if self._sums is None or self._squares is None:
-            self._sums = array("d", accumulate(self.values, initial=0.0))
+        sums = self.running_sums()
+        if self._squares is None:
             self._squares = array("d", accumulate(map(operator.mul, self.values, self.values), initial=0.0))
-        return j - i, self._sums[j] - self._sums[i], self._squares[j] - self._squares[i]
+        return j - i, sums[j] - sums[i], self._squares[j] - self._squares[i]
 
-    def any_positive(self, i: int, j: int) -> bool:
+    def running_sums(self) -> array[float]:
+        """Running total of the values (``[i]``: of the values before i)."""
+        if self._sums is None:
+            self._sums = array("d", accumulate(self.values, initial=0.0))
+        return self._sums
+
+    def positive(self) -> array[int]:
+        """Running count of the positive values (``positive()[i]``: before value i)."""
         if self._positive is None:
             self._positive = array("q", accumulate(map((0.0).__lt__, self.values), initial=0))
-        return self._positive[j] > self._positive[i]
+        return self._positive
 
-    def quantile(self, q: float, i: int, j: int) -> float:
+    def exact_sums(self) -> array[float] | None:
+        """The running totals (``[i]``: of the values before i) when every window's sum of the values in order is
+        their difference, exactly: whole numbers whose absolute sum is below 2**53, so that every partial sum
+        either way is a whole number a double holds. None otherwise (sum a window's values instead)."""
+        if self._exact is None:
+            self._exact = all(map(float.is_integer, self.values)) and sum(map(abs, self.values)) < 2.0 ** 52
+        return self.running_sums() if self._exact else None
+
+    def any_positive(self, i: int, j: int) -> bool:
+        positive = self.positive()
+        return positive[j] > positive[i]
+
+    def buckets(self) -> bytes:
+        """Each value's ratio-bucket index (``le`` semantics; the last, ``len(BUCKETS)``, is +Inf's)."""
         if self._buckets is None:
             self._buckets = bytes(map(partial(bisect.bisect_left, BUCKETS), self.values))
-        window = self._buckets[i:j]
+        return self._buckets
+
+    def quantile(self, q: float, i: int, j: int) -> float:
+        window = self.buckets()[i:j]
         return bucket_quantile(q, BUCKETS, list(accumulate(map(window.count, range(len(BUCKETS) + 1)))))
 
 
@@ -161,24 +185,29 @@ class SampleTable:
               host_memory: Sequence[float] = (), container_memory: Sequence[float] = (),
               container_limit: Sequence[float] = ()) -> SampleTable:
         """From per-sample columns, NaN where a sample lacks a value; ``rss`` as (times, values) of every sample."""
-        lowest = _LowestGPU(list(util.values()))
+        low_gpu = [False] * len(times)  # per sample: some GPU below the threshold (NaN compares False)
+        for values in util.values():
+            low_gpu = list(map(operator.or_, low_gpu, map(partial(operator.gt, config.gpu_threshold), values)))
 
         def hits(peaks: Sequence[float], high: float) -> array[int]:
-            hit = map(lowest.below, map(high.__lt__, peaks), range(len(peaks)), repeat(config.gpu_threshold))
-            return array("q", accumulate(hit, initial=0))
+            """Running count of bottleneck coincidences: a CPU (or iowait) above ``high`` while a GPU is low."""
+            return array("q", accumulate(map(operator.and_, map(high.__lt__, peaks), low_gpu), initial=0))
 
         kept_times: dict[bytes, array[float]] = {}
 
         def series(values: Sequence[float]) -> Series:
             known = list(map(operator.eq, values, values))  # not NaN
             key = bytes(known)  # the GPUs of a node read in the same samples share one array of their times
+            every = False not in known
             at = kept_times.get(key)
             if at is None:
-                at = kept_times[key] = array("d", compress(times, known))
-            return Series(at, compress(values, known))
+                at = kept_times[key] = array("d", times if every else compress(times, known))
+            return Series(at, values if every else compress(values, known))  # a list converts faster
 
         def known(t: Sequence[float], values: Sequence[float]) -> Series:
             keep = list(map(operator.eq, values, values))
+            if False not in keep:
+                return Series(t, values) if keep else EMPTY
             return Series(compress(t, keep), compress(values, keep)) if any(keep) else EMPTY
 
         return SampleTable(array("d", times), hits(busy_max, config.cpu_threshold),
@@ -207,17 +236,6 @@ class SampleTable:
 
     def span(self, start: float, end: float) -> tuple[int, int]:
         return bisect.bisect_right(self.times, start), bisect.bisect_right(self.times, end)
-
-
-class _LowestGPU:
-    """The least busy GPU of a sample, computed only for samples that need it (a CPU above threshold)."""
-
-    def __init__(self, util: list[Sequence[float]]) -> None:
-        self.util = util
-
-    def below(self, busy: bool, index: int, low: float) -> bool:
-        """One bottleneck coincidence: ``busy`` (a CPU or iowait above its threshold) while a GPU is below ``low``."""
-        return busy and any(u[index] < low for u in self.util)  # NaN compares False
 
 
 @dataclass(frozen=True)
@@ -285,7 +303,7 @@ class StepTable:
             durations = list(map(operator.sub, ends, starts))
             compute = map(operator.sub, durations, map(collective.__getitem__, mask))
             excess = outliers.get(code) or [0.0] * len(ends)
-            spike = list(map(LossSpikes().observe, loss_values.values))
+            spike = LossSpikes().observe_all(loss_values.values)
             kept = list(map(operator.not_, spike))
             phases[name] = PhaseSteps(
                 array("d", ends), array("d", compute),

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from otelprof.analysis import step_checks, system_checks, training_checks
-from otelprof.analysis.check_context import CheckContext, CheckGroup, Condition, Conditions, Firing
+from otelprof.analysis.check_context import CheckContext, CheckGroup, Conditions, Firing
 from otelprof.analysis.check_recording import rank_data
 from otelprof.analysis.check_tables import RankData
 from otelprof.mixin.alert_model import Alert
@@ -84,11 +84,7 @@ def evaluate_ranks(ranks: list[RankData], config: MixinConfig | None = None, int
     by_short = {a.short: a for a in alerts(config)}
     checks = [(short, by_short[short], condition, datapoints) for short, (condition, datapoints)
               in conditions(ctx).items() if short in by_short]  # not those disabled in the config
-    states: list[list[tuple[float, list[Firing]]]] = [[] for _ in checks]
-    # time by time, every check at each time: what several read at one time is computed once (CheckContext.quantile)
-    for at_time in zip(*(_states(alert, condition, times) for _, alert, condition, _ in checks)):
-        for kept, state in zip(states, at_time):
-            kept.append(state)
+    states = [list(_states(alert, condition(times), times)) for _, alert, condition, _ in checks]
     results = []
     for (short, alert, _, datapoints), kept in zip(checks, states):
         result = _run(alert, kept, datapoints, times)
@@ -110,18 +106,20 @@ def firing_at(ranks: list[RankData], config: MixinConfig, interval: float, at: S
         alert = by_short.get(short)
         if alert is None:
             continue
-        for t, firing in _states(alert, condition, times):
+        for t, firing in _states(alert, condition(times), times):
             if t in out:
                 out[t] |= {(alert.name, f.subject) for f in firing}
     return out
 
 
-def _states(alert: Alert, condition: Condition, times: Sequence[float]) -> Iterable[tuple[float, list[Firing]]]:
-    """Prometheus's pending -> firing logic: a subject fires once its condition held for ``for``."""
+def _states(alert: Alert, found: Sequence[list[Firing]],
+            times: Sequence[float]) -> Iterable[tuple[float, list[Firing]]]:
+    """Prometheus's pending -> firing logic: a subject fires once its condition held for ``for`` (``found``: the
+    subjects for which it held at each time)."""
     hold = seconds(alert.for_)
     active: dict[str, float] = {}
-    for t in times:
-        current = {f.subject: f for f in condition(t)}
+    for t, holding in zip(times, found):
+        current = {f.subject: f for f in holding}
         active = {s: active.get(s, t) for s in current}
         yield t, [current[s] for s in sorted(current) if t - active[s] >= hold]
 

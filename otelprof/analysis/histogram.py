@@ -32,23 +32,29 @@ def bucket_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[floa
         return -math.inf
     if q > 1:
         return math.inf
-    uppers = [*bounds, math.inf]
     counts = list(cumulative)
     for i in range(1, len(counts)):  # ensureMonotonic
         if counts[i] < counts[i - 1]:
             counts[i] = counts[i - 1]
+    return monotonic_quantile(q, bounds, counts)
+
+
+def monotonic_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
+    """:func:`bucket_quantile` for cumulative ``counts`` that never decrease (``ensureMonotonic`` has nothing to
+    do) and ``0 <= q <= 1``: what the offline checks ask for every window of every series."""
     observations = counts[-1]
-    if len(uppers) < 2 or observations == 0:
+    if not bounds or observations == 0:
         return math.nan
     rank = q * observations
-    b = next(i for i in range(len(counts) - 1) if counts[i] >= rank) if counts[-2] >= rank else len(counts) - 1
-    if b == len(counts) - 1:
-        return uppers[-2]
-    if b == 0 and uppers[0] <= 0:
-        return uppers[0]
-    start, end, count = 0.0, uppers[b], counts[b]
+    last = len(counts) - 1
+    b = bisect.bisect_left(counts, rank, 0, last)  # the first bucket holding the rank, else +Inf's
+    if b == last:
+        return bounds[-1]
+    if b == 0 and bounds[0] <= 0:
+        return bounds[0]
+    start, end, count = 0.0, bounds[b], counts[b]
     if b > 0:
-        start = uppers[b - 1]
+        start = bounds[b - 1]
         count -= counts[b - 1]
         rank -= counts[b - 1]
     if count == 0:  # q = 0 with an empty first bucket: Prometheus computes 0/0, i.e. NaN

@@ -18,78 +18,99 @@ def peers_median(values: Sequence[float], value: float) -> float | None:
     With 2 or 3 values: the mean of the others. With 4 or more: the largest value not above the median of
     all, which is the median of the others for every value that can exceed it when the count is even, and
     the median of all (at most one value above the exact one) when it is odd. None when not positive."""
-    n = len(values)
-    if n < 4:
-        typical = (math.fsum(values) - value) / (n - 1)
-    else:
-        middle = statistics.median(values)
-        typical = max(v for v in values if v <= middle)
+    typical = peers_typical(values)
+    if typical is None:
+        typical = (math.fsum(values) - value) / (len(values) - 1)
     return typical if typical > 0 else None
 
 
-def straggler(ctx: CheckContext, t: float) -> list[Firing]:
+def peers_typical(values: Sequence[float]) -> float | None:
+    """What :func:`peers_median` finds for every value of 4 or more (it does not depend on which): the largest
+    value not above the median of all; None for fewer values (the mean of the others, one value's own)."""
+    if len(values) < 4:
+        return None
+    middle = statistics.median(values)
+    return max(v for v in values if v <= middle)
+
+
+def straggler(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     width = seconds(ctx.c.straggler_window)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for ranks in by_job(ctx.ranks).values():
-        compute: dict[tuple[str, int], float] = {}
+        compute: list[dict[tuple[str, int], float]] = [{} for _ in times]
         for r in ranks:
-            if not ctx.alive(r, t):
-                continue
-            for phase, steps, i, j in ctx.phase_windows(r, t - width, t):
-                compute[(phase, r.rank)] = sum(steps.compute[i:j]) / (j - i)
-        by_phase: dict[str, dict[int, float]] = {}
-        for (p, rank), v in compute.items():
-            by_phase.setdefault(p, {})[rank] = v
-        for phase in sorted(by_phase):
-            values = by_phase[phase]
-            if len(values) > 1:
-                ctx.judged.add("RankStraggler")
-                for rank, value in sorted(values.items()):
-                    peers = peers_median(list(values.values()), value)
-                    if peers is not None and value / peers > ctx.c.straggler_ratio:
-                        out.append(Firing(f"rank {rank} {phase}", value / peers))
+            alive = set(ctx.live(r, times))
+            for phase, steps, windows in ctx.phase_windows(r, times, width):
+                values = steps.compute.tolist()  # a list sums its floats without boxing them: the same sums
+                for k, i, j in windows:
+                    if k in alive:
+                        compute[k][(phase, r.rank)] = sum(values[i:j]) / (j - i)
+        for k, at in enumerate(compute):
+            by_phase: dict[str, dict[int, float]] = {}
+            for (p, rank), v in at.items():
+                by_phase.setdefault(p, {})[rank] = v
+            for phase in sorted(by_phase):
+                found = by_phase[phase]
+                if len(found) > 1:
+                    ctx.judged.add("RankStraggler")
+                    values = list(found.values())
+                    typical = peers_typical(values)
+                    for rank, value in sorted(found.items()):
+                        peers = peers_median(values, value) if typical is None else typical if typical > 0 else None
+                        if peers is not None and value / peers > ctx.c.straggler_ratio:
+                            out[k].append(Firing(f"rank {rank} {phase}", value / peers))
     return out
 
 
-def outliers(ctx: CheckContext, t: float) -> list[Firing]:
+def outliers(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     width = seconds(ctx.c.step_outlier_window)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
-        for phase, steps, i, j in ctx.phase_windows(r, t - width, t):
-            if j - i <= ctx.c.step_outlier_min_steps:
-                continue
-            ctx.judged.add("StepOutliers")
-            count = steps.outliers[j] - steps.outliers[i]
-            busy = steps.busy[j] - steps.busy[i]
-            cost = (steps.excess[j] - steps.excess[i]) / busy if busy > 0 else 0.0
-            if count > ctx.c.step_outlier_n_outliers and cost > ctx.c.step_outlier_min_cost:
-                out.append(Firing(f"{r.subject} {phase}", cost))
+        for phase, steps, windows in ctx.phase_windows(r, times, width):
+            for k, i, j in windows:
+                if j - i <= ctx.c.step_outlier_min_steps:
+                    continue
+                ctx.judged.add("StepOutliers")
+                count = steps.outliers[j] - steps.outliers[i]
+                busy = steps.busy[j] - steps.busy[i]
+                cost = (steps.excess[j] - steps.excess[i]) / busy if busy > 0 else 0.0
+                if count > ctx.c.step_outlier_n_outliers and cost > ctx.c.step_outlier_min_cost:
+                    out[k].append(Firing(f"{r.subject} {phase}", cost))
     return out
 
 
-def slow_initialization(ctx: CheckContext, t: float) -> list[Firing]:
+def slow_initialization(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     limit = seconds(ctx.c.max_initialization_time)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
         ends = ctx.steps[id(r)].ends
         first = ends[0] if ends else math.inf
-        if ctx.alive(r, t):
+        live = ctx.live(r, times)
+        if live:
             ctx.judged.add("SlowInitialization")
-        if ctx.alive(r, t) and t - r.process_start > limit and first > t:
-            out.append(Firing(r.subject, t - r.process_start))
+        for k in live:
+            t = times[k]
+            if t - r.process_start > limit and first > t:
+                out[k].append(Firing(r.subject, t - r.process_start))
     return out
 
 
-def input_bound(ctx: CheckContext, t: float) -> list[Firing]:
+def input_bound(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     width = seconds(ctx.c.input_bound_window)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
-        for phase, steps, _, _ in ctx.phase_windows(r, t - width, t):
-            i, j = steps.inputs.span(t - width, t)
-            if j > i:
-                ctx.judged.add("InputBound")
-            if j > i and steps.inputs.mean(i, j) > ctx.c.input_bound_threshold:
-                out.append(Firing(f"{r.subject} {phase}", steps.inputs.mean(i, j)))
+        for phase, steps, windows in ctx.phase_windows(r, times, width):
+            inputs = steps.inputs
+            if not len(inputs):
+                continue
+            values = inputs.values.tolist()  # a list sums its floats without boxing them: the same sums
+            for k, _, _ in windows:
+                i, j = inputs.span(times[k] - width, times[k])
+                if j > i:
+                    ctx.judged.add("InputBound")
+                    mean = sum(values[i:j]) / (j - i)
+                    if mean > ctx.c.input_bound_threshold:
+                        out[k].append(Firing(f"{r.subject} {phase}", mean))
     return out
 
 

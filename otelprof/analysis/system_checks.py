@@ -3,7 +3,7 @@ memory, load balance across the job's GPUs; judged on the node samples."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import partial
 
 from otelprof.analysis.check_context import CheckContext, CheckGroup, Condition, Conditions, Firing, by_job
@@ -15,17 +15,19 @@ def bottleneck(ctx: CheckContext, io: bool) -> Condition:
     threshold = ctx.c.io_bottleneck_threshold if io else ctx.c.cpu_bottleneck_threshold
     name = "IOBottleneck" if io else "CPUBottleneck"
 
-    def condition(t: float) -> list[Firing]:
-        out = []
+    def condition(times: Sequence[float]) -> list[list[Firing]]:
+        out: list[list[Firing]] = [[] for _ in times]
         for r in ctx.ranks:
             table = ctx.samples[id(r)]
-            i, j = table.span(t - ctx.w, t)
-            if j > i and ctx.warm(r, t) and ctx.alive(r, t):
-                ctx.judged.add(name)
-                hits = table.io_hits if io else table.cpu_hits
-                fraction = (hits[j] - hits[i]) / (j - i)
-                if fraction > threshold:
-                    out.append(Firing(r.subject, fraction))
+            lo, hi = ctx.spans(table.times, times, ctx.w)
+            hits = table.io_hits if io else table.cpu_hits
+            for k in ctx.live(r, times, warm=True):
+                i, j = lo[k], hi[k]
+                if j > i:
+                    ctx.judged.add(name)
+                    fraction = (hits[j] - hits[i]) / (j - i)
+                    if fraction > threshold:
+                        out[k].append(Firing(r.subject, fraction))
         return out
     return condition
 
@@ -35,118 +37,141 @@ def gpu_quantiles(ctx: CheckContext, kind: str) -> Condition:
     name = {"under": "GPUUnderutilized", "fluctuating": "GPUUtilizationFluctuating",
             "batch": "BatchSizeTooSmall"}[kind]
 
-    def condition(t: float) -> list[Firing]:
-        out = []
+    def condition(times: Sequence[float]) -> list[list[Firing]]:
+        out: list[list[Firing]] = [[] for _ in times]
         for r in ctx.ranks:
-            if not (ctx.warm(r, t) and ctx.alive(r, t)):
+            live = ctx.live(r, times, warm=True)
+            if not live:
                 continue
             table = ctx.samples[id(r)]
-            util = ctx.gpu_windows(table.util, t - ctx.w, t)
-            mem = ctx.gpu_windows(table.memory, t - ctx.w, t)
-            cpu_i, cpu_j = table.cpu_mean.span(t - ctx.w, t)
-            for gpu, (values, i, j) in sorted(util.items()):
-                if not values.any_positive(i, j):
-                    continue  # never busy: an unused device
-                ctx.judged.add(name)
-                p95, p5 = ctx.quantile(values, 0.95, i, j, t), ctx.quantile(values, 0.05, i, j, t)  # 3 checks' own
+            cpu_lo, cpu_hi = ctx.spans(table.cpu_mean.times, times, ctx.w)
+            for gpu, values in sorted(table.util.items()):
+                busy = ctx.any_positive(values, times, ctx.w)
+                quantiles = ctx.quantiles(values, (0.95, 0.05), times, ctx.w)  # 3 checks' own
+                memory = table.memory.get(gpu)
+                mem_lo, mem_hi = ctx.spans(memory.times, times, ctx.w) if memory is not None else ([], [])
                 subject = f"{r.subject} gpu {gpu}"
-                if kind == "under" and p95 < c.low_gpu_threshold_p95:
-                    out.append(Firing(subject, p95))
-                elif kind == "fluctuating" and p5 < c.low_gpu_threshold_p5 and p95 > c.low_gpu_threshold_p95:
-                    out.append(Firing(subject, p5))
-                elif (kind == "batch" and p95 < c.batch_size_gpu_threshold_p95 and gpu in mem
-                      and mem[gpu][0].quantile(0.95, *mem[gpu][1:]) < c.batch_size_gpu_memory_threshold_p95
-                      and cpu_j > cpu_i
-                      and table.cpu_mean.quantile(0.95, cpu_i, cpu_j) < c.batch_size_cpu_threshold_p95):
-                    out.append(Firing(subject, p95))
+                for k in live:
+                    if not busy[k]:
+                        continue  # no value in the window, or never busy: an unused device
+                    ctx.judged.add(name)
+                    p95, p5 = quantiles[k]
+                    if kind == "under" and p95 < c.low_gpu_threshold_p95:
+                        out[k].append(Firing(subject, p95))
+                    elif kind == "fluctuating" and p5 < c.low_gpu_threshold_p5 and p95 > c.low_gpu_threshold_p95:
+                        out[k].append(Firing(subject, p5))
+                    elif (kind == "batch" and p95 < c.batch_size_gpu_threshold_p95 and memory is not None
+                          and mem_hi[k] > mem_lo[k]
+                          and memory.quantile(0.95, mem_lo[k], mem_hi[k]) < c.batch_size_gpu_memory_threshold_p95
+                          and cpu_hi[k] > cpu_lo[k]
+                          and table.cpu_mean.quantile(0.95, cpu_lo[k], cpu_hi[k]) < c.batch_size_cpu_threshold_p95):
+                        out[k].append(Firing(subject, p95))
         return out
     return condition
 
 
-def memory_increase(ctx: CheckContext, t: float) -> list[Firing]:
+def memory_increase(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     m = seconds(ctx.c.gpu_memory_increase_window)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
-        if not (ctx.warm(r, t) and ctx.alive(r, t)):
+        live = ctx.live(r, times, warm=True)
+        if not live:
             continue
-        memory = ctx.samples[id(r)].memory
-        now, before = ctx.gpu_windows(memory, t - m, t), ctx.gpu_windows(memory, t - 2 * m, t - m)
-        for gpu in sorted(now):
-            if gpu in before:
-                ctx.judged.add("GPUMemoryIncrease")
-                increase = now[gpu][0].mean(*now[gpu][1:]) - before[gpu][0].mean(*before[gpu][1:])
-                if increase > ctx.c.gpu_memory_increase:
-                    out.append(Firing(f"{r.subject} gpu {gpu}", increase))
+        for gpu, memory in sorted(ctx.samples[id(r)].memory.items()):
+            now, before = ctx.means(memory, times, m), ctx.means(memory, times, 2 * m, m)
+            for k in live:
+                mean_now, mean_before = now[k], before[k]
+                if mean_now is not None and mean_before is not None:
+                    ctx.judged.add("GPUMemoryIncrease")
+                    increase = mean_now - mean_before
+                    if increase > ctx.c.gpu_memory_increase:
+                        out[k].append(Firing(f"{r.subject} gpu {gpu}", increase))
     return out
 
 
-def memory_capacity(ctx: CheckContext, t: float) -> list[Firing]:
+def memory_capacity(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     width = seconds(ctx.c.gpu_memory_capacity_window)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
-        if ctx.alive(r, t):
-            for gpu, (values, i, j) in sorted(ctx.gpu_windows(ctx.samples[id(r)].memory, t - width, t).items()):
-                mean = values.mean(i, j)
-                ctx.judged.add("GPUMemoryNearCapacity")
-                if mean > ctx.c.gpu_memory_capacity_threshold:
-                    out.append(Firing(f"{r.subject} gpu {gpu}", mean))
+        live = ctx.live(r, times)
+        if not live:
+            continue
+        for gpu, memory in sorted(ctx.samples[id(r)].memory.items()):
+            means = ctx.means(memory, times, width)
+            for k in live:
+                mean = means[k]
+                if mean is not None:
+                    ctx.judged.add("GPUMemoryNearCapacity")
+                    if mean > ctx.c.gpu_memory_capacity_threshold:
+                        out[k].append(Firing(f"{r.subject} gpu {gpu}", mean))
     return out
 
 
-def host_memory_increase(ctx: CheckContext, t: float) -> list[Firing]:
+def host_memory_increase(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     c = ctx.c
     width = seconds(c.host_memory_increase_window)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
         first = ctx.first_steps[id(r)]
-        if not ctx.alive(r, t) or first is None or t - first <= ctx.patience + 2 * width:
+        if first is None:
+            continue
+        live = [k for k in ctx.live(r, times) if times[k] - first > ctx.patience + 2 * width]
+        if not live:
             continue
         rss = ctx.samples[id(r)].rss
-        (i, j), (k, m) = rss.span(t - width, t), rss.span(t - 2 * width, t - width)
-        if j > i and m > k:
-            ctx.judged.add("HostMemoryIncrease")
-            now, before = rss.mean(i, j), rss.mean(k, m)
-            growth = now - before
-            if growth > c.host_memory_increase * before and growth > c.host_memory_increase_min_bytes:
-                out.append(Firing(r.subject, growth))
+        now, before = ctx.means(rss, times, width), ctx.means(rss, times, 2 * width, width)
+        for k in live:
+            mean_now, mean_before = now[k], before[k]
+            if mean_now is not None and mean_before is not None:
+                ctx.judged.add("HostMemoryIncrease")
+                growth = mean_now - mean_before
+                if growth > c.host_memory_increase * mean_before and growth > c.host_memory_increase_min_bytes:
+                    out[k].append(Firing(r.subject, growth))
     return out
 
 
-def host_memory_near_limit(ctx: CheckContext, t: float) -> list[Firing]:
+def host_memory_near_limit(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     width = seconds(ctx.c.host_memory_limit_window)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
-        if not ctx.alive(r, t):
+        live = ctx.live(r, times)
+        if not live:
             continue
         table = ctx.samples[id(r)]
-        (i, j), (k, m) = table.container_memory.span(t - width, t), table.container_limit.span(t - width, t)
-        if m > k:  # a memory limit: the container's working set against it
-            if j <= i:
-                continue
-            used = table.container_memory.mean(i, j) / max(table.container_limit.values[k:m])
-        else:  # no limit: the host's memory
-            i, j = table.host_memory.span(t - width, t)
-            if j <= i:
-                continue
-            used = table.host_memory.mean(i, j)
-        ctx.judged.add("HostMemoryNearLimit")
-        if used > ctx.c.host_memory_limit_threshold:
-            out.append(Firing(r.subject, used))
+        used_lo, used_hi = ctx.spans(table.container_memory.times, times, width)
+        limit_lo, limit_hi = ctx.spans(table.container_limit.times, times, width)
+        host = ctx.means(table.host_memory, times, width)
+        for k in live:
+            i, j, k0, m = used_lo[k], used_hi[k], limit_lo[k], limit_hi[k]
+            used: float | None
+            if m > k0:  # a memory limit: the container's working set against it
+                if j <= i:
+                    continue
+                used = table.container_memory.mean(i, j) / max(table.container_limit.values[k0:m])
+            else:  # no limit: the host's memory
+                used = host[k]
+                if used is None:
+                    continue
+            ctx.judged.add("HostMemoryNearLimit")
+            if used > ctx.c.host_memory_limit_threshold:
+                out[k].append(Firing(r.subject, used))
     return out
 
 
-def load_imbalance(ctx: CheckContext, t: float) -> list[Firing]:
-    out = []
+def load_imbalance(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
+    out: list[list[Firing]] = [[] for _ in times]
     for job, ranks in by_job(ctx.ranks).items():
-        live = [r for r in ranks if ctx.alive(r, t)]
-        if not live or not all(ctx.warm(r, t) for r in live):
-            continue
-        means = [values.mean(i, j) for r in live
-                 for values, i, j in ctx.gpu_windows(ctx.samples[id(r)].util, t - ctx.w, t).values()]
-        if len(means) > 1:
-            ctx.judged.add("GPULoadImbalance")
-        if len(means) > 1 and max(means) - min(means) > ctx.c.load_balancing_threshold:
-            out.append(Firing(f"job {job}", max(means) - min(means)))
+        lives = [(set(ctx.live(r, times)), set(ctx.live(r, times, warm=True)),
+                  [ctx.means(values, times, ctx.w) for values in ctx.samples[id(r)].util.values()]) for r in ranks]
+        for k in range(len(times)):
+            live = [(warm, means) for alive, warm, means in lives if k in alive]
+            if not live or not all(k in warm for warm, _ in live):
+                continue
+            found = [mean for _, means in live for mean in (gpu[k] for gpu in means) if mean is not None]
+            if len(found) > 1:
+                ctx.judged.add("GPULoadImbalance")
+            if len(found) > 1 and max(found) - min(found) > ctx.c.load_balancing_threshold:
+                out[k].append(Firing(f"job {job}", max(found) - min(found)))
     return out
 
 

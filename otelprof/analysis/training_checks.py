@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Sequence
 from functools import partial
 
 from otelprof import thresholds
-from otelprof.analysis.check_context import CheckContext, CheckGroup, Condition, Conditions, Firing
-from otelprof.analysis.check_tables import EMPTY, PhaseSteps, RankData, Series
+from otelprof.analysis.check_context import CheckContext, CheckGroup, Conditions, Firing
+from otelprof.analysis.check_tables import EMPTY, RankData, Series
 from otelprof.mixin.config import seconds
 
 
@@ -27,120 +28,137 @@ def _losses(ctx: CheckContext, r: RankData, phase: str) -> Series:
     return steps.trend if steps is not None else EMPTY
 
 
-def loss_not_decreasing(ctx: CheckContext, t: float) -> list[Firing]:
+def loss_not_decreasing(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     lw = seconds(ctx.c.loss_window)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
         first = ctx.first_steps[id(r)]
-        if first is None or t - first <= 2 * lw or not ctx.alive(r, t):
-            continue  # both windows inside training, as the live rule asks (time since the first step)
+        if first is None:
+            continue
+        live = [k for k in ctx.live(r, times) if times[k] - first > 2 * lw]  # both windows inside training, as
+        if not live:  # the live rule asks (time since the first step)
+            continue
         losses = _losses(ctx, r, ctx.c.train_phase)
-        (i, j), (k, m) = losses.span(t - lw, t), losses.span(t - 2 * lw, t - lw)
+        (now_lo, now_hi), (before_lo, before_hi) = ctx.spans(losses.times, times, lw), \
+            ctx.spans(losses.times, times, 2 * lw, lw)
         steps = ctx.steps[id(r)].phases.get(ctx.c.train_phase)
-        if steps is not None and any(bisect.bisect_right(bad, t) > bisect.bisect_right(bad, t - 2 * lw)
-                                     for bad in (steps.bad_losses, steps.bad_norms)):
-            continue  # a NaN in the windows: NonFiniteValues speaks, the held loss would look flat
-        if j - i > 1 and m - k > 1:
-            ctx.judged.add("LossNotDecreasing")
-            (mean_now, se2_now), (mean_before, se2_before) = _mean_se2(losses, i, j), _mean_se2(losses, k, m)
-            margin = ctx.c.loss_diff_percent / 100 * abs(mean_before) - \
-                ctx.c.loss_noise_sigmas * math.sqrt(se2_now + se2_before)
-            if mean_now > mean_before - margin:
-                out.append(Firing(f"{r.subject} {ctx.c.train_phase}", mean_now))  # the live alert's labels
+        bad = {k for ends in ((steps.bad_losses, steps.bad_norms) if steps else ()) if ends
+               for k, (lo, hi) in enumerate(zip(*ctx.spans(ends, times, 2 * lw))) if hi > lo}
+        for k in live:
+            if k in bad:
+                continue  # a NaN in the windows: NonFiniteValues speaks, the held loss would look flat
+            i, j, k0, m = now_lo[k], now_hi[k], before_lo[k], before_hi[k]
+            if j - i > 1 and m - k0 > 1:
+                ctx.judged.add("LossNotDecreasing")
+                (mean_now, se2_now), (mean_before, se2_before) = _mean_se2(losses, i, j), _mean_se2(losses, k0, m)
+                margin = ctx.c.loss_diff_percent / 100 * abs(mean_before) - \
+                    ctx.c.loss_noise_sigmas * math.sqrt(se2_now + se2_before)
+                if mean_now > mean_before - margin:
+                    out[k].append(Firing(f"{r.subject} {ctx.c.train_phase}", mean_now))  # the live alert's labels
     return out
 
 
-def loss_spike(ctx: CheckContext, t: float) -> list[Firing]:
+def loss_spike(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     width = seconds(ctx.c.loss_spike_window)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
         steps = ctx.steps[id(r)].phases.get(ctx.c.train_phase)
         if steps is None or len(steps.losses) <= thresholds.LOSS_SPIKE_MIN_STEPS:
             continue
-        i, j = steps.losses.span(t - width, t)
-        if j > thresholds.LOSS_SPIKE_MIN_STEPS and ctx.alive(r, t):
-            ctx.judged.add("LossSpike")  # losses past the warm-up of the spike test in the window
-        count = steps.spikes[j] - steps.spikes[i]
-        if count > 0:
-            out.append(Firing(f"{r.subject} {ctx.c.train_phase}", count))
+        alive = set(ctx.live(r, times))
+        for k, (i, j) in enumerate(zip(*ctx.spans(steps.losses.times, times, width))):
+            if j > thresholds.LOSS_SPIKE_MIN_STEPS and k in alive:
+                ctx.judged.add("LossSpike")  # losses past the warm-up of the spike test in the window
+            count = steps.spikes[j] - steps.spikes[i]
+            if count > 0:
+                out[k].append(Firing(f"{r.subject} {ctx.c.train_phase}", count))
     return out
 
 
-def nonfinite(ctx: CheckContext) -> Condition:
+def nonfinite(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     width = seconds(ctx.c.nonfinite_window)
-    flagged: dict[int, list[tuple[str, PhaseSteps]]] = {}
-    """Per rank, the phases with a non-finite value at all (few; looking at every phase each time is T x P)."""
-
-    def condition(t: float) -> list[Firing]:
-        out: list[Firing] = []
+    out: list[list[Firing]] = [[] for _ in times]
+    if times:
         ctx.judged.add("NonFiniteValues")  # every recorded loss and gradient norm is judged (its datapoints)
-        for r in ctx.ranks:
-            counts: dict[str, int] = {}
-            if id(r) not in flagged:
-                flagged[id(r)] = [(phase, steps) for phase, steps in ctx.steps[id(r)].phases.items()
-                                  if len(steps.bad_losses) or len(steps.bad_norms)]
-            for phase, steps in flagged[id(r)]:
-                for name, ends in (("loss", steps.bad_losses), ("grad_norm", steps.bad_norms)):
-                    count = bisect.bisect_right(ends, t) - bisect.bisect_right(ends, t - width)
-                    if count:
-                        counts[f"{r.subject} {phase} {name}"] = count
-            out.extend(Firing(k, v) for k, v in sorted(counts.items()))
-        return out
-    return condition
+    for r in ctx.ranks:
+        flagged = [(phase, steps) for phase, steps in ctx.steps[id(r)].phases.items()
+                   if len(steps.bad_losses) or len(steps.bad_norms)]  # few phases; looking at every one is T x P
+        if not flagged:
+            continue
+        counts: list[dict[str, int]] = [{} for _ in times]
+        for phase, steps in flagged:
+            for name, ends in (("loss", steps.bad_losses), ("grad_norm", steps.bad_norms)):
+                for k, (i, j) in enumerate(zip(*ctx.spans(ends, times, width))):
+                    if j > i:
+                        counts[k][f"{r.subject} {phase} {name}"] = j - i
+        for k, found in enumerate(counts):
+            out[k].extend(Firing(key, v) for key, v in sorted(found.items()))
+    return out
 
 
-def vanishing(ctx: CheckContext, t: float) -> list[Firing]:
+def vanishing(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     width = seconds(ctx.c.vanishing_gradient_window)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
         steps = ctx.steps[id(r)].phases.get(ctx.c.train_phase)
-        if steps is None:
+        if steps is None or not len(steps.norms):
             continue
-        i, j = steps.norms.span(t - width, t)
-        if j > i:
-            ctx.judged.add("VanishingGradients")
-            mean = steps.norms.mean(i, j)
-            if mean < ctx.c.vanishing_gradient_threshold:
-                out.append(Firing(f"{r.subject} {ctx.c.train_phase}", mean))
+        for k, mean in enumerate(ctx.means(steps.norms, times, width)):
+            if mean is not None:
+                ctx.judged.add("VanishingGradients")
+                if mean < ctx.c.vanishing_gradient_threshold:
+                    out[k].append(Firing(f"{r.subject} {ctx.c.train_phase}", mean))
     return out
 
 
-def stalled(ctx: CheckContext, t: float) -> list[Firing]:
+def stalled(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     limit = seconds(ctx.c.stalled_training_threshold)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
         ends = ctx.steps[id(r)].ends
-        i = bisect.bisect_right(ends, t)
-        if i and ctx.alive(r, t):
-            ctx.judged.add("TrainingStalled")
-        if i and ctx.alive(r, t) and t - ends[i - 1] > limit:
-            out.append(Firing(r.subject, t - ends[i - 1]))
+        if not ends:
+            continue
+        for k in ctx.live(r, times):
+            t = times[k]
+            i = bisect.bisect_right(ends, t)
+            if i:
+                ctx.judged.add("TrainingStalled")
+                if t - ends[i - 1] > limit:
+                    out[k].append(Firing(r.subject, t - ends[i - 1]))
     return out
 
 
-def _window_mean(ctx: CheckContext, r: RankData, t: float, width: float, phase: str) -> float | None:
-    """Per-step mean of a phase's losses over the window (None: no loss in it), as the live rule's sums."""
+def _window_means(ctx: CheckContext, r: RankData, times: Sequence[float], width: float,
+                  phase: str) -> list[float | None]:
+    """Per time, the per-step mean of a phase's losses over the window (None: no loss in it), as the live rule's
+    sums (running totals)."""
     losses = _losses(ctx, r, phase)
-    i, j = losses.span(t - width, t)
-    if j > i:
-        n, total, _ = losses.moments(i, j)
-        return total / n
-    return None
+    out: list[float | None] = []
+    for i, j in zip(*ctx.spans(losses.times, times, width)):
+        if j > i:
+            n, total, _ = losses.moments(i, j)
+            out.append(total / n)
+        else:
+            out.append(None)
+    return out
 
 
-def overfit(ctx: CheckContext, t: float) -> list[Firing]:
+def overfit(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     width = seconds(ctx.c.overfit_window)
-    out = []
+    out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
-        if not ctx.alive(r, t):
+        live = ctx.live(r, times)
+        if not live:
             continue
-        train = _window_mean(ctx, r, t, width, ctx.c.train_phase)
-        evaluation = _window_mean(ctx, r, t, width, ctx.c.eval_phase)
-        if train and evaluation is not None and train > 0:
-            ctx.judged.add("Overfitting")
-            ratio = (evaluation - train) / train
-            if ratio > ctx.c.overfit_ratio_threshold:
-                out.append(Firing(r.subject, ratio))
+        trains = _window_means(ctx, r, times, width, ctx.c.train_phase)
+        evaluations = _window_means(ctx, r, times, width, ctx.c.eval_phase)
+        for k in live:
+            train, evaluation = trains[k], evaluations[k]
+            if train and evaluation is not None and train > 0:
+                ctx.judged.add("Overfitting")
+                ratio = (evaluation - train) / train
+                if ratio > ctx.c.overfit_ratio_threshold:
+                    out[k].append(Firing(r.subject, ratio))
     return out
 
 
@@ -153,7 +171,7 @@ def conditions(ctx: CheckContext) -> Conditions:
     return {
         "LossNotDecreasing": (partial(loss_not_decreasing, ctx), train_losses),
         "LossSpike": (partial(loss_spike, ctx), train_losses),
-        "NonFiniteValues": (nonfinite(ctx), scalars),
+        "NonFiniteValues": (partial(nonfinite, ctx), scalars),
         "VanishingGradients": (partial(vanishing, ctx), ctx.phase_count(train, lambda p: p.norms)),
         "TrainingStalled": (partial(stalled, ctx), ctx.step_count()),
         "Overfitting": (partial(overfit, ctx), ctx.phase_count(evaluation, lambda p: p.losses) if train_losses else 0),
