@@ -6,16 +6,18 @@ from __future__ import annotations
 import math
 import operator
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from typing import Any, TypeVar
 
 from otelprof import semconv as sc
 from otelprof import thresholds
 from otelprof.analysis import ranksummary
-from otelprof.recording.columns import SampleColumns
+from otelprof.recording.columns import SampleColumns, StepColumns
 from otelprof.recording.ranks import RankRecording, Recording
+
+T = TypeVar("T")
 
 MAX_PHASES = 20
 """Phases a report section lists one by one: those with the most step time over all ranks (a run may name a phase
@@ -102,7 +104,8 @@ class RunView:
 
     @property
     def origin(self) -> float:
-        return self.first_time() or 0.0
+        found: float = self.memo("origin", lambda: self.first_time() or 0.0)
+        return found
 
     # ------------------------------------------------------------------ steps
     def durations(self, index: int) -> dict[str, list[float]]:
@@ -175,6 +178,18 @@ class RunView:
         if index % every == 0 or index == count - 1:
             self.progress(f"{what} of rank {self.info[index].rank}"
                           + ("" if every == 1 else f" ({index + 1:,} of {count:,} ranks)"))
+
+
+def per_rank(columns: StepColumns | SampleColumns, key: Hashable, compute: Callable[[], T]) -> T:
+    """``compute()`` once per ``key`` for one rank's step or sample columns, kept with them: what a parsing process
+    computes beside the parsing (:func:`otelprof.analysis.rank_figures.prepare_figures`) comes back with the
+    columns, and the sections find it there. Computed again when the columns have grown since."""
+    kept: dict[Hashable, tuple[int, Any]] = columns.__dict__.setdefault("_figures", {})
+    found = kept.get(key)
+    if found is None or found[0] != len(columns):
+        found = kept[key] = (len(columns), compute())
+    result: T = found[1]
+    return result
 
 
 def _info(rank: RankRecording) -> RankInfo:

@@ -7,6 +7,7 @@ what the original profiling report used, so figures can be checked by hand.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,17 @@ from operator import mul, sub
 def finite(values: Iterable[float]) -> list[float]:
     """The values that are numbers (NaN marks "not sampled" in the recording's columns)."""
     data = values if isinstance(values, (list, tuple)) else list(values)
+    if math.isfinite(sum(data)):  # NaN and infinities carry into the sum: all are numbers (most columns)
+        return list(data) if data is values else data  # type: ignore[arg-type]
     return list(compress(data, map(math.isfinite, data)))
+
+
+def sorted_finite(values: Iterable[float]) -> list[float]:
+    """``sorted(finite(values))`` with one copy fewer."""
+    data = values if isinstance(values, (list, tuple, array)) else list(values)
+    if math.isfinite(sum(data)):
+        return sorted(data)
+    return sorted(compress(data, map(math.isfinite, data)))
 
 
 def quantile(ordered: Sequence[float], q: float) -> float:
@@ -47,7 +58,7 @@ class Distribution:
 
     @classmethod
     def of(cls, values: Iterable[float]) -> Distribution:
-        ordered = sorted(finite(values))
+        ordered = sorted_finite(values)
         n = len(ordered)
         if n == 0:
             nan = math.nan
@@ -92,7 +103,7 @@ class BoxPlot:
 
     @classmethod
     def of(cls, values: Iterable[float]) -> BoxPlot:
-        ordered = sorted(finite(values))
+        ordered = sorted_finite(values)
         n = len(ordered)
         if n == 0:
             nan = math.nan
@@ -149,11 +160,25 @@ class Series:
     def of(cls, times: Sequence[float], values: Sequence[float], origin: float, buckets: int = 400) -> Series:
         """Split the samples into at most ``buckets`` runs of equal length (samples come at a steady
         interval) and keep each run's mean and maximum, at the run's middle time."""
+        return Chunks.of(values, buckets).series(times, origin)
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """A :class:`Series` before its times: per run of samples, the position of its middle sample, its mean and
+    its maximum (what a rank's parsing process can compute without the run's origin)."""
+
+    at: tuple[int, ...]
+    mean: tuple[float, ...]
+    max: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: Sequence[float], buckets: int = 400) -> Chunks:
         n = len(values)
         if n == 0:
             return cls((), (), ())
         size = max(1, -(-n // buckets))
-        t_out, mean_out, max_out = [], [], []
+        at, mean_out, max_out = [], [], []
         for i in range(0, n, size):
             chunk = values[i:i + size]
             total = sum(chunk)
@@ -162,10 +187,18 @@ class Series:
                 if not chunk:
                     continue
                 total = sum(chunk)
-            t_out.append(times[min(i + size // 2, n - 1)] - origin)
+            at.append(min(i + size // 2, n - 1))
             mean_out.append(total / len(chunk))
             max_out.append(max(chunk))
-        return cls(tuple(t_out), tuple(mean_out), tuple(max_out))
+        return cls(tuple(at), tuple(mean_out), tuple(max_out))
+
+    def series(self, times: Sequence[float], origin: float) -> Series:
+        """The series at ``times`` (seconds, one per sample) since ``origin``."""
+        return Series(tuple(times[i] - origin for i in self.at), self.mean, self.max)
+
+    def series_ns(self, times_ns: Sequence[int], origin: float) -> Series:
+        """The series at ``times_ns`` (Unix nanoseconds, one per sample) since ``origin`` (seconds)."""
+        return Series(tuple(times_ns[i] / 1e9 - origin for i in self.at), self.mean, self.max)
 
 
 def share(part: float, whole: float) -> float:
