@@ -259,8 +259,8 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
     for index, rank in enumerate(view.ranks):
         view.say_rank("regions", index)
         c = rank.step_columns
-        for phase, durations in view.durations(index).items():
-            phase_time[phase] = phase_time.get(phase, 0.0) + math.fsum(durations)
+        for phase, (_, seconds) in view.phase_totals(index).items():
+            phase_time[phase] = phase_time.get(phase, 0.0) + seconds
         if len(c):
             first = min(c.start_ns)
             last = max(map(add, c.start_ns, c.duration_ns))

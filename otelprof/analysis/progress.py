@@ -153,8 +153,8 @@ def downsample(name: str, phase: str, rank: int | None, x: Sequence[float], y: S
 def main_phase(view: RunView) -> str:
     counts: dict[str, int] = {}
     for index in range(len(view.ranks)):
-        for phase, durations in view.durations(index).items():
-            counts[phase] = counts.get(phase, 0) + len(durations)
+        for phase, (steps, _) in view.phase_totals(index).items():
+            counts[phase] = counts.get(phase, 0) + steps
     if MAIN_PHASE in counts or not counts:
         return MAIN_PHASE
     return max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
@@ -287,9 +287,9 @@ def _timelines(view: RunView, main: str, max_points: int) -> tuple[list[StepTime
     by_phase: dict[str, list[tuple[int, float]]] = {}
     counts: dict[str, int] = {}
     for index in range(len(view.ranks)):
-        for phase, durations in view.durations(index).items():
-            by_phase.setdefault(phase, []).append((index, math.fsum(durations) / len(durations)))
-            counts[phase] = counts.get(phase, 0) + len(durations)
+        for phase, (steps, seconds) in view.phase_totals(index).items():
+            by_phase.setdefault(phase, []).append((index, seconds / steps))
+            counts[phase] = counts.get(phase, 0) + steps
     phases = sorted(by_phase, key=lambda p: (p != main, -counts[p], p))
     out: list[StepTimeline] = []
     left_out = sum(len(v) for p, v in by_phase.items() if p not in phases[:MAX_TIMELINE_PHASES])

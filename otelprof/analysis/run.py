@@ -112,15 +112,12 @@ class RunView:
         """Step durations in seconds per phase, in file order."""
         found = self._durations.get(index)
         if found is None:
-            c = self.ranks[index].step_columns
-            found = {}
-            for name, steps in c.phase_steps().items():
-                durations = c.duration_ns if len(c.phase_names) == 1 else map(c.duration_ns.__getitem__, steps)
-                seconds = list(map(operator.truediv, durations, repeat(1e9)))
-                if seconds:
-                    found[name] = seconds
-            self._durations[index] = found
+            found = self._durations[index] = phase_durations(self.ranks[index].step_columns)
         return found
+
+    def phase_totals(self, index: int) -> dict[str, tuple[int, float]]:
+        """Per phase of rank ``index``'s steps: (steps, seconds in them) (:func:`phase_totals`)."""
+        return phase_totals(self.ranks[index].step_columns)
 
     def shown_phases(self) -> frozenset[str]:
         """The :data:`MAX_PHASES` phases with the most step time over all ranks (all of them when there are no
@@ -128,8 +125,8 @@ class RunView:
         def compute() -> frozenset[str]:
             totals: dict[str, float] = {}
             for index in range(len(self.ranks)):
-                for name, seconds in self.durations(index).items():
-                    totals[name] = totals.get(name, 0.0) + math.fsum(seconds)
+                for name, (_, seconds) in self.phase_totals(index).items():
+                    totals[name] = totals.get(name, 0.0) + seconds
             return frozenset(sorted(totals, key=lambda name: (-totals[name], name))[:MAX_PHASES])
 
         found: frozenset[str] = self.memo("shown_phases", compute)
@@ -178,6 +175,24 @@ class RunView:
         if index % every == 0 or index == count - 1:
             self.progress(f"{what} of rank {self.info[index].rank}"
                           + ("" if every == 1 else f" ({index + 1:,} of {count:,} ranks)"))
+
+
+def phase_durations(c: StepColumns) -> dict[str, list[float]]:
+    """Step durations in seconds per phase of one rank's steps, in file order."""
+    found = {}
+    for name, steps in c.phase_steps().items():
+        durations = c.duration_ns if len(c.phase_names) == 1 else map(c.duration_ns.__getitem__, steps)
+        seconds = list(map(operator.truediv, durations, repeat(1e9)))
+        if seconds:
+            found[name] = seconds
+    return found
+
+
+def phase_totals(c: StepColumns) -> dict[str, tuple[int, float]]:
+    """Per phase of one rank's steps: (steps, seconds in them, ``math.fsum`` of :func:`phase_durations`), kept
+    with the columns (:func:`per_rank`)."""
+    return per_rank(c, "phase totals", lambda: {name: (len(seconds), math.fsum(seconds))
+                                                for name, seconds in phase_durations(c).items()})
 
 
 def per_rank(columns: StepColumns | SampleColumns, key: Hashable, compute: Callable[[], T]) -> T:
