@@ -168,17 +168,18 @@ class Chunks:
     """A :class:`Series` before its times: per run of samples, the position of its middle sample, its mean and
     its maximum (what a rank's parsing process can compute without the run's origin)."""
 
-    at: tuple[int, ...]
+    at: array[int]
     mean: tuple[float, ...]
     max: tuple[float, ...]
 
     @classmethod
     def of(cls, values: Sequence[float], buckets: int = 400) -> Chunks:
         n = len(values)
+        at = array("q")
         if n == 0:
-            return cls((), (), ())
+            return cls(at, (), ())
         size = max(1, -(-n // buckets))
-        at, mean_out, max_out = [], [], []
+        mean_out, max_out = [], []
         for i in range(0, n, size):
             chunk = values[i:i + size]
             total = sum(chunk)
@@ -190,7 +191,7 @@ class Chunks:
             at.append(min(i + size // 2, n - 1))
             mean_out.append(total / len(chunk))
             max_out.append(max(chunk))
-        return cls(tuple(at), tuple(mean_out), tuple(max_out))
+        return cls(at, tuple(mean_out), tuple(max_out))
 
     def series(self, times: Sequence[float], origin: float) -> Series:
         """The series at ``times`` (seconds, one per sample) since ``origin``."""
