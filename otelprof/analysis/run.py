@@ -61,14 +61,12 @@ class RunView:
 
     @property
     def outlier_sigma(self) -> float:
-        return float(self.config.get("outlier_sigma", 3.0) or 3.0)
+        return outlier_settings(self.config)[0]
 
     @property
     def outlier_floor(self) -> tuple[float, float]:
         """(ratio, seconds): how much slower than its phase's median step an outlier must also be."""
-        config = self.config
-        return (float(config.get("outlier_min_ratio", thresholds.OUTLIER_MIN_RATIO)),
-                float(config.get("outlier_min_excess", thresholds.OUTLIER_MIN_EXCESS)))
+        return outlier_settings(self.config)[1]
 
     def samples(self, index: int) -> SampleColumns:
         return self.ranks[index].sample_columns()
@@ -175,6 +173,13 @@ class RunView:
         if index % every == 0 or index == count - 1:
             self.progress(f"{what} of rank {self.info[index].rank}"
                           + ("" if every == 1 else f" ({index + 1:,} of {count:,} ranks)"))
+
+
+def outlier_settings(config: dict[str, Any]) -> tuple[float, tuple[float, float]]:
+    """(sigma, (ratio, seconds)) of the outlier steps, from a rank's recorded config (``manifest["config"]``)."""
+    return (float(config.get("outlier_sigma", 3.0) or 3.0),
+            (float(config.get("outlier_min_ratio", thresholds.OUTLIER_MIN_RATIO)),
+             float(config.get("outlier_min_excess", thresholds.OUTLIER_MIN_EXCESS))))
 
 
 def phase_durations(c: StepColumns) -> dict[str, list[float]]:
