@@ -68,20 +68,21 @@ def bottleneck(view: RunView, kind: str, config: MixinConfig | None = None) -> B
     return Bottleneck(kind, high, config.gpu_threshold, threshold, tuple(rows))
 
 
-def coincidences(c: SampleColumns, io: bool, high: float, gpu_threshold: float
+def coincidences(c: SampleColumns, io: bool, high: float, gpu_threshold: float, lowest: list[float] | None = None
                   ) -> tuple[int, int, int, array[int]]:
     """One node's samples: (node samples, with a GPU below ``gpu_threshold``, with a CPU (``io``: I/O wait) above
-    ``high``, times of the samples with both), kept with them (:func:`~otelprof.analysis.run.per_rank`)."""
+    ``high``, times of the samples with both), kept with them (:func:`~otelprof.analysis.run.per_rank`;
+    ``lowest``: :func:`~otelprof.analysis.run.gpu_min` when already known)."""
     def compute() -> tuple[int, int, int, array[int]]:
         busy_col = c.iow_max if io else c.cpu_max
-        lowest = gpu_min(c)
+        least = gpu_min(c) if lowest is None else lowest
         datapoints = low_gpu = busy = 0
         hits = array("q")
         for i, value in enumerate(busy_col):
             if value != value:
                 continue
             datapoints += 1
-            low = bool(lowest) and lowest[i] < gpu_threshold
+            low = bool(least) and least[i] < gpu_threshold
             is_busy = value > high
             low_gpu += low
             busy += is_busy

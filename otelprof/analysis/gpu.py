@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
-from otelprof.analysis.run import RunView, gpu_memory_ratio, per_rank
+from otelprof.analysis.run import RunView, per_rank
 from otelprof.analysis.stats import BoxPlot, Chunks, Series, finite, sorted_finite
-from otelprof.analysis.system import gpu_order
+from otelprof.analysis.system import gpu_memory_ratios, gpu_order
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.columns import SampleColumns
 
@@ -124,17 +124,19 @@ class GpuFigures:
     memory_chunks: Chunks | None
 
 
-def gpu_figures(c: SampleColumns) -> dict[str, GpuFigures]:
-    """Per GPU index of a node's samples, in :func:`~otelprof.analysis.system.gpu_order`."""
-    return per_rank(c, "gpu", partial(_gpu_figures, c))
+def gpu_figures(c: SampleColumns, memory: dict[str, list[float]] | None = None) -> dict[str, GpuFigures]:
+    """Per GPU index of a node's samples, in :func:`~otelprof.analysis.system.gpu_order` (``memory``:
+    :func:`~otelprof.analysis.system.gpu_memory_ratios` when already known)."""
+    return per_rank(c, "gpu", partial(_gpu_figures, c, memory))
 
 
-def _gpu_figures(c: SampleColumns) -> dict[str, GpuFigures]:
+def _gpu_figures(c: SampleColumns, ratios: dict[str, list[float]] | None) -> dict[str, GpuFigures]:
+    ratios = gpu_memory_ratios(c) if ratios is None else ratios
     out = {}
     for index in sorted(c.gpus, key=gpu_order):
         g = c.gpus[index]
         util = g.get("u", ())
-        memory = gpu_memory_ratio(g["mu"], g["mt"]) if "mu" in g and "mt" in g else []
+        memory = ratios.get(index, [])
         totals = finite(g.get("mt", ()))
         out[index] = GpuFigures(BoxPlot.of(util), BoxPlot.of(memory), max(totals) if totals else None,
                                 _median(g.get("p", ())), _median(g.get("t", ())), _growth(memory), Chunks.of(util),

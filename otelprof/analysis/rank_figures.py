@@ -14,9 +14,9 @@ from otelprof.analysis.framework import rank_breakdown, rank_regions
 from otelprof.analysis.gpu import gpu_figures
 from otelprof.analysis.loadbalance import gpu_loads, rank_loads
 from otelprof.analysis.progress import MAIN_PHASE, rank_throughput
-from otelprof.analysis.run import MAX_PHASES, outlier_settings, phase_totals
+from otelprof.analysis.run import MAX_PHASES, gpu_min, outlier_settings, phase_totals
 from otelprof.analysis.steps import step_figures
-from otelprof.analysis.system import node_figures, process_figures
+from otelprof.analysis.system import gpu_memory_ratios, node_figures, process_figures
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.ranks import RankRecording
 
@@ -28,11 +28,13 @@ def prepare_figures(rank: RankRecording, config: MixinConfig | None = None) -> N
     samples = rank.sample_columns()
     process_figures(samples)
     if samples.node_samples:
-        node_figures(samples)
-        gpu_figures(samples)
+        memory = gpu_memory_ratios(samples)
+        node_figures(samples, memory)
+        gpu_figures(samples, memory)
         gpu_loads(samples)
-        coincidences(samples, False, config.cpu_threshold, config.gpu_threshold)
-        coincidences(samples, True, config.io_threshold, config.gpu_threshold)
+        lowest = gpu_min(samples)
+        coincidences(samples, False, config.cpu_threshold, config.gpu_threshold, lowest)
+        coincidences(samples, True, config.io_threshold, config.gpu_threshold, lowest)
     c = rank.step_columns
     if not len(c):
         return

@@ -238,6 +238,8 @@ def across(columns: list[array[float]], how: str) -> list[float]:
     sums = list(map(sum, rows))
     k = len(columns)
     out = [v / k for v in sums] if how == "mean" else list(map(min if how == "min" else max, rows))
+    if math.isfinite(sum(sums)):  # no column lacks a sample (NaN would carry into the sum)
+        return out
     for i, total in enumerate(sums):
         if total != total:  # some column lacks this sample: judge the others
             present = [v for v in rows[i] if v == v]

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import statistics
 from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import compress, repeat
 
 from otelprof.analysis.ranksummary import TOP, RankSummary, many, summarize
 from otelprof.analysis.run import RunView, across, gpu_memory_ratio, per_rank
@@ -150,10 +152,18 @@ def _row(subject: str, metric: str, unit: str, values: Sequence[float]) -> Usage
 
 def _rates(times: array[int], *counters: array[float]) -> tuple[list[float], list[float]]:
     """Per interval: (time, sum of the counters' increase per second); resets are skipped."""
+    totals = list(map(sum, zip(*counters)))
+    if math.isfinite(sum(totals)):  # every sample has the counters: each interval is from the sample before
+        dt = list(map(operator.sub, times[1:], times[:-1]))
+        dv = list(map(operator.sub, totals[1:], totals[:-1]))
+        keep = [a > 0 and b >= 0 for a, b in zip(dt, dv)]
+        return ([t / 1e9 for t in compress(times[1:], keep)],
+                list(map(operator.truediv, compress(dv, keep), map(operator.truediv, compress(dt, keep),
+                                                                    repeat(1e9)))))
     out_t, out_v = [], []
     previous_t, previous = 0, 0.0
     first = True
-    for t, total in zip(times, map(sum, zip(*counters))):
+    for t, total in zip(times, totals):
         if total != total:
             continue
         if not first and t > previous_t and total >= previous:
@@ -176,13 +186,14 @@ class NodeFigures:
     """CPU, busiest core, I/O wait, memory, GPU, GPU memory."""
 
 
-def node_figures(c: SampleColumns) -> NodeFigures:
-    return per_rank(c, "system node", partial(_node_figures, c))
+def node_figures(c: SampleColumns, memory: dict[str, list[float]] | None = None) -> NodeFigures:
+    """``memory``: :func:`gpu_memory_ratios` when already known."""
+    return per_rank(c, "system node", partial(_node_figures, c, memory))
 
 
-def _node_figures(c: SampleColumns) -> NodeFigures:
+def _node_figures(c: SampleColumns, memory: dict[str, list[float]] | None) -> NodeFigures:
     gpu_mean = per_sample_gpu_mean(c)
-    gpu_mem = per_sample_gpu_memory(c)
+    gpu_mem = per_sample_gpu_memory(c, memory)
     _, net_v = _rates(c.t_ns, c.net_rx, c.net_tx)
     _, disk_v = _rates(c.t_ns, c.disk_read, c.disk_write)
     rows = []
@@ -211,8 +222,13 @@ def per_sample_gpu_mean(columns: SampleColumns, key: str = "u") -> list[float]:
     return across(series, "mean") if series else [math.nan] * len(columns)
 
 
-def per_sample_gpu_memory(columns: SampleColumns) -> list[float]:
-    ratios = [array("d", gpu_memory_ratio(g["mu"], g["mt"])) for g in columns.gpus.values() if "mu" in g and "mt" in g]
+def gpu_memory_ratios(columns: SampleColumns) -> dict[str, list[float]]:
+    """Per GPU index that reported its memory: per sample, used / total."""
+    return {index: gpu_memory_ratio(g["mu"], g["mt"]) for index, g in columns.gpus.items() if "mu" in g and "mt" in g}
+
+
+def per_sample_gpu_memory(columns: SampleColumns, memory: dict[str, list[float]] | None = None) -> list[float]:
+    ratios = list((gpu_memory_ratios(columns) if memory is None else memory).values())
     return across(ratios, "mean") if ratios else [math.nan] * len(columns)
 
 
