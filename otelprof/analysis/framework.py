@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -230,10 +231,9 @@ def _covered(columns: StepColumns) -> dict[str, float]:
     out: dict[str, float] = {}
     if not any(depths):
         return out
-    for i in range(len(columns)):
+    nested = [j for j in compress(range(len(codes)), depths) if codes[j] != apart]  # nested regions, in order
+    for i in dict.fromkeys(bisect.bisect_right(index, j) - 1 for j in nested):  # their steps, in order
         lo, hi = index[i], index[i + 1]
-        if not any(depths[j] and codes[j] != apart for j in range(lo, hi)):
-            continue
         counts, self_ns = nesting.step_regions(codes[lo:hi], offsets[lo:hi], durations[lo:hi], depths[lo:hi], apart)
         for j, (counted, own) in enumerate(zip(counts, self_ns)):
             if counted and own != durations[lo + j]:

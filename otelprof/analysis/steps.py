@@ -189,13 +189,14 @@ def step_figures(rank: RankRecording, phases: Iterable[str], sigma: float, floor
         numbers = list(map(c.number.__getitem__, mine))
         numbers = [n for n, d, i in zip(numbers, durations, mine) if d > limit and not slowed[i]]
         kept = [d for d in durations if d <= limit]
-        median = quantile(sorted(durations), 0.5) if durations else math.nan
+        distribution = Distribution.of(durations)
+        median = distribution.p50  # durations are numbers: the median of them all
         excess = math.fsum(d - median for d in durations if d > limit)
         busy = math.fsum(durations)
         phase_samples = finite(samples_by_phase.get(code, ()))
         phase_tokens = finite(tokens_by_phase.get(code, ()))
         per_second = math.fsum(phase_samples) / busy if phase_samples and busy > 0 else None
-        return (Distribution.of(durations), limit, len(numbers), tuple(numbers[:MAX_LISTED_OUTLIERS]),
+        return (distribution, limit, len(numbers), tuple(numbers[:MAX_LISTED_OUTLIERS]),
                 Histogram.of(kept, bins), quantile(sorted(phase_samples), 0.5) if phase_samples else None,
                 per_second, math.fsum(phase_tokens) / busy if phase_tokens and busy > 0 else None, excess,
                 _grown_regions(c, phase, [d > limit for d in durations]))
