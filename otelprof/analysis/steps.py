@@ -15,7 +15,7 @@ from operator import mul, not_, sub
 
 from otelprof import thresholds
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
-from otelprof.analysis.run import RunView, per_rank, phase_durations
+from otelprof.analysis.run import RunView, per_rank, phase_durations, phase_totals
 from otelprof.analysis.stats import Bucket, Distribution, Histogram, finite, quantile
 from otelprof.recording.columns import StepColumns
 from otelprof.recording.ranks import RankRecording
@@ -174,7 +174,6 @@ def step_figures(rank: RankRecording, phases: Iterable[str], sigma: float, floor
     """Per phase of ``phases`` the rank has steps of: its :class:`PhaseSteps` figures, each kept with the rank's
     step columns (:func:`~otelprof.analysis.run.per_rank`)."""
     c = rank.step_columns
-    steps_of = c.phase_steps()
     context: list[tuple[list[bool], dict[int, list[float]], dict[int, list[float]], dict[str, list[float]]]] = []
 
     def compute(phase: str) -> StepFigures:
@@ -184,7 +183,7 @@ def step_figures(rank: RankRecording, phases: Iterable[str], sigma: float, floor
         slowed, samples_by_phase, tokens_by_phase, durations_of = context[0]
         durations = durations_of[phase]
         code = c.phase_names.index(phase)
-        mine = steps_of[phase]
+        mine = c.phase_steps()[phase]
         limit = outlier_threshold(_kept(durations, slowed, mine), sigma, floor)
         numbers = list(map(c.number.__getitem__, mine))
         numbers = [n for n, d, i in zip(numbers, durations, mine) if d > limit and not slowed[i]]
@@ -201,8 +200,9 @@ def step_figures(rank: RankRecording, phases: Iterable[str], sigma: float, floor
                 per_second, math.fsum(phase_tokens) / busy if phase_tokens and busy > 0 else None, excess,
                 _grown_regions(c, phase, [d > limit for d in durations]))
 
+    totals = phase_totals(c)
     return {phase: per_rank(c, ("steps", phase, sigma, floor, bins), partial(compute, phase))
-            for phase in phases if phase in steps_of}
+            for phase in phases if phase in totals}
 
 
 def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
