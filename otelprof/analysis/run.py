@@ -234,12 +234,18 @@ def across(columns: list[array[float]], how: str) -> list[float]:
     out; NaN when every column lacks the sample."""
     if not columns:
         return []
-    rows = list(zip(*columns))
-    sums = list(map(sum, rows))
+    sums = list(map(sum, zip(*columns)))
     k = len(columns)
-    out = [v / k for v in sums] if how == "mean" else list(map(min if how == "min" else max, rows))
-    if math.isfinite(sum(sums)):  # no column lacks a sample (NaN would carry into the sum)
-        return out
+    complete = math.isfinite(sum(sums))  # no column lacks a sample (NaN would carry into the sum)
+    if how == "mean":
+        out = [v / k for v in sums]
+        if complete:
+            return out
+    else:
+        out = list(map(min if how == "min" else max, *columns))
+        if complete:
+            return out
+    rows = list(zip(*columns))
     for i, total in enumerate(sums):
         if total != total:  # some column lacks this sample: judge the others
             present = [v for v in rows[i] if v == v]

@@ -133,7 +133,8 @@ class Histogram:
         if hi <= lo:
             hi = lo + (abs(lo) * 1e-6 or 1e-9)
         width = (hi - lo) / bins
-        inside = [v for v in data if lo <= v <= hi] if low is not None or high is not None else data
+        inside = (data if (low is None and high is None) or (lo <= min(data) and max(data) <= hi)
+                  else [v for v in data if lo <= v <= hi])
         # the nudge keeps a value on an edge (0.3 with bins of 0.02) in the bin it starts
         found = Counter(map(int, map(mul, map(sub, inside, repeat(lo)), repeat((1 + 1e-12) / width))))
         counts = [0] * bins
