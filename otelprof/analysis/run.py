@@ -242,7 +242,7 @@ def across(columns: list[array[float]], how: str) -> list[float]:
         if complete:
             return out
     else:
-        out = list(map(min if how == "min" else max, *columns))
+        out = list(map(min if how == "min" else max, *columns)) if k > 1 else list(columns[0])
         if complete:
             return out
     rows = list(zip(*columns))
