@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import operator
 from array import array
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, TypeVar
@@ -229,7 +229,7 @@ def gpu_memory_ratio(used: array[float], total: array[float]) -> list[float]:
     return [u / t if t and t == t and u == u else math.nan for u, t in zip(used, total)]
 
 
-def across(columns: list[array[float]], how: str) -> list[float]:
+def across(columns: Sequence[Sequence[float]], how: str) -> list[float]:
     """Per sample: ``mean``, ``min`` or ``max`` over several columns (one per GPU), leaving NaN entries
     out; NaN when every column lacks the sample."""
     if not columns:

@@ -17,9 +17,9 @@ from operator import mul, sub
 
 def finite(values: Iterable[float]) -> list[float]:
     """The values that are numbers (NaN marks "not sampled" in the recording's columns)."""
-    data = values if isinstance(values, (list, tuple)) else list(values)
+    data: Sequence[float] = values if isinstance(values, (list, tuple)) else list(values)
     if math.isfinite(sum(data)):  # NaN and infinities carry into the sum: all are numbers (most columns)
-        return list(data) if data is values else data  # type: ignore[arg-type]
+        return list(data) if data is values or not isinstance(data, list) else data
     return list(compress(data, map(math.isfinite, data)))
 
 
