@@ -224,15 +224,16 @@ def test_chunks_make_the_series_of_a_loop(data: list[float], buckets: int) -> No
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(-0.5, 1.5), min_size=1, max_size=60), st.booleans())
-def test_histogram_counts_equal_a_loop(data: list[float], in_range: bool) -> None:
+@given(st.lists(st.floats(-0.5, 1.5), min_size=1, max_size=60), st.booleans(), st.sampled_from([0.0, -0.0, -0.25]))
+def test_histogram_counts_equal_a_loop(data: list[float], in_range: bool, low: float) -> None:
     if in_range:
-        data = [min(max(v, 0.0), 1.0) for v in data]
+        data = [min(max(v, low), 1.0) for v in data]
     counts = [0] * 10
+    width = (1.0 - low) / 10
     for v in data:
-        if 0.0 <= v <= 1.0:
-            counts[min(max(int((v - 0.0) * ((1 + 1e-12) / 0.1)), 0), 9)] += 1
-    assert Histogram.of(data, 10, 0.0, 1.0).counts == tuple(counts)
+        if low <= v <= 1.0:
+            counts[min(max(int((v - low) * ((1 + 1e-12) / width)), 0), 9)] += 1
+    assert Histogram.of(data, 10, low, 1.0).counts == tuple(counts)
 
 
 def test_covered_time_equals_a_scan_of_every_step() -> None:

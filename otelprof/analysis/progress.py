@@ -252,14 +252,16 @@ def _pass_means(xs: list[float], ys: list[float]) -> tuple[list[float], list[flo
     return px, py
 
 
-def rank_throughput(c: StepColumns, main: str, scalar: str) -> tuple[array[int], array[float]] | None:
+def rank_throughput(c: StepColumns, main: str, scalar: str, read: tuple[array[int], array[float]] | None = None
+                    ) -> tuple[array[int], array[float]] | None:
     """One rank's (main-phase step numbers, recorded ``scalar`` over the step's duration); None without
-    main-phase steps. Kept with the step columns (:func:`~otelprof.analysis.run.per_rank`)."""
+    main-phase steps. Kept with the step columns (:func:`~otelprof.analysis.run.per_rank`; ``read``: the
+    scalar's columns when already read)."""
     def compute() -> tuple[array[int], array[float]] | None:
         if main not in c.phase_names:
             return None
         code = c.phase_names.index(main)
-        at, values = c.scalar(scalar)
+        at, values = c.scalar(scalar) if read is None else read
         if len(c.phase_names) > 1:
             mask = list(map(code.__eq__, map(c.phase.__getitem__, at)))
             at, values = array("q", compress(at, mask)), array("d", compress(values, mask))

@@ -44,9 +44,10 @@ def prepare_figures(rank: RankRecording, config: MixinConfig | None = None) -> N
     rank_loads(c)
     if sc.REGION_DATALOADER in c.ann_names:
         loader_phases(c, sc.REGION_DATALOADER, config.input_bound_threshold)
+    scalars = {name: c.scalar(name) for name in (sc.SCALAR_SAMPLES, sc.SCALAR_TOKENS)}  # read once for both
     if len(c.phase_names) <= MAX_PHASES:  # else the report lists only some of them: it computes those
         sigma, floor = outlier_settings(rank.manifest.get("config") or {})
-        step_figures(rank, c.phase_names, sigma, floor)
+        step_figures(rank, c.phase_names, sigma, floor, scalars=scalars)
     if MAIN_PHASE in c.phase_names:
-        rank_throughput(c, MAIN_PHASE, sc.SCALAR_SAMPLES)
-        rank_throughput(c, MAIN_PHASE, sc.SCALAR_TOKENS)
+        for name, read in scalars.items():
+            rank_throughput(c, MAIN_PHASE, name, read)

@@ -136,7 +136,8 @@ class Histogram:
         inside = (data if (low is None and high is None) or (lo <= min(data) and max(data) <= hi)
                   else [v for v in data if lo <= v <= hi])
         # the nudge keeps a value on an edge (0.3 with bins of 0.02) in the bin it starts
-        found = Counter(map(int, map(mul, map(sub, inside, repeat(lo)), repeat((1 + 1e-12) / width))))
+        shifted = inside if lo == 0 else map(sub, inside, repeat(lo))  # v - 0 is v (int() drops a zero's sign)
+        found = Counter(map(int, map(mul, shifted, repeat((1 + 1e-12) / width))))
         counts = [0] * bins
         for index, n in found.items():
             counts[min(max(index, 0), bins - 1)] += n

@@ -7,12 +7,14 @@ histogram of the others, and the throughput from recorded samples/tokens."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import compress, repeat
 from operator import mul, not_, sub
 
+from otelprof import semconv as sc
 from otelprof import thresholds
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
 from otelprof.analysis.run import RunView, per_rank, phase_durations, phase_totals
@@ -170,16 +172,19 @@ samples_per_second, tokens_per_second, outlier_excess, outlier_regions."""
 
 
 def step_figures(rank: RankRecording, phases: Iterable[str], sigma: float, floor: tuple[float, float],
-                 bins: int = 50) -> dict[str, StepFigures]:
+                 bins: int = 50, scalars: Mapping[str, tuple[array[int], array[float]]] | None = None
+                 ) -> dict[str, StepFigures]:
     """Per phase of ``phases`` the rank has steps of: its :class:`PhaseSteps` figures, each kept with the rank's
-    step columns (:func:`~otelprof.analysis.run.per_rank`)."""
+    step columns (:func:`~otelprof.analysis.run.per_rank`; ``scalars``: the samples and tokens scalars'
+    columns when already read)."""
     c = rank.step_columns
     context: list[tuple[list[bool], dict[int, list[float]], dict[int, list[float]], dict[str, list[float]]]] = []
 
     def compute(phase: str) -> StepFigures:
         if not context:  # what every phase needs, worked out once
-            context.append((slowed_steps(rank), _by_phase(c.phase, *c.scalar("samples")),
-                            _by_phase(c.phase, *c.scalar("tokens")), phase_durations(c)))
+            read = scalars or {name: c.scalar(name) for name in (sc.SCALAR_SAMPLES, sc.SCALAR_TOKENS)}
+            context.append((slowed_steps(rank), _by_phase(c.phase, *read[sc.SCALAR_SAMPLES]),
+                            _by_phase(c.phase, *read[sc.SCALAR_TOKENS]), phase_durations(c)))
         slowed, samples_by_phase, tokens_by_phase, durations_of = context[0]
         durations = durations_of[phase]
         code = c.phase_names.index(phase)
