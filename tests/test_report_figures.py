@@ -236,6 +236,15 @@ def test_histogram_counts_equal_a_loop(data: list[float], in_range: bool, low: f
     assert Histogram.of(data, 10, low, 1.0).counts == tuple(counts)
 
 
+@settings(max_examples=300, deadline=None)
+@given(values, st.integers(1, 12), st.sampled_from([None, 0.0, -0.0, -0.25, 3.0]),
+       st.sampled_from([None, 1.0, 0.0, 1e5]))
+def test_histogram_of_sorted_values_equals_the_counted_one(data: list[float], bins: int, low: float | None,
+                                                           high: float | None) -> None:
+    """Bisected bins (values in order) against the bins counted value by value."""
+    assert Histogram.of_sorted(sorted_finite(data), bins, low, high) == Histogram.of(data, bins, low, high)
+
+
 def test_covered_time_equals_a_scan_of_every_step() -> None:
     """Only the steps with a nested region are looked at: the same totals as scanning each step."""
     rng = random.Random(3)

@@ -162,8 +162,8 @@ def wait_histogram(waits: list[float], bins: int = 50) -> tuple[Histogram, int]:
     high = quantile(ordered, TAIL_QUANTILE)
     if high > 0 and ordered[-1] > TAIL_FACTOR * high:
         clipped = sum(1 for w in ordered if w > high)
-        return Histogram.of([min(w, high) for w in ordered], bins, ordered[0], high), clipped
-    return Histogram.of(ordered, bins), 0
+        return Histogram.of_sorted([min(w, high) for w in ordered], bins, ordered[0], high), clipped
+    return Histogram.of_sorted(ordered, bins), 0
 
 
 def _value(gauges: dict[str, list[tuple[dict[str, object], float]]], name: str) -> float | None:

@@ -124,13 +124,16 @@ class GpuFigures:
     memory_chunks: Chunks | None
 
 
-def gpu_figures(c: SampleColumns, memory: dict[str, list[float]] | None = None) -> dict[str, GpuFigures]:
+def gpu_figures(c: SampleColumns, memory: dict[str, list[float]] | None = None,
+                ordered: dict[str, list[float]] | None = None) -> dict[str, GpuFigures]:
     """Per GPU index of a node's samples, in :func:`~otelprof.analysis.system.gpu_order` (``memory``:
-    :func:`~otelprof.analysis.system.gpu_memory_ratios` when already known)."""
-    return per_rank(c, "gpu", partial(_gpu_figures, c, memory))
+    :func:`~otelprof.analysis.system.gpu_memory_ratios`, ``ordered``: the utilization values in ascending order,
+    when already known)."""
+    return per_rank(c, "gpu", partial(_gpu_figures, c, memory, ordered))
 
 
-def _gpu_figures(c: SampleColumns, ratios: dict[str, list[float]] | None) -> dict[str, GpuFigures]:
+def _gpu_figures(c: SampleColumns, ratios: dict[str, list[float]] | None,
+                 ordered: dict[str, list[float]] | None) -> dict[str, GpuFigures]:
     ratios = gpu_memory_ratios(c) if ratios is None else ratios
     out = {}
     for index in sorted(c.gpus, key=gpu_order):
@@ -138,7 +141,9 @@ def _gpu_figures(c: SampleColumns, ratios: dict[str, list[float]] | None) -> dic
         util = g.get("u", ())
         memory = ratios.get(index, [])
         totals = finite(g.get("mt", ()))
-        out[index] = GpuFigures(BoxPlot.of(util), BoxPlot.of(memory), max(totals) if totals else None,
+        # the box plot sorts its values: the same numbers in order make the same box (its mean is an fsum)
+        box = BoxPlot.of(util if ordered is None else ordered[index])
+        out[index] = GpuFigures(box, BoxPlot.of(memory), max(totals) if totals else None,
                                 _median(g.get("p", ())), _median(g.get("t", ())), _growth(memory), Chunks.of(util),
                                 Chunks.of(memory) if memory else None)
     return out

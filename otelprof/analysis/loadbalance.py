@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from otelprof import semconv as sc
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
 from otelprof.analysis.run import RunView, per_rank
-from otelprof.analysis.stats import Histogram, finite, share
+from otelprof.analysis.stats import Histogram, share, sorted_finite
 from otelprof.analysis.step_checks import peers_median
 from otelprof.analysis.system import gpu_order
 from otelprof.mixin.config import MixinConfig
@@ -118,18 +118,25 @@ def js_distance(p: tuple[int, ...], q: tuple[int, ...]) -> float:
     return math.sqrt(max(total, 0.0))
 
 
-def gpu_loads(c: SampleColumns) -> tuple[tuple[str, float, Histogram], ...]:
+def gpu_loads(c: SampleColumns, ordered: dict[str, list[float]] | None = None
+              ) -> tuple[tuple[str, float, Histogram], ...]:
     """(GPU index, mean utilization, utilization histogram) of each GPU of a node's samples that has a value
-    (kept with them: :func:`~otelprof.analysis.run.per_rank`)."""
+    (kept with them: :func:`~otelprof.analysis.run.per_rank`; ``ordered``: :func:`ordered_utilization` when
+    already known)."""
     def compute() -> tuple[tuple[str, float, Histogram], ...]:
         out = []
-        for index in sorted(c.gpus, key=gpu_order):
-            values = finite(c.gpus[index].get("u", ()))
-            if values:
-                out.append((index, math.fsum(values) / len(values), Histogram.of(values, 50, 0.0, 1.0)))
+        for index, values in (ordered_utilization(c) if ordered is None else ordered).items():
+            if values:  # in order: the mean is the same (fsum), the histogram bisected
+                out.append((index, math.fsum(values) / len(values), Histogram.of_sorted(values, 50, 0.0, 1.0)))
         return tuple(out)
 
     return per_rank(c, "load gpus", compute)
+
+
+def ordered_utilization(c: SampleColumns) -> dict[str, list[float]]:
+    """Per GPU index of a node's samples, in :func:`~otelprof.analysis.system.gpu_order`: its utilization
+    values in ascending order (NaN left out)."""
+    return {index: sorted_finite(c.gpus[index].get("u", ())) for index in sorted(c.gpus, key=gpu_order)}
 
 
 def rank_loads(columns: StepColumns) -> dict[str, tuple[float, float, float, float]]:

@@ -12,7 +12,7 @@ from otelprof.analysis.bottlenecks import coincidences
 from otelprof.analysis.dataloader import loader_phases
 from otelprof.analysis.framework import rank_breakdown, rank_regions
 from otelprof.analysis.gpu import gpu_figures
-from otelprof.analysis.loadbalance import gpu_loads, rank_loads
+from otelprof.analysis.loadbalance import gpu_loads, ordered_utilization, rank_loads
 from otelprof.analysis.progress import MAIN_PHASE, rank_throughput
 from otelprof.analysis.run import MAX_PHASES, gpu_min, outlier_settings, phase_totals
 from otelprof.analysis.steps import step_figures
@@ -29,9 +29,10 @@ def prepare_figures(rank: RankRecording, config: MixinConfig | None = None) -> N
     process_figures(samples)
     if samples.node_samples:
         memory = gpu_memory_ratios(samples)
+        ordered = ordered_utilization(samples)
         node_figures(samples, memory)
-        gpu_figures(samples, memory)
-        gpu_loads(samples)
+        gpu_figures(samples, memory, ordered)
+        gpu_loads(samples, ordered)
         lowest = gpu_min(samples)
         coincidences(samples, False, config.cpu_threshold, config.gpu_threshold, lowest)
         coincidences(samples, True, config.io_threshold, config.gpu_threshold, lowest)
