@@ -241,8 +241,15 @@ def test_histogram_counts_equal_a_loop(data: list[float], in_range: bool, low: f
        st.sampled_from([None, 1.0, 0.0, 1e5]))
 def test_histogram_of_sorted_values_equals_the_counted_one(data: list[float], bins: int, low: float | None,
                                                            high: float | None) -> None:
-    """Bisected bins (values in order) against the bins counted value by value."""
-    assert Histogram.of_sorted(sorted_finite(data), bins, low, high) == Histogram.of(data, bins, low, high)
+    """Bisected bins (values in order) against the bins counted value by value (both fail alike where the range is
+    too narrow for a double: subnormal widths)."""
+    try:
+        expected = Histogram.of(data, bins, low, high)
+    except (OverflowError, ValueError) as exc:
+        with pytest.raises(type(exc)):
+            Histogram.of_sorted(sorted_finite(data), bins, low, high)
+        return
+    assert Histogram.of_sorted(sorted_finite(data), bins, low, high) == expected
 
 
 def test_covered_time_equals_a_scan_of_every_step() -> None:
