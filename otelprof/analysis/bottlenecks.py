@@ -6,14 +6,16 @@ doing at those moments (the region each rank on the node was in)."""
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
-from otelprof.analysis.run import RunView, gpu_min
+from otelprof.analysis.run import RunView, gpu_min, per_rank
 from otelprof.analysis.stats import share
 from otelprof.mixin.config import MixinConfig
+from otelprof.recording.columns import SampleColumns
 
 BETWEEN_STEPS = "between steps"
 OUTSIDE_LOOP = "outside the training loop"
@@ -58,26 +60,37 @@ def bottleneck(view: RunView, kind: str, config: MixinConfig | None = None) -> B
     high = config.io_threshold if io else config.cpu_threshold
     rows = []
     for node, (_, c) in view.nodes().items():
-        busy_col = c.iow_max if io else c.cpu_max
-        lowest: list[float] = view.memo(("gpu min", node), partial(gpu_min, c))
-        datapoints = low_gpu = busy = 0
-        hits: list[int] = []
-        gpu_threshold = config.gpu_threshold
-        for i, value in enumerate(busy_col):
-            if value != value:
-                continue
-            datapoints += 1
-            low = bool(lowest) and lowest[i] < gpu_threshold
-            is_busy = value > high
-            low_gpu += low
-            busy += is_busy
-            if low and is_busy:
-                hits.append(c.t_ns[i])
+        datapoints, low_gpu, busy, hits = coincidences(c, io, high, config.gpu_threshold)
         regions = _regions(view, node, hits)
         rows.append(NodeBottleneck(node, datapoints, low_gpu, busy, len(hits), share(len(hits), datapoints),
                                    tuple(regions.most_common())))
     threshold = config.io_bottleneck_threshold if io else config.cpu_bottleneck_threshold
     return Bottleneck(kind, high, config.gpu_threshold, threshold, tuple(rows))
+
+
+def coincidences(c: SampleColumns, io: bool, high: float, gpu_threshold: float, lowest: list[float] | None = None
+                  ) -> tuple[int, int, int, array[int]]:
+    """One node's samples: (node samples, with a GPU below ``gpu_threshold``, with a CPU (``io``: I/O wait) above
+    ``high``, times of the samples with both), kept with them (:func:`~otelprof.analysis.run.per_rank`;
+    ``lowest``: :func:`~otelprof.analysis.run.gpu_min` when already known)."""
+    def compute() -> tuple[int, int, int, array[int]]:
+        busy_col = c.iow_max if io else c.cpu_max
+        least = gpu_min(c) if lowest is None else lowest
+        datapoints = low_gpu = busy = 0
+        hits = array("q")
+        for i, value in enumerate(busy_col):
+            if value != value:
+                continue
+            datapoints += 1
+            low = bool(least) and least[i] < gpu_threshold
+            is_busy = value > high
+            low_gpu += low
+            busy += is_busy
+            if low and is_busy:
+                hits.append(c.t_ns[i])
+        return datapoints, low_gpu, busy, hits
+
+    return per_rank(c, ("coincidences", io, high, gpu_threshold), compute)
 
 
 def region_at(view: RunView, index: int, t_ns: int) -> str:
@@ -97,7 +110,7 @@ def region_at(view: RunView, index: int, t_ns: int) -> str:
     return IN_STEP
 
 
-def _regions(view: RunView, node: str, times: list[int]) -> Counter[str]:
+def _regions(view: RunView, node: str, times: Sequence[int]) -> Counter[str]:
     counts: Counter[str] = Counter()
     members = [i for i, info in enumerate(view.info) if info.node == node]
     for index in members:

@@ -12,6 +12,7 @@ from itertools import compress
 
 from otelprof import semconv as sc
 from otelprof.analysis.check_tables import RankData, SampleTable, StepTable
+from otelprof.analysis.rank_figures import prepare_figures
 from otelprof.analysis.steps import profiled_windows
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.columns import SampleColumns, group_indexes
@@ -93,6 +94,7 @@ def prepare_rank(rank: RankRecording) -> None:
 def prepare_sections(rank: RankRecording) -> None:
     """What :func:`prepare_rank` computes for the report's sections only (a report without the checks)."""
     collectives.of_columns(rank.step_columns)
+    prepare_figures(rank)
 
 
 def _step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 
 from otelprof import semconv as sc
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
-from otelprof.analysis.run import RunView, last_values
+from otelprof.analysis.run import RunView, last_values, per_rank
 from otelprof.analysis.stats import Bucket, Distribution, Histogram, quantile
 from otelprof.mixin.config import MixinConfig
+from otelprof.recording.columns import StepColumns
 
 WAIT_SHARE_WARN = 0.2
 """A rank whose steps wait for data more than this share of their time is limited by its input pipeline."""
@@ -100,24 +101,10 @@ def dataloader_analysis(view: RunView, config: MixinConfig | None = None,
     for index, info in enumerate(view.info):
         c = view.ranks[index].step_columns
         if len(c) and region in c.ann_names:
-            sums = view.region_sums(index, region)
-            for phase, mask in c.phase_steps().items():  # mask: the phase's steps
-                if phase not in view.shown_phases():
-                    continue
-                waits_ns = list(map(sums.__getitem__, mask))
-                durations_ns = list(map(c.duration_ns.__getitem__, mask))
-                steps = len(durations_ns)
-                if not steps:
-                    continue
-                pairs = [(w, d) for w, d in zip(waits_ns, durations_ns) if w]
-                waits = [w / 1e9 for w, _ in pairs]
-                ratios = [min(w / d, 1.0) if d > 0 else 1.0 for w, d in pairs]
-                total_time = sum(durations_ns)
-                histogram, clipped = wait_histogram(waits)
-                phases.append(LoaderPhase(
-                    info.rank, phase, steps, len(waits), Distribution.of(waits), quantile(sorted(waits), 0.25),
-                    Distribution.of(ratios), sum(1 for r in ratios if r > config.input_bound_threshold),
-                    sum(waits_ns) / total_time if total_time else 0.0, histogram, histogram_clipped=clipped))
+            shown = view.shown_phases()
+            phases += [LoaderPhase(info.rank, phase, *figures)
+                       for phase, figures in loader_phases(c, region, config.input_bound_threshold).items()
+                       if phase in shown]
         gauges = last_values(view.ranks[index])
         workers = _value(gauges, sc.DATALOADER_WORKERS.name)
         pin = _value(gauges, sc.DATALOADER_PIN_MEMORY.name)
@@ -129,6 +116,36 @@ def dataloader_analysis(view: RunView, config: MixinConfig | None = None,
                                          bool(pin) if pin is not None else None, cpus, config))
     return DataLoaderAnalysis(region, config.input_bound_threshold, config.dataloader_min_threshold,
                               config.dataloader_max_threshold, tuple(phases), tuple(loaders))
+
+
+LoaderFigures = tuple[int, int, Distribution, float, Distribution, int, float, Histogram, None, int]
+"""A :class:`LoaderPhase`'s fields after its rank and phase."""
+
+
+def loader_phases(c: StepColumns, region: str, input_bound: float) -> dict[str, LoaderFigures]:
+    """Per phase of one rank's steps (that has a ``region``): the figures of its :class:`LoaderPhase`, steps
+    waiting more than ``input_bound`` of their duration counted as input-bound (kept with the step columns:
+    :func:`~otelprof.analysis.run.per_rank`)."""
+    def compute() -> dict[str, LoaderFigures]:
+        out: dict[str, LoaderFigures] = {}
+        sums = c.annotation_sums(region)
+        for phase, mask in c.phase_steps().items():  # mask: the phase's steps
+            waits_ns = list(map(sums.__getitem__, mask))
+            durations_ns = list(map(c.duration_ns.__getitem__, mask))
+            steps = len(durations_ns)
+            if not steps:
+                continue
+            pairs = [(w, d) for w, d in zip(waits_ns, durations_ns) if w]
+            waits = sorted(w / 1e9 for w, _ in pairs)  # in order: what follows sorts it again at no cost
+            ratios = [min(w / d, 1.0) if d > 0 else 1.0 for w, d in pairs]
+            total_time = sum(durations_ns)
+            histogram, clipped = wait_histogram(waits)
+            out[phase] = (steps, len(waits), Distribution.of(waits), quantile(waits, 0.25),
+                          Distribution.of(ratios), sum(1 for r in ratios if r > input_bound),
+                          sum(waits_ns) / total_time if total_time else 0.0, histogram, None, clipped)
+        return out
+
+    return per_rank(c, ("loader", region, input_bound), compute)
 
 
 TAIL_QUANTILE = 0.99
@@ -145,8 +162,8 @@ def wait_histogram(waits: list[float], bins: int = 50) -> tuple[Histogram, int]:
     high = quantile(ordered, TAIL_QUANTILE)
     if high > 0 and ordered[-1] > TAIL_FACTOR * high:
         clipped = sum(1 for w in ordered if w > high)
-        return Histogram.of([min(w, high) for w in ordered], bins, ordered[0], high), clipped
-    return Histogram.of(ordered, bins), 0
+        return Histogram.of_sorted([min(w, high) for w in ordered], bins, ordered[0], high), clipped
+    return Histogram.of_sorted(ordered, bins), 0
 
 
 def _value(gauges: dict[str, list[tuple[dict[str, object], float]]], name: str) -> float | None:

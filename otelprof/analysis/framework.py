@@ -13,15 +13,17 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import compress
 from operator import add, not_, sub
 from typing import Any
 
 from otelprof import semconv as sc
-from otelprof.analysis.run import MAX_PHASES, RunView
+from otelprof.analysis.run import MAX_PHASES, RunView, per_rank
 from otelprof.analysis.stats import Bucket, share
 from otelprof.recording.columns import StepColumns
 from otelprof.shared import nesting
@@ -229,16 +231,25 @@ def _covered(columns: StepColumns) -> dict[str, float]:
     out: dict[str, float] = {}
     if not any(depths):
         return out
-    for i in range(len(columns)):
+    nested = [j for j in compress(range(len(codes)), depths) if codes[j] != apart]  # nested regions, in order
+    for i in dict.fromkeys(bisect.bisect_right(index, j) - 1 for j in nested):  # their steps, in order
         lo, hi = index[i], index[i + 1]
-        if not any(depths[j] and codes[j] != apart for j in range(lo, hi)):
-            continue
         counts, self_ns = nesting.step_regions(codes[lo:hi], offsets[lo:hi], durations[lo:hi], depths[lo:hi], apart)
         for j, (counted, own) in enumerate(zip(counts, self_ns)):
             if counted and own != durations[lo + j]:
                 name = names[codes[lo + j]]
                 out[name] = out.get(name, 0.0) + (durations[lo + j] - own) / 1e9
     return out
+
+
+def rank_regions(c: StepColumns) -> tuple[float | None, float, dict[str, float]]:
+    """One rank's (seconds from its first step's start to its last step's end, None without steps; seconds in
+    steps; :func:`_covered`), kept with its step columns (:func:`~otelprof.analysis.run.per_rank`)."""
+    def compute() -> tuple[float | None, float, dict[str, float]]:
+        loop = (max(map(add, c.start_ns, c.duration_ns)) - min(c.start_ns)) / 1e9 if len(c) else None
+        return loop, math.fsum(c.duration_ns) / 1e9, _covered(c)
+
+    return per_rank(c, "regions", compute)
 
 
 def _operators(acc: dict[str, list[float]], top: int, rest: float = 0.0) -> tuple[tuple[Operator, ...], float]:
@@ -259,16 +270,15 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
     for index, rank in enumerate(view.ranks):
         view.say_rank("regions", index)
         c = rank.step_columns
-        for phase, durations in view.durations(index).items():
-            phase_time[phase] = phase_time.get(phase, 0.0) + math.fsum(durations)
-        if len(c):
-            first = min(c.start_ns)
-            last = max(map(add, c.start_ns, c.duration_ns))
-            loop_time += (last - first) / 1e9
-        step_time += math.fsum(c.duration_ns) / 1e9
+        for phase, (_, seconds) in view.phase_totals(index).items():
+            phase_time[phase] = phase_time.get(phase, 0.0) + seconds
+        loop, in_steps_ns, rank_covered = rank_regions(c)
+        if loop is not None:
+            loop_time += loop
+        step_time += in_steps_ns
         for name, (count, total, longest, depth) in c.region_totals().items():
             _add(inside, name, count, total / 1e9, longest / 1e9, depth)
-        for name, seconds in _covered(c).items():
+        for name, seconds in rank_covered.items():
             covered[name] = covered.get(name, 0.0) + seconds
         for a in rank.annotations:
             _add(outside, a.name, 1, a.duration_ns / 1e9, a.duration_ns / 1e9, 0)
@@ -301,6 +311,51 @@ def framework_summary(view: RunView, top: int = TOP) -> FrameworkSummary:
         tuple(sorted(windows, key=lambda w: (w.start, w.rank))), (), _breakdowns(view))
 
 
+RankBreakdown = tuple[tuple[tuple[str, str, int], ...], tuple[tuple[str, int, int, int, int], ...]]
+"""One rank's part of the breakdowns: (phase, region, ns) of the top-level regions, and per phase name (steps,
+step ns, uncovered ns, overlap ns)."""
+
+
+def rank_breakdown(c: StepColumns) -> RankBreakdown:
+    """One rank's share of :func:`_breakdowns` (kept with its step columns: :func:`~otelprof.analysis.run.per_rank`)."""
+    return per_rank(c, "breakdown", partial(_rank_breakdown, c))
+
+
+def _rank_breakdown(c: StepColumns) -> RankBreakdown:
+    n = len(c)
+    masks = c.phase_steps() if len(c.phase_names) > 1 else None  # per phase: its steps
+    covered = [0] * n
+    top_counts = (Counter(compress(c.ann_name, map(not_, c.ann_depth))) if any(c.ann_depth)
+                  else Counter(c.ann_name))  # instances directly inside their step, per name code
+    regions: list[tuple[str, str, int]] = []
+    for name, (count, *_) in c.region_totals().items():
+        top = top_counts.get(c.ann_names.index(name), 0)
+        if not top:  # always nested: inside its parent's time
+            continue
+        if top == count:  # all top-level: the per-step sums the reader keeps
+            sums = c.annotation_sums(name)
+            covered = list(map(add, covered, sums))
+            totals = ({phase: sum(map(sums.__getitem__, mask)) for phase, mask in masks.items()}
+                      if masks is not None else {c.phase_names[0]: sum(sums)})
+        else:
+            totals = {}
+            at, durations, depths = c.region(name)
+            for step, duration, depth in zip(at, durations, depths):
+                if depth == 0:
+                    covered[step] += duration
+                    phase = c.phase_names[c.phase[step]]
+                    totals[phase] = totals.get(phase, 0) + duration
+        regions += [(phase, name, total) for phase, total in totals.items() if total]
+    left = list(map(sub, c.duration_ns, covered))
+    phases = []
+    for phase in c.phase_names:
+        mine = left if masks is None else list(map(left.__getitem__, masks.get(phase, ())))
+        phases.append((phase, len(mine), sum(c.duration_ns) if masks is None
+                       else sum(map(c.duration_ns.__getitem__, masks.get(phase, ()))),
+                       sum(x for x in mine if x > 0), -sum(x for x in mine if x < 0)))
+    return tuple(regions), tuple(phases)
+
+
 def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
     """Per phase, all ranks: step time split into its top-level regions and what none covers (the phases of
     :meth:`RunView.shown_phases`)."""
@@ -312,43 +367,18 @@ def _breakdowns(view: RunView) -> tuple[Breakdown, ...]:
     overlap: dict[str, int] = {}
     for index, rank in enumerate(view.ranks):
         c = rank.step_columns
-        n = len(c)
-        if not n:
+        if not len(c):
             continue
         view.say_rank("step time breakdown", index)
-        masks = c.phase_steps() if len(c.phase_names) > 1 else None  # per phase: its steps
-        covered = [0] * n
-        top_counts = (Counter(compress(c.ann_name, map(not_, c.ann_depth))) if any(c.ann_depth)
-                      else Counter(c.ann_name))  # instances directly inside their step, per name code
-        for name, (count, *_) in c.region_totals().items():
-            top = top_counts.get(c.ann_names.index(name), 0)
-            if not top:  # always nested: inside its parent's time
-                continue
-            if top == count:  # all top-level: the per-step sums the reader keeps
-                sums = view.region_sums(index, name)
-                covered = list(map(add, covered, sums))
-                totals = ({phase: sum(map(sums.__getitem__, mask)) for phase, mask in masks.items()}
-                          if masks is not None else {c.phase_names[0]: sum(sums)})
-            else:
-                totals = {}
-                at, durations, depths = view.region(index, name)
-                for step, duration, depth in zip(at, durations, depths):
-                    if depth == 0:
-                        covered[step] += duration
-                        phase = c.phase_names[c.phase[step]]
-                        totals[phase] = totals.get(phase, 0) + duration
-            for phase, total in totals.items():
-                if total:
-                    found = regions.setdefault(phase, {})
-                    found[name] = found.get(name, 0) + total
-        left = list(map(sub, c.duration_ns, covered))
-        for phase in c.phase_names:
-            mine = left if masks is None else list(map(left.__getitem__, masks.get(phase, ())))
-            steps[phase] = steps.get(phase, 0) + len(mine)
-            step_ns[phase] = step_ns.get(phase, 0) + (sum(c.duration_ns) if masks is None
-                                                      else sum(map(c.duration_ns.__getitem__, masks.get(phase, ()))))
-            uncovered[phase] = uncovered.get(phase, 0) + sum(x for x in mine if x > 0)
-            overlap[phase] = overlap.get(phase, 0) - sum(x for x in mine if x < 0)
+        rank_regions, rank_phases = rank_breakdown(c)
+        for phase, name, total in rank_regions:
+            found = regions.setdefault(phase, {})
+            found[name] = found.get(name, 0) + total
+        for phase, count, phase_ns, phase_uncovered, phase_overlap in rank_phases:
+            steps[phase] = steps.get(phase, 0) + count
+            step_ns[phase] = step_ns.get(phase, 0) + phase_ns
+            uncovered[phase] = uncovered.get(phase, 0) + phase_uncovered
+            overlap[phase] = overlap.get(phase, 0) + phase_overlap
     out = [breakdown(phase, steps[phase], step_ns[phase] / 1e9, {k: v / 1e9 for k, v in regions.get(phase, {}).items()},
                      uncovered[phase] / 1e9, overlap[phase] / 1e9) for phase in steps
            if steps[phase] and phase in shown]

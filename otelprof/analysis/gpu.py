@@ -5,13 +5,16 @@ fluctuating; memory low, swinging, growing or near capacity)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
-from otelprof.analysis.run import RunView, gpu_memory_ratio
-from otelprof.analysis.stats import BoxPlot, Series, finite
-from otelprof.analysis.system import gpu_order
+from otelprof.analysis.run import RunView, per_rank
+from otelprof.analysis.stats import BoxPlot, Chunks, Series, finite, sorted_finite
+from otelprof.analysis.system import gpu_memory_ratios, gpu_order
 from otelprof.mixin.config import MixinConfig
+from otelprof.recording.columns import SampleColumns
 
 MEMORY_LOW_P95 = 0.5
 """GPU memory whose 95th percentile stays below this share of the device leaves room for a larger batch."""
@@ -93,8 +96,8 @@ class GpuAnalysis:
         object.__setattr__(self, "summaries", tuple(out))
 
 
-def _median(values: list[float]) -> float | None:
-    data = sorted(finite(values))
+def _median(values: Sequence[float]) -> float | None:
+    data = sorted_finite(values)
     return data[len(data) // 2] if data else None
 
 
@@ -106,25 +109,58 @@ def _growth(values: list[float]) -> float:
     return math.fsum(data[-tenth:]) / tenth - math.fsum(data[:tenth]) / tenth
 
 
+@dataclass(frozen=True)
+class GpuFigures:
+    """What :func:`gpu_analysis` finds in one GPU's samples alone (kept with the node's sample columns:
+    :func:`~otelprof.analysis.run.per_rank`)."""
+
+    utilization: BoxPlot
+    memory: BoxPlot
+    memory_total: float | None
+    power: float | None
+    temperature: float | None
+    memory_growth: float
+    utilization_chunks: Chunks
+    memory_chunks: Chunks | None
+
+
+def gpu_figures(c: SampleColumns, memory: dict[str, list[float]] | None = None,
+                ordered: dict[str, list[float]] | None = None) -> dict[str, GpuFigures]:
+    """Per GPU index of a node's samples, in :func:`~otelprof.analysis.system.gpu_order` (``memory``:
+    :func:`~otelprof.analysis.system.gpu_memory_ratios`, ``ordered``: the utilization values in ascending order,
+    when already known)."""
+    return per_rank(c, "gpu", partial(_gpu_figures, c, memory, ordered))
+
+
+def _gpu_figures(c: SampleColumns, ratios: dict[str, list[float]] | None,
+                 ordered: dict[str, list[float]] | None) -> dict[str, GpuFigures]:
+    ratios = gpu_memory_ratios(c) if ratios is None else ratios
+    out = {}
+    for index in sorted(c.gpus, key=gpu_order):
+        g = c.gpus[index]
+        util = g.get("u", ())
+        memory = ratios.get(index, [])
+        totals = finite(g.get("mt", ()))
+        # the box plot sorts its values: the same numbers in order make the same box (its mean is an fsum)
+        box = BoxPlot.of(util if ordered is None else ordered[index])
+        out[index] = GpuFigures(box, BoxPlot.of(memory), max(totals) if totals else None,
+                                _median(g.get("p", ())), _median(g.get("t", ())), _growth(memory), Chunks.of(util),
+                                Chunks.of(memory) if memory else None)
+    return out
+
+
 def gpu_analysis(view: RunView, config: MixinConfig | None = None) -> GpuAnalysis:
     config = config or MixinConfig()
     rows = []
     origin = view.origin
     for node, (_, c) in view.nodes().items():
-        times = [t / 1e9 for t in c.t_ns]
-        for index in sorted(c.gpus, key=gpu_order):
-            g = c.gpus[index]
-            util = list(g.get("u", ()))
-            memory = gpu_memory_ratio(g["mu"], g["mt"]) if "mu" in g and "mt" in g else []
-            ubox, mbox = BoxPlot.of(util), BoxPlot.of(memory)
-            growth = _growth(memory)
-            totals = finite(g.get("mt", ()))
+        for index, f in gpu_figures(c).items():
+            ubox, mbox, growth = f.utilization, f.memory, f.memory_growth
             rows.append(GpuUsage(
-                node, index, ubox, mbox, max(totals) if totals else None,
-                _median(list(g.get("p", ()))), _median(list(g.get("t", ()))),
+                node, index, ubox, mbox, f.memory_total, f.power, f.temperature,
                 ubox.count > 0 and ubox.p95 < config.low_gpu_threshold_p95 and ubox.max > 0,
                 ubox.count > 0 and ubox.p5 < config.low_gpu_threshold_p5 and ubox.p95 > config.low_gpu_threshold_p95,
-                ubox.count > 0 and ubox.max <= 0, growth,
-                Series.of(times, util, origin), Series.of(times, memory, origin) if memory else Series((), (), ()),
+                ubox.count > 0 and ubox.max <= 0, growth, f.utilization_chunks.series_ns(c.t_ns, origin),
+                f.memory_chunks.series_ns(c.t_ns, origin) if f.memory_chunks is not None else Series((), (), ()),
                 MemoryFlags.of(mbox, growth, config)))
     return GpuAnalysis(config.low_gpu_threshold_p95, config.low_gpu_threshold_p5, tuple(rows))

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 
 from otelprof import semconv as sc
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
-from otelprof.analysis.run import RunView
-from otelprof.analysis.stats import Histogram, finite, share
+from otelprof.analysis.run import RunView, per_rank
+from otelprof.analysis.stats import Histogram, share, sorted_finite
 from otelprof.analysis.step_checks import peers_median
 from otelprof.analysis.system import gpu_order
 from otelprof.mixin.config import MixinConfig
+from otelprof.recording.columns import SampleColumns, StepColumns
 from otelprof.shared import collectives
 
 PAIRWISE_LIMIT = 16
@@ -117,15 +118,51 @@ def js_distance(p: tuple[int, ...], q: tuple[int, ...]) -> float:
     return math.sqrt(max(total, 0.0))
 
 
+def gpu_loads(c: SampleColumns, ordered: dict[str, list[float]] | None = None
+              ) -> tuple[tuple[str, float, Histogram], ...]:
+    """(GPU index, mean utilization, utilization histogram) of each GPU of a node's samples that has a value
+    (kept with them: :func:`~otelprof.analysis.run.per_rank`; ``ordered``: :func:`ordered_utilization` when
+    already known)."""
+    def compute() -> tuple[tuple[str, float, Histogram], ...]:
+        out = []
+        for index, values in (ordered_utilization(c) if ordered is None else ordered).items():
+            if values:  # in order: the mean is the same (fsum), the histogram bisected
+                out.append((index, math.fsum(values) / len(values), Histogram.of_sorted(values, 50, 0.0, 1.0)))
+        return tuple(out)
+
+    return per_rank(c, "load gpus", compute)
+
+
+def ordered_utilization(c: SampleColumns) -> dict[str, list[float]]:
+    """Per GPU index of a node's samples, in :func:`~otelprof.analysis.system.gpu_order`: its utilization
+    values in ascending order (NaN left out)."""
+    return {index: sorted_finite(c.gpus[index].get("u", ())) for index in sorted(c.gpus, key=gpu_order)}
+
+
+def rank_loads(columns: StepColumns) -> dict[str, tuple[float, float, float, float]]:
+    """Per phase of one rank's steps: (median step, mean compute, mean collective, mean exposed collective), in
+    seconds (kept with the step columns: :func:`~otelprof.analysis.run.per_rank`)."""
+    def compute() -> dict[str, tuple[float, float, float, float]]:
+        wait = columns.annotation_sums(sc.REGION_DATALOADER)
+        collective, exposed = collectives.of_columns(columns)
+        out = {}
+        for phase, mask in columns.phase_steps().items():  # mask: the phase's steps
+            durations = list(map(columns.duration_ns.__getitem__, mask))
+            if durations:
+                n = len(durations)
+                compute = sum(map(_compute, durations, map(wait.__getitem__, mask), map(exposed.__getitem__, mask)))
+                out[phase] = (statistics.median(durations) / 1e9, compute / n / 1e9,
+                              sum(map(collective.__getitem__, mask)) / n / 1e9,
+                              sum(map(exposed.__getitem__, mask)) / n / 1e9)
+        return out
+
+    return per_rank(columns, "load ranks", compute)
+
+
 def load_balance(view: RunView, config: MixinConfig | None = None, distance_threshold: float = 0.5) -> LoadBalance:
     config = config or MixinConfig()
-    gpus = []
-    for node, (_, c) in view.nodes().items():
-        for index in sorted(c.gpus, key=gpu_order):
-            values = finite(c.gpus[index].get("u", ()))
-            if values:
-                gpus.append(GpuLoad(node, index, math.fsum(values) / len(values),
-                                    Histogram.of(values, 50, 0.0, 1.0)))
+    gpus = [GpuLoad(node, index, mean, histogram) for node, (_, c) in view.nodes().items()
+            for index, mean, histogram in gpu_loads(c)]
     distances = []
     if len(gpus) <= PAIRWISE_LIMIT:
         for i, a in enumerate(gpus):
@@ -143,22 +180,15 @@ def load_balance(view: RunView, config: MixinConfig | None = None, distance_thre
         columns = view.ranks[position].step_columns
         if not len(columns):
             continue
-        wait = view.region_sums(position, sc.REGION_DATALOADER)
-        collective, exposed = collectives.of_columns(columns)
-        for phase, mask in columns.phase_steps().items():  # mask: the phase's steps
-            if phase not in shown:
-                continue
-            durations = list(map(columns.duration_ns.__getitem__, mask))
-            if durations:
-                n = len(durations)
-                compute = sum(map(_compute, durations, map(wait.__getitem__, mask), map(exposed.__getitem__, mask)))
-                per_phase.setdefault(phase, []).append(
-                    (info.rank, statistics.median(durations) / 1e9, compute / n / 1e9,
-                     sum(map(collective.__getitem__, mask)) / n / 1e9, sum(map(exposed.__getitem__, mask)) / n / 1e9))
+        for phase, row in rank_loads(columns).items():
+            if phase in shown:
+                per_phase.setdefault(phase, []).append((info.rank, *row))
     for phase, rows in sorted(per_phase.items()):
         computes = [r[2] for r in rows]
+        # from 4 ranks on, the peers' median is the same for each rank: worked out once
+        common = peers_median(computes, computes[0]) if len(rows) >= 4 else None
         for rank, median_step, mean_compute, mean_collective, mean_exposed in rows:
-            peers = peers_median(computes, mean_compute) if len(rows) > 1 else None
+            peers = common if len(rows) >= 4 else peers_median(computes, mean_compute) if len(rows) > 1 else None
             ratio = share(mean_compute, peers) if peers else math.nan
             ranks.append(RankLoad(phase, rank, median_step, mean_compute, mean_collective, ratio,
                                   len(rows) > 1 and ratio > config.straggler_ratio, mean_exposed))

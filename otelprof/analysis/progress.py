@@ -30,10 +30,10 @@ from itertools import compress, repeat
 from operator import add, mul, truediv
 
 from otelprof import semconv as sc
-from otelprof.analysis.run import RunView
+from otelprof.analysis.run import RunView, per_rank
 from otelprof.analysis.stats import Series
 from otelprof.analysis.steps import outlier_flags, outlier_threshold
-from otelprof.recording.columns import group_indexes
+from otelprof.recording.columns import StepColumns, group_indexes
 
 MAX_POINTS = 400
 """Points per curve at most."""
@@ -153,8 +153,8 @@ def downsample(name: str, phase: str, rank: int | None, x: Sequence[float], y: S
 def main_phase(view: RunView) -> str:
     counts: dict[str, int] = {}
     for index in range(len(view.ranks)):
-        for phase, durations in view.durations(index).items():
-            counts[phase] = counts.get(phase, 0) + len(durations)
+        for phase, (steps, _) in view.phase_totals(index).items():
+            counts[phase] = counts.get(phase, 0) + steps
     if MAIN_PHASE in counts or not counts:
         return MAIN_PHASE
     return max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
@@ -252,26 +252,39 @@ def _pass_means(xs: list[float], ys: list[float]) -> tuple[list[float], list[flo
     return px, py
 
 
-def _throughput(view: RunView, main: str, scalar: str) -> tuple[list[float], list[float]]:
-    """Per main-phase step number: recorded ``scalar`` over the step's duration, added up over ranks."""
-    per_rank: list[tuple[list[int], list[float]]] = []
-    for rank in view.ranks:
-        c = rank.step_columns
+def rank_throughput(c: StepColumns, main: str, scalar: str, read: tuple[array[int], array[float]] | None = None
+                    ) -> tuple[array[int], array[float]] | None:
+    """One rank's (main-phase step numbers, recorded ``scalar`` over the step's duration); None without
+    main-phase steps. Kept with the step columns (:func:`~otelprof.analysis.run.per_rank`; ``read``: the
+    scalar's columns when already read)."""
+    def compute() -> tuple[array[int], array[float]] | None:
         if main not in c.phase_names:
-            continue
+            return None
         code = c.phase_names.index(main)
-        at, values = c.scalar(scalar)
+        at, values = c.scalar(scalar) if read is None else read
         if len(c.phase_names) > 1:
             mask = list(map(code.__eq__, map(c.phase.__getitem__, at)))
             at, values = array("q", compress(at, mask)), array("d", compress(values, mask))
         durations = list(map(c.duration_ns.__getitem__, at))
         keep = [d > 0 and math.isfinite(v) for d, v in zip(durations, values)]
-        rates = list(map(truediv, map(mul, compress(values, keep), repeat(1e9)), compress(durations, keep)))
-        per_rank.append((list(map(c.number.__getitem__, compress(at, keep))), rates))
+        rates = array("d", map(truediv, map(mul, compress(values, keep), repeat(1e9)), compress(durations, keep)))
+        return array("q", map(c.number.__getitem__, compress(at, keep))), rates
+
+    return per_rank(c, ("throughput", main, scalar), compute)
+
+
+def _throughput(view: RunView, main: str, scalar: str) -> tuple[list[float], list[float]]:
+    """Per main-phase step number: recorded ``scalar`` over the step's duration, added up over ranks."""
+    per_rank: list[tuple[array[int], array[float]]] = []
+    for rank in view.ranks:
+        found = rank_throughput(rank.step_columns, main, scalar)
+        if found is not None:
+            per_rank.append(found)
     if not per_rank:
         return [], []
-    numbers, total = per_rank[0]
+    numbers, first = per_rank[0]
     if all(other == numbers for other, _ in per_rank[1:]):  # the ranks stepped in lockstep: add them up in place
+        total = list(first)
         for _, rates in per_rank[1:]:
             total = list(map(add, total, rates))
         return [float(n) for n in numbers], total
@@ -287,9 +300,9 @@ def _timelines(view: RunView, main: str, max_points: int) -> tuple[list[StepTime
     by_phase: dict[str, list[tuple[int, float]]] = {}
     counts: dict[str, int] = {}
     for index in range(len(view.ranks)):
-        for phase, durations in view.durations(index).items():
-            by_phase.setdefault(phase, []).append((index, math.fsum(durations) / len(durations)))
-            counts[phase] = counts.get(phase, 0) + len(durations)
+        for phase, (steps, seconds) in view.phase_totals(index).items():
+            by_phase.setdefault(phase, []).append((index, seconds / steps))
+            counts[phase] = counts.get(phase, 0) + steps
     phases = sorted(by_phase, key=lambda p: (p != main, -counts[p], p))
     out: list[StepTimeline] = []
     left_out = sum(len(v) for p, v in by_phase.items() if p not in phases[:MAX_TIMELINE_PHASES])

@@ -6,16 +6,18 @@ from __future__ import annotations
 import math
 import operator
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from typing import Any, TypeVar
 
 from otelprof import semconv as sc
 from otelprof import thresholds
 from otelprof.analysis import ranksummary
-from otelprof.recording.columns import SampleColumns
+from otelprof.recording.columns import SampleColumns, StepColumns
 from otelprof.recording.ranks import RankRecording, Recording
+
+T = TypeVar("T")
 
 MAX_PHASES = 20
 """Phases a report section lists one by one: those with the most step time over all ranks (a run may name a phase
@@ -59,14 +61,12 @@ class RunView:
 
     @property
     def outlier_sigma(self) -> float:
-        return float(self.config.get("outlier_sigma", 3.0) or 3.0)
+        return outlier_settings(self.config)[0]
 
     @property
     def outlier_floor(self) -> tuple[float, float]:
         """(ratio, seconds): how much slower than its phase's median step an outlier must also be."""
-        config = self.config
-        return (float(config.get("outlier_min_ratio", thresholds.OUTLIER_MIN_RATIO)),
-                float(config.get("outlier_min_excess", thresholds.OUTLIER_MIN_EXCESS)))
+        return outlier_settings(self.config)[1]
 
     def samples(self, index: int) -> SampleColumns:
         return self.ranks[index].sample_columns()
@@ -102,22 +102,20 @@ class RunView:
 
     @property
     def origin(self) -> float:
-        return self.first_time() or 0.0
+        found: float = self.memo("origin", lambda: self.first_time() or 0.0)
+        return found
 
     # ------------------------------------------------------------------ steps
     def durations(self, index: int) -> dict[str, list[float]]:
         """Step durations in seconds per phase, in file order."""
         found = self._durations.get(index)
         if found is None:
-            c = self.ranks[index].step_columns
-            found = {}
-            for name, steps in c.phase_steps().items():
-                durations = c.duration_ns if len(c.phase_names) == 1 else map(c.duration_ns.__getitem__, steps)
-                seconds = list(map(operator.truediv, durations, repeat(1e9)))
-                if seconds:
-                    found[name] = seconds
-            self._durations[index] = found
+            found = self._durations[index] = phase_durations(self.ranks[index].step_columns)
         return found
+
+    def phase_totals(self, index: int) -> dict[str, tuple[int, float]]:
+        """Per phase of rank ``index``'s steps: (steps, seconds in them) (:func:`phase_totals`)."""
+        return phase_totals(self.ranks[index].step_columns)
 
     def shown_phases(self) -> frozenset[str]:
         """The :data:`MAX_PHASES` phases with the most step time over all ranks (all of them when there are no
@@ -125,8 +123,8 @@ class RunView:
         def compute() -> frozenset[str]:
             totals: dict[str, float] = {}
             for index in range(len(self.ranks)):
-                for name, seconds in self.durations(index).items():
-                    totals[name] = totals.get(name, 0.0) + math.fsum(seconds)
+                for name, (_, seconds) in self.phase_totals(index).items():
+                    totals[name] = totals.get(name, 0.0) + seconds
             return frozenset(sorted(totals, key=lambda name: (-totals[name], name))[:MAX_PHASES])
 
         found: frozenset[str] = self.memo("shown_phases", compute)
@@ -177,6 +175,43 @@ class RunView:
                           + ("" if every == 1 else f" ({index + 1:,} of {count:,} ranks)"))
 
 
+def outlier_settings(config: dict[str, Any]) -> tuple[float, tuple[float, float]]:
+    """(sigma, (ratio, seconds)) of the outlier steps, from a rank's recorded config (``manifest["config"]``)."""
+    return (float(config.get("outlier_sigma", 3.0) or 3.0),
+            (float(config.get("outlier_min_ratio", thresholds.OUTLIER_MIN_RATIO)),
+             float(config.get("outlier_min_excess", thresholds.OUTLIER_MIN_EXCESS))))
+
+
+def phase_durations(c: StepColumns) -> dict[str, list[float]]:
+    """Step durations in seconds per phase of one rank's steps, in file order."""
+    found = {}
+    for name, steps in c.phase_steps().items():
+        durations = c.duration_ns if len(c.phase_names) == 1 else map(c.duration_ns.__getitem__, steps)
+        seconds = list(map(operator.truediv, durations, repeat(1e9)))
+        if seconds:
+            found[name] = seconds
+    return found
+
+
+def phase_totals(c: StepColumns) -> dict[str, tuple[int, float]]:
+    """Per phase of one rank's steps: (steps, seconds in them, ``math.fsum`` of :func:`phase_durations`), kept
+    with the columns (:func:`per_rank`)."""
+    return per_rank(c, "phase totals", lambda: {name: (len(seconds), math.fsum(seconds))
+                                                for name, seconds in phase_durations(c).items()})
+
+
+def per_rank(columns: StepColumns | SampleColumns, key: Hashable, compute: Callable[[], T]) -> T:
+    """``compute()`` once per ``key`` for one rank's step or sample columns, kept with them: what a parsing process
+    computes beside the parsing (:func:`otelprof.analysis.rank_figures.prepare_figures`) comes back with the
+    columns, and the sections find it there. Computed again when the columns have grown since."""
+    kept: dict[Hashable, tuple[int, Any]] = columns.__dict__.setdefault("_figures", {})
+    found = kept.get(key)
+    if found is None or found[0] != len(columns):
+        found = kept[key] = (len(columns), compute())
+    result: T = found[1]
+    return result
+
+
 def _info(rank: RankRecording) -> RankInfo:
     manifest = rank.manifest
     resource = manifest.get("resource") or {}
@@ -194,15 +229,23 @@ def gpu_memory_ratio(used: array[float], total: array[float]) -> list[float]:
     return [u / t if t and t == t and u == u else math.nan for u, t in zip(used, total)]
 
 
-def across(columns: list[array[float]], how: str) -> list[float]:
+def across(columns: Sequence[Sequence[float]], how: str) -> list[float]:
     """Per sample: ``mean``, ``min`` or ``max`` over several columns (one per GPU), leaving NaN entries
     out; NaN when every column lacks the sample."""
     if not columns:
         return []
-    rows = list(zip(*columns))
-    sums = list(map(sum, rows))
+    sums = list(map(sum, zip(*columns)))
     k = len(columns)
-    out = [v / k for v in sums] if how == "mean" else list(map(min if how == "min" else max, rows))
+    complete = math.isfinite(sum(sums))  # no column lacks a sample (NaN would carry into the sum)
+    if how == "mean":
+        out = [v / k for v in sums]
+        if complete:
+            return out
+    else:
+        out = list(map(min if how == "min" else max, *columns)) if k > 1 else list(columns[0])
+        if complete:
+            return out
+    rows = list(zip(*columns))
     for i, total in enumerate(sums):
         if total != total:  # some column lacks this sample: judge the others
             present = [v for v in rows[i] if v == v]

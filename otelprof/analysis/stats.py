@@ -6,7 +6,9 @@ what the original profiling report used, so figures can be checked by hand.
 
 from __future__ import annotations
 
+import bisect
 import math
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -16,8 +18,18 @@ from operator import mul, sub
 
 def finite(values: Iterable[float]) -> list[float]:
     """The values that are numbers (NaN marks "not sampled" in the recording's columns)."""
-    data = values if isinstance(values, (list, tuple)) else list(values)
+    data: Sequence[float] = values if isinstance(values, (list, tuple)) else list(values)
+    if math.isfinite(sum(data)):  # NaN and infinities carry into the sum: all are numbers (most columns)
+        return list(data) if data is values or not isinstance(data, list) else data
     return list(compress(data, map(math.isfinite, data)))
+
+
+def sorted_finite(values: Iterable[float]) -> list[float]:
+    """``sorted(finite(values))`` with one copy fewer."""
+    data = values if isinstance(values, (list, tuple, array)) else list(values)
+    if math.isfinite(sum(data)):
+        return sorted(data)
+    return sorted(compress(data, map(math.isfinite, data)))
 
 
 def quantile(ordered: Sequence[float], q: float) -> float:
@@ -47,7 +59,7 @@ class Distribution:
 
     @classmethod
     def of(cls, values: Iterable[float]) -> Distribution:
-        ordered = sorted(finite(values))
+        ordered = sorted_finite(values)
         n = len(ordered)
         if n == 0:
             nan = math.nan
@@ -92,7 +104,7 @@ class BoxPlot:
 
     @classmethod
     def of(cls, values: Iterable[float]) -> BoxPlot:
-        ordered = sorted(finite(values))
+        ordered = sorted_finite(values)
         n = len(ordered)
         if n == 0:
             nan = math.nan
@@ -122,12 +134,43 @@ class Histogram:
         if hi <= lo:
             hi = lo + (abs(lo) * 1e-6 or 1e-9)
         width = (hi - lo) / bins
-        inside = [v for v in data if lo <= v <= hi] if low is not None or high is not None else data
+        inside = (data if (low is None and high is None) or (lo <= min(data) and max(data) <= hi)
+                  else [v for v in data if lo <= v <= hi])
         # the nudge keeps a value on an edge (0.3 with bins of 0.02) in the bin it starts
-        found = Counter(map(int, map(mul, map(sub, inside, repeat(lo)), repeat((1 + 1e-12) / width))))
+        shifted = inside if lo == 0 else map(sub, inside, repeat(lo))  # v - 0 is v (int() drops a zero's sign)
+        found = Counter(map(int, map(mul, shifted, repeat((1 + 1e-12) / width))))
         counts = [0] * bins
         for index, n in found.items():
             counts[min(max(index, 0), bins - 1)] += n
+        return cls(tuple(lo + i * width for i in range(bins + 1)), tuple(counts))
+
+    @classmethod
+    def of_sorted(cls, ordered: Sequence[float], bins: int = 50, low: float | None = None,
+                  high: float | None = None) -> Histogram:
+        """:meth:`of` of numbers in ascending order (``sorted(finite(values))``): the bin of a value never falls
+        as the value rises, so each bin's count is found by bisection instead of value by value."""
+        if not ordered:
+            return cls((), ())
+        lo = ordered[0] if low is None else low
+        hi = ordered[-1] if high is None else high
+        if hi <= lo:
+            hi = lo + (abs(lo) * 1e-6 or 1e-9)
+        width = (hi - lo) / bins
+        first, last = 0, len(ordered)
+        if low is not None or high is not None:
+            first, last = bisect.bisect_left(ordered, lo), bisect.bisect_right(ordered, hi)
+        scale = (1 + 1e-12) / width
+
+        def bin_of(value: float) -> int:
+            return min(max(int((value - lo) * scale), 0), bins - 1)
+
+        counts = []
+        start = first
+        for index in range(1, bins):
+            end = bisect.bisect_left(ordered, index, start, last, key=bin_of)  # the first value of a later bin
+            counts.append(end - start)
+            start = end
+        counts.append(last - start)
         return cls(tuple(lo + i * width for i in range(bins + 1)), tuple(counts))
 
     @property
@@ -149,11 +192,26 @@ class Series:
     def of(cls, times: Sequence[float], values: Sequence[float], origin: float, buckets: int = 400) -> Series:
         """Split the samples into at most ``buckets`` runs of equal length (samples come at a steady
         interval) and keep each run's mean and maximum, at the run's middle time."""
+        return Chunks.of(values, buckets).series(times, origin)
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """A :class:`Series` before its times: per run of samples, the position of its middle sample, its mean and
+    its maximum (what a rank's parsing process can compute without the run's origin)."""
+
+    at: array[int]
+    mean: tuple[float, ...]
+    max: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: Sequence[float], buckets: int = 400) -> Chunks:
         n = len(values)
+        at = array("q")
         if n == 0:
-            return cls((), (), ())
+            return cls(at, (), ())
         size = max(1, -(-n // buckets))
-        t_out, mean_out, max_out = [], [], []
+        mean_out, max_out = [], []
         for i in range(0, n, size):
             chunk = values[i:i + size]
             total = sum(chunk)
@@ -162,10 +220,18 @@ class Series:
                 if not chunk:
                     continue
                 total = sum(chunk)
-            t_out.append(times[min(i + size // 2, n - 1)] - origin)
+            at.append(min(i + size // 2, n - 1))
             mean_out.append(total / len(chunk))
             max_out.append(max(chunk))
-        return cls(tuple(t_out), tuple(mean_out), tuple(max_out))
+        return cls(at, tuple(mean_out), tuple(max_out))
+
+    def series(self, times: Sequence[float], origin: float) -> Series:
+        """The series at ``times`` (seconds, one per sample) since ``origin``."""
+        return Series(tuple(times[i] - origin for i in self.at), self.mean, self.max)
+
+    def series_ns(self, times_ns: Sequence[int], origin: float) -> Series:
+        """The series at ``times_ns`` (Unix nanoseconds, one per sample) since ``origin`` (seconds)."""
+        return Series(tuple(times_ns[i] / 1e9 - origin for i in self.at), self.mean, self.max)
 
 
 def share(part: float, whole: float) -> float:

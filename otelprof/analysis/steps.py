@@ -7,15 +7,19 @@ histogram of the others, and the throughput from recorded samples/tokens."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import compress, repeat
 from operator import mul, not_, sub
 
+from otelprof import semconv as sc
 from otelprof import thresholds
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
-from otelprof.analysis.run import RunView
+from otelprof.analysis.run import RunView, per_rank, phase_durations, phase_totals
 from otelprof.analysis.stats import Bucket, Distribution, Histogram, finite, quantile
+from otelprof.recording.columns import StepColumns
 from otelprof.recording.ranks import RankRecording
 from otelprof.shared.outliers import in_windows
 
@@ -135,18 +139,17 @@ def _kept(durations: list[float], slowed: list[bool], steps: Sequence[int]) -> l
     return [d for d, i in zip(durations, steps) if not slowed[i]]
 
 
-def _grown_regions(view: RunView, index: int, phase: str, flags: list[bool]) -> tuple[tuple[str, float], ...]:
-    """Per region of rank ``index``'s ``phase`` steps: its mean time in the outlier steps (``flags``) minus its
-    mean in the others, seconds; the three that grew most."""
+def _grown_regions(c: StepColumns, phase: str, flags: list[bool]) -> tuple[tuple[str, float], ...]:
+    """Per region of a rank's ``phase`` steps: its mean time in the outlier steps (``flags``) minus its mean in
+    the others, seconds; the three that grew most."""
     outliers = sum(flags)
     others = len(flags) - outliers
     if not outliers or not others:
         return ()
-    c = view.ranks[index].step_columns
     mine = c.phase_steps()[phase]
     grown = []
     for name in c.ann_names:
-        per_step = list(map(view.region_sums(index, name).__getitem__, mine))
+        per_step = list(map(c.annotation_sums(name).__getitem__, mine))
         more = (sum(compress(per_step, flags)) / outliers
                 - sum(compress(per_step, map(not_, flags))) / others) / 1e9
         if more > 0:
@@ -162,6 +165,51 @@ def _by_phase(phase: Sequence[int], at: Sequence[int], values: Sequence[float]) 
     return found
 
 
+StepFigures = tuple[Distribution, float, int, tuple[int, ...], Histogram, float | None, float | None, float | None,
+                    float, tuple[tuple[str, float], ...]]
+"""A :class:`PhaseSteps`'s figures: durations, threshold, outliers, outlier_steps, histogram, samples_per_step,
+samples_per_second, tokens_per_second, outlier_excess, outlier_regions."""
+
+
+def step_figures(rank: RankRecording, phases: Iterable[str], sigma: float, floor: tuple[float, float],
+                 bins: int = 50, scalars: Mapping[str, tuple[array[int], array[float]]] | None = None
+                 ) -> dict[str, StepFigures]:
+    """Per phase of ``phases`` the rank has steps of: its :class:`PhaseSteps` figures, each kept with the rank's
+    step columns (:func:`~otelprof.analysis.run.per_rank`; ``scalars``: the samples and tokens scalars'
+    columns when already read)."""
+    c = rank.step_columns
+    context: list[tuple[list[bool], dict[int, list[float]], dict[int, list[float]], dict[str, list[float]]]] = []
+
+    def compute(phase: str) -> StepFigures:
+        if not context:  # what every phase needs, worked out once
+            read = scalars or {name: c.scalar(name) for name in (sc.SCALAR_SAMPLES, sc.SCALAR_TOKENS)}
+            context.append((slowed_steps(rank), _by_phase(c.phase, *read[sc.SCALAR_SAMPLES]),
+                            _by_phase(c.phase, *read[sc.SCALAR_TOKENS]), phase_durations(c)))
+        slowed, samples_by_phase, tokens_by_phase, durations_of = context[0]
+        durations = durations_of[phase]
+        code = c.phase_names.index(phase)
+        mine = c.phase_steps()[phase]
+        limit = outlier_threshold(_kept(durations, slowed, mine), sigma, floor)
+        numbers = list(map(c.number.__getitem__, mine))
+        numbers = [n for n, d, i in zip(numbers, durations, mine) if d > limit and not slowed[i]]
+        kept = [d for d in durations if d <= limit]
+        distribution = Distribution.of(durations)
+        median = distribution.p50  # durations are numbers: the median of them all
+        excess = math.fsum(d - median for d in durations if d > limit)
+        busy = math.fsum(durations)
+        phase_samples = finite(samples_by_phase.get(code, ()))
+        phase_tokens = finite(tokens_by_phase.get(code, ()))
+        per_second = math.fsum(phase_samples) / busy if phase_samples and busy > 0 else None
+        return (distribution, limit, len(numbers), tuple(numbers[:MAX_LISTED_OUTLIERS]),
+                Histogram.of(kept, bins), quantile(sorted(phase_samples), 0.5) if phase_samples else None,
+                per_second, math.fsum(phase_tokens) / busy if phase_tokens and busy > 0 else None, excess,
+                _grown_regions(c, phase, [d > limit for d in durations]))
+
+    totals = phase_totals(c)
+    return {phase: per_rank(c, ("steps", phase, sigma, floor, bins), partial(compute, phase))
+            for phase in phases if phase in totals}
+
+
 def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
     sigma = view.outlier_sigma
     rows = []
@@ -169,33 +217,16 @@ def step_analysis(view: RunView, bins: int = 50) -> StepAnalysis:
     shown = view.shown_phases()
     for index, info in enumerate(view.info):
         view.say_rank("step durations", index)
-        c = view.ranks[index].step_columns
-        slowed = slowed_steps(view.ranks[index])
-        samples_by_phase = _by_phase(c.phase, *c.scalar("samples"))
-        tokens_by_phase = _by_phase(c.phase, *c.scalar("tokens"))
-        codes = {name: code for code, name in enumerate(c.phase_names)}
-        steps_of = c.phase_steps()
-        for phase, durations in view.durations(index).items():
-            if phase not in shown:
+        rank = view.ranks[index]
+        found = step_figures(rank, shown, sigma, view.outlier_floor, bins)
+        for phase in view.phase_totals(index):
+            figures = found.get(phase)
+            if figures is None:
                 continue
-            code = codes[phase]
-            mine = steps_of[phase]
-            limit = outlier_threshold(_kept(durations, slowed, mine), sigma, view.outlier_floor)
-            numbers = list(map(c.number.__getitem__, mine))
-            numbers = [n for n, d, i in zip(numbers, durations, mine) if d > limit and not slowed[i]]
-            kept = [d for d in durations if d <= limit]
-            median = quantile(sorted(durations), 0.5) if durations else math.nan
-            excess = math.fsum(d - median for d in durations if d > limit)
-            busy = math.fsum(durations)
-            phase_samples = finite(samples_by_phase.get(code, ()))
-            phase_tokens = finite(tokens_by_phase.get(code, ()))
-            per_second = math.fsum(phase_samples) / busy if phase_samples and busy > 0 else None
+            (durations, limit, outliers, listed, histogram, per_step, per_second, tokens, excess,
+             regions) = figures
             if per_second is not None:
                 throughput[phase] = throughput.get(phase, 0.0) + per_second
-            rows.append(PhaseSteps(
-                info.rank, info.node, phase, Distribution.of(durations), limit, len(numbers),
-                tuple(numbers[:MAX_LISTED_OUTLIERS]), Histogram.of(kept, bins),
-                quantile(sorted(phase_samples), 0.5) if phase_samples else None, per_second,
-                math.fsum(phase_tokens) / busy if phase_tokens and busy > 0 else None, outlier_excess=excess,
-                outlier_regions=_grown_regions(view, index, phase, [d > limit for d in durations])))
+            rows.append(PhaseSteps(info.rank, info.node, phase, durations, limit, outliers, listed, histogram,
+                                   per_step, per_second, tokens, outlier_excess=excess, outlier_regions=regions))
     return StepAnalysis(sigma, tuple(rows), tuple(sorted(throughput.items())))

@@ -109,8 +109,8 @@ def job_summary(view: RunView) -> JobSummary:
     steps_per_phase: dict[str, int] = {}
     for index, (rank, info) in enumerate(zip(view.ranks, view.info)):
         life = rank.lifecycle
-        for phase, durations in view.durations(index).items():
-            steps_per_phase[phase] = steps_per_phase.get(phase, 0) + len(durations)
+        for phase, (steps, _) in view.phase_totals(index).items():
+            steps_per_phase[phase] = steps_per_phase.get(phase, 0) + steps
         dropped = rank.manifest.get("dropped") or {}
         sigterm = rank.manifest.get(schema.SIGTERM)
         ranks.append(RankSummary(

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import statistics
 from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import compress, repeat
 
 from otelprof.analysis.ranksummary import TOP, RankSummary, many, summarize
-from otelprof.analysis.run import RunView, across, gpu_memory_ratio
-from otelprof.analysis.stats import Bucket, Series, finite, quantile
+from otelprof.analysis.run import RunView, across, gpu_memory_ratio, per_rank
+from otelprof.analysis.stats import Bucket, Chunks, Series, quantile, sorted_finite
 from otelprof.recording.columns import SampleColumns
 
 UNIT_RATIO = "ratio"
@@ -131,27 +133,87 @@ class SystemUsage:
         return next((r for r in self.rows if r.subject == subject and r.metric == metric), None)
 
 
-def _row(subject: str, metric: str, unit: str, values: Sequence[float]) -> UsageRow | None:
-    ordered = sorted(finite(values))
+Usage = tuple[float, float, float, float, float, int]
+"""max, p99, p95, p50, min and count of a metric's finite values."""
+
+
+def _usage(values: Sequence[float]) -> Usage | None:
+    ordered = sorted_finite(values)
     if not ordered:
         return None
     top, p99, p95, p50, low = (max(quantile(ordered, p), 0.0) for p in (1.0, 0.99, 0.95, 0.5, 0.0))
-    return UsageRow(subject, metric, unit, top, p99, p95, p50, low, len(ordered))
+    return top, p99, p95, p50, low, len(ordered)
+
+
+def _row(subject: str, metric: str, unit: str, values: Sequence[float]) -> UsageRow | None:
+    usage = _usage(values)
+    return None if usage is None else UsageRow(subject, metric, unit, *usage)
 
 
 def _rates(times: array[int], *counters: array[float]) -> tuple[list[float], list[float]]:
     """Per interval: (time, sum of the counters' increase per second); resets are skipped."""
+    totals = list(map(sum, zip(*counters)))
+    if math.isfinite(sum(totals)):  # every sample has the counters: each interval is from the sample before
+        dt = list(map(operator.sub, times[1:], times[:-1]))
+        dv = list(map(operator.sub, totals[1:], totals[:-1]))
+        keep = [a > 0 and b >= 0 for a, b in zip(dt, dv)]
+        return ([t / 1e9 for t in compress(times[1:], keep)],
+                list(map(operator.truediv, compress(dv, keep), map(operator.truediv, compress(dt, keep),
+                                                                    repeat(1e9)))))
     out_t, out_v = [], []
-    previous: tuple[int, float] | None = None
-    for i, t in enumerate(times):
-        total = sum(c[i] for c in counters)
+    previous_t, previous = 0, 0.0
+    first = True
+    for t, total in zip(times, totals):
         if total != total:
             continue
-        if previous is not None and t > previous[0] and total >= previous[1]:
+        if not first and t > previous_t and total >= previous:
             out_t.append(t / 1e9)
-            out_v.append((total - previous[1]) / ((t - previous[0]) / 1e9))
-        previous = (t, total)
+            out_v.append((total - previous) / ((t - previous_t) / 1e9))
+        previous_t, previous, first = t, total, False
     return out_t, out_v
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    """What :func:`system_usage` finds in one node's samples alone: computed once per sample columns
+    (:func:`~otelprof.analysis.run.per_rank`, beside the parsing)."""
+
+    rows: tuple[tuple[str, str, Usage], ...]
+    """(metric, unit, usage) of the metrics sampled."""
+    samples: int
+    interval: float
+    series: tuple[Chunks, ...]
+    """CPU, busiest core, I/O wait, memory, GPU, GPU memory."""
+
+
+def node_figures(c: SampleColumns, memory: dict[str, list[float]] | None = None) -> NodeFigures:
+    """``memory``: :func:`gpu_memory_ratios` when already known."""
+    return per_rank(c, "system node", partial(_node_figures, c, memory))
+
+
+def _node_figures(c: SampleColumns, memory: dict[str, list[float]] | None) -> NodeFigures:
+    gpu_mean = per_sample_gpu_mean(c)
+    gpu_mem = per_sample_gpu_memory(c, memory)
+    _, net_v = _rates(c.t_ns, c.net_rx, c.net_tx)
+    _, disk_v = _rates(c.t_ns, c.disk_read, c.disk_write)
+    rows = []
+    for metric, unit, values in (("CPU", UNIT_RATIO, c.cpu_mean), ("CPU, busiest core", UNIT_RATIO, c.cpu_max),
+                                 ("I/O wait", UNIT_RATIO, c.iow_mean), ("CPU memory", UNIT_RATIO, c.mem),
+                                 ("GPU", UNIT_RATIO, gpu_mean), ("GPU memory", UNIT_RATIO, gpu_mem),
+                                 ("Network", UNIT_RATE, net_v), ("Disk", UNIT_RATE, disk_v)):
+        usage = _usage(values)
+        if usage is not None:
+            rows.append((metric, unit, usage))
+    times = [t / 1e9 for t in c.t_ns]
+    gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
+    return NodeFigures(tuple(rows), sum(1 for v in c.cpu_mean if v == v),
+                       statistics.median(gaps) if gaps else math.nan,
+                       tuple(Chunks.of(v) for v in (c.cpu_mean, c.cpu_max, c.iow_mean, c.mem, gpu_mean, gpu_mem)))
+
+
+def process_figures(c: SampleColumns) -> tuple[Usage | None, Usage | None]:
+    """A process's CPU and resident memory (any rank's samples)."""
+    return per_rank(c, "system process", lambda: (_usage(c.pcpu), _usage(c.rss)))
 
 
 def per_sample_gpu_mean(columns: SampleColumns, key: str = "u") -> list[float]:
@@ -160,8 +222,13 @@ def per_sample_gpu_mean(columns: SampleColumns, key: str = "u") -> list[float]:
     return across(series, "mean") if series else [math.nan] * len(columns)
 
 
-def per_sample_gpu_memory(columns: SampleColumns) -> list[float]:
-    ratios = [array("d", gpu_memory_ratio(g["mu"], g["mt"])) for g in columns.gpus.values() if "mu" in g and "mt" in g]
+def gpu_memory_ratios(columns: SampleColumns) -> dict[str, list[float]]:
+    """Per GPU index that reported its memory: per sample, used / total."""
+    return {index: gpu_memory_ratio(g["mu"], g["mt"]) for index, g in columns.gpus.items() if "mu" in g and "mt" in g}
+
+
+def per_sample_gpu_memory(columns: SampleColumns, memory: dict[str, list[float]] | None = None) -> list[float]:
+    ratios = list((gpu_memory_ratios(columns) if memory is None else memory).values())
     return across(ratios, "mean") if ratios else [math.nan] * len(columns)
 
 
@@ -183,41 +250,22 @@ def system_usage(view: RunView) -> SystemUsage:
     origin = view.origin
     for node, (info, c) in view.nodes().items():
         view.say(f"system usage of node {node}")
-        times = [t / 1e9 for t in c.t_ns]
-        node_rows = [i for i, v in enumerate(c.cpu_mean) if v == v]
-        gpu_mean: list[float] = view.memo(("gpu mean", node), partial(per_sample_gpu_mean, c))
-        gpu_mem = per_sample_gpu_memory(c)
-        _, net_v = _rates(c.t_ns, c.net_rx, c.net_tx)
-        _, disk_v = _rates(c.t_ns, c.disk_read, c.disk_write)
-        candidates = [
-            _row(node, "CPU", UNIT_RATIO, c.cpu_mean),
-            _row(node, "CPU, busiest core", UNIT_RATIO, c.cpu_max),
-            _row(node, "I/O wait", UNIT_RATIO, c.iow_mean),
-            _row(node, "CPU memory", UNIT_RATIO, c.mem),
-            _row(node, "GPU", UNIT_RATIO, gpu_mean),
-            _row(node, "GPU memory", UNIT_RATIO, gpu_mem),
-            _row(node, "Network", UNIT_RATE, net_v),
-            _row(node, "Disk", UNIT_RATE, disk_v),
-        ]
-        node_usage = [r for r in candidates if r is not None]
+        figures = node_figures(c)
+        node_usage = [UsageRow(node, metric, unit, *usage) for metric, unit, usage in figures.rows]
         rows.extend(node_usage)
-        gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
         cpu_row = next((r for r in node_usage if r.metric == "CPU"), None)
         gpu_row = next((r for r in node_usage if r.metric == "GPU"), None)
         nodes.append(NodeUsage(
-            node, info.rank, len(node_rows), statistics.median(gaps) if gaps else math.nan, c.cores,
+            node, info.rank, figures.samples, figures.interval, c.cores,
             tuple(sorted(c.gpus, key=gpu_order)), verdict(cpu_row, gpu_row),
             tuple(s / c.node_samples for s in c.core_busy_sum) if c.node_samples else (),
-            Series.of(times, c.cpu_mean, origin), Series.of(times, c.cpu_max, origin),
-            Series.of(times, c.iow_mean, origin), Series.of(times, c.mem, origin),
-            Series.of(times, gpu_mean, origin), Series.of(times, gpu_mem, origin)))
+            *(chunks.series_ns(c.t_ns, origin) for chunks in figures.series)))
     process_rows: list[UsageRow] = []
     for index, info in enumerate(view.info):
-        c = view.samples(index)
-        for row in (_row(f"rank {info.rank}", "Process CPU", UNIT_RATIO, c.pcpu),
-                    _row(f"rank {info.rank}", "Process memory (RSS)", UNIT_BYTES, c.rss)):
-            if row is not None:
-                process_rows.append(row)
+        for metric, unit, usage in zip(("Process CPU", "Process memory (RSS)"), (UNIT_RATIO, UNIT_BYTES),
+                                       process_figures(view.samples(index))):
+            if usage is not None:
+                process_rows.append(UsageRow(f"rank {info.rank}", metric, unit, *usage))
     return SystemUsage(tuple(rows), tuple(process_rows), tuple(nodes))
 
 
