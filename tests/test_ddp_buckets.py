@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otelprof import semconv as sc
 from otelprof.analysis.check_recording import rank_data
@@ -111,6 +113,30 @@ def test_columns_and_step_records_agree() -> None:
     union, exposed = collectives.columns_communication(names, [0, len(record)], codes, [a[1] - 1000 for a in record],
                                                        [a[2] - a[1] for a in record], [100])
     assert live == (union[0], exposed[0]) == (68, 58)
+
+
+region = st.tuples(st.sampled_from([sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_COLLECTIVE]),
+                   st.integers(-30, 130), st.integers(0, 80))
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(steps=st.lists(st.tuples(st.integers(1, 120), st.lists(region, max_size=4)), min_size=1, max_size=6))
+def test_the_columns_one_bucket_shortcut_equals_the_intervals(steps: list[tuple[int, list[Any]]]) -> None:
+    """One collective (and at most one backward) per step takes a shortcut: the same numbers as the intervals'
+    union and cover, for regions clipped by the step, empty, outside it, launched inside or outside backward."""
+    names = [sc.REGION_FORWARD, sc.REGION_BACKWARD, sc.REGION_COLLECTIVE]
+    index, codes, offsets, durations = [0], [], [], []
+    for _, regions in steps:
+        for name, offset, duration in regions:
+            codes.append(names.index(name))
+            offsets.append(offset)
+            durations.append(duration)
+        index.append(len(codes))
+    union, exposed = collectives.columns_communication(names, index, codes, offsets, durations,
+                                                       [d for d, _ in steps])
+    for i, (duration, regions) in enumerate(steps):
+        record = [(name, offset, offset + length, 0, None) for name, offset, length in regions]
+        assert (union[i], exposed[i]) == collectives.step_communication(0, duration, record), (duration, regions)
 
 
 # ---------------------------------------------------------------------- a real multi-bucket DDP job

@@ -133,9 +133,10 @@ def add_block(c: SampleColumns, block: dict[str, Any]) -> None:
                 column.extend(array("d", [math.nan]) * n)
         _add_gpus(c, gpus, start)
         return
-    pcpu, rss, mem, throttled, container_memory, container_limit = _many_doubles([get(key) for key in _SCALARS], n)
+    pcpu, rss, mem, throttled, container_memory, container_limit, *pairs = _many_doubles(
+        [*(get(key) for key in _SCALARS), *_pairs(get("disk"), n), *_pairs(get("net"), n)], n)
+    disk, net = pairs[:2], pairs[2:]
     cpu, iow = _per_cpu(get("cpu"), n), _per_cpu(get("iow"), n)
-    disk, net = _pairs(get("disk"), n), _pairs(get("net"), n)
     gpus = _gpus(c, get("gpu"), n)
     if False in cpu[3]:  # some sample without per-CPU values: which have other node values?
         node_rows = list(map(operator.or_, cpu[3], iow[3]))
@@ -192,11 +193,6 @@ def _column(value: Any, n: int) -> list[Any]:
     if type(value) is not list or len(value) != n:
         raise ValueError(f"not a column of {n} values")
     return value
-
-
-def _doubles(value: Any, n: int, kinds: frozenset[type] = frozenset({int, float, type(None)})) -> array[float]:
-    """A number or null per sample (absent: all null), no infinity."""
-    return _many_doubles([value], n, kinds)[0]
 
 
 def _many_doubles(values: list[Any], n: int, kinds: frozenset[type] = frozenset({int, float, type(None)})) \
@@ -259,18 +255,17 @@ def _per_cpu(value: Any, n: int) -> tuple[array[float], array[float], list[list[
     return mean, peak, lines, has
 
 
-def _pairs(value: Any, n: int) -> tuple[array[float], array[float]]:
-    """Per sample two numbers (a sample without them: NaN, NaN)."""
+def _pairs(value: Any, n: int) -> tuple[list[Any] | None, list[Any] | None]:
+    """Per sample two values (a sample without them: null, null), as two columns; None, None when absent."""
     if value is None:
-        nan = array("d", [math.nan]) * n
-        return nan, nan[:]
+        return None, None
     rows = _column(value, n)
     if not set(map(type, rows)) <= {list, type(None)}:
         raise ValueError("not pairs of numbers")
     rows = [row or [None, None] for row in rows]
     if set(map(len, rows)) != {2}:
         raise ValueError("not pairs of numbers")
-    return _doubles(list(map(operator.itemgetter(0), rows)), n), _doubles(list(map(operator.itemgetter(1), rows)), n)
+    return list(map(operator.itemgetter(0), rows)), list(map(operator.itemgetter(1), rows))
 
 
 def _gpus(c: SampleColumns, value: Any, n: int) -> dict[str, dict[str, array[float]]]:

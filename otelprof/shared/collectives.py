@@ -114,6 +114,21 @@ def columns_communication(names: Sequence[str], index: Sequence[int], codes: Seq
                 collectives.append((offsets[j], offsets[j] + durations[j]))
             elif code == back:
                 backwards.append((offsets[j], offsets[j] + durations[j]))
+        if len(collectives) == 1 and len(backwards) <= 1:  # one bucket (the usual step): the same, inline
+            step = step_durations[i]
+            start, end = collectives[0]
+            start, end = (start if start > 0 else 0), (end if end < step else step)
+            if end <= start:
+                continue
+            union[i] = time = end - start
+            if not backwards:
+                exposed[i] = time
+                continue
+            b_start, b_end = backwards[0]
+            head_end = collectives[0][0] if b_start <= collectives[0][0] <= b_end else b_end
+            both = min(end, head_end) - max(start, b_start)
+            exposed[i] = time - both if both > 0 else time
+            continue
         union[i], exposed[i] = communication(0, step_durations[i], collectives, backwards)
     return union, exposed
 
