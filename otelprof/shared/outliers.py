@@ -13,10 +13,8 @@ import math
 from collections.abc import Iterable, Sequence
 
 from otelprof import thresholds
-from otelprof.shared.sampling import OutlierDetector, _median
-
-RESUM_STEPS = 4096
-"""Every this many values :class:`OutlierDetector` recomputes its running sums exactly (:func:`excesses` too)."""
+from otelprof.shared.sampling import RESUM_STEPS as RESUM_STEPS
+from otelprof.shared.sampling import OutlierDetector
 
 
 class StepJudge:
@@ -41,57 +39,14 @@ class StepJudge:
     def observe_all(self, durations: Sequence[float], units: Sequence[float | None]) -> list[float]:
         """:meth:`observe` of each step in turn (an offline replay): the same costs, and the judge left as
         after them, in one loop per detector instead of a few calls per step."""
-        excess = excesses(self.time, durations)
+        excess = self.time.excess_all(durations)
         judged = [k for k, u in enumerate(units) if u is not None and u > 0]
         if judged:
-            per_unit = excesses(self.per_unit, [durations[k] / units[k] for k in judged])  # type: ignore[operator]
+            per_unit = self.per_unit.excess_all([durations[k] / units[k] for k in judged])  # type: ignore[operator]
             for k, found in zip(judged, per_unit):
                 if not found:
                     excess[k] = 0.0
         return excess
-
-
-def excesses(detector: OutlierDetector, values: Iterable[float]) -> list[float]:
-    """:meth:`OutlierDetector.excess` of each value in turn, the detector left as after them: the same
-    arithmetic in the same order (its running sums, their periodic exact resum, the median of the recent
-    values), with its state in local variables for the loop."""
-    sigma, min_steps, min_ratio, min_excess = detector.sigma, detector.min_steps, detector.min_ratio, \
-        detector.min_excess
-    recent = detector.window
-    size = recent.maxlen
-    total, squares, since = detector._sum, detector._sumsq, detector._since_resum
-    judging = sigma > 0
-    n = len(recent)
-    sqrt = math.sqrt
-    out: list[float] = []
-    for value in values:
-        excess = 0.0
-        if judging and n >= min_steps:
-            mean = total / n
-            variance = squares / n - mean * mean
-            if variance < 0.0:  # max(variance, 0.0): NaN kept, as max keeps it
-                variance = 0.0
-            if value > mean + sigma * sqrt(variance):
-                median = _median(recent)
-                if value > max(median * min_ratio, median + min_excess):
-                    excess = value - median
-        if n == size:
-            old = recent[0]
-            total -= old
-            squares -= old * old
-        else:
-            n += 1
-        recent.append(value)
-        total += value
-        squares += value * value
-        since += 1
-        if since >= RESUM_STEPS:
-            total = math.fsum(recent)
-            squares = math.fsum(d * d for d in recent)
-            since = 0
-        out.append(excess)
-    detector._sum, detector._sumsq, detector._since_resum = total, squares, since
-    return out
 
 
 def step_units(tokens: float | None, samples: float | None) -> float | None:
@@ -123,4 +78,4 @@ class LossSpikes:
 
     def observe_all(self, losses: Sequence[float]) -> list[bool]:
         """:meth:`observe` of each finite loss in turn (an offline replay), in one loop."""
-        return [excess > 0 and loss - excess > 0 for loss, excess in zip(losses, excesses(self.detector, losses))]
+        return [excess > 0 and loss - excess > 0 for loss, excess in zip(losses, self.detector.excess_all(losses))]

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from otelprof import thresholds
 from otelprof.config import Config
 
+RESUM_STEPS = 4096
+"""Every this many values :class:`OutlierDetector` recomputes its running sums exactly."""
+
 
 class OutlierDetector:
     """One phase's recent step durations (the last ``window``); flags a step that is slower than all of
@@ -79,11 +82,52 @@ class OutlierDetector:
         self._sum += duration
         self._sumsq += duration * duration
         self._since_resum += 1
-        if self._since_resum >= 4096:  # bound floating-point drift of the running sums
+        if self._since_resum >= RESUM_STEPS:  # bound floating-point drift of the running sums
             self._sum = math.fsum(self.window)
             self._sumsq = math.fsum(d * d for d in self.window)
             self._since_resum = 0
         return excess
+
+    def excess_all(self, values: Iterable[float]) -> list[float]:
+        """:meth:`excess` of each value in turn (an offline replay), the detector left as after them: the same
+        arithmetic in the same order (the running sums, their periodic exact resum, the median of the recent
+        values), with the state in local variables for the loop."""
+        sigma, min_steps, min_ratio, min_excess = self.sigma, self.min_steps, self.min_ratio, self.min_excess
+        recent = self.window
+        size = recent.maxlen
+        total, squares, since = self._sum, self._sumsq, self._since_resum
+        judging = sigma > 0
+        n = len(recent)
+        sqrt = math.sqrt
+        out: list[float] = []
+        for value in values:
+            excess = 0.0
+            if judging and n >= min_steps:
+                mean = total / n
+                variance = squares / n - mean * mean
+                if variance < 0.0:  # max(variance, 0.0): NaN kept, as max keeps it
+                    variance = 0.0
+                if value > mean + sigma * sqrt(variance):
+                    median = _median(recent)
+                    if value > max(median * min_ratio, median + min_excess):
+                        excess = value - median
+            if n == size:
+                old = recent[0]
+                total -= old
+                squares -= old * old
+            else:
+                n += 1
+            recent.append(value)
+            total += value
+            squares += value * value
+            since += 1
+            if since >= RESUM_STEPS:
+                total = math.fsum(recent)
+                squares = math.fsum(d * d for d in recent)
+                since = 0
+            out.append(excess)
+        self._sum, self._sumsq, self._since_resum = total, squares, since
+        return out
 
 
 def _median(recent: Iterable[float]) -> float:
