@@ -18,7 +18,7 @@ this module runs them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from otelprof.analysis import step_checks, system_checks, training_checks
@@ -70,8 +70,10 @@ def conditions(ctx: CheckContext) -> Conditions:
 
 
 def evaluate_ranks(ranks: list[RankData], config: MixinConfig | None = None, interval: float = 10.0,
-                   start: float | None = None, end: float | None = None) -> list[CheckResult]:
-    """Evaluate every offline-capable check every ``interval`` seconds from ``start`` to ``end``."""
+                   start: float | None = None, end: float | None = None,
+                   only: Collection[str] | None = None) -> list[CheckResult]:
+    """Evaluate every offline-capable check (``only``: those of these short names) every ``interval`` seconds
+    from ``start`` to ``end``."""
     config = config or MixinConfig()
     if not ranks:
         return []
@@ -83,7 +85,8 @@ def evaluate_ranks(ranks: list[RankData], config: MixinConfig | None = None, int
     ctx = CheckContext(ranks, config)
     by_short = {a.short: a for a in alerts(config)}
     checks = [(short, by_short[short], condition, datapoints) for short, (condition, datapoints)
-              in conditions(ctx).items() if short in by_short]  # not those disabled in the config
+              in conditions(ctx).items() if short in by_short  # not those disabled in the config
+              and (only is None or short in only)]
     states = [list(_states(alert, condition(times), times)) for _, alert, condition, _ in checks]
     results = []
     for (short, alert, _, datapoints), kept in zip(checks, states):
@@ -142,6 +145,13 @@ def _run(alert: Alert, states: Iterable[tuple[float, list[Firing]]], datapoints:
                        alert.runbook.thresholds)
 
 
-def evaluate(recording: Recording, config: MixinConfig | None = None, interval: float = 10.0) -> list[CheckResult]:
-    """Every offline-capable alert check on a recording (all ranks)."""
-    return evaluate_ranks([rank_data(r, config) for r in recording.ranks], config, interval)
+def evaluate(recording: Recording, config: MixinConfig | None = None, interval: float = 10.0,
+             only: Collection[str] | None = None) -> list[CheckResult]:
+    """Every offline-capable alert check on a recording (all ranks; ``only``: those of these short names)."""
+    return evaluate_ranks([rank_data(r, config) for r in recording.ranks], config, interval, only=only)
+
+
+HALF = frozenset({"GPUUnderutilized", "GPUUtilizationFluctuating", "BatchSizeTooSmall", "GPUMemoryNearCapacity",
+                  "GPUMemoryIncrease", "CPUBottleneck", "IOBottleneck", "HostMemoryNearLimit"})
+"""About half the checks' work on a large recording (the node samples' checks; the three that share a GPU's
+quantile windows together): what one of two processes evaluates, the other evaluating the rest."""
