@@ -5,7 +5,6 @@ line-by-line reader)."""
 from __future__ import annotations
 
 import json
-import math
 import random
 
 import pytest
@@ -14,6 +13,7 @@ from hypothesis import strategies as st
 
 from otelprof.recording import node_lines, samples
 from otelprof.recording.columns import SampleColumns
+from tests.test_recording_fastjson import _columns
 
 T0 = 1_750_000_001_000_000_000
 
@@ -42,19 +42,7 @@ def _read(blocks: list[str], bulk: bool, monkeypatch: pytest.MonkeyPatch) -> tup
     for text in blocks:
         samples._read_samples(c, text)
     monkeypatch.undo()
-    return _comparable(c), sum(taken)
-
-
-def _comparable(c: SampleColumns) -> dict[str, object]:
-    def plain(value: object) -> object:
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)) or type(value).__name__ == "array":
-            return [plain(v) for v in value]  # type: ignore[union-attr]
-        if isinstance(value, float) and math.isnan(value):
-            return "nan"
-        return value
-    return {name: plain(value) for name, value in vars(c).items() if not name.startswith("_")}
+    return _columns(c), sum(taken)
 
 
 def _text(lines: list[object]) -> str:

@@ -5,7 +5,6 @@ asked, and a killed process loses at most the block it was filling."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -20,12 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otelprof.recording import schema
-from otelprof.recording.columns import SampleColumns
 from otelprof.recording.reader import read_recording
 from otelprof.recording.sample_blocks import BLOCK_SAMPLES, BLOCK_SECONDS, SampleBlock, decode, encode
 from otelprof.recording.samples import parse_samples
 from otelprof.recording.writer import RecordingWriter
 from tests.sample_records import sample_records
+from tests.test_recording_fastjson import _columns as comparable
 
 T0 = 1_750_000_001_000_000_000
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,16 +35,7 @@ def _line(record: dict[str, Any]) -> str:
 
 
 def _columns(path: Path) -> dict[str, object]:
-    def plain(value: object) -> object:
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)) or type(value).__name__ == "array":
-            return [plain(v) for v in value]  # type: ignore[union-attr]
-        if isinstance(value, float) and math.isnan(value):
-            return "nan"
-        return value
-    c: SampleColumns = parse_samples(path)
-    return {name: plain(value) for name, value in vars(c).items() if not name.startswith("_")}
+    return comparable(parse_samples(path))
 
 
 def _as_lines_and_blocks(tmp_path: Path, samples: list[dict[str, Any]], cuts: list[int]) -> tuple[dict, dict]:

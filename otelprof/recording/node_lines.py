@@ -19,6 +19,7 @@ from typing import Any
 
 from otelprof.recording.columns import SampleColumns
 from otelprof.recording.limits import MAX_CORES, MAX_GPU_KEYS, MAX_GPUS, MAX_STRING_CHARS, MAX_TIME_NS, loads, within
+from otelprof.recording.sample_blocks import add_gpus
 
 _NUMBERS = {int, float}
 _OR_NONE = {int, float, type(None)}
@@ -173,12 +174,4 @@ def _add(c: SampleColumns, t_ns: array[int], scalars: list[array[float]], cpu: l
             busy.extend([0.0] * (len(line) - c.cores))
             c.cores = len(line)
         busy[:len(line)] = map(operator.add, busy, line)
-    for index, values in gpus.items():
-        columns = c.gpus.setdefault(index, {})
-        for name, doubles in values.items():
-            found = columns.get(name)
-            if found is None:
-                found = columns[name] = nan * n
-            elif len(found) < n:
-                found.extend(nan * (n - len(found)))
-            found.extend(doubles)
+    add_gpus(c, gpus, n)

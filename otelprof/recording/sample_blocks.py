@@ -131,7 +131,7 @@ def add_block(c: SampleColumns, block: dict[str, Any]) -> None:
         if len(c.cpu_mean):  # the node columns are kept once a sample had a node value: NaN for these
             for column in c.node_columns():
                 column.extend(array("d", [math.nan]) * n)
-        _add_gpus(c, gpus, start)
+        add_gpus(c, gpus, start)
         return
     pcpu, rss, mem, throttled, container_memory, container_limit, *pairs = _many_doubles(
         [*(get(key) for key in _SCALARS), *_pairs(get("disk"), n), *_pairs(get("net"), n)], n)
@@ -172,11 +172,11 @@ def add_block(c: SampleColumns, block: dict[str, Any]) -> None:
                 busy.extend([0.0] * (len(line) - c.cores))
                 c.cores = len(line)
             busy[:len(line)] = map(operator.add, busy, line)
-    _add_gpus(c, gpus, start)
+    add_gpus(c, gpus, start)
 
 
-def _add_gpus(c: SampleColumns, gpus: dict[str, dict[str, array[float]]], start: int) -> None:
-    """A block's GPU columns appended from row ``start`` (earlier rows without the value: NaN)."""
+def add_gpus(c: SampleColumns, gpus: dict[str, dict[str, array[float]]], start: int) -> None:
+    """GPU columns appended from row ``start`` (earlier rows without the value: NaN)."""
     nan = array("d", [math.nan])
     for index, values in gpus.items():
         columns = c.gpus.setdefault(index, {})
