@@ -23,9 +23,12 @@ per CPU and re-used from ``--keep DIR`` (a recording generated before samples we
 as it is: generate a new one to time the current format). It is timed for the HTML report
 with and without the checks and for ``otelprof check --json``.
 
-The report runs in a child process, timed from outside; its peak memory is that process's and its
-parsing workers' memory together (proportional set size: shared pages count once), sampled every
-50 ms. It runs three times: HTML with the offline checks, HTML with ``--no-checks``, and JSON.
+Each command runs in a child process, twice: once timed (wall and CPU seconds of it and its processes)
+with nothing watching it, once for its peak memory: that process's and its workers' memory together
+(proportional set size: shared pages count once), sampled every 50 ms. Reading a 4 GiB process's PSS takes
+the kernel ~40 ms, so a run watched that closely loses most of a CPU to its watcher (~20 s of ~100 s at
+1,024 ranks on 2 CPUs): its time would not be the command's. It runs three times: HTML with the offline
+checks, HTML with ``--no-checks``, and JSON (the fleet: ``otelprof check --json`` instead).
 Progress of the generation and of the report goes to stderr.
 """
 
@@ -315,12 +318,15 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _run_report(run: Path, out: Path, *options: str) -> tuple[float, float, list[str], float]:
-    """Seconds, peak RSS (MiB, the report process and its parsing workers together), progress lines of
-    ``otelprof report`` in a child process and the CPU seconds of it and its processes."""
+def _run(argv: list[str], *, memory: bool) -> tuple[float, float, list[str], float]:
+    """Seconds, CPU seconds (the child and its processes), progress lines and peak PSS (MiB, the child and
+    its workers together; 0 unless ``memory``) of ``python -m otelprof ARGV`` in a child process.
+
+    Reading a 4 GiB process's PSS costs the kernel ~40 ms, so sampling it every 50 ms takes most of a CPU
+    from the run it measures: a run is timed with nothing watching it, and measured for memory in another."""
     cpu = _cpu()
     started = time.monotonic()
-    child = subprocess.Popen([sys.executable, "-m", "otelprof", "report", str(run), "-o", str(out), *options],
+    child = subprocess.Popen([sys.executable, "-m", "otelprof", *argv], stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
 
@@ -328,7 +334,8 @@ def _run_report(run: Path, out: Path, *options: str) -> tuple[float, float, list
         assert child.stderr is not None
         for line in child.stderr:
             lines.append(line.rstrip())
-            print("   ", line.rstrip(), file=sys.stderr)
+            if not memory:
+                print("   ", line.rstrip(), file=sys.stderr)
 
     import threading
 
@@ -337,17 +344,17 @@ def _run_report(run: Path, out: Path, *options: str) -> tuple[float, float, list
     peak = 0
     process = psutil.Process(child.pid)
     while child.poll() is None:
-        try:  # PSS: pages the forked workers share with the report process count once
-            used = sum(_pss(p) for p in (process, *process.children(recursive=True)))
-            peak = max(peak, used)
-        except psutil.Error:
-            pass
-        time.sleep(0.05)
+        if memory:
+            with contextlib.suppress(psutil.Error):  # PSS: pages the forked workers share count once
+                peak = max(peak, sum(_pss(p) for p in (process, *process.children(recursive=True))))
+            time.sleep(0.05)
+        else:
+            time.sleep(0.5)
     seconds = time.monotonic() - started
     reader.join(5)
-    if child.returncode != 0:
-        raise SystemExit(f"otelprof report failed ({child.returncode})")
-    return seconds, peak / 2**20, lines, _cpu() - cpu
+    if child.returncode not in ((0, 1) if argv[0] == "check" else (0,)):
+        raise SystemExit(f"otelprof {argv[0]} failed ({child.returncode})")
+    return seconds, _cpu() - cpu, lines, peak / 2**20
 
 
 def _pss(process: psutil.Process) -> int:
@@ -377,23 +384,6 @@ def _phase_times(lines: list[str], total: float) -> str:
             f"then {max(total - collect, 0.0):.1f} s (the checks' rest, rendering, start-up)")
 
 
-def _run_check(run: Path) -> tuple[float, float, float]:
-    """Seconds, peak PSS (MiB) and CPU seconds of ``otelprof check --json`` (stdout discarded)."""
-    cpu = _cpu()
-    started = time.monotonic()
-    child = subprocess.Popen([sys.executable, "-m", "otelprof", "check", str(run), "--json"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    peak = 0
-    process = psutil.Process(child.pid)
-    while child.poll() is None:
-        with contextlib.suppress(psutil.Error):
-            peak = max(peak, sum(_pss(p) for p in (process, *process.children(recursive=True))))
-        time.sleep(0.05)
-    if child.returncode not in (0, 1):
-        raise SystemExit(f"otelprof check failed ({child.returncode})")
-    return time.monotonic() - started, peak / 2**20, _cpu() - cpu
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 hour, 40,000 steps instead of 24 h, 1,000,000")
@@ -420,17 +410,18 @@ def main() -> int:
         runs = (("HTML, with the checks", root / "report.html", ()),
                 ("HTML, --no-checks", root / "report-nochecks.html", ("--no-checks",)),
                 ("JSON, with the checks", root / "report.json", ("--format", "json")))
-        for label, out, options in runs[:2] if fleet else runs:
-            print(f"otelprof report -> {label}", file=sys.stderr)
-            load = os.getloadavg()[0]
-            seconds, peak, lines, cpu = _run_report(run, out, *options)
-            results[label] = (seconds, cpu, peak, f"{out.stat().st_size / 1024:.0f}", _phase_times(lines, seconds),
-                              load)
+        commands: list[tuple[str, list[str], Path | None]] = [
+            (label, ["report", str(run), "-o", str(out), *options], out)
+            for label, out, options in (runs[:2] if fleet else runs)]
         if fleet:
-            print("otelprof check --json", file=sys.stderr)
+            commands.append(("otelprof check --json", ["check", str(run), "--json"], None))
+        for label, argv, out in commands:
+            print(f"otelprof {' '.join(argv[:1] + argv[2:])}", file=sys.stderr)
             load = os.getloadavg()[0]
-            seconds, peak, cpu = _run_check(run)
-            results["otelprof check --json"] = (seconds, cpu, peak, "-", "", load)
+            seconds, cpu, lines, _ = _run(argv, memory=False)
+            _, _, _, peak = _run(argv, memory=True)
+            phases = _phase_times(lines, seconds) if out is not None else ""
+            results[label] = (seconds, cpu, peak, f"{out.stat().st_size / 1024:.0f}" if out else "-", phases, load)
         shape = (f"{args.ranks} ranks on {args.ranks // GPUS} nodes, a step every {STEP_SECONDS:g} s" if fleet
                  else f"{steps:,} steps on 8 ranks")
         print(f"\n{hours:g} h, {shape}, {_du(run) / 2**20:.0f} MiB recording, {os.cpu_count()} CPUs")
