@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import accumulate
 
+from otelprof.analysis import window_bounds
 from otelprof.analysis.check_tables import BUCKETS, PhaseSteps, RankData, SampleTable, Series, StepTable
 from otelprof.analysis.histogram import monotonic_quantile
 from otelprof.mixin.config import MixinConfig, seconds
@@ -57,6 +58,9 @@ class CheckContext:
         self.judged: set[str] = set()
         """Checks that compared something with their threshold at least once (past warm-up, with data)."""
         self._spans: dict[tuple[int, float, float], tuple[object, Spans]] = {}
+        self._positions: dict[tuple[int, float], tuple[object, list[int]]] = {}
+        self._counts: dict[tuple[int, float, tuple[int, ...]], tuple[object, list[tuple[int, ...]] | None]] = {}
+        self._extents: dict[int, tuple[Series, tuple[float, float]]] = {}
         self._quantiles: dict[tuple[int, tuple[float, ...], float], tuple[object, list[tuple[float, ...]]]] = {}
         self._means: dict[tuple[int, float, float], tuple[object, list[float | None]]] = {}
         """Kept per object id with the object itself (so that its id is not another's while kept)."""
@@ -70,6 +74,8 @@ class CheckContext:
             self._backs.clear()
             self._live.clear()
             self._spans.clear()
+            self._positions.clear()
+            self._counts.clear()
             self._quantiles.clear()
             self._means.clear()
             self._times = times
@@ -81,8 +87,16 @@ class CheckContext:
         key = (id(at), back, until)
         found = self._spans.get(key)
         if found is None:
-            find = partial(bisect.bisect_right, at)
-            found = self._spans[key] = (at, (list(map(find, self._minus(back))), list(map(find, self._minus(until)))))
+            found = self._spans[key] = (at, (self._bisected(at, back), self._bisected(at, until)))
+        return found[1]
+
+    def _bisected(self, at: Sequence[float], back: float) -> list[int]:
+        """``bisect_right(at, t - back)`` for each evaluation time, kept per array and ``back`` (a window's upper ends
+        are another's lower ends, and every window ending at ``t`` shares them)."""
+        key = (id(at), back)
+        found = self._positions.get(key)
+        if found is None:
+            found = self._positions[key] = (at, list(map(partial(bisect.bisect_right, at), self._minus(back))))
         return found[1]
 
     def _minus(self, back: float) -> Sequence[float]:
@@ -102,6 +116,25 @@ class CheckContext:
         if found is None:
             spans = self.spans(series.times, times, back)
             found = self._quantiles[key] = (series, window_quantiles(series, qs, *spans))
+        return found[1]
+
+    def cut_counts(self, series: Series, times: Sequence[float], back: float,
+                   cuts: tuple[int, ...]) -> list[tuple[int, ...]] | None:
+        """:func:`~otelprof.analysis.window_bounds.cut_counts` of the windows ``(t - back, t]``, computed once however
+        many checks read them."""
+        self._at(times)
+        key = (id(series), back, cuts)
+        found = self._counts.get(key)
+        if found is None:
+            found = self._counts[key] = (series, window_bounds.cut_counts(series, cuts, *self.spans(series.times,
+                                                                                                  times, back)))
+        return found[1]
+
+    def extent(self, series: Series) -> tuple[float, float]:
+        """:func:`~otelprof.analysis.window_bounds.extent` of a series, kept (it does not depend on the times)."""
+        found = self._extents.get(id(series))
+        if found is None:
+            found = self._extents[id(series)] = (series, window_bounds.extent(series))
         return found[1]
 
     def any_positive(self, series: Series, times: Sequence[float], back: float) -> list[bool]:

@@ -7,7 +7,8 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 
 from otelprof.analysis.check_context import CheckContext, CheckGroup, Condition, Conditions, Firing, by_job
-from otelprof.analysis.check_tables import Series
+from otelprof.analysis.check_tables import BUCKETS, Series
+from otelprof.analysis.window_bounds import never_above, quantile_range, spread_never_above, threshold_cuts
 from otelprof.mixin.config import seconds
 
 
@@ -36,6 +37,9 @@ def gpu_quantiles(ctx: CheckContext, kind: str) -> Condition:
     c = ctx.c
     name = {"under": "GPUUnderutilized", "fluctuating": "GPUUtilizationFluctuating",
             "batch": "BatchSizeTooSmall"}[kind]
+    cuts = gpu_cuts(ctx)
+    counts_zero = (0,) * len(cuts)
+    above_first = BUCKETS[0] >= 0
 
     def condition(times: Sequence[float]) -> list[list[Firing]]:
         out: list[list[Firing]] = [[] for _ in times]
@@ -46,28 +50,53 @@ def gpu_quantiles(ctx: CheckContext, kind: str) -> Condition:
             table = ctx.samples[id(r)]
             cpu_lo, cpu_hi = ctx.spans(table.cpu_mean.times, times, ctx.w)
             for gpu, values in sorted(table.util.items()):
-                busy = ctx.any_positive(values, times, ctx.w)
-                quantiles = ctx.quantiles(values, (0.95, 0.05), times, ctx.w)  # 3 checks' own
+                lo, hi = ctx.spans(values.times, times, ctx.w)
+                counts = ctx.cut_counts(values, times, ctx.w, cuts)  # 3 checks' own
                 memory = table.memory.get(gpu)
                 mem_lo, mem_hi = ctx.spans(memory.times, times, ctx.w) if memory is not None else ([], [])
                 subject = f"{r.subject} gpu {gpu}"
                 for k in live:
-                    if not busy[k]:
-                        continue  # no value in the window, or never busy: an unused device
+                    i, j = lo[k], hi[k]
+                    if j <= i:
+                        continue
+                    n = j - i
+                    at = counts_zero if counts is None else counts[k]
+                    if not ((above_first and at[0] < n) or values.any_positive(i, j)):
+                        continue  # never busy: an unused device
                     ctx.judged.add(name)
-                    p95, p5 = quantiles[k]
-                    if kind == "under" and p95 < c.low_gpu_threshold_p95:
-                        out[k].append(Firing(subject, p95))
-                    elif kind == "fluctuating" and p5 < c.low_gpu_threshold_p5 and p95 > c.low_gpu_threshold_p95:
-                        out[k].append(Firing(subject, p5))
-                    elif (kind == "batch" and p95 < c.batch_size_gpu_threshold_p95 and memory is not None
-                          and mem_hi[k] > mem_lo[k]
-                          and memory.quantile(0.95, mem_lo[k], mem_hi[k]) < c.batch_size_gpu_memory_threshold_p95
-                          and cpu_hi[k] > cpu_lo[k]
-                          and table.cpu_mean.quantile(0.95, cpu_lo[k], cpu_hi[k]) < c.batch_size_cpu_threshold_p95):
-                        out[k].append(Firing(subject, p95))
+                    if kind == "under":
+                        if quantile_range(0.95, n, at, cuts)[0] >= c.low_gpu_threshold_p95:
+                            continue  # its p95 is at or above the threshold, whatever it is
+                        p95 = values.quantile(0.95, i, j)
+                        if p95 < c.low_gpu_threshold_p95:
+                            out[k].append(Firing(subject, p95))
+                    elif kind == "fluctuating":
+                        if (quantile_range(0.05, n, at, cuts)[0] >= c.low_gpu_threshold_p5
+                                or quantile_range(0.95, n, at, cuts)[1] <= c.low_gpu_threshold_p95):
+                            continue
+                        p95, p5 = values.quantile(0.95, i, j), values.quantile(0.05, i, j)
+                        if p5 < c.low_gpu_threshold_p5 and p95 > c.low_gpu_threshold_p95:
+                            out[k].append(Firing(subject, p5))
+                    elif kind == "batch":
+                        if quantile_range(0.95, n, at, cuts)[0] >= c.batch_size_gpu_threshold_p95:
+                            continue
+                        p95 = values.quantile(0.95, i, j)
+                        if (p95 < c.batch_size_gpu_threshold_p95 and memory is not None
+                                and mem_hi[k] > mem_lo[k]
+                                and memory.quantile(0.95, mem_lo[k], mem_hi[k]) < c.batch_size_gpu_memory_threshold_p95
+                                and cpu_hi[k] > cpu_lo[k]
+                                and table.cpu_mean.quantile(0.95, cpu_lo[k], cpu_hi[k])
+                                < c.batch_size_cpu_threshold_p95):
+                            out[k].append(Firing(subject, p95))
         return out
     return condition
+
+
+def gpu_cuts(ctx: CheckContext) -> tuple[int, ...]:
+    """The bucket counts the three GPU quantile checks decide on (their thresholds' buckets)."""
+    c = ctx.c
+    return threshold_cuts(below=(c.low_gpu_threshold_p95, c.low_gpu_threshold_p5, c.batch_size_gpu_threshold_p95),
+                          above=(c.low_gpu_threshold_p95,))
 
 
 def memory_increase(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
@@ -78,6 +107,9 @@ def memory_increase(ctx: CheckContext, times: Sequence[float]) -> list[list[Firi
         if not live:
             continue
         for gpu, memory in sorted(ctx.samples[id(r)].memory.items()):
+            if spread_never_above(ctx.extent(memory), ctx.c.gpu_memory_increase):
+                judge_windows(ctx, "GPUMemoryIncrease", memory, times, live, (m, 0.0), (2 * m, m))
+                continue  # no window's mean can exceed another's by the threshold: none summed
             now, before = ctx.means(memory, times, m), ctx.means(memory, times, 2 * m, m)
             for k in live:
                 mean_now, mean_before = now[k], before[k]
@@ -97,6 +129,9 @@ def memory_capacity(ctx: CheckContext, times: Sequence[float]) -> list[list[Firi
         if not live:
             continue
         for gpu, memory in sorted(ctx.samples[id(r)].memory.items()):
+            if never_above(ctx.extent(memory), ctx.c.gpu_memory_capacity_threshold):
+                judge_windows(ctx, "GPUMemoryNearCapacity", memory, times, live, (width, 0.0))
+                continue
             means = ctx.means(memory, times, width)
             for k in live:
                 mean = means[k]
@@ -119,6 +154,9 @@ def host_memory_increase(ctx: CheckContext, times: Sequence[float]) -> list[list
         if not live:
             continue
         rss = ctx.samples[id(r)].rss
+        if spread_never_above(ctx.extent(rss), c.host_memory_increase_min_bytes):
+            judge_windows(ctx, "HostMemoryIncrease", rss, times, live, (width, 0.0), (2 * width, width))
+            continue  # it never grew by the least growth that fires
         now, before = ctx.means(rss, times, width), ctx.means(rss, times, 2 * width, width)
         for k in live:
             mean_now, mean_before = now[k], before[k]
@@ -156,6 +194,17 @@ def host_memory_near_limit(ctx: CheckContext, times: Sequence[float]) -> list[li
             if used > ctx.c.host_memory_limit_threshold:
                 out[k].append(Firing(r.subject, used))
     return out
+
+
+def judge_windows(ctx: CheckContext, name: str, series: Series, times: Sequence[float], live: Sequence[int],
+                  *windows: tuple[float, float]) -> None:
+    """Mark the check judged, as its loop over the windows' means would, when some live time has a value in each of
+    its windows ``(t - back, t - until]`` (a series whose means cannot fire is not summed)."""
+    if name in ctx.judged:
+        return
+    spans = [ctx.spans(series.times, times, back, until) for back, until in windows]
+    if any(all(hi[k] > lo[k] for lo, hi in spans) for k in live):
+        ctx.judged.add(name)
 
 
 def load_imbalance(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:

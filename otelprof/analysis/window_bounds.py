@@ -1,0 +1,115 @@
+"""Exact early answers for the offline checks: what a series' values can make of a window decides a condition
+before any window is summed or counted.
+
+A window's mean (its values summed in order, divided by their count) lies between the least and the greatest
+of the series' values, widened by the most a sum of floats can stray (:func:`extent`): a series whose values
+never reach a threshold never fires a check on its means, and its windows need no sum. A window's
+``histogram_quantile`` lies inside the bucket that holds its rank; the counts of the window's values at or
+below a few bucket bounds (:func:`cut_counts`, from the positions of the series' values at or below the
+highest of them: few on a busy GPU) tell which side of a threshold that bucket is, so only the windows whose
+quantile may be on the firing side are counted in full. Every verdict and value stays the one the window's
+own sums and counts give (tests/test_checks_all_times.py)."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from functools import partial
+from itertools import accumulate, compress
+
+from otelprof.analysis.check_tables import BUCKETS, Series
+
+UNKNOWN = (-math.inf, math.inf)
+CHUNK = 256
+"""Values looked at together when finding a series' low values (a chunk whose least value is high is skipped)."""
+
+
+def extent(series: Series) -> tuple[float, float]:
+    """Bounds of every window mean of ``series`` (its values summed in order and divided by their count, or their
+    running totals' difference when exact): the least and greatest value, widened by the most the float sum of
+    up to ``len(series)`` of them and its division can err; :data:`UNKNOWN` with a NaN or an infinity among them
+    (or a sum past a double)."""
+    values = series.values
+    if not values:
+        return 0.0, 0.0
+    if not math.isfinite(sum(values)):
+        return UNKNOWN
+    low, high = min(values), max(values)
+    margin = (len(values) + 4) * 2.0 ** -52 * max(abs(low), abs(high))  # 2 x (n u + u) of the largest value
+    return low - margin, high + margin
+
+
+def never_above(bounds: tuple[float, float], threshold: float) -> bool:
+    """No window mean exceeds ``threshold`` (``mean > threshold`` never holds)."""
+    return bounds[1] <= threshold
+
+
+def spread_never_above(bounds: tuple[float, float], threshold: float) -> bool:
+    """No difference of two window means exceeds ``threshold`` (the difference rounds no higher than the widest)."""
+    return bounds[1] - bounds[0] <= threshold
+
+
+def threshold_cuts(below: Sequence[float] = (), above: Sequence[float] = ()) -> tuple[int, ...]:
+    """The bucket indexes whose counts decide ``quantile < t`` for each t of ``below`` and ``quantile > t`` for each
+    of ``above`` where the quantile's bucket is clear of t, and the first bucket's (a window of only first-bucket
+    values may be an idle device's)."""
+    last = len(BUCKETS)
+    cuts = {0}
+    cuts.update(bisect.bisect_left(BUCKETS, t) for t in below)
+    cuts.update(bisect.bisect_left(BUCKETS, t) - 1 for t in above)
+    return tuple(sorted(c for c in cuts if 0 <= c < last))
+
+
+def quantile_range(q: float, n: int, counts: Sequence[int], cuts: Sequence[int]) -> tuple[float, float]:
+    """Bounds of ``histogram_quantile(q)`` of a window of ``n`` values (``0 < q <= 1``) of which ``counts[c]`` are in
+    the buckets up to ``cuts[c]``: the lower bound of the first bucket its rank may fall in, the upper bound of
+    the last (widened by what the interpolation can round)."""
+    rank = q * n
+    first, last = 0, len(BUCKETS)
+    for cut, count in zip(cuts, counts):
+        if count >= rank:
+            last = cut
+            break
+        first = cut + 1
+    lower = BUCKETS[first - 1] if first else min(0.0, BUCKETS[0])
+    upper = BUCKETS[min(last, len(BUCKETS) - 1)]
+    return lower, upper + abs(upper) * 2.0 ** -40
+
+
+def cut_counts(series: Series, cuts: Sequence[int], lo: Sequence[int],
+               hi: Sequence[int]) -> list[tuple[int, ...]] | None:
+    """Per window ``[lo[k], hi[k])`` of ``series``, how many of its values are in the buckets up to each of ``cuts``
+    (ascending bucket indexes, ``le`` semantics: NaN in the first); None when no value is in them (every count 0).
+    Only the values at or below the highest cut are bucketed, found a chunk at a time."""
+    values = series.values
+    n = len(values)
+    top = BUCKETS[cuts[-1]]
+    if not n:
+        return None
+    least = min(values)
+    clean = math.isfinite(sum(values)) or not any(map(math.isnan, values))  # the NaN test only past an infinity
+    if least > top and clean:
+        return None
+    find = partial(bisect.bisect_left, BUCKETS)
+    if clean:
+        listed = values.tolist()
+        positions: list[int] = []
+        for k in range(0, n, CHUNK):
+            chunk = listed[k:k + CHUNK]
+            if min(chunk) <= top:
+                positions.extend(compress(range(k, k + len(chunk)), map(top.__ge__, chunk)))
+        buckets = bytes(map(find, map(listed.__getitem__, positions)))
+    else:
+        every = series.buckets()
+        positions = list(compress(range(n), map(cuts[-1].__ge__, every)))
+        buckets = bytes(map(every.__getitem__, positions))
+    if not positions:
+        return None
+    running = [list(accumulate(map(cut.__ge__, buckets), initial=0)) for cut in cuts]
+    where = partial(bisect.bisect_left, positions)
+    out = []
+    for i, j in zip(lo, hi):
+        a, b = where(i), where(j)
+        out.append(tuple(r[b] - r[a] for r in running))
+    return out
