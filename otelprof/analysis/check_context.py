@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from array import array
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from functools import partial
@@ -96,7 +97,8 @@ class CheckContext:
         key = (id(at), back)
         found = self._positions.get(key)
         if found is None:
-            found = self._positions[key] = (at, list(map(partial(bisect.bisect_right, at), self._minus(back))))
+            listed = at.tolist() if isinstance(at, array) else at  # a list's items are compared without boxing them
+            found = self._positions[key] = (at, list(map(partial(bisect.bisect_right, listed), self._minus(back))))
         return found[1]
 
     def _minus(self, back: float) -> Sequence[float]:
@@ -162,6 +164,14 @@ class CheckContext:
                 means = [sum(values[i:j]) / (j - i) if j > i else None for i, j in spans]
             found = self._means[key] = (series, means)
         return found[1]
+
+    def mean_at(self, series: Series, times: Sequence[float], k: int) -> float | None:
+        """:meth:`means` of the window ``(t - w, t]`` of the check window at the ``k``-th time alone."""
+        i, j = (span[k] for span in self.spans(series.times, times, self.w))
+        if j <= i:
+            return None
+        sums = series.exact_sums()
+        return (sums[j] - sums[i]) / (j - i) if sums is not None else sum(series.values[i:j]) / (j - i)
 
     def live(self, rank: RankData, times: Sequence[float], warm: bool = False) -> list[int]:
         """The indexes of the times at which the rank was alive (and past its warm-up, when ``warm``); kept."""

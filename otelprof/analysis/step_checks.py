@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from functools import partial
 
 from otelprof.analysis.check_context import CheckContext, CheckGroup, Conditions, Firing, by_job
+from otelprof.analysis.window_bounds import never_above
 from otelprof.mixin.config import seconds
 
 
@@ -35,30 +36,36 @@ def peers_typical(values: Sequence[float]) -> float | None:
 
 def straggler(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     width = seconds(ctx.c.straggler_window)
+    ratio = ctx.c.straggler_ratio
     out: list[list[Firing]] = [[] for _ in times]
     for ranks in by_job(ctx.ranks).values():
-        compute: list[dict[tuple[str, int], float]] = [{} for _ in times]
+        by_phase: dict[str, dict[int, dict[int, float]]] = {}  # phase -> time index -> rank -> mean compute time
         for r in ranks:
             alive = set(ctx.live(r, times))
             for phase, steps, windows in ctx.phase_windows(r, times, width):
                 values = steps.compute.tolist()  # a list sums its floats without boxing them: the same sums
+                at = by_phase.setdefault(phase, {})
                 for k, i, j in windows:
                     if k in alive:
-                        compute[k][(phase, r.rank)] = sum(values[i:j]) / (j - i)
-        for k, at in enumerate(compute):
-            by_phase: dict[str, dict[int, float]] = {}
-            for (p, rank), v in at.items():
-                by_phase.setdefault(p, {})[rank] = v
-            for phase in sorted(by_phase):
-                found = by_phase[phase]
-                if len(found) > 1:
-                    ctx.judged.add("RankStraggler")
-                    values = list(found.values())
-                    typical = peers_typical(values)
-                    for rank, value in sorted(found.items()):
-                        peers = peers_median(values, value) if typical is None else typical if typical > 0 else None
-                        if peers is not None and value / peers > ctx.c.straggler_ratio:
-                            out[k].append(Firing(f"rank {rank} {phase}", value / peers))
+                        at.setdefault(k, {})[r.rank] = sum(values[i:j]) / (j - i)
+        for phase in sorted(by_phase):  # per time: the phases in order, each phase's ranks in order
+            for k, found in by_phase[phase].items():
+                if len(found) < 2:
+                    continue
+                ctx.judged.add("RankStraggler")
+                values = list(found.values())
+                typical = peers_typical(values)
+                if typical is None:
+                    candidates = sorted(found.items())
+                elif typical > 0:  # one peer median for all: only values past it times the ratio can fire
+                    limit = typical * ratio * (1 - 2.0 ** -30)
+                    candidates = sorted((rank, value) for rank, value in found.items() if value > limit)
+                else:
+                    continue
+                for rank, value in candidates:
+                    peers = peers_median(values, value) if typical is None else typical
+                    if peers is not None and value / peers > ratio:
+                        out[k].append(Firing(f"rank {rank} {phase}", value / peers))
     return out
 
 
@@ -97,19 +104,26 @@ def slow_initialization(ctx: CheckContext, times: Sequence[float]) -> list[list[
 
 def input_bound(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     width = seconds(ctx.c.input_bound_window)
+    threshold = ctx.c.input_bound_threshold
     out: list[list[Firing]] = [[] for _ in times]
     for r in ctx.ranks:
         for phase, steps, windows in ctx.phase_windows(r, times, width):
             inputs = steps.inputs
             if not len(inputs):
                 continue
+            # the steps that waited, of which the data-wait shares are: every step's window is theirs when all did
+            lo, hi = ctx.spans(steps.ends if len(inputs) == len(steps.ends) else inputs.times, times, width)
+            if never_above(ctx.extent(inputs), threshold):  # no window's mean can fire: none summed
+                if "InputBound" not in ctx.judged and any(hi[k] > lo[k] for k, _, _ in windows):
+                    ctx.judged.add("InputBound")
+                continue
             values = inputs.values.tolist()  # a list sums its floats without boxing them: the same sums
             for k, _, _ in windows:
-                i, j = inputs.span(times[k] - width, times[k])
+                i, j = lo[k], hi[k]
                 if j > i:
                     ctx.judged.add("InputBound")
                     mean = sum(values[i:j]) / (j - i)
-                    if mean > ctx.c.input_bound_threshold:
+                    if mean > threshold:
                         out[k].append(Firing(f"{r.subject} {phase}", mean))
     return out
 

@@ -3,12 +3,19 @@ memory, load balance across the job's GPUs; judged on the node samples."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from functools import partial
 
 from otelprof.analysis.check_context import CheckContext, CheckGroup, Condition, Conditions, Firing, by_job
 from otelprof.analysis.check_tables import BUCKETS, Series
-from otelprof.analysis.window_bounds import never_above, quantile_range, spread_never_above, threshold_cuts
+from otelprof.analysis.window_bounds import (
+    approximate_means,
+    never_above,
+    quantile_range,
+    spread_never_above,
+    threshold_cuts,
+)
 from otelprof.mixin.config import seconds
 
 
@@ -38,8 +45,11 @@ def gpu_quantiles(ctx: CheckContext, kind: str) -> Condition:
     name = {"under": "GPUUnderutilized", "fluctuating": "GPUUtilizationFluctuating",
             "batch": "BatchSizeTooSmall"}[kind]
     cuts = gpu_cuts(ctx)
-    counts_zero = (0,) * len(cuts)
     above_first = BUCKETS[0] >= 0
+    # a window with no value at or below the highest cut is busy, and its quantiles are past that cut's bound
+    quiet = above_first and BUCKETS[cuts[-1]] >= {"under": c.low_gpu_threshold_p95,
+                                                   "fluctuating": c.low_gpu_threshold_p5,
+                                                   "batch": c.batch_size_gpu_threshold_p95}[kind]
 
     def condition(times: Sequence[float]) -> list[list[Firing]]:
         out: list[list[Firing]] = [[] for _ in times]
@@ -54,13 +64,17 @@ def gpu_quantiles(ctx: CheckContext, kind: str) -> Condition:
                 counts = ctx.cut_counts(values, times, ctx.w, cuts)  # 3 checks' own
                 memory = table.memory.get(gpu)
                 mem_lo, mem_hi = ctx.spans(memory.times, times, ctx.w) if memory is not None else ([], [])
+                if counts is None and quiet:  # busy wherever it has values, and never firing
+                    if name not in ctx.judged and any(hi[k] > lo[k] for k in live):
+                        ctx.judged.add(name)
+                    continue
                 subject = f"{r.subject} gpu {gpu}"
                 for k in live:
                     i, j = lo[k], hi[k]
                     if j <= i:
                         continue
                     n = j - i
-                    at = counts_zero if counts is None else counts[k]
+                    at = counts[k] if counts is not None else (0,) * len(cuts)
                     if not ((above_first and at[0] < n) or values.any_positive(i, j)):
                         continue  # never busy: an unused device
                     ctx.judged.add(name)
@@ -209,18 +223,50 @@ def judge_windows(ctx: CheckContext, name: str, series: Series, times: Sequence[
 
 def load_imbalance(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
     out: list[list[Firing]] = [[] for _ in times]
+    threshold = ctx.c.load_balancing_threshold
     for job, ranks in by_job(ctx.ranks).items():
-        lives = [(set(ctx.live(r, times)), set(ctx.live(r, times, warm=True)),
-                  [ctx.means(values, times, ctx.w) for values in ctx.samples[id(r)].util.values()]) for r in ranks]
+        lives = [(set(ctx.live(r, times)), set(ctx.live(r, times, warm=True)), list(ctx.samples[id(r)].util.values()))
+                 for r in ranks]
+        spreads = _spread_bounds(ctx, times, lives)
         for k in range(len(times)):
-            live = [(warm, means) for alive, warm, means in lives if k in alive]
+            live = [(warm, gpus) for alive, warm, gpus in lives if k in alive]
             if not live or not all(k in warm for warm, _ in live):
                 continue
-            found = [mean for _, means in live for mean in (gpu[k] for gpu in means) if mean is not None]
+            if spreads is not None:
+                count, widest = spreads[k]
+                if count > 1:
+                    ctx.judged.add("GPULoadImbalance")
+                if count < 2 or widest <= threshold:
+                    continue  # the window means' spread is below the threshold, however they round
+            found = [mean for _, gpus in live for mean in (ctx.mean_at(gpu, times, k) for gpu in gpus)
+                     if mean is not None]
             if len(found) > 1:
                 ctx.judged.add("GPULoadImbalance")
-            if len(found) > 1 and max(found) - min(found) > ctx.c.load_balancing_threshold:
+            if len(found) > 1 and max(found) - min(found) > threshold:
                 out[k].append(Firing(f"job {job}", max(found) - min(found)))
+    return out
+
+
+def _spread_bounds(ctx: CheckContext, times: Sequence[float],
+                   lives: list[tuple[set[int], set[int], list[Series]]]) -> list[tuple[int, float]] | None:
+    """Per time: how many of the job's GPUs of ranks alive then have a value in their window, and the most their
+    window means can spread (from running totals and what the sums can err); None when some series has no bound."""
+    highs, lows, counts = [], [], []
+    for alive, _, gpus in lives:
+        for gpu in gpus:
+            found = approximate_means(gpu, *ctx.spans(gpu.times, times, ctx.w))
+            if found is None:
+                return None
+            means, errors = found
+            present = [int(k in alive and means[k] == means[k]) for k in range(len(times))]  # NaN: none
+            highs.append([m + e if p else -math.inf for m, e, p in zip(means, errors, present)])
+            lows.append([m - e if p else math.inf for m, e, p in zip(means, errors, present)])
+            counts.append(present)
+    if not counts:
+        return [(0, 0.0)] * len(times)
+    out = []
+    for count, high, low in zip(map(sum, zip(*counts)), map(max, zip(*highs)), map(min, zip(*lows))):
+        out.append((count, (high - low) + 2.0 ** -44 * (abs(high) + abs(low)) if count > 1 else 0.0))
     return out
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections.abc import Sequence
 from functools import partial
+from itertools import accumulate
 
 from otelprof import thresholds
 from otelprof.analysis.check_context import CheckContext, CheckGroup, Conditions, Firing
@@ -20,6 +22,12 @@ def _mean_se2(values: Series, i: int, j: int) -> tuple[float, float]:
     n, total, squares = values.moments(i, j)
     variance = max((squares - total * total / n) / (n - 1), 0.0)
     return total / n, variance / n
+
+
+def _running_moments(values: Series) -> tuple[Sequence[float], list[float]]:
+    """The running totals of the values and of their squares that :meth:`Series.moments` differences."""
+    listed = values.values.tolist()
+    return values.running_sums(), list(accumulate(map(operator.mul, listed, listed), initial=0.0))
 
 
 def _losses(ctx: CheckContext, r: RankData, phase: str) -> Series:
@@ -44,17 +52,25 @@ def loss_not_decreasing(ctx: CheckContext, times: Sequence[float]) -> list[list[
         steps = ctx.steps[id(r)].phases.get(ctx.c.train_phase)
         bad = {k for ends in ((steps.bad_losses, steps.bad_norms) if steps else ()) if ends
                for k, (lo, hi) in enumerate(zip(*ctx.spans(ends, times, 2 * lw))) if hi > lo}
+        sums, squares = _running_moments(losses)
+        share, sigmas = ctx.c.loss_diff_percent / 100, ctx.c.loss_noise_sigmas
+        subject = f"{r.subject} {ctx.c.train_phase}"  # the live alert's labels
         for k in live:
             if k in bad:
                 continue  # a NaN in the windows: NonFiniteValues speaks, the held loss would look flat
             i, j, k0, m = now_lo[k], now_hi[k], before_lo[k], before_hi[k]
             if j - i > 1 and m - k0 > 1:
                 ctx.judged.add("LossNotDecreasing")
-                (mean_now, se2_now), (mean_before, se2_before) = _mean_se2(losses, i, j), _mean_se2(losses, k0, m)
-                margin = ctx.c.loss_diff_percent / 100 * abs(mean_before) - \
-                    ctx.c.loss_noise_sigmas * math.sqrt(se2_now + se2_before)
+                # _mean_se2 of both windows, inline (the same arithmetic in the same order)
+                n, total = j - i, sums[j] - sums[i]
+                se2_now = max((squares[j] - squares[i] - total * total / n) / (n - 1), 0.0) / n
+                mean_now = total / n
+                n, total = m - k0, sums[m] - sums[k0]
+                se2_before = max((squares[m] - squares[k0] - total * total / n) / (n - 1), 0.0) / n
+                mean_before = total / n
+                margin = share * abs(mean_before) - sigmas * math.sqrt(se2_now + se2_before)
                 if mean_now > mean_before - margin:
-                    out[k].append(Firing(f"{r.subject} {ctx.c.train_phase}", mean_now))  # the live alert's labels
+                    out[k].append(Firing(subject, mean_now))
     return out
 
 
@@ -131,16 +147,13 @@ def stalled(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
 def _window_means(ctx: CheckContext, r: RankData, times: Sequence[float], width: float,
                   phase: str) -> list[float | None]:
     """Per time, the per-step mean of a phase's losses over the window (None: no loss in it), as the live rule's
-    sums (running totals)."""
+    sums (running totals: :meth:`Series.moments`' count and sum)."""
     losses = _losses(ctx, r, phase)
-    out: list[float | None] = []
-    for i, j in zip(*ctx.spans(losses.times, times, width)):
-        if j > i:
-            n, total, _ = losses.moments(i, j)
-            out.append(total / n)
-        else:
-            out.append(None)
-    return out
+    lo, hi = ctx.spans(losses.times, times, width)
+    if not len(losses):
+        return [None] * len(lo)
+    sums = losses.running_sums()
+    return [(sums[j] - sums[i]) / (j - i) if j > i else None for i, j in zip(lo, hi)]
 
 
 def overfit(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:

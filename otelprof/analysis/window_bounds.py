@@ -113,3 +113,29 @@ def cut_counts(series: Series, cuts: Sequence[int], lo: Sequence[int],
         a, b = where(i), where(j)
         out.append(tuple(r[b] - r[a] for r in running))
     return out
+
+
+def approximate_means(series: Series, lo: Sequence[int], hi: Sequence[int]) -> tuple[list[float], list[float]] | None:
+    """Per window ``[lo[k], hi[k])``: its mean from the series' running totals and the most that can differ from its
+    values summed in order and divided by their count (NaN for an empty window); None with a
+    NaN or an infinity among the values (no bound holds)."""
+    listed = series.values.tolist()
+    sums = list(accumulate(listed, initial=0.0))
+    if not listed or not math.isfinite(sums[-1]):
+        return None
+    n = len(listed)
+    total = sums[-1] if min(listed) >= 0.0 else sum(map(abs, listed))  # no NaN among them: their sum is finite
+    # Both sums of a window (its running totals' difference, its values in order) are within about n u of the
+    # absolute sum of the values from the real one (u = 2**-53): they differ by less than twice that (and the
+    # divisions round by u of the means).
+    differ = (4 * n + 8) * 2.0 ** -52 * total
+    means, errors = [], []
+    for i, j in zip(lo, hi):
+        if j > i:
+            mean = (sums[j] - sums[i]) / (j - i)
+            means.append(mean)
+            errors.append(differ / (j - i) + 2.0 ** -48 * abs(mean))
+        else:
+            means.append(math.nan)
+            errors.append(0.0)
+    return means, errors
