@@ -62,6 +62,7 @@ class CheckContext:
         self._positions: dict[tuple[int, float], tuple[object, list[int]]] = {}
         self._counts: dict[tuple[int, float, tuple[int, ...]], tuple[object, list[tuple[int, ...]] | None]] = {}
         self._extents: dict[int, tuple[Series, tuple[float, float]]] = {}
+        self._least: dict[int, tuple[Series, float | None]] = {}
         self._quantiles: dict[tuple[int, tuple[float, ...], float], tuple[object, list[tuple[float, ...]]]] = {}
         self._means: dict[tuple[int, float, float], tuple[object, list[float | None]]] = {}
         """Kept per object id with the object itself (so that its id is not another's while kept)."""
@@ -128,8 +129,16 @@ class CheckContext:
         key = (id(series), back, cuts)
         found = self._counts.get(key)
         if found is None:
-            found = self._counts[key] = (series, window_bounds.cut_counts(series, cuts, *self.spans(series.times,
-                                                                                                  times, back)))
+            lo, hi = self.spans(series.times, times, back)
+            least = self.least(series)
+            found = self._counts[key] = (series, window_bounds.cut_counts(series, cuts, lo, hi, least))
+        return found[1]
+
+    def least(self, series: Series) -> float | None:
+        """The least value of a series (None when empty; NaN when its first value is), kept."""
+        found = self._least.get(id(series))
+        if found is None:
+            found = self._least[id(series)] = (series, min(series.values) if series.values else None)
         return found[1]
 
     def extent(self, series: Series) -> tuple[float, float]:

@@ -254,14 +254,15 @@ def _spread_bounds(ctx: CheckContext, times: Sequence[float],
     highs, lows, counts = [], [], []
     for alive, _, gpus in lives:
         for gpu in gpus:
-            found = approximate_means(gpu, *ctx.spans(gpu.times, times, ctx.w))
+            found = approximate_means(gpu, *ctx.spans(gpu.times, times, ctx.w), ctx.least(gpu))
             if found is None:
                 return None
             means, errors = found
-            present = [int(k in alive and means[k] == means[k]) for k in range(len(times))]  # NaN: none
-            highs.append([m + e if p else -math.inf for m, e, p in zip(means, errors, present)])
-            lows.append([m - e if p else math.inf for m, e, p in zip(means, errors, present)])
-            counts.append(present)
+            if len(alive) < len(times):
+                means = [m if k in alive else math.nan for k, m in enumerate(means)]
+            highs.append([m + e if m == m else -math.inf for m, e in zip(means, errors)])  # NaN: no value
+            lows.append([m - e if m == m else math.inf for m, e in zip(means, errors)])
+            counts.append([m == m for m in means])
     if not counts:
         return [(0, 0.0)] * len(times)
     out = []

@@ -20,7 +20,6 @@ from itertools import accumulate, compress
 
 from otelprof.analysis.check_tables import BUCKETS, Series
 
-UNKNOWN = (-math.inf, math.inf)
 CHUNK = 256
 """Values looked at together when finding a series' low values (a chunk whose least value is high is skipped)."""
 
@@ -28,13 +27,12 @@ CHUNK = 256
 def extent(series: Series) -> tuple[float, float]:
     """Bounds of every window mean of ``series`` (its values summed in order and divided by their count, or their
     running totals' difference when exact): the least and greatest value, widened by the most the float sum of
-    up to ``len(series)`` of them and its division can err; :data:`UNKNOWN` with a NaN or an infinity among them
-    (or a sum past a double)."""
+    up to ``len(series)`` of them and its division can err. A NaN among the values makes the means of the windows
+    that hold it NaN, which fire no check (and is skipped by ``min`` and ``max``, unless first: then the bounds are
+    NaN, and decide nothing); an infinity makes them infinite."""
     values = series.values
     if not values:
         return 0.0, 0.0
-    if not math.isfinite(sum(values)):
-        return UNKNOWN
     low, high = min(values), max(values)
     margin = (len(values) + 4) * 2.0 ** -52 * max(abs(low), abs(high))  # 2 x (n u + u) of the largest value
     return low - margin, high + margin
@@ -77,17 +75,18 @@ def quantile_range(q: float, n: int, counts: Sequence[int], cuts: Sequence[int])
     return lower, upper + abs(upper) * 2.0 ** -40
 
 
-def cut_counts(series: Series, cuts: Sequence[int], lo: Sequence[int],
-               hi: Sequence[int]) -> list[tuple[int, ...]] | None:
+def cut_counts(series: Series, cuts: Sequence[int], lo: Sequence[int], hi: Sequence[int],
+               least: float | None = None) -> list[tuple[int, ...]] | None:
     """Per window ``[lo[k], hi[k])`` of ``series``, how many of its values are in the buckets up to each of ``cuts``
     (ascending bucket indexes, ``le`` semantics: NaN in the first); None when no value is in them (every count 0).
-    Only the values at or below the highest cut are bucketed, found a chunk at a time."""
+    Only the values at or below the highest cut are bucketed, found a chunk at a time (``least``: the least value,
+    when known)."""
     values = series.values
     n = len(values)
     top = BUCKETS[cuts[-1]]
     if not n:
         return None
-    least = min(values)
+    least = min(values) if least is None else least
     clean = math.isfinite(sum(values)) or not any(map(math.isnan, values))  # the NaN test only past an infinity
     if least > top and clean:
         return None
@@ -115,27 +114,24 @@ def cut_counts(series: Series, cuts: Sequence[int], lo: Sequence[int],
     return out
 
 
-def approximate_means(series: Series, lo: Sequence[int], hi: Sequence[int]) -> tuple[list[float], list[float]] | None:
+def approximate_means(series: Series, lo: Sequence[int], hi: Sequence[int],
+                      least: float | None = None) -> tuple[list[float], list[float]] | None:
     """Per window ``[lo[k], hi[k])``: its mean from the series' running totals and the most that can differ from its
-    values summed in order and divided by their count (NaN for an empty window); None with a
-    NaN or an infinity among the values (no bound holds)."""
+    values summed in order and divided by their count (NaN for an empty window); None with a NaN or an infinity
+    among the values (no bound holds). ``least``: at most the least value, when known."""
     listed = series.values.tolist()
     sums = list(accumulate(listed, initial=0.0))
     if not listed or not math.isfinite(sums[-1]):
         return None
     n = len(listed)
-    total = sums[-1] if min(listed) >= 0.0 else sum(map(abs, listed))  # no NaN among them: their sum is finite
+    if least is None:
+        least = min(listed)  # no NaN among them: their sum is finite
+    total = sums[-1] if least >= 0.0 else sum(map(abs, listed))
     # Both sums of a window (its running totals' difference, its values in order) are within about n u of the
     # absolute sum of the values from the real one (u = 2**-53): they differ by less than twice that (and the
     # divisions round by u of the means).
     differ = (4 * n + 8) * 2.0 ** -52 * total
-    means, errors = [], []
-    for i, j in zip(lo, hi):
-        if j > i:
-            mean = (sums[j] - sums[i]) / (j - i)
-            means.append(mean)
-            errors.append(differ / (j - i) + 2.0 ** -48 * abs(mean))
-        else:
-            means.append(math.nan)
-            errors.append(0.0)
+    nan = math.nan
+    means = [(sums[j] - sums[i]) / (j - i) if j > i else nan for i, j in zip(lo, hi)]
+    errors = [differ / (j - i) + 2.0 ** -48 * abs(m) if j > i else 0.0 for i, j, m in zip(lo, hi, means)]
     return means, errors
