@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from otelprof.analysis import checks
-from otelprof.analysis.check_context import CheckContext, window_quantiles
+from otelprof.analysis.check_context import CheckContext
 from otelprof.analysis.check_recording import _build_sample_table
-from otelprof.analysis.check_tables import BUCKETS, RankData, Sample, Series, StepRecord
-from otelprof.analysis.histogram import bucket_quantile, cumulative_counts, monotonic_quantile
+from otelprof.analysis.check_tables import RankData, Sample, Series, StepRecord
+from otelprof.analysis.histogram import bucket_quantile, monotonic_quantile
 from otelprof.analysis.step_checks import peers_median, peers_typical
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.samples import parse_samples
@@ -100,24 +100,6 @@ def _times(rnd: random.Random) -> list[float]:
     return [*times, 500.0, 20.0, 980.0]
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_sliding_window_quantiles_equal_each_window_counted_afresh(seed: int) -> None:
-    rnd = random.Random(seed)
-    series = _series(rnd, 3000)
-    times = _times(rnd)
-    lo = [series.span(t - 60.0, t)[0] for t in times]
-    hi = [series.span(t - 60.0, t)[1] for t in times]
-    found = window_quantiles(series, (0.95, 0.05, 0.5, 0.0, 1.0), lo, hi)
-    for (i, j), quantiles in zip(zip(lo, hi), found):
-        if j <= i:
-            assert all(math.isnan(q) for q in quantiles)
-            continue
-        counted = cumulative_counts(series.values[i:j], BUCKETS)
-        expected = tuple(bucket_quantile(q, BUCKETS, counted) for q in (0.95, 0.05, 0.5, 0.0, 1.0))
-        assert repr(quantiles) == repr(expected)  # NaN (q = 0, empty first bucket) too
-        assert quantiles[:2] == (series.quantile(0.95, i, j), series.quantile(0.05, i, j))
-
-
 def test_monotonic_quantile_is_bucket_quantile_on_monotonic_counts() -> None:
     rnd = random.Random(7)
     bounds = (0.0, 0.05, 0.1, 0.5, 1.0)
@@ -128,9 +110,9 @@ def test_monotonic_quantile_is_bucket_quantile_on_monotonic_counts() -> None:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_window_busy_flags_and_means_equal_the_plain_ones(seed: int) -> None:
-    """any_positive from the bucket bytes and the window means (list sums; running totals for whole numbers,
-    exact below 2**53) equal Series.any_positive and Series.mean window by window."""
+def test_window_means_equal_the_plain_ones(seed: int) -> None:
+    """The window means (list sums; running totals for whole numbers, exact below 2**53) equal Series.mean window
+    by window."""
     rnd = random.Random(seed)
     series = _series(rnd, 3000)
     whole = Series(series.times, [float(rnd.randrange(2**40)) for _ in range(3000)])  # bytes: running totals
@@ -138,11 +120,6 @@ def test_window_busy_flags_and_means_equal_the_plain_ones(seed: int) -> None:
     assert whole.exact_sums() is not None and huge.exact_sums() is None and series.exact_sums() is None
     times = sorted(_times(rnd))
     ctx = CheckContext([], MixinConfig())
-    busy = ctx.any_positive(series, times, 30.0)
-    for k, t in enumerate(times):
-        i, j = series.span(t - 30.0, t)
-        assert busy[k] == (j > i and series.any_positive(i, j))
-    assert not all(busy) and any(busy)
     for values in (series, whole, huge):
         for back, until in ((60.0, 0.0), (120.0, 60.0)):
             means = ctx.means(values, times, back, until)

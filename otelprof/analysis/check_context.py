@@ -3,23 +3,21 @@ windows they share, and the set of checks that judged anything; a check is a :da
 :class:`CheckGroup` lists one group's checks for the registry in :mod:`otelprof.analysis.checks`.
 
 A condition judges every evaluation time at once, rank by rank: a window's index range at each time comes
-from one bisection per time (:meth:`CheckContext.spans`), what several checks read of a series (its window
-quantiles and means at every time) is computed once per series, and its quantiles slide a window's bucket
-counts from one time to the next instead of recounting the window."""
+from one bisection per time (:meth:`CheckContext.spans`), and what several checks read of a series (its least
+value and extent, its window means and the window counts at the GPU checks' bucket cuts at every time) is
+computed once per series; where what a series can make of a window decides a check, no window is summed or
+counted (:mod:`otelprof.analysis.window_bounds`)."""
 
 from __future__ import annotations
 
 import bisect
-import math
 from array import array
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from functools import partial
-from itertools import accumulate
 
 from otelprof.analysis import window_bounds
-from otelprof.analysis.check_tables import BUCKETS, PhaseSteps, RankData, SampleTable, Series, StepTable
-from otelprof.analysis.histogram import monotonic_quantile
+from otelprof.analysis.check_tables import PhaseSteps, RankData, SampleTable, Series, StepTable
 from otelprof.mixin.config import MixinConfig, seconds
 
 
@@ -63,7 +61,6 @@ class CheckContext:
         self._counts: dict[tuple[int, float, tuple[int, ...]], tuple[object, list[tuple[int, ...]] | None]] = {}
         self._extents: dict[int, tuple[Series, tuple[float, float]]] = {}
         self._least: dict[int, tuple[Series, float | None]] = {}
-        self._quantiles: dict[tuple[int, tuple[float, ...], float], tuple[object, list[tuple[float, ...]]]] = {}
         self._means: dict[tuple[int, float, float], tuple[object, list[float | None]]] = {}
         """Kept per object id with the object itself (so that its id is not another's while kept)."""
         self._times: Sequence[float] = ()
@@ -78,7 +75,6 @@ class CheckContext:
             self._spans.clear()
             self._positions.clear()
             self._counts.clear()
-            self._quantiles.clear()
             self._means.clear()
             self._times = times
 
@@ -98,7 +94,8 @@ class CheckContext:
         key = (id(at), back)
         found = self._positions.get(key)
         if found is None:
-            listed = at.tolist() if isinstance(at, array) else at  # a list's items are compared without boxing them
+            # a list's items are compared without boxing them: worth its making for arrays not much longer than times
+            listed = at.tolist() if isinstance(at, array) and len(at) < 16 * len(self._times) else at
             found = self._positions[key] = (at, list(map(partial(bisect.bisect_right, listed), self._minus(back))))
         return found[1]
 
@@ -108,18 +105,6 @@ class CheckContext:
         if found is None:
             found = self._backs[back] = self._times if back == 0.0 else [t - back for t in self._times]
         return found
-
-    def quantiles(self, series: Series, qs: tuple[float, ...], times: Sequence[float],
-                  back: float) -> list[tuple[float, ...]]:
-        """``series.quantile(q, i, j)`` for each q of ``qs`` of the window ``(t - back, t]`` at each time (NaN where
-        it is empty), computed once however many checks read them."""
-        self._at(times)
-        key = (id(series), qs, back)
-        found = self._quantiles.get(key)
-        if found is None:
-            spans = self.spans(series.times, times, back)
-            found = self._quantiles[key] = (series, window_quantiles(series, qs, *spans))
-        return found[1]
 
     def cut_counts(self, series: Series, times: Sequence[float], back: float,
                    cuts: tuple[int, ...]) -> list[tuple[int, ...]] | None:
@@ -147,16 +132,6 @@ class CheckContext:
         if found is None:
             found = self._extents[id(series)] = (series, window_bounds.extent(series))
         return found[1]
-
-    def any_positive(self, series: Series, times: Sequence[float], back: float) -> list[bool]:
-        """``series.any_positive(i, j)`` of the window ``(t - back, t]`` at each time: a value past the first
-        ratio bucket's bound (not negative) is positive, so only a window of first-bucket values (an idle GPU)
-        looks at its values."""
-        buckets = series.buckets()
-        lo, hi = self.spans(series.times, times, back)
-        above = BUCKETS[0] >= 0
-        return [j > i and ((above and buckets.count(0, i, j) < j - i) or series.any_positive(i, j))
-                for i, j in zip(lo, hi)]
 
     def means(self, series: Series, times: Sequence[float], back: float, until: float = 0.0) -> list[float | None]:
         """``series.mean(i, j)`` of the window ``(t - back, t - until]`` at each time (None where it is empty)."""
@@ -223,34 +198,6 @@ class CheckContext:
     def step_count(self) -> int:
         """Steps of every rank."""
         return sum(len(t) for t in self.steps.values())
-
-
-def window_quantiles(series: Series, qs: tuple[float, ...], lo: Sequence[int],
-                     hi: Sequence[int]) -> list[tuple[float, ...]]:
-    """``series.quantile(q, lo[k], hi[k])`` for each q of ``qs``, for every k (NaN for an empty window): the
-    window's bucket counts move with it, adding the values that entered and removing those that left
-    (recounted when it jumps)."""
-    buckets = series.buckets()
-    size = len(BUCKETS) + 1
-    counts = [0] * size
-    i0 = j0 = 0
-    empty = (math.nan,) * len(qs)
-    out: list[tuple[float, ...]] = []
-    for i, j in zip(lo, hi):
-        if i >= j0 or i < i0 or j < j0:  # no overlap with the previous window (or it went back): count afresh
-            counts = list(map(buckets[i:j].count, range(size)))
-        else:
-            for b in buckets[j0:j]:
-                counts[b] += 1
-            for b in buckets[i0:i]:
-                counts[b] -= 1
-        i0, j0 = i, j
-        if j > i:
-            cumulative = list(accumulate(counts))
-            out.append(tuple(monotonic_quantile(q, BUCKETS, cumulative) for q in qs))
-        else:
-            out.append(empty)
-    return out
 
 
 def by_job(ranks: Iterable[RankData]) -> dict[str, list[RankData]]:

@@ -53,19 +53,29 @@ def straggler(ctx: CheckContext, times: Sequence[float]) -> list[list[Firing]]:
                 if len(found) < 2:
                     continue
                 ctx.judged.add("RankStraggler")
-                values = list(found.values())
-                typical = peers_typical(values)
-                if typical is None:
-                    candidates = sorted(found.items())
-                elif typical > 0:  # one peer median for all: only values past it times the ratio can fire
-                    limit = typical * ratio * (1 - 2.0 ** -30)
-                    candidates = sorted((rank, value) for rank, value in found.items() if value > limit)
-                else:
-                    continue
-                for rank, value in candidates:
-                    peers = peers_median(values, value) if typical is None else typical
-                    if peers is not None and value / peers > ratio:
-                        out[k].append(Firing(f"rank {rank} {phase}", value / peers))
+                out[k].extend(Firing(f"rank {rank} {phase}", share) for rank, share in stragglers(found, ratio))
+    return out
+
+
+def stragglers(found: dict[int, float], ratio: float) -> list[tuple[int, float]]:
+    """The ranks (in order) whose value over the median of their peers' exceeds ``ratio``, with that share. From 4
+    values on, the peers' median is the same for every value that can exceed it: only values past it times the
+    ratio (less a margin for its rounding) are divided by it."""
+    values = list(found.values())
+    typical = peers_typical(values)
+    if typical is None:
+        candidates = sorted(found.items())
+    elif typical > 0:
+        product = typical * ratio
+        limit = product - abs(product) * 2.0 ** -30
+        candidates = sorted((rank, value) for rank, value in found.items() if value > limit)
+    else:
+        return []
+    out = []
+    for rank, value in candidates:
+        peers = peers_median(values, value) if typical is None else typical
+        if peers is not None and value / peers > ratio:
+            out.append((rank, value / peers))
     return out
 
 
