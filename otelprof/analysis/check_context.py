@@ -58,6 +58,8 @@ class CheckContext:
         """Checks that compared something with their threshold at least once (past warm-up, with data)."""
         self._spans: dict[tuple[int, float, float], tuple[object, Spans]] = {}
         self._positions: dict[tuple[int, float], tuple[object, list[int]]] = {}
+        self._canonical: dict[int, tuple[array[float], array[float]]] = {}
+        self._by_content: dict[tuple[int, int], list[array[float]]] = {}
         self._counts: dict[tuple[int, float, tuple[int, ...]], tuple[object, list[tuple[int, ...]] | None]] = {}
         self._extents: dict[int, tuple[Series, tuple[float, float]]] = {}
         self._least: dict[int, tuple[Series, float | None]] = {}
@@ -94,9 +96,30 @@ class CheckContext:
         key = (id(at), back)
         found = self._positions.get(key)
         if found is None:
-            # a list's items are compared without boxing them: worth its making for arrays not much longer than times
-            listed = at.tolist() if isinstance(at, array) and len(at) < 16 * len(self._times) else at
-            found = self._positions[key] = (at, list(map(partial(bisect.bisect_right, listed), self._minus(back))))
+            same = self._same(at)
+            found = self._positions.get((id(same), back))
+            if found is None:
+                # a list's items are compared without boxing them: worth making for arrays not much longer than times
+                listed = at.tolist() if isinstance(at, array) and len(at) < 16 * len(self._times) else at
+                found = self._positions[(id(same), back)] = (same, list(map(partial(bisect.bisect_right, listed),
+                                                                             self._minus(back))))
+            self._positions[key] = (at, found[1])
+        return found[1]
+
+    def _same(self, at: Sequence[float]) -> Sequence[float]:
+        """The first array seen with the same times as ``at`` (itself if none): a phase's step end times, its losses',
+        gradient norms' and data-wait shares' times are often the same, in arrays of their own."""
+        if not isinstance(at, array) or at.typecode != "d":
+            return at
+        found = self._canonical.get(id(at))
+        if found is None:
+            data = at.tobytes()
+            seen = self._by_content.setdefault((len(at), hash(data)), [])
+            same = next((a for a in seen if a.tobytes() == data), None)
+            if same is None:
+                seen.append(at)
+                same = at
+            found = self._canonical[id(at)] = (at, same)
         return found[1]
 
     def _minus(self, back: float) -> Sequence[float]:
