@@ -5,8 +5,10 @@ with none (every window summed and counted in full)."""
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
+from array import array
 from collections.abc import Iterator
 
 import pytest
@@ -189,3 +191,21 @@ def test_every_check_with_early_answers_equals_it_without(which: str, seed: int,
         fired = {short for short, found, _ in early if found != repr([[] for _ in times])}
         assert {"GPUMemoryNearCapacity", "HostMemoryIncrease"} <= set(early[-1][2])
         assert "GPUMemoryNearCapacity" not in fired and {"GPUUtilizationFluctuating", "GPUUnderutilized"} <= fired
+
+
+def test_window_ends_of_arrays_of_the_same_times_are_bisected_once() -> None:
+    """Arrays holding the same times share their windows' index ranges; one differing by an ulp, or a list, gets
+    its own; every range is the bisection's."""
+    rnd = random.Random(2)
+    a = array("d", sorted(rnd.uniform(0, 100) for _ in range(300)))
+    same, other, listed = array("d", a), array("d", a), a.tolist()
+    other[150] = math.nextafter(other[150], math.inf)
+    times = [float(t) for t in range(-5, 110, 3)]
+    ctx = CheckContext([], MixinConfig())
+    found = {name: ctx.spans(at, times, 10.0, 2.5) for name, at in
+             (("a", a), ("same", same), ("other", other), ("list", listed))}
+    for name, at in (("a", a), ("same", same), ("other", other), ("list", listed)):
+        assert found[name] == ([bisect.bisect_right(at, t - 10.0) for t in times],
+                               [bisect.bisect_right(at, t - 2.5) for t in times])
+    assert found["same"][0] is found["a"][0] and found["same"][1] is found["a"][1]
+    assert found["other"][0] is not found["a"][0] and found["list"][0] is not found["a"][0]
