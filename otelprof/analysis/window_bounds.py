@@ -7,8 +7,10 @@ never reach a threshold never fires a check on its means, and its windows need n
 ``histogram_quantile`` lies inside the bucket that holds its rank; the counts of the window's values at or
 below a few bucket bounds (:func:`cut_counts`, from the positions of the series' values at or below the
 highest of them: few on a busy GPU) tell which side of a threshold that bucket is, so only the windows whose
-quantile may be on the firing side are counted in full. Every verdict and value stays the one the window's
-own sums and counts give (tests/test_checks_all_times.py)."""
+quantile may be on the firing side are counted in full. Window means from running totals are within a bound
+of the windows' own sums (:func:`approximate_means`), so a spread or a share far from its threshold needs no
+exact sum. Every verdict and value stays the one the window's own sums and counts give
+(tests/test_check_bounds.py)."""
 
 from __future__ import annotations
 
