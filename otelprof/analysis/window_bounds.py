@@ -118,22 +118,27 @@ def cut_counts(series: Series, cuts: Sequence[int], lo: Sequence[int], hi: Seque
 
 def approximate_means(series: Series, lo: Sequence[int], hi: Sequence[int],
                       least: float | None = None) -> tuple[list[float], list[float]] | None:
-    """Per window ``[lo[k], hi[k])``: its mean from the series' running totals and the most that can differ from its
-    values summed in order and divided by their count (NaN for an empty window); None with a NaN or an infinity
-    among the values (no bound holds). ``least``: at most the least value, when known."""
-    listed = series.values.tolist()
-    sums = list(accumulate(listed, initial=0.0))
-    if not listed or not math.isfinite(sums[-1]):
+    """Per window ``[lo[k], hi[k])``: its mean from running totals of the series' values (up to each window's ends,
+    a stretch between two ends summed at a time) and the most that can differ from its values summed in order and
+    divided by their count (NaN for an empty window); None with a NaN or an infinity among the values (no bound
+    holds). ``least``: at most the least value, when known."""
+    values = series.values
+    n = len(values)
+    totals, total, start = {0: 0.0}, 0.0, 0
+    for end in sorted({*lo, *hi, n}):
+        if end > start:
+            total += sum(values[start:end])
+            totals[end], start = total, end
+    if not n or not math.isfinite(total):
         return None
-    n = len(listed)
     if least is None:
-        least = min(listed)  # no NaN among them: their sum is finite
-    total = sums[-1] if least >= 0.0 else sum(map(abs, listed))
+        least = min(values)  # no NaN among them: their sum is finite
+    absolute = total if least >= 0.0 else sum(map(abs, values))
     # Both sums of a window (its running totals' difference, its values in order) are within about n u of the
-    # absolute sum of the values from the real one (u = 2**-53): they differ by less than twice that (and the
-    # divisions round by u of the means).
-    differ = (4 * n + 8) * 2.0 ** -52 * total
+    # absolute sum of the values from the real one (u = 2**-53), whatever the order of the additions: they
+    # differ by less than twice that (and the divisions round by u of the means).
+    differ = (4 * n + 8) * 2.0 ** -52 * absolute
     nan = math.nan
-    means = [(sums[j] - sums[i]) / (j - i) if j > i else nan for i, j in zip(lo, hi)]
+    means = [(totals[j] - totals[i]) / (j - i) if j > i else nan for i, j in zip(lo, hi)]
     errors = [differ / (j - i) + 2.0 ** -48 * abs(m) if j > i else 0.0 for i, j, m in zip(lo, hi, means)]
     return means, errors
