@@ -152,8 +152,8 @@ def evaluate(recording: Recording, config: MixinConfig | None = None, interval: 
 
 
 HALF = frozenset({"GPUUnderutilized", "GPUUtilizationFluctuating", "BatchSizeTooSmall", "GPUMemoryIncrease",
-                  "GPUMemoryNearCapacity", "HostMemoryIncrease", "GPULoadImbalance"})
-"""About half the checks' work on a large recording (at 1,024 ranks each half takes about as long): the GPU and
-memory checks, which share their GPU series' least values, extents and windows; what one of two processes
-evaluates, the other evaluating the rest (the CPU, I/O and host memory limit checks, the step and training
-checks)."""
+                  "GPUMemoryNearCapacity", "HostMemoryIncrease", "HostMemoryNearLimit", "GPULoadImbalance"})
+"""About half the checks' work on a large recording (at 1,024 ranks each half takes about as long, 2.7-2.8
+CPU-s): the GPU and memory checks, which share their GPU series' least values, extents and windows; what one of
+two processes evaluates, the other evaluating the rest (the CPU and I/O bottleneck checks, the step and
+training checks)."""
