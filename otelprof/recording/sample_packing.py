@@ -1,0 +1,296 @@
+"""Sample blocks of schema 1.3: per-CPU values reduced by the writer, numeric columns packed in binary.
+
+A block line is one JSON object::
+
+    {"k":"b","t":"<int64 x n>","pid":pid,"c":[column,...],"gpu":{index:[key,...]},"v":"<float64 x n x width>",
+     "ncpu":k,"busy":"<float64 x cores>","niow":k,"iowait":"<float64 x cores>"}
+
+where ``"<type x count>"`` is base64 of that many little-endian values. ``t`` holds the ``n`` sample times
+(Unix ns). ``c`` names the block's columns of a value per sample (:data:`COLUMNS`: the sample keys ``pcpu``,
+``rss``, ``mem``, ``thr``, ``cws``, ``cml``; ``cpum``/``cpux`` the mean and the maximum of a sample's per-CPU busy
+ratios, ``iowm``/``iowx`` of its per-CPU iowait ratios; ``dr``/``dw`` and ``nr``/``nt`` the ``disk`` and ``net``
+pairs), ``gpu`` the keys of each GPU; ``v`` holds those columns one after the other (``c``'s, then each GPU's in
+order), NaN where a sample lacks the value. ``ncpu`` is how many of the samples had per-CPU busy values and
+``busy``, per logical CPU, the sum of their busy ratios; ``niow``/``iowait`` the same for iowait (a per-CPU view
+at the block's resolution). ``pid`` is one number when every sample has the same (a list otherwise). Keys
+without values are left out.
+
+The mean is ``sum(values, 0.0) / len(values)`` and the maximum ``max(values)`` of the rounded values the sampler
+gives: what the reader computed from a 1.2 line, the same doubles. A per-CPU sum is the block's samples added
+in order from 0.0; the reader adds the blocks' sums, so a rank's ``core_busy_sum`` is
+``(...(b1 + b2) + ...)`` instead of ``(...(s1 + s2) + ...)`` over the samples: the two orders of adding ``N``
+numbers ``s_i`` (``N`` samples of the rank) differ by at most ``2 (N - 1) u sum|s_i|`` (``u`` = 2**-53, the
+rounding of a double; recursive summation's error bound, once per order), a relative ``3.2e-12`` for a node's
+14,400 samples of 2 hours: the 12th significant digit of a per-CPU mean.
+
+Reading a block costs a few calls in C whatever its size: base64 decoded, the bytes taken into arrays
+(``frombytes``; swapped on a big-endian machine), their lengths checked against the names, no infinity (a byte
+search; NaN is a missing value), the reader's limits on samples, GPUs, keys and CPUs. Anything else raises
+ValueError, TypeError, KeyError or OverflowError before anything is kept."""
+
+from __future__ import annotations
+
+import base64
+import math
+import operator
+import sys
+from array import array
+from typing import Any, NamedTuple
+
+from otelprof.recording.limits import MAX_CORES, MAX_GPU_KEYS, MAX_GPUS, MAX_STRING_CHARS, MAX_TIME_NS, within
+
+MAX_BLOCK_SAMPLES = 10_000
+"""Samples in one block line the reader accepts."""
+
+COLUMNS = {"pcpu": "pcpu", "rss": "rss", "mem": "mem", "thr": "throttled", "cws": "container_memory",
+           "cml": "container_limit", "cpum": "cpu_mean", "cpux": "cpu_max", "iowm": "iow_mean", "iowx": "iow_max",
+           "dr": "disk_read", "dw": "disk_write", "nr": "net_rx", "nt": "net_tx"}
+"""A block's columns of a value per sample -> the :class:`~otelprof.recording.columns.SampleColumns` field each
+fills."""
+_SCALARS = ("pcpu", "rss", "mem", "thr", "cws", "cml")
+_PAIRS = (("disk", "dr", "dw"), ("net", "nr", "nt"))
+_NUMBER = (int, float)
+_GPU_NUMBER = (int, float, bool)
+_BIG = sys.byteorder == "big"
+_INFINITIES = (b"\x00\x00\x00\x00\x00\x00\xf0\x7f", b"\x00\x00\x00\x00\x00\x00\xf0\xff")
+"""+inf and -inf as little-endian doubles."""
+
+
+class Packer:
+    """A block's samples as the writer holds them until it packs them: a column per value, per-CPU values reduced
+    (:meth:`add` raises TypeError, ValueError or OverflowError for a value that is not a number, keeping
+    nothing of that sample)."""
+
+    def __init__(self) -> None:
+        self.times: list[int] = []
+        self._pids: list[Any] = []
+        self._columns: dict[str, list[float]] = {}
+        self._gpus: dict[str, dict[str, list[float]]] = {}
+        self._busy: list[float] = []
+        self._iowait: list[float] = []
+        self._ncpu = 0
+        self._niow = 0
+
+    def add(self, sample: dict[str, Any]) -> int:
+        """Hold one sample (a record as the sampler makes it); the number of values it adds to the block."""
+        t, pid = sample["t"], sample.get("pid")
+        if type(t) is not int:
+            raise TypeError("a sample time is an integer")
+        values: dict[str, float] = {}
+        for key in _SCALARS:
+            value = sample.get(key)
+            if value is not None:
+                values[key] = _double(value, _NUMBER)
+        for key, first, second in _PAIRS:
+            pair = sample.get(key)
+            if pair:
+                a, b = pair
+                values[first] = math.nan if a is None else _double(a, _NUMBER)
+                values[second] = math.nan if b is None else _double(b, _NUMBER)
+        cpu, iow = sample.get("cpu") or None, sample.get("iow") or None
+        if cpu is not None:  # the reader's arithmetic on a 1.2 line: the same doubles
+            values["cpum"] = sum(cpu, 0.0) / len(cpu)
+            values["cpux"] = _double(max(cpu), _NUMBER)
+        if iow is not None:
+            values["iowm"] = sum(iow, 0.0) / len(iow)
+            values["iowx"] = _double(max(iow), _NUMBER)
+        gpus = {str(index): {str(key): _double(value, _GPU_NUMBER) for key, value in entry.items()}
+                for index, entry in (sample.get("gpu") or {}).items()}
+        if cpu is not None:
+            busy = _summed(self._busy, cpu)  # checked: TypeError before anything is kept
+        if iow is not None:
+            iowait = _summed(self._iowait, iow)
+        # nothing raises past here
+        row = len(self.times)
+        self.times.append(t)
+        self._pids.append(pid if type(pid) is int else None)
+        _put(self._columns, values, row)
+        for index, entry in gpus.items():
+            _put(self._gpus.setdefault(index, {}), entry, row)
+        if cpu is not None:
+            self._busy, self._ncpu = busy, self._ncpu + 1
+        if iow is not None:
+            self._iowait, self._niow = iowait, self._niow + 1
+        return len(values) + sum(map(len, gpus.values()))
+
+    def cores(self) -> int:
+        """Values of the per-CPU sums held."""
+        return len(self._busy) + len(self._iowait)
+
+    def pack(self) -> dict[str, Any]:
+        """The held samples as a block record (without its ``k``)."""
+        n = len(self.times)
+        block: dict[str, Any] = {"t": _pack(array("q", self.times))}
+        pids = set(self._pids)
+        if len(pids) == 1:
+            if None not in pids:
+                block["pid"] = self._pids[0]
+        else:
+            block["pid"] = self._pids
+        flat = array("d")
+        for column in self._columns.values():
+            flat.fromlist(_padded(column, n))
+        for entry in self._gpus.values():
+            for column in entry.values():
+                flat.fromlist(_padded(column, n))
+        if self._columns:
+            block["c"] = list(self._columns)
+        if self._gpus:
+            block["gpu"] = {index: list(entry) for index, entry in self._gpus.items()}
+        if flat:
+            block["v"] = _pack(flat)
+        if self._ncpu:
+            block["ncpu"], block["busy"] = self._ncpu, _pack(array("d", self._busy))
+        if self._niow:
+            block["niow"], block["iowait"] = self._niow, _pack(array("d", self._iowait))
+        return block
+
+
+def _double(value: Any, kinds: tuple[type, ...]) -> float:
+    if type(value) not in kinds:
+        raise TypeError(f"not a number: {value!r:.40}")
+    return float(value)
+
+
+def _summed(sums: list[float], values: list[Any]) -> list[float]:
+    """``sums`` (per CPU) with ``values`` added, as the reader adds a sample's: a new list."""
+    if len(values) > len(sums):
+        sums = sums + [0.0] * (len(values) - len(sums))
+    return [*map(operator.add, sums, map(float, values)), *sums[len(values):]]
+
+
+def _put(columns: dict[str, list[float]], values: dict[str, float], row: int) -> None:
+    """``values`` at row ``row`` of their columns (rows before without the value: NaN)."""
+    for name, value in values.items():
+        column = columns.get(name)
+        if column is None:
+            column = columns[name] = [math.nan] * row
+        elif len(column) < row:
+            column.extend([math.nan] * (row - len(column)))
+        column.append(value)
+
+
+def _padded(column: list[float], n: int) -> list[float]:
+    return column + [math.nan] * (n - len(column)) if len(column) < n else column
+
+
+def _pack(values: array[Any]) -> str:
+    if _BIG:
+        values.byteswap()
+    return base64.b64encode(values.tobytes()).decode("ascii")
+
+
+def _unpack(text: Any, typecode: str) -> array[Any]:
+    """The values of a packed field: base64 of little-endian values, a whole number of them, none of them
+    an infinity."""
+    if type(text) is not str:
+        raise TypeError("not a packed field")
+    raw = base64.b64decode(text, validate=True)  # binascii.Error (a ValueError) for what is not base64
+    if typecode == "d" and not _finite(raw):
+        raise ValueError("an infinite value")
+    values = array(typecode)
+    values.frombytes(raw)  # ValueError for a length that is not a whole number of values
+    if _BIG:
+        values.byteswap()
+    return values
+
+
+def _finite(raw: bytes) -> bool:
+    """Whether none of the little-endian doubles in ``raw`` is an infinity (a search in C; a match that is not
+    at a value's start is bytes of two values)."""
+    for infinity in _INFINITIES:
+        at = raw.find(infinity)
+        while at >= 0:
+            if at % 8 == 0:
+                return False
+            at = raw.find(infinity, at + 1)
+    return True
+
+
+class Unpacked(NamedTuple):
+    """A checked block: its times, its columns (:data:`COLUMNS` names), its GPUs' columns, and per CPU the sums
+    of busy and iowait ratios with how many samples they add up."""
+
+    t_ns: array[int]
+    columns: dict[str, array[float]]
+    gpus: dict[str, dict[str, array[float]]]
+    ncpu: int
+    busy: array[float]
+    niow: int
+    iowait: array[float]
+
+
+def unpack(block: dict[str, Any], known: dict[str, dict[str, array[float]]]) -> Unpacked:
+    """A 1.3 block record, checked whole (``known``: the rank's GPUs so far, for the per-rank limits)."""
+    t_ns = _unpack(block["t"], "q")
+    n = len(t_ns)
+    if not 0 < n <= MAX_BLOCK_SAMPLES or not within(t_ns, 0, MAX_TIME_NS):
+        raise ValueError("not a block's sample times")
+    names = block.get("c", [])
+    if type(names) is not list or not set(names) <= COLUMNS.keys() or len(set(names)) != len(names):
+        raise ValueError("not a block's columns")
+    gpus = block.get("gpu", {})
+    if type(gpus) is not dict or len(gpus) > MAX_GPUS or len(known.keys() | gpus.keys()) > MAX_GPUS:
+        raise ValueError(f"not an object of at most {MAX_GPUS} GPUs")
+    width = len(names)
+    for index, keys in gpus.items():
+        if type(keys) is not list or not set(map(type, keys)) <= {str} or len(set(keys)) != len(keys) \
+                or len(index) > 64 or sum(map(len, keys)) > MAX_STRING_CHARS or len(keys) > MAX_GPU_KEYS \
+                or len(known.get(index, {}).keys() | set(keys)) > MAX_GPU_KEYS:
+            raise ValueError("not a GPU's keys")
+        width += len(keys)
+    values = _unpack(block.get("v", ""), "d")
+    if len(values) != n * width:
+        raise ValueError(f"not {width} columns of {n} values")
+    ncpu, busy = _sums(block, "ncpu", "busy", n)
+    niow, iowait = _sums(block, "niow", "iowait", n)
+    columns = {name: values[i * n:(i + 1) * n] for i, name in enumerate(names)}
+    at = len(names) * n
+    out: dict[str, dict[str, array[float]]] = {}
+    for index, keys in gpus.items():
+        out[index] = {key: values[at + i * n:at + (i + 1) * n] for i, key in enumerate(keys)}
+        at += len(keys) * n
+    return Unpacked(t_ns, columns, out, ncpu, busy, niow, iowait)
+
+
+def _sums(block: dict[str, Any], count: str, key: str, n: int) -> tuple[int, array[float]]:
+    """How many samples had per-CPU values (0..n) and their per-CPU sums (1..MAX_CORES of them; none without)."""
+    samples = block.get(count, 0)
+    sums = _unpack(block.get(key, ""), "d")
+    if type(samples) is not int or not 0 <= samples <= n or len(sums) > MAX_CORES or (samples > 0) != (len(sums) > 0):
+        raise ValueError("not per-CPU sums")
+    return samples, sums
+
+
+def samples_of(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """A 1.3 block record's samples as sample records (numbers as doubles; a missing value left out): the
+    reduced per-CPU values as ``cpum``, ``cpux``, ``iowm``, ``iowx``, the block's per-CPU sums (``ncpu``,
+    ``busy``, ``niow``, ``iowait`` as lists) with its last sample."""
+    found = unpack(block, {})
+    n = len(found.t_ns)
+    pid = block.get("pid")
+    if type(pid) is list and len(pid) != n:
+        raise ValueError("not a process id per sample")
+    samples: list[dict[str, Any]] = [
+        {"t": t} if pid is None else {"t": t, "pid": pid[i] if type(pid) is list else pid}
+        for i, t in enumerate(found.t_ns)]
+    for name, column in found.columns.items():
+        for sample, value in zip(samples, column):
+            if value == value:
+                sample[name] = value
+    for key, first, second in _PAIRS:
+        for sample in samples:
+            a, b = sample.pop(first, None), sample.pop(second, None)
+            if a is not None or b is not None:
+                sample[key] = [a, b]
+    for index, entry in found.gpus.items():
+        for key, column in entry.items():
+            for sample, value in zip(samples, column):
+                if value == value:
+                    sample.setdefault("gpu", {}).setdefault(index, {})[key] = value
+    last = samples[n - 1]
+    if found.ncpu:
+        last["ncpu"], last["busy"] = found.ncpu, found.busy.tolist()
+    if found.niow:
+        last["niow"], last["iowait"] = found.niow, found.iowait.tolist()
+    return samples
