@@ -1,6 +1,6 @@
-"""samples.jsonl in blocks (schema 1.2's lists; 1.3's in test_sample_packing): whatever the samples and wherever the blocks are cut, the reader gives
-exactly the columns it gives for the same samples one line each; the writer writes blocks when full, old or
-asked, and a killed process loses at most the block it was filling."""
+"""samples.jsonl in blocks (schema 1.2's lists here, 1.3's in test_sample_packing): whatever the samples and
+wherever the blocks are cut, the reader gives exactly the columns it gives for the same samples one line each; the
+writer writes blocks when full, old or asked, and a killed process loses at most the block it was filling."""
 
 from __future__ import annotations
 
