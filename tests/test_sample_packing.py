@@ -19,9 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otelprof.recording import limits
+from otelprof.recording.columns import SampleColumns
+from otelprof.recording.packed_lines import read_packed
 from otelprof.recording.sample_blocks import KIND, SampleBlock, decode
-from otelprof.recording.sample_packing import MAX_BLOCK_SAMPLES, Packer, _finite
-from otelprof.recording.samples import parse_samples
+from otelprof.recording.sample_packing import MAX_BLOCK_SAMPLES, Packer, _finite, times_within
+from otelprof.recording.samples import _add_sample, parse_samples
 from tests.test_recording_fastjson import _columns as comparable
 from tests.test_sample_blocks import T0, _line, _sample, _samples
 
@@ -182,3 +184,48 @@ def test_an_infinity_is_found_only_where_a_value_starts() -> None:
     assert not _finite(b"\x00" * 8 + inf) and not _finite(inf[:6] + b"\xf0\xff")
     assert _finite(b"\x00" * 3 + inf + b"\x00" * 5)  # the bytes of two values that happen to spell one
     assert _finite(array("d", [math.nan, 0.0, -0.0, 1e308, -1e308, 5e-324]).tobytes())
+
+
+def _one_by_one(text: str) -> dict[str, Any]:
+    c = SampleColumns()
+    for line in text.split("\n"):
+        if line.strip():
+            _add_sample(c, line.strip())
+    return comparable(c)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(samples=_samples(), cuts=st.lists(st.integers(0, 12), max_size=4), before=_samples())
+def test_the_lines_read_at_once_give_what_they_give_one_by_one(samples: list[dict[str, Any]], cuts: list[int],
+                                                             before: list[dict[str, Any]]) -> None:
+    bounds = sorted({0, len(samples), *(c % (len(samples) + 1) for c in cuts)})
+    text = "".join(_line(_packed(samples[a:b])) + "\n" for a, b in pairwise(bounds) if b > a)
+    c = SampleColumns()
+    for sample in before:  # what the rank read before: GPUs, node columns or none
+        _add_sample(c, _line(sample))
+    expected = _one_by_one("".join(_line(s) + "\n" for s in before) + text)
+    if not read_packed(c, text):  # the writer's lines: all at once, unless its samples came from several processes
+        assert '"pid":[' in text
+        for line in text.splitlines():
+            _add_sample(c, line)
+    assert comparable(c) == expected
+
+
+def test_lines_read_at_once_only_when_every_one_is_the_writers(tmp_path: Path) -> None:
+    good = _packed([_sample(i, node=True) for i in range(4)])
+    variants = [*_hostile(good), {**good, "c": ["pc\\u0070u", *good["c"][1:]]}, {**good, "pid": [7, 7, 7, 7]},
+                {**good, "extra": 1}, {"t": T0, "pid": 7}]
+    for record in variants:
+        text = "".join(_line(r) + "\n" for r in (good, record, good))
+        c = SampleColumns()
+        assert not read_packed(c, text) and comparable(c) == comparable(SampleColumns())
+        path = tmp_path / "samples.jsonl"
+        assert _read(path, text) == _one_by_one(text)  # one by one: the bad line skipped and counted
+    escaped = _line(good).replace('"pcpu"', '"pc\\u0070u"')  # JSON the writer does not write, read the same
+    assert _one_by_one(escaped) == _one_by_one(_line(good))
+
+
+def test_the_times_range_is_checked_in_c() -> None:
+    for times, inside in (([0, 2**62 - 1], True), ([2**62], True), ([2**62 + 1], False), ([-1], False),
+                          ([5, 2**63 - 1], False), ([T0] * 20, True)):
+        assert times_within(array("q", times)) is inside

@@ -130,7 +130,7 @@ def add_block(c: SampleColumns, block: dict[str, Any]) -> None:
         columns = {COLUMNS[name]: column for name, column in found.columns.items()}
         node = bool(found.ncpu or found.niow) or (not len(c.cpu_mean) and any(
             any(map(operator.eq, column, column)) for name, column in columns.items() if name in _NODE_FIELDS))
-        _append(c, found.t_ns, columns, found.gpus, node, (found.busy,) if found.ncpu else (), found.ncpu)
+        append_block(c, found.t_ns, columns, found.gpus, node, (found.busy,) if found.ncpu else (), found.ncpu)
         return
     if type(times) is not list or not 0 < len(times) <= MAX_BLOCK_SAMPLES or set(map(type, times)) != {int}:
         raise ValueError("not a block's sample times")
@@ -141,7 +141,7 @@ def add_block(c: SampleColumns, block: dict[str, Any]) -> None:
     get = block.get
     if all(get(key) is None for key in _NODE_KEYS):  # a process's samples (most ranks of a large job)
         pcpu, rss = _many_doubles([get("pcpu"), get("rss")], n)
-        _append(c, t_ns, {"pcpu": pcpu, "rss": rss}, _gpus(c, get("gpu"), n), False)
+        append_block(c, t_ns, {"pcpu": pcpu, "rss": rss}, _gpus(c, get("gpu"), n), False)
         return
     pcpu, rss, mem, throttled, container_memory, container_limit, *pairs = _many_doubles(
         [*(get(key) for key in _SCALARS), *_pairs(get("disk"), n), *_pairs(get("net"), n)], n)
@@ -155,12 +155,12 @@ def add_block(c: SampleColumns, block: dict[str, Any]) -> None:
                 node_rows = [has or value == value for has, value in zip(node_rows, column)]
     else:
         node_rows = cpu[3]
-    _append(c, t_ns, dict(zip(("pcpu", "rss", *_NODE_FIELDS), (
+    append_block(c, t_ns, dict(zip(("pcpu", "rss", *_NODE_FIELDS), (
         pcpu, rss, mem, throttled, container_memory, container_limit, cpu[0], cpu[1], iow[0], iow[1], *disk, *net))),
         gpus, any(node_rows), cpu[2], len(cpu[2]))
 
 
-def _append(c: SampleColumns, t_ns: array[int], columns: dict[str, array[float]],
+def append_block(c: SampleColumns, t_ns: array[int], columns: dict[str, array[float]],
             gpus: dict[str, dict[str, array[float]]], node: bool, core_lines: Iterable[Sequence[float]] = (),
             node_samples: int = 0) -> None:
     """A checked block appended to ``c``: its columns (``SampleColumns`` field names; NaN for one it lacks), its

@@ -9,11 +9,11 @@ where ``"<type x count>"`` is base64 of that many little-endian values. ``t`` ho
 (Unix ns). ``c`` names the block's columns of a value per sample (:data:`COLUMNS`: the sample keys ``pcpu``,
 ``rss``, ``mem``, ``thr``, ``cws``, ``cml``; ``cpum``/``cpux`` the mean and the maximum of a sample's per-CPU busy
 ratios, ``iowm``/``iowx`` of its per-CPU iowait ratios; ``dr``/``dw`` and ``nr``/``nt`` the ``disk`` and ``net``
-pairs), ``gpu`` the keys of each GPU; ``v`` holds those columns one after the other (``c``'s, then each GPU's in
-order), NaN where a sample lacks the value. ``ncpu`` is how many of the samples had per-CPU busy values and
-``busy``, per logical CPU, the sum of their busy ratios; ``niow``/``iowait`` the same for iowait (a per-CPU view
-at the block's resolution). ``pid`` is one number when every sample has the same (a list otherwise). Keys
-without values are left out.
+pairs), ``gpu`` the keys of each GPU. ``v`` holds the samples one after the other, each its ``width`` values in
+that order (``c``'s, then each GPU's), NaN where a sample lacks one. ``ncpu`` is how many of the samples had
+per-CPU busy values and ``busy``, per logical CPU, the sum of their busy ratios; ``niow``/``iowait`` the same for
+iowait (a per-CPU view at the block's resolution). ``pid`` is one number when every sample has the same (a list
+otherwise). Keys without values are left out.
 
 The mean is ``sum(values, 0.0) / len(values)`` and the maximum ``max(values)`` of the rounded values the sampler
 gives: what the reader computed from a 1.2 line, the same doubles. A per-CPU sum is the block's samples added
@@ -31,10 +31,14 @@ ValueError, TypeError, KeyError or OverflowError before anything is kept."""
 from __future__ import annotations
 
 import base64
+import binascii
 import math
 import operator
 import sys
 from array import array
+from collections.abc import Callable
+from functools import partial
+from itertools import chain
 from typing import Any, NamedTuple
 
 from otelprof.recording.limits import MAX_CORES, MAX_GPU_KEYS, MAX_GPUS, MAX_STRING_CHARS, MAX_TIME_NS, within
@@ -52,6 +56,12 @@ _PAIRS = (("disk", "dr", "dw"), ("net", "nr", "nt"))
 _NUMBER = (int, float)
 _GPU_NUMBER = (int, float, bool)
 _BIG = sys.byteorder == "big"
+try:
+    b64decode: Callable[[str], bytes] = partial(binascii.a2b_base64, strict_mode=True)  # type: ignore[call-arg]
+    b64decode("")
+except TypeError:  # before Python 3.11: the alphabet checked by a regular expression first
+    b64decode = partial(base64.b64decode, validate=True)
+"""Base64 to bytes, refusing (binascii.Error, a ValueError) any character outside the alphabet and bad padding."""
 _INFINITIES = (b"\x00\x00\x00\x00\x00\x00\xf0\x7f", b"\x00\x00\x00\x00\x00\x00\xf0\xff")
 """+inf and -inf as little-endian doubles."""
 
@@ -127,18 +137,14 @@ class Packer:
                 block["pid"] = self._pids[0]
         else:
             block["pid"] = self._pids
-        flat = array("d")
-        for column in self._columns.values():
-            flat.fromlist(_padded(column, n))
-        for entry in self._gpus.values():
-            for column in entry.values():
-                flat.fromlist(_padded(column, n))
+        rows = [_padded(column, n) for column in self._columns.values()]
+        rows += [_padded(column, n) for entry in self._gpus.values() for column in entry.values()]
         if self._columns:
             block["c"] = list(self._columns)
         if self._gpus:
             block["gpu"] = {index: list(entry) for index, entry in self._gpus.items()}
-        if flat:
-            block["v"] = _pack(flat)
+        if rows:
+            block["v"] = _pack(array("d", chain.from_iterable(zip(*rows))))  # sample after sample
         if self._ncpu:
             block["ncpu"], block["busy"] = self._ncpu, _pack(array("d", self._busy))
         if self._niow:
@@ -185,7 +191,7 @@ def _unpack(text: Any, typecode: str) -> array[Any]:
     an infinity."""
     if type(text) is not str:
         raise TypeError("not a packed field")
-    raw = base64.b64decode(text, validate=True)  # binascii.Error (a ValueError) for what is not base64
+    raw = b64decode(text)
     if typecode == "d" and not _finite(raw):
         raise ValueError("an infinite value")
     values = array(typecode)
@@ -196,8 +202,12 @@ def _unpack(text: Any, typecode: str) -> array[Any]:
 
 
 def _finite(raw: bytes) -> bool:
-    """Whether none of the little-endian doubles in ``raw`` is an infinity (a search in C; a match that is not
+    """Whether none of the little-endian doubles in ``raw`` is an infinity (searches in C: no value's last byte
+    can start an infinity or a NaN, which most often is so; else the infinities' bytes, where a match that is not
     at a value's start is bytes of two values)."""
+    last = raw[7::8]
+    if b"\x7f" not in last and b"\xff" not in last:
+        return True
     for infinity in _INFINITIES:
         at = raw.find(infinity)
         while at >= 0:
@@ -205,6 +215,18 @@ def _finite(raw: bytes) -> bool:
                 return False
             at = raw.find(infinity, at + 1)
     return True
+
+
+_BELOW_2_62 = bytes(range(0x40))
+"""The last bytes of the little-endian int64 values from 0 to 2**62 - 1."""
+
+
+def times_within(t_ns: array[int]) -> bool:
+    """Whether every time lies in 0..MAX_TIME_NS (in C: the last bytes of the values, then their range)."""
+    if _BIG or MAX_TIME_NS != 2**62:
+        return within(t_ns, 0, MAX_TIME_NS)
+    return not memoryview(t_ns).cast("B")[7::8].tobytes().translate(None, _BELOW_2_62) \
+        or within(t_ns, 0, MAX_TIME_NS)
 
 
 class Unpacked(NamedTuple):
@@ -224,12 +246,29 @@ def unpack(block: dict[str, Any], known: dict[str, dict[str, array[float]]]) -> 
     """A 1.3 block record, checked whole (``known``: the rank's GPUs so far, for the per-rank limits)."""
     t_ns = _unpack(block["t"], "q")
     n = len(t_ns)
-    if not 0 < n <= MAX_BLOCK_SAMPLES or not within(t_ns, 0, MAX_TIME_NS):
+    if not 0 < n <= MAX_BLOCK_SAMPLES or not times_within(t_ns):
         raise ValueError("not a block's sample times")
-    names = block.get("c", [])
+    names, gpus = block.get("c", []), block.get("gpu", {})
+    width = layout_width(names, gpus, known)
+    values = _unpack(block.get("v", ""), "d")
+    if len(values) != n * width:
+        raise ValueError(f"not {width} columns of {n} values")
+    ncpu, busy = _sums(block, "ncpu", "busy", n)
+    niow, iowait = _sums(block, "niow", "iowait", n)
+    columns = {name: values[i::width] for i, name in enumerate(names)}
+    at = len(names)
+    out: dict[str, dict[str, array[float]]] = {}
+    for index, keys in gpus.items():
+        out[index] = {key: values[at + i::width] for i, key in enumerate(keys)}
+        at += len(keys)
+    return Unpacked(t_ns, columns, out, ncpu, busy, niow, iowait)
+
+
+def layout_width(names: Any, gpus: Any, known: dict[str, dict[str, array[float]]]) -> int:
+    """Values per sample of a block with columns ``names`` and GPU keys ``gpus`` (its ``c`` and ``gpu``), checked
+    against the reader's limits with the rank's GPUs so far (``known``); ValueError or TypeError otherwise."""
     if type(names) is not list or not set(names) <= COLUMNS.keys() or len(set(names)) != len(names):
         raise ValueError("not a block's columns")
-    gpus = block.get("gpu", {})
     if type(gpus) is not dict or len(gpus) > MAX_GPUS or len(known.keys() | gpus.keys()) > MAX_GPUS:
         raise ValueError(f"not an object of at most {MAX_GPUS} GPUs")
     width = len(names)
@@ -239,18 +278,7 @@ def unpack(block: dict[str, Any], known: dict[str, dict[str, array[float]]]) -> 
                 or len(known.get(index, {}).keys() | set(keys)) > MAX_GPU_KEYS:
             raise ValueError("not a GPU's keys")
         width += len(keys)
-    values = _unpack(block.get("v", ""), "d")
-    if len(values) != n * width:
-        raise ValueError(f"not {width} columns of {n} values")
-    ncpu, busy = _sums(block, "ncpu", "busy", n)
-    niow, iowait = _sums(block, "niow", "iowait", n)
-    columns = {name: values[i * n:(i + 1) * n] for i, name in enumerate(names)}
-    at = len(names) * n
-    out: dict[str, dict[str, array[float]]] = {}
-    for index, keys in gpus.items():
-        out[index] = {key: values[at + i * n:at + (i + 1) * n] for i, key in enumerate(keys)}
-        at += len(keys) * n
-    return Unpacked(t_ns, columns, out, ncpu, busy, niow, iowait)
+    return width
 
 
 def _sums(block: dict[str, Any], count: str, key: str, n: int) -> tuple[int, array[float]]:
