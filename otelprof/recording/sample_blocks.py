@@ -60,11 +60,12 @@ class SampleBlock:
     def add(self, sample: dict[str, Any], now: float) -> dict[str, Any] | None:
         """Hold ``sample`` (taken at monotonic time ``now``); the block to write when it is full, else None.
         TypeError, ValueError or OverflowError for a sample that is not numbers (nothing of it is held)."""
-        first = not len(self)
-        self._values += self._packer.add(sample)
+        packer = self._packer
+        first = not packer.times
+        self._values += packer.add(sample)
         if first:
             self._started = now
-        if len(self) >= BLOCK_SAMPLES or self._values + self._packer.cores() >= BLOCK_VALUES:
+        if len(packer.times) >= BLOCK_SAMPLES or self._values + packer.cores >= BLOCK_VALUES:
             return self.take()
         return None
 

@@ -51,10 +51,10 @@ COLUMNS = {"pcpu": "pcpu", "rss": "rss", "mem": "mem", "thr": "throttled", "cws"
            "dr": "disk_read", "dw": "disk_write", "nr": "net_rx", "nt": "net_tx"}
 """A block's columns of a value per sample -> the :class:`~otelprof.recording.columns.SampleColumns` field each
 fills."""
-_SCALARS = ("pcpu", "rss", "mem", "thr", "cws", "cml")
-_PAIRS = (("disk", "dr", "dw"), ("net", "nr", "nt"))
-_NUMBER = (int, float)
-_GPU_NUMBER = (int, float, bool)
+_SCALARS = frozenset(("pcpu", "rss", "mem", "thr", "cws", "cml"))
+_PROCESS_KEYS = frozenset(("t", "pid", "pcpu", "rss"))
+_PAIRS = {"disk": ("dr", "dw"), "net": ("nr", "nt")}
+_GPU_NUMBER = {int, float, bool}
 _BIG = sys.byteorder == "big"
 try:
     b64decode: Callable[[str], bytes] = partial(binascii.a2b_base64, strict_mode=True)  # type: ignore[call-arg]
@@ -67,84 +67,68 @@ _INFINITIES = (b"\x00\x00\x00\x00\x00\x00\xf0\x7f", b"\x00\x00\x00\x00\x00\x00\x
 
 
 class Packer:
-    """A block's samples as the writer holds them until it packs them: a column per value, per-CPU values reduced
-    (:meth:`add` raises TypeError, ValueError or OverflowError for a value that is not a number, keeping
-    nothing of that sample)."""
+    """A block's samples as the writer holds them until it packs them: per sample its values in the order of its
+    layout (its columns and GPU keys), per-CPU values reduced (:meth:`add` raises TypeError, ValueError or
+    OverflowError for a value that is not a number, keeping nothing of that sample)."""
 
     def __init__(self) -> None:
         self.times: list[int] = []
-        self._pids: list[Any] = []
-        self._columns: dict[str, list[float]] = {}
-        self._gpus: dict[str, dict[str, list[float]]] = {}
+        self._pids: list[int | None] = []
+        self._layouts: list[_Layout] = []
+        self._rows: list[list[float]] = []
         self._busy: list[float] = []
         self._iowait: list[float] = []
         self._ncpu = 0
         self._niow = 0
+        self.cores = 0
+        """Values of the per-CPU sums held."""
 
     def add(self, sample: dict[str, Any]) -> int:
         """Hold one sample (a record as the sampler makes it); the number of values it adds to the block."""
-        t, pid = sample["t"], sample.get("pid")
+        t = sample["t"]
         if type(t) is not int:
             raise TypeError("a sample time is an integer")
-        values: dict[str, float] = {}
-        for key in _SCALARS:
-            value = sample.get(key)
-            if value is not None:
-                values[key] = _double(value, _NUMBER)
-        for key, first, second in _PAIRS:
-            pair = sample.get(key)
-            if pair:
-                a, b = pair
-                values[first] = math.nan if a is None else _double(a, _NUMBER)
-                values[second] = math.nan if b is None else _double(b, _NUMBER)
-        cpu, iow = sample.get("cpu") or None, sample.get("iow") or None
-        if cpu is not None:  # the reader's arithmetic on a 1.2 line: the same doubles
-            values["cpum"] = sum(cpu, 0.0) / len(cpu)
-            values["cpux"] = _double(max(cpu), _NUMBER)
-        if iow is not None:
-            values["iowm"] = sum(iow, 0.0) / len(iow)
-            values["iowx"] = _double(max(iow), _NUMBER)
-        gpus = {str(index): {str(key): _double(value, _GPU_NUMBER) for key, value in entry.items()}
-                for index, entry in (sample.get("gpu") or {}).items()}
-        if cpu is not None:
-            busy = _summed(self._busy, cpu)  # checked: TypeError before anything is kept
-        if iow is not None:
-            iowait = _summed(self._iowait, iow)
+        cpu = iow = None
+        if sample.keys() <= _PROCESS_KEYS:  # a process's sample (most ranks of a large job)
+            pcpu, rss = sample.get("pcpu"), sample.get("rss")
+            row = [pcpu if type(pcpu) is float else _double(pcpu), rss if type(rss) is float else _double(rss)]
+            layout = _PROCESS
+        else:
+            layout, row, cpu, iow = _node_sample(sample)
         # nothing raises past here
-        row = len(self.times)
+        pid = sample.get("pid")
         self.times.append(t)
         self._pids.append(pid if type(pid) is int else None)
-        _put(self._columns, values, row)
-        for index, entry in gpus.items():
-            _put(self._gpus.setdefault(index, {}), entry, row)
+        self._layouts.append(layout)
+        self._rows.append(row)
         if cpu is not None:
-            self._busy, self._ncpu = busy, self._ncpu + 1
+            self._ncpu += 1
+            self._busy = _summed(self._busy, cpu)
         if iow is not None:
-            self._iowait, self._niow = iowait, self._niow + 1
-        return len(values) + sum(map(len, gpus.values()))
-
-    def cores(self) -> int:
-        """Values of the per-CPU sums held."""
-        return len(self._busy) + len(self._iowait)
+            self._niow += 1
+            self._iowait = _summed(self._iowait, iow)
+        self.cores = len(self._busy) + len(self._iowait)
+        return len(row)
 
     def pack(self) -> dict[str, Any]:
         """The held samples as a block record (without its ``k``)."""
-        n = len(self.times)
         block: dict[str, Any] = {"t": _pack(array("q", self.times))}
         pids = set(self._pids)
-        if len(pids) == 1:
-            if None not in pids:
-                block["pid"] = self._pids[0]
-        else:
+        if len(pids) > 1:
             block["pid"] = self._pids
-        rows = [_padded(column, n) for column in self._columns.values()]
-        rows += [_padded(column, n) for entry in self._gpus.values() for column in entry.values()]
-        if self._columns:
-            block["c"] = list(self._columns)
-        if self._gpus:
-            block["gpu"] = {index: list(entry) for index, entry in self._gpus.items()}
-        if rows:
-            block["v"] = _pack(array("d", chain.from_iterable(zip(*rows))))  # sample after sample
+        elif None not in pids:
+            block["pid"] = self._pids[0]
+        layouts, rows = self._layouts, self._rows
+        if layouts.count(layouts[0]) == len(layouts):  # the same columns in every sample: its rows as they are
+            (names, gpus), flat = layouts[0], list(chain.from_iterable(rows))
+        else:
+            names, gpus, flat = _merged(layouts, rows)
+        if names:
+            block["c"] = list(names)
+        if gpus:
+            block["gpu"] = {index: list(keys) for index, keys in gpus}
+        if flat:
+            block["v"] = _pack(array("d", flat))  # sample after sample
         if self._ncpu:
             block["ncpu"], block["busy"] = self._ncpu, _pack(array("d", self._busy))
         if self._niow:
@@ -152,32 +136,75 @@ class Packer:
         return block
 
 
-def _double(value: Any, kinds: tuple[type, ...]) -> float:
-    if type(value) not in kinds:
+_Layout = tuple[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]]
+"""A sample's columns (names of :data:`COLUMNS`) and its GPUs' keys, in the order of its values."""
+_PROCESS: _Layout = (("pcpu", "rss"), ())
+
+
+def _node_sample(sample: dict[str, Any]) -> tuple[_Layout, list[float], list[Any] | None, list[Any] | None]:
+    """A sample with node values: its layout, its values, its per-CPU busy and iowait lists (checked)."""
+    values: dict[str, float] = {}
+    cpu = iow = None
+    gpus: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    gpu_values: list[float] = []
+    for key, value in sample.items():
+        if key in _SCALARS:
+            if value is not None:
+                values[key] = value if type(value) is float else _double(value)
+        elif key == "cpu":
+            cpu = value or None
+        elif key == "iow":
+            iow = value or None
+        elif key in _PAIRS:
+            if value:
+                a, b = value
+                first, second = _PAIRS[key]
+                values[first], values[second] = _double(a), _double(b)
+        elif key == "gpu" and value:
+            for index, entry in value.items():
+                if type(index) is not str or not set(map(type, entry)) <= {str} \
+                        or not set(map(type, entry.values())) <= _GPU_NUMBER:
+                    raise TypeError("not a GPU's numbers")
+                gpu_values += map(float, entry.values())
+            gpus = tuple(zip(value, map(tuple, value.values())))
+    if cpu is not None:  # the reader's arithmetic on a 1.2 line: the same doubles
+        values["cpum"], values["cpux"] = sum(cpu, 0.0) / len(cpu), float(max(cpu))  # TypeError: not numbers
+    if iow is not None:
+        values["iowm"], values["iowx"] = sum(iow, 0.0) / len(iow), float(max(iow))
+    return (tuple(values), gpus), [*values.values(), *gpu_values], cpu, iow
+
+
+def _merged(layouts: list[_Layout], rows: list[list[float]]) -> tuple[tuple[str, ...], Any, list[float]]:
+    """Samples of different layouts: every column any of them has, NaN where one lacks it."""
+    names = tuple(dict.fromkeys(chain.from_iterable(layout[0] for layout in layouts)))
+    keys: dict[str, dict[str, None]] = {}
+    for layout in layouts:
+        for index, found in layout[1]:
+            keys.setdefault(index, {}).update(dict.fromkeys(found))
+    order = [("", name) for name in names] + [(index, key) for index, found in keys.items() for key in found]
+    flat: list[float] = []
+    for (own, gpus), row in zip(layouts, rows):
+        where = [("", name) for name in own] + [(index, key) for index, found in gpus for key in found]
+        at = dict(zip(where, row))
+        flat += [at.get(position, math.nan) for position in order]
+    return names, tuple((index, tuple(found)) for index, found in keys.items()), flat
+
+
+def _double(value: Any) -> float:
+    """A sample's number as a double (None: NaN)."""
+    if value is None:
+        return math.nan
+    if type(value) not in (int, float):
         raise TypeError(f"not a number: {value!r:.40}")
     return float(value)
 
 
 def _summed(sums: list[float], values: list[Any]) -> list[float]:
-    """``sums`` (per CPU) with ``values`` added, as the reader adds a sample's: a new list."""
+    """``sums`` (per CPU) with ``values`` (numbers, checked) added, as the reader adds a sample's."""
     if len(values) > len(sums):
-        sums = sums + [0.0] * (len(values) - len(sums))
-    return [*map(operator.add, sums, map(float, values)), *sums[len(values):]]
-
-
-def _put(columns: dict[str, list[float]], values: dict[str, float], row: int) -> None:
-    """``values`` at row ``row`` of their columns (rows before without the value: NaN)."""
-    for name, value in values.items():
-        column = columns.get(name)
-        if column is None:
-            column = columns[name] = [math.nan] * row
-        elif len(column) < row:
-            column.extend([math.nan] * (row - len(column)))
-        column.append(value)
-
-
-def _padded(column: list[float], n: int) -> list[float]:
-    return column + [math.nan] * (n - len(column)) if len(column) < n else column
+        sums.extend([0.0] * (len(values) - len(sums)))
+    sums[:len(values)] = map(operator.add, sums, values)
+    return sums
 
 
 def _pack(values: array[Any]) -> str:
@@ -306,7 +333,7 @@ def samples_of(block: dict[str, Any]) -> list[dict[str, Any]]:
         for sample, value in zip(samples, column):
             if value == value:
                 sample[name] = value
-    for key, first, second in _PAIRS:
+    for key, (first, second) in _PAIRS.items():
         for sample in samples:
             a, b = sample.pop(first, None), sample.pop(second, None)
             if a is not None or b is not None:
