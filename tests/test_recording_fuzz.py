@@ -98,7 +98,7 @@ def packed_mutations(draw: st.DrawFn, lines: list[str]) -> tuple[int, bytes]:
     padded, or with a value's bytes replaced (an infinity, a NaN, a time out of range, a length off)."""
     index = draw(st.sampled_from([i for i, line in enumerate(lines) if line.startswith('{"k":"b","t":"')]))
     record = json.loads(lines[index])
-    key = draw(st.sampled_from([key for key in ("t", "v", "busy", "iowait") if key in record]))
+    key = draw(st.sampled_from([key for key in ("t", "v", "sv", "busy", "iowait") if key in record]))
     text = record[key]
     how = draw(st.sampled_from(["char", "cut", "pad", "value"]))
     if how == "char":

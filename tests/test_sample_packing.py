@@ -31,11 +31,13 @@ U = 2.0**-53
 """The rounding of a double."""
 
 
-def _packed(samples: list[dict[str, Any]]) -> dict[str, Any]:
+def _packed(samples: list[dict[str, Any]], kept: dict[tuple[str, str], bytes] | None = None) -> dict[str, Any]:
+    """The block of ``samples``; ``kept``: what the writer knows of the blocks before (columns that have had one
+    value so far are written once)."""
     packer = Packer()
     for sample in samples:
         packer.add(sample)
-    return {"k": KIND, **packer.pack()}
+    return {"k": KIND, **packer.pack({} if kept is None else kept)}
 
 
 def _read(path: Path, text: str) -> dict[str, Any]:
@@ -46,8 +48,9 @@ def _read(path: Path, text: str) -> dict[str, Any]:
 def _lines_and_packed(tmp_path: Path, samples: list[dict[str, Any]], cuts: list[int]) -> tuple[dict, dict]:
     bounds = sorted({0, len(samples), *(c % (len(samples) + 1) for c in cuts)})
     lines = _read(tmp_path / "lines.jsonl", "".join(_line(s) + "\n" for s in samples))
+    kept: dict[tuple[str, str], bytes] = {}
     blocks = _read(tmp_path / "blocks.jsonl",
-                   "".join(_line(_packed(samples[a:b])) + "\n" for a, b in pairwise(bounds) if b > a))
+                   "".join(_line(_packed(samples[a:b], kept)) + "\n" for a, b in pairwise(bounds) if b > a))
     return lines, blocks
 
 
@@ -113,6 +116,23 @@ def test_tools_get_each_sample_with_its_per_cpu_values_reduced() -> None:
     assert records[4]["busy"][1] == (0.0 + samples[0]["cpu"][1]) + samples[2]["cpu"][1] + samples[4]["cpu"][1]
 
 
+def test_a_column_is_written_once_while_it_has_had_one_value() -> None:
+    kept: dict[tuple[str, str], bytes] = {}
+    samples = [_sample(i, node=True) for i in range(12)]
+    for i, sample in enumerate(samples):
+        sample["gpu"]["0"]["t"] = 40.0 if i < 4 or i >= 8 else 40.0 + i  # varies in the second block only
+        sample["gpu"]["1"]["t"] = 50.0 if i < 4 else 51.0  # one value a block, another in the next
+        sample["mem"] = -0.0 if i == 1 else 0.0  # bitwise: not one value
+    first, second, third = (_packed(samples[a:a + 4], kept) for a in (0, 4, 8))
+    positions = [("", name) for name in first["c"]] + [(i, k) for i, keys in first["gpu"].items() for k in keys]
+    once = [[positions[j] for j in block.get("same", [])] for block in (first, second, third)]
+    assert ("0", "t") in once[0] and ("0", "t") not in once[1] and ("0", "t") not in once[2]  # varied: for good
+    assert ("1", "t") in once[0] and ("1", "t") not in once[1] + once[2] and ("", "mem") not in once[0]
+    assert ("0", "mt") in once[0] and ("0", "mt") in once[2]
+    assert [s["gpu"]["1"]["t"] for s in decode(second)] == [51.0] * 4
+    assert [math.copysign(1, s["mem"]) for s in decode(first)] == [1, -1, 1, 1]
+
+
 def test_the_block_is_smaller_than_its_lists() -> None:
     node = [_sample(i, node=True, gpus=8, cores=64) for i in range(20)]
     for i, sample in enumerate(node):
@@ -146,8 +166,9 @@ def _b64(typecode: str, values: list[Any]) -> str:
 
 def _hostile(good: dict[str, Any]) -> list[dict[str, Any]]:
     n = len(decode(good))
-    width = len(good["c"]) + sum(map(len, good["gpu"].values()))
+    width = len(good["c"]) + sum(map(len, good["gpu"].values())) - len(good["same"])
     inf = _b64("d", [0.5] * (n * width - 1) + [math.inf])
+    same, kept = good["same"], good["sv"]
     return [
         {**good, "t": good["t"][:-4] + "!!!!"}, {**good, "t": good["t"][:-1]}, {**good, "t": 5},
         {**good, "t": ""}, {**good, "t": _b64("q", [-1] * n)}, {**good, "t": _b64("q", [2**62 + 1] * n)},
@@ -164,11 +185,16 @@ def _hostile(good: dict[str, Any]) -> list[dict[str, Any]]:
         {**good, "busy": ""}, {**good, "busy": _b64("d", [0.5] * (limits.MAX_CORES + 1))},
         {**good, "busy": _b64("d", [math.inf, 0, 0, 0])}, {**good, "iowait": good["iowait"] + "A"},
         {**good, "niow": 0.5}, {**good, "t": "A" * (2**20 - 64)},
+        {**good, "same": same[::-1]}, {**good, "same": [*same, same[-1]]}, {**good, "same": [-1, *same[1:]]},
+        {**good, "same": [*same[:-1], 10**6]}, {**good, "same": [float(j) for j in same]}, {**good, "same": "0"},
+        {**good, "sv": kept[:-4]}, {**good, "sv": _b64("d", [math.inf] * len(same))}, {**good, "sv": 1},
+        {k: v for k, v in good.items() if k != "sv"}, {k: v for k, v in good.items() if k != "same"},
     ]
 
 
 def test_every_hostile_block_is_skipped_whole_and_counted(tmp_path: Path) -> None:
     good = _packed([_sample(i, node=True) for i in range(4)])
+    assert len(good["same"]) > 3 and good["sv"]  # memory total, node memory: one value in every sample
     hostile = _hostile(good)
     path = tmp_path / "samples.jsonl"
     path.write_text("".join(_line(record) + "\n" for record in [good, *hostile, good]))
@@ -199,7 +225,8 @@ def _one_by_one(text: str) -> dict[str, Any]:
 def test_the_lines_read_at_once_give_what_they_give_one_by_one(samples: list[dict[str, Any]], cuts: list[int],
                                                              before: list[dict[str, Any]]) -> None:
     bounds = sorted({0, len(samples), *(c % (len(samples) + 1) for c in cuts)})
-    text = "".join(_line(_packed(samples[a:b])) + "\n" for a, b in pairwise(bounds) if b > a)
+    kept: dict[tuple[str, str], bytes] = {}
+    text = "".join(_line(_packed(samples[a:b], kept)) + "\n" for a, b in pairwise(bounds) if b > a)
     c = SampleColumns()
     for sample in before:  # what the rank read before: GPUs, node columns or none
         _add_sample(c, _line(sample))
@@ -213,6 +240,7 @@ def test_the_lines_read_at_once_give_what_they_give_one_by_one(samples: list[dic
 
 def test_lines_read_at_once_only_when_every_one_is_the_writers(tmp_path: Path) -> None:
     good = _packed([_sample(i, node=True) for i in range(4)])
+    assert "same" in good
     variants = [*_hostile(good), {**good, "c": ["pc\\u0070u", *good["c"][1:]]}, {**good, "pid": [7, 7, 7, 7]},
                 {**good, "extra": 1}, {"t": T0, "pid": 7}]
     for record in variants:

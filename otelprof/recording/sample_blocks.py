@@ -21,6 +21,7 @@ import math
 import operator
 from array import array
 from collections.abc import Iterable, Sequence
+from functools import reduce
 from itertools import chain
 from typing import Any
 
@@ -53,6 +54,8 @@ class SampleBlock:
         self._packer = Packer()
         self._values = 0
         self._started = 0.0
+        self._kept: dict[tuple[str, str], bytes] = {}
+        """Per column, the value it has had in every sample so far (b"": it varied): written once a block."""
 
     def __len__(self) -> int:
         return len(self._packer.times)
@@ -78,7 +81,7 @@ class SampleBlock:
         if not len(self):
             return None
         packer, self._packer, self._values = self._packer, Packer(), 0
-        return {"k": KIND, **packer.pack()}
+        return {"k": KIND, **packer.pack(self._kept)}
 
 
 def encode(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -187,6 +190,16 @@ def append_block(c: SampleColumns, t_ns: array[int], columns: dict[str, array[fl
                 c.cores = len(line)
             busy[:len(line)] = map(operator.add, busy, line)
     add_gpus(c, gpus, start)
+
+
+def add_core_sums(c: SampleColumns, lines: array[float], width: int) -> None:
+    """Per CPU, the busy ratios of ``lines`` (one after the other, ``width`` CPUs each) added to the rank's sums in
+    order: what adding them a line at a time gives, a CPU at a time."""
+    busy = c.core_busy_sum
+    if width > c.cores:
+        busy.extend([0.0] * (width - c.cores))
+        c.cores = width
+    busy[:width] = [reduce(operator.add, lines[k::width], busy[k]) for k in range(width)]
 
 
 def add_gpus(c: SampleColumns, gpus: dict[str, dict[str, array[float]]], start: int) -> None:

@@ -110,8 +110,10 @@ class Packer:
         self.cores = len(self._busy) + len(self._iowait)
         return len(row)
 
-    def pack(self) -> dict[str, Any]:
-        """The held samples as a block record (without its ``k``)."""
+    def pack(self, kept: dict[tuple[str, str], bytes] | None = None) -> dict[str, Any]:
+        """The held samples as a block record (without its ``k``). ``kept``: per column (``("", name)`` or
+        ``(index, key)``) the value it has had in every sample of the blocks before, or ``b""`` once it varied
+        (updated): such a column, the same in every sample of this block too, is written once."""
         block: dict[str, Any] = {"t": _pack(array("q", self.times))}
         pids = set(self._pids)
         if len(pids) > 1:
@@ -127,13 +129,44 @@ class Packer:
             block["c"] = list(names)
         if gpus:
             block["gpu"] = {index: list(keys) for index, keys in gpus}
-        if flat:
-            block["v"] = _pack(array("d", flat))  # sample after sample
+        values = array("d", flat)
+        if values and kept is not None:
+            values = _kept_apart(block, values, names, gpus, len(self.times), kept)
+        if values:
+            block["v"] = _pack(values)  # sample after sample
         if self._ncpu:
             block["ncpu"], block["busy"] = self._ncpu, _pack(array("d", self._busy))
         if self._niow:
             block["niow"], block["iowait"] = self._niow, _pack(array("d", self._iowait))
         return block
+
+
+def _kept_apart(block: dict[str, Any], values: array[float], names: tuple[str, ...], gpus: Any, n: int,
+               kept: dict[tuple[str, str], bytes]) -> array[float]:
+    """The columns of ``values`` (``n`` samples of the layout ``names``, ``gpus``) that have had one value in every
+    sample so far, written once (``same``: their positions, ``sv``: their values); the others' values."""
+    positions = [("", name) for name in names] + [(index, key) for index, keys in gpus for key in keys]
+    width = len(positions)
+    same = []
+    for j, position in enumerate(positions):
+        first = kept.get(position)
+        if first == b"":
+            continue  # varied before
+        column = values[j::width].tobytes()
+        if column != column[:8] * n or (first is not None and first != column[:8]):
+            kept[position] = b""  # bitwise: -0.0 is not 0.0, NaN is NaN
+            continue
+        kept[position] = column[:8]
+        same.append(j)
+    if not same:
+        return values
+    block["same"] = same
+    block["sv"] = _pack(array("d", [values[j] for j in same]))
+    apart = set(same)
+    varying = [j for j in range(width) if j not in apart]
+    if not varying:
+        return array("d")
+    return array("d", chain.from_iterable(zip(*(values[j::width] for j in varying))))
 
 
 _Layout = tuple[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]]
@@ -277,16 +310,26 @@ def unpack(block: dict[str, Any], known: dict[str, dict[str, array[float]]]) -> 
         raise ValueError("not a block's sample times")
     names, gpus = block.get("c", []), block.get("gpu", {})
     width = layout_width(names, gpus, known)
+    same, kept = _same(block, width)
     values = _unpack(block.get("v", ""), "d")
-    if len(values) != n * width:
-        raise ValueError(f"not {width} columns of {n} values")
+    varying = width - len(same)
+    if len(values) != n * varying:
+        raise ValueError(f"not {varying} columns of {n} values")
     ncpu, busy = _sums(block, "ncpu", "busy", n)
     niow, iowait = _sums(block, "niow", "iowait", n)
-    columns = {name: values[i::width] for i, name in enumerate(names)}
+    full: list[array[float]] = []
+    at = 0
+    for j in range(width):
+        if j in same:
+            full.append(array("d", [kept[same[j]]]) * n)
+        else:
+            full.append(values[at::varying])
+            at += 1
+    columns = dict(zip(names, full))
     at = len(names)
     out: dict[str, dict[str, array[float]]] = {}
     for index, keys in gpus.items():
-        out[index] = {key: values[at + i::width] for i, key in enumerate(keys)}
+        out[index] = dict(zip(keys, full[at:at + len(keys)]))
         at += len(keys)
     return Unpacked(t_ns, columns, out, ncpu, busy, niow, iowait)
 
@@ -306,6 +349,23 @@ def layout_width(names: Any, gpus: Any, known: dict[str, dict[str, array[float]]
             raise ValueError("not a GPU's keys")
         width += len(keys)
     return width
+
+
+def same_positions(value: Any, width: int) -> list[int]:
+    """A block's ``same``: positions of columns, ascending, each below ``width``; ValueError otherwise."""
+    if type(value) is not list or not set(map(type, value)) <= {int} \
+            or (value and not (value[0] >= 0 and value[-1] < width)) or any(map(operator.ge, value, value[1:])):
+        raise ValueError("not positions of columns")
+    return value
+
+
+def _same(block: dict[str, Any], width: int) -> tuple[dict[int, int], array[float]]:
+    """The columns written once (position -> index into their values) and their values."""
+    positions = same_positions(block.get("same", []), width)
+    values = _unpack(block.get("sv", ""), "d")
+    if len(values) != len(positions):
+        raise ValueError("not a value per column written once")
+    return {j: i for i, j in enumerate(positions)}, values
 
 
 def _sums(block: dict[str, Any], count: str, key: str, n: int) -> tuple[int, array[float]]:
