@@ -2,15 +2,19 @@
 
 A block line is one JSON object::
 
-    {"k":"b","t":"<int64 x n>","pid":pid,"c":[column,...],"gpu":{index:[key,...]},"v":"<float64 x n x width>",
-     "ncpu":k,"busy":"<float64 x cores>","niow":k,"iowait":"<float64 x cores>"}
+    {"k":"b","t":"<int64 x n>","pid":pid,"c":[column,...],"gpu":{index:[key,...]},"same":[position,...],
+     "sv":"<float64 x len(same)>","v":"<float64 x n x (width - len(same))>","ncpu":k,"busy":"<float64 x cores>",
+     "niow":k,"iowait":"<float64 x cores>"}
 
 where ``"<type x count>"`` is base64 of that many little-endian values. ``t`` holds the ``n`` sample times
 (Unix ns). ``c`` names the block's columns of a value per sample (:data:`COLUMNS`: the sample keys ``pcpu``,
 ``rss``, ``mem``, ``thr``, ``cws``, ``cml``; ``cpum``/``cpux`` the mean and the maximum of a sample's per-CPU busy
 ratios, ``iowm``/``iowx`` of its per-CPU iowait ratios; ``dr``/``dw`` and ``nr``/``nt`` the ``disk`` and ``net``
 pairs), ``gpu`` the keys of each GPU. ``v`` holds the samples one after the other, each its ``width`` values in
-that order (``c``'s, then each GPU's), NaN where a sample lacks one. ``ncpu`` is how many of the samples had
+that order (``c``'s, then each GPU's), NaN where a sample lacks one; but for the columns at the positions
+``same`` (ascending), whose one value ``sv`` has: a column the writer has seen with one value in every sample
+since it started (a memory total, a power limit) is written once a block (bitwise: -0.0 is not 0.0), until it
+varies. ``ncpu`` is how many of the samples had
 per-CPU busy values and ``busy``, per logical CPU, the sum of their busy ratios; ``niow``/``iowait`` the same for
 iowait (a per-CPU view at the block's resolution). ``pid`` is one number when every sample has the same (a list
 otherwise). Keys without values are left out.
