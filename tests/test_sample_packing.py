@@ -18,12 +18,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otelprof.recording import limits
+from otelprof.recording import limits, schema
 from otelprof.recording.columns import SampleColumns
 from otelprof.recording.packed_lines import read_packed
 from otelprof.recording.sample_blocks import KIND, SampleBlock, decode
 from otelprof.recording.sample_packing import MAX_BLOCK_SAMPLES, Packer, _finite, times_within
 from otelprof.recording.samples import _add_sample, parse_samples
+from otelprof.recording.writer import RecordingWriter
 from tests.test_recording_fastjson import _columns as comparable
 from tests.test_sample_blocks import T0, _line, _sample, _samples
 
@@ -257,3 +258,16 @@ def test_the_times_range_is_checked_in_c() -> None:
     for times, inside in (([0, 2**62 - 1], True), ([2**62], True), ([2**62 + 1], False), ([-1], False),
                           ([5, 2**63 - 1], False), ([T0] * 20, True)):
         assert times_within(array("q", times)) is inside
+
+
+def test_the_writer_drops_and_counts_a_sample_that_is_not_numbers(tmp_path: Path) -> None:
+    dropped: list[int] = []
+    writer = RecordingWriter(tmp_path, {"rank": 0}, on_dropped=dropped.append, on_written=lambda n: None)
+    writer.add_sample(_sample(0, node=True))
+    for bad in ({"t": "1"}, {"t": -5}, {"t": 2**63}, {"t": T0, "cpu": [0.5, None]}, {"t": T0, "gpu": {"0": 1}},
+                {"t": T0, "disk": [1, 2, 3]}, {"t": T0, "rss": "x"}, {"t": T0, "gpu": {"0": {"u": [1]}}}):
+        writer.add_sample(bad)
+    writer.add_sample(_sample(1, node=True))
+    writer.close()
+    c = parse_samples(tmp_path / schema.SAMPLES)
+    assert dropped == [1] * 8 and len(c.t_ns) == 2 and c.node_samples == 2 and c.skipped_lines == 0

@@ -90,8 +90,8 @@ class Packer:
     def add(self, sample: dict[str, Any]) -> int:
         """Hold one sample (a record as the sampler makes it); the number of values it adds to the block."""
         t = sample["t"]
-        if type(t) is not int:
-            raise TypeError("a sample time is an integer")
+        if type(t) is not int or not 0 <= t <= MAX_TIME_NS:
+            raise ValueError("not a sample time")
         cpu = iow = None
         if sample.keys() <= _PROCESS_KEYS:  # a process's sample (most ranks of a large job)
             pcpu, rss = sample.get("pcpu"), sample.get("rss")
