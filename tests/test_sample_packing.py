@@ -271,3 +271,12 @@ def test_the_writer_drops_and_counts_a_sample_that_is_not_numbers(tmp_path: Path
     writer.close()
     c = parse_samples(tmp_path / schema.SAMPLES)
     assert dropped == [1] * 8 and len(c.t_ns) == 2 and c.node_samples == 2 and c.skipped_lines == 0
+
+
+def test_blocks_whose_columns_written_once_differ_read_at_once_as_one_by_one() -> None:
+    first = [_sample(i, node=True) for i in range(4)]
+    second = [{**_sample(i, node=True), "mem": 0.75} for i in range(4, 7)]  # written once, another value
+    text = _line(_packed(first)) + "\n" + _line(_packed(second)) + "\n"  # each block as a writer's first
+    c = SampleColumns()
+    assert read_packed(c, text) and comparable(c) == _one_by_one(text)
+    assert list(c.mem) == [0.5] * 4 + [0.75] * 3
