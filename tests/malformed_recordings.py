@@ -15,10 +15,12 @@ Not a test module: the tests import it.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
 import shutil
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from otelprof.recording import limits, schema
+from otelprof.recording.sample_blocks import decode, encode
 from tests.sample_records import sample_records
 
 ERROR, SKIPS, ANY = "error", "skips", "any"
@@ -236,9 +239,28 @@ def _samples_nan(run: Path) -> None:
 
 
 def _samples_bad_blocks(run: Path) -> None:
-    """Block lines (schema 1.2) that are not what the writer writes: each skipped whole."""
+    """Block lines (schema 1.3, as the writer writes them) that are not what the writer writes: each skipped
+    whole."""
     path = run / "rank-0" / schema.SAMPLES
     block = json.loads(next(line for line in _lines(path) if line.startswith('{"k":"b"')))
+    n, width = len(decode(block)), len(block["c"]) + sum(map(len, block.get("gpu", {}).values()))
+    inf = base64.b64encode(struct.pack(f"<{n * width}d", *[0.5] * (n * width - 1), float("inf"))).decode()
+    bad = [{**block, "t": block["t"][:-4] + "!!!!"}, {**block, "t": block["t"][:-2]}, {**block, "t": [1, 2]},
+           {**block, "t": base64.b64encode(struct.pack(f"<{n}q", *[-1] * n)).decode()}, {**block, "t": ""},
+           {**block, "v": block["v"][:-8]}, {**block, "v": inf}, {**block, "v": "é" * 12}, {**block, "c": ["x"]},
+           {**block, "c": block["c"] + block["c"][:1]}, {**block, "gpu": {str(g): [] for g in range(65)}},
+           {**block, "ncpu": n + 1}, {**block, "busy": "A" * (4 * limits.MAX_CORES + 4)}, {**block, "v": 7},
+           {**block, "t": "A" * 600_000}]
+    _append(schema.SAMPLES, *(json.dumps(b) for b in bad))(run)
+
+
+def _samples_bad_old_blocks(run: Path) -> None:
+    """Block lines of schema 1.2 (a column of numbers per key) that are not what its writer wrote."""
+    samples = sample_records(run / "rank-0" / schema.SAMPLES)[:4]
+    for i, sample in enumerate(samples):
+        sample.update({"cpu": [0.25 * i, 0.5], "iow": [0.0, 0.01], "mem": 0.5, "disk": [i, i], "net": [i, i]})
+    block = encode([{k: v for k, v in s.items() if k not in ("cpum", "cpux", "iowm", "iowx", "ncpu", "busy",
+                                                             "niow", "iowait")} for s in samples])
     n = len(block["t"])
     bad = [{**block, "pcpu": block["pcpu"][:-1]}, {**block, "t": [str(t) for t in block["t"]]},
            {**block, "t": []}, {**block, "rss": [float("inf")] * n}, {**block, "cpu": [[True, "x"]] * n},
@@ -246,7 +268,7 @@ def _samples_bad_blocks(run: Path) -> None:
            {**block, "gpu": {str(g): {"u": [0.5] * n} for g in range(limits.MAX_GPUS + 1)}},
            {**block, "gpu": {"0": {"u": [float("-inf")] * n}}}, {**block, "gpu": {"0": {"u": "x"}}},
            {**block, "t": [10**30] * n}, {**block, "mem": {"a": 1}}]
-    _append(schema.SAMPLES, *(json.dumps(b) for b in bad))(run)
+    _append(schema.SAMPLES, *(json.dumps(b) for b in [block, *bad]))(run)  # the first one read
 
 
 def _many_names(run: Path) -> None:
@@ -263,8 +285,8 @@ def _huge_attributes(file: str) -> Callable[[Path], None]:
             _append(file, json.dumps({**step, "a": [["r", 0, 1, 0]] * (limits.MAX_STEP_REGIONS + 1)}),
                     json.dumps({**step, "x": {f"s{i}": 1.0 for i in range(limits.MAX_STEP_SCALARS + 1)}}),
                     json.dumps({**step, "ph": "p" * (limits.MAX_STRING_CHARS + 1)}))(run)
-        elif file == schema.SAMPLES:
-            sample = json.loads(_lines(path)[0])
+        elif file == schema.SAMPLES:  # sample lines (schema 1.1) past the limits
+            sample = sample_records(path)[0]
             _append(file, json.dumps({**sample, "cpu": [0.5] * (limits.MAX_CORES + 1)}),
                     json.dumps({**sample, "gpu": {str(i): {"u": 0.5} for i in range(limits.MAX_GPUS + 1)}}),
                     json.dumps({**sample, "gpu": {"0": {f"k{i}": 1 for i in range(limits.MAX_GPU_KEYS + 1)}}}),
@@ -406,6 +428,7 @@ def _build() -> dict[str, Case]:
     cases["samples.jsonl:huge-numbers"] = Case(_samples_huge_numbers, SKIPS)
     cases["samples.jsonl:nan"] = Case(_samples_nan, SKIPS)
     cases["samples.jsonl:bad-blocks"] = Case(_samples_bad_blocks, SKIPS)
+    cases["samples.jsonl:bad-blocks-1.2"] = Case(_samples_bad_old_blocks, SKIPS)
     cases["ranks:duplicated"] = Case(_duplicated_rank, ERROR)
     cases["ranks:symlink-loop"] = Case(_rank_symlink_loop, ANY)
     return cases

@@ -4,9 +4,11 @@ counted, or refused with the reader's one error type, RecordingError; what is re
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from otelprof.recording.steps import parse_line
 from otelprof.report.html import render
 from otelprof.report.timeline import build_timeline, write_timeline
 from tests.malformed_recordings import RUN_ID, record_base
+from tests.test_recording_fastjson import _columns as comparable
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -83,6 +86,35 @@ def line_mutations(draw: st.DrawFn, lines: list[str]) -> tuple[int, bytes]:
     else:
         raw = bytearray(json.dumps(draw(json_values)).encode())
     return index, bytes(raw)
+
+
+_PACKED_VALUES = [struct.pack("<d", math.inf), struct.pack("<d", -math.inf), struct.pack("<d", math.nan),
+                  struct.pack("<q", 2**62 + 1), struct.pack("<q", -1), b"\x00\x00\x00\x00\x00\x00\xf0"]
+
+
+@st.composite
+def packed_mutations(draw: st.DrawFn, lines: list[str]) -> tuple[int, bytes]:
+    """(index of a schema 1.3 block line, its new bytes): one of its packed fields with a character replaced, cut,
+    padded, or with a value's bytes replaced (an infinity, a NaN, a time out of range, a length off)."""
+    index = draw(st.sampled_from([i for i, line in enumerate(lines) if line.startswith('{"k":"b","t":"')]))
+    record = json.loads(lines[index])
+    key = draw(st.sampled_from([key for key in ("t", "v", "sv", "busy", "iowait") if key in record]))
+    text = record[key]
+    how = draw(st.sampled_from(["char", "cut", "pad", "value"]))
+    if how == "char":
+        at = draw(st.integers(0, len(text) - 1))
+        text = text[:at] + draw(st.sampled_from(list("A/+=-_ .\u00e9\\\"\n"))) + text[at + 1:]
+    elif how == "cut":
+        text = text[:draw(st.integers(0, len(text)))]
+    elif how == "pad":
+        text += draw(st.sampled_from(["=", "==", "AAAA", "AAAAAAAAAAA="]))
+    else:
+        raw = bytearray(base64.b64decode(text))
+        at = draw(st.integers(0, max(len(raw) // 8 - 1, 0))) * 8
+        raw[at:at + 8] = draw(st.sampled_from(_PACKED_VALUES))
+        text = base64.b64encode(bytes(raw)).decode()
+    record[key] = text
+    return index, json.dumps(record, separators=(",", ":")).encode()
 
 
 def _mutated_file(base: Path, scratch: Path, file: str, data: st.DataObject) -> tuple[Path, int]:
@@ -151,6 +183,25 @@ def test_mutated_lines_of_the_other_files_are_read_or_skipped(base_run: Path, sc
     else:
         rank.last_metric_snapshot()
         assert sum(1 for _ in rank.metric_snapshots()) + rank.skipped_lines == lines
+    _analyze(run)
+
+
+@FUZZ
+@given(data=st.data())
+def test_mutated_packed_sample_fields_read_as_line_by_line(base_run: Path, scratch: Path, data: st.DataObject) -> None:
+    """A schema 1.3 block with a bad packed field is skipped whole; every other line reads as it reads alone."""
+    run = _fresh(base_run, scratch)
+    path = run / "rank-0" / schema.SAMPLES
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    index, new = data.draw(packed_mutations(lines))
+    path.write_bytes(b"\n".join(new if i == index else line.encode() for i, line in enumerate(lines)) + b"\n")
+    rank = read_recording(run, samples=True).ranks[0]
+    oracle = SampleColumns()
+    for line in path.read_bytes().decode("utf-8", errors="replace").split("\n"):
+        if line.strip():
+            samples._add_sample(oracle, line.strip())
+    assert comparable(rank.sample_columns()) == comparable(oracle)
+    assert rank.skipped_lines == oracle.skipped_lines <= 1
     _analyze(run)
 
 

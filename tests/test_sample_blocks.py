@@ -1,6 +1,6 @@
-"""samples.jsonl in blocks (schema 1.2): whatever the samples and wherever the blocks are cut, the reader gives
-exactly the columns it gives for the same samples one line each; the writer writes blocks when full, old or
-asked, and a killed process loses at most the block it was filling."""
+"""samples.jsonl in blocks (schema 1.2's lists here, 1.3's in test_sample_packing): whatever the samples and
+wherever the blocks are cut, the reader gives exactly the columns it gives for the same samples one line each; the
+writer writes blocks when full, old or asked, and a killed process loses at most the block it was filling."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_the_block_is_written_when_full_old_or_asked() -> None:
     block = SampleBlock()
     assert all(block.add(_sample(i, node=False), 100.0) is None for i in range(BLOCK_SAMPLES - 1))
     full = block.add(_sample(99, node=False), 100.0)
-    assert full is not None and len(full["t"]) == BLOCK_SAMPLES and len(block) == 0
+    assert full is not None and len(decode(full)) == BLOCK_SAMPLES and len(block) == 0
     block.add(_sample(0, node=False), 200.0)
     assert not block.due(200.0 + BLOCK_SECONDS - 0.1) and block.due(200.0 + BLOCK_SECONDS)
     wide = SampleBlock()  # thousands of CPUs: smaller blocks

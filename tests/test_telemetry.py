@@ -281,7 +281,9 @@ def test_sampler_series_histograms_and_coincidences_with_two_gpus(tmp_path: Path
     sampler.writer.flush()  # type: ignore[union-attr]
     lines = sample_records(path / schema.SAMPLES)
     assert len(lines) == 10
-    assert len(lines[0]["cpu"]) == cores and lines[1]["gpu"]["1"]["u"] == 0.04 and lines[0]["gpu"]["0"]["pm"] > 0
+    assert 0 <= lines[0]["cpum"] <= lines[0]["cpux"] <= 1 and lines[1]["gpu"]["1"]["u"] == 0.04 \
+        and lines[0]["gpu"]["0"]["pm"] > 0
+    assert lines[-1]["ncpu"] == 10 and len(lines[-1]["busy"]) == cores  # the per-CPU sums of the block
 
 
 def test_every_gpu_series_in_the_catalog_is_produced_through_the_seam(tmp_path: Path) -> None:
@@ -461,7 +463,7 @@ def test_session_runs_the_sampler_and_records_samples(tmp_path: Path) -> None:
     assert session.run_dir is not None
     samples = list(read_recording(session.run_dir).ranks[0].samples())
     assert len(samples) >= 2
-    assert samples[-1]["pid"] == os.getpid() and "cpu" in samples[-1]
+    assert samples[-1]["pid"] == os.getpid() and "cpum" in samples[-1] and samples[-1]["ncpu"] >= 1
 
 
 # ------------------------------------------------------------------ MIG instances

@@ -28,6 +28,7 @@ from otelprof.recording.limits import (
     within,
 )
 from otelprof.recording.node_lines import read_node_block
+from otelprof.recording.packed_lines import read_packed
 from otelprof.recording.sample_blocks import KIND, add_block
 
 _PROCESS_SAMPLE = re.compile(r'^(?:\{"t":(\d+),"pid":\d+(?:,"pcpu":([-+0-9.eE]+))?(?:,"rss":(\d+))?\}|(.+))$', re.M)
@@ -56,7 +57,9 @@ def parse_samples(path: Path) -> SampleColumns:
 def _read_samples(c: SampleColumns, text: str) -> None:
     """One block of samples.jsonl (text of whole lines): block lines each at once (schema 1.2); sample lines in
     bulk when they are only process samples, a few at a time when they are node samples, else line by line."""
-    if _BLOCK_LINE in text:  # schema 1.2: a block of samples per line
+    if _BLOCK_LINE in text:  # schema 1.2 and 1.3: a block of samples per line
+        if read_packed(c, text):  # 1.3's lines as the writer writes them, all at once
+            return
         for line in text.split("\n"):
             line = line.strip()
             if line:

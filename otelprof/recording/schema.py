@@ -20,10 +20,17 @@
 * device times of a step's regions, written when the GPU got there (after the step's own line; a step
   may get several): ``{"k":"d","ph":phase,"n":number,"a":[[name,duration],...]}`` (CUDA only)
 
-``samples.jsonl`` records: blocks of samples (schema 1.2; :mod:`otelprof.recording.sample_blocks`), each
-``{"k":"b","t":[time,...],"pcpu":[...],...,"gpu":{index:{key:[...]}}}`` with one entry per sample in each key's list
-(``null`` where a sample lacks the key), written every 20 samples or 10 s; recordings before 1.2 hold one sample
-per line, which the reader still reads. A sample: ``{"t":time,"pid":pid,"pcpu":process_cpu_ratio,"rss":bytes,
+``samples.jsonl`` records: blocks of samples (schema 1.3; :mod:`otelprof.recording.sample_packing`), each
+``{"k":"b","t":"<int64 x n>","pid":pid,"c":[column,...],"gpu":{index:[key,...]},"same":[position,...],
+"sv":"<float64 x len(same)>","v":"<float64 x n x (width - len(same))>","ncpu":k,"busy":"<float64 x cores>",
+"niow":k,"iowait":"<float64 x cores>"}`` (base64 of little-endian values: the sample times, then each sample's
+values of the named columns and GPU keys, NaN where missing, but the columns at ``same`` written once with their
+one value; the per-CPU values reduced by the writer to each sample's mean and maximum and the block's per-CPU
+sums), written every 20 samples or 10 s. Schema 1.2 wrote blocks of JSON lists,
+``{"k":"b","t":[time,...],"pcpu":[...],...,"gpu":{index:{key:[...]}}}`` (``null`` where a sample lacks the key;
+:mod:`otelprof.recording.sample_blocks`), recordings before 1.2 one sample per line; the reader reads all
+three. A sample (a line before 1.2, and the keys of 1.2's lists):
+``{"t":time,"pid":pid,"pcpu":process_cpu_ratio,"rss":bytes,
 "cpu":[busy ratio per CPU],"iow":[iowait ratio per CPU],"mem":host_memory_ratio,"disk":[read_bytes,write_bytes],
 "net":[received,transmitted],"thr":throttled_periods,"cws":container_working_set_bytes,"cml":container_memory_limit_bytes,
 "gpu":{index:{"u":util,"mu":bytes,"mt":bytes,...}}}`` (node-wide keys only from the node sampler; ``cws`` with a
@@ -32,8 +39,9 @@ readable cgroup, ``cml`` only with a memory limit; GPU keys as ``GPU_SAMPLE_KEYS
 
 from __future__ import annotations
 
-SCHEMA_VERSION = "1.2"
-"""1.1: device-time lines (``"k":"d"``) in steps.jsonl. 1.2: samples.jsonl in blocks of samples."""
+SCHEMA_VERSION = "1.3"
+"""1.1: device-time lines (``"k":"d"``) in steps.jsonl. 1.2: samples.jsonl in blocks of samples. 1.3: the blocks'
+numbers packed in binary, the per-CPU values reduced by the writer."""
 SCHEMA_MAJOR = 1
 
 MANIFEST = "manifest.json"

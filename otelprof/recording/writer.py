@@ -147,7 +147,11 @@ class RecordingWriter:
     def add_sample(self, sample: dict[str, Any]) -> None:
         """Queue one sample for samples.jsonl, written in a block (:mod:`otelprof.recording.sample_blocks`)."""
         with self._lock:
-            block = self._samples.add(sample, time.monotonic())
+            try:
+                block = self._samples.add(sample, time.monotonic())
+            except (TypeError, ValueError, OverflowError, AttributeError, KeyError):
+                self._on_dropped(1)  # not the sampler's numbers: the sample, not the block, is lost
+                return
             if block is not None:
                 self._buffers[schema.SAMPLES].append(_encode(block))
 
