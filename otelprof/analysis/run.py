@@ -234,8 +234,10 @@ def across(columns: Sequence[Sequence[float]], how: str) -> list[float]:
     out; NaN when every column lacks the sample."""
     if not columns:
         return []
-    sums = list(map(sum, zip(*columns)))
     k = len(columns)
+    if how != "mean" and all(math.isfinite(sum(column)) for column in columns):  # no NaN: no sums needed
+        return list(map(min if how == "min" else max, *columns)) if k > 1 else list(columns[0])
+    sums = list(map(sum, zip(*columns)))
     complete = math.isfinite(sum(sums))  # no column lacks a sample (NaN would carry into the sum)
     if how == "mean":
         out = [v / k for v in sums]
