@@ -105,7 +105,11 @@ class BoxPlot:
 
     @classmethod
     def of(cls, values: Iterable[float]) -> BoxPlot:
-        ordered = sorted_finite(values)
+        return cls.of_sorted(sorted_finite(values))
+
+    @classmethod
+    def of_sorted(cls, ordered: Sequence[float]) -> BoxPlot:
+        """:meth:`of` of numbers already in ascending order (``sorted_finite(values)``)."""
         n = len(ordered)
         if n == 0:
             nan = math.nan
