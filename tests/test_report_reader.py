@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -339,3 +340,26 @@ def test_bulk_step_columns_equal_json_for_any_names_and_integers(
         assert len(fast.steps) == len(rows) and fast.skipped_lines == 0 and not slowly
     else:
         assert slowly or len(fast.steps) == len(rows)
+
+
+_GREEDY = re.compile(steps._STEP_LINE.pattern.replace("*+", "*").replace("++", "+").replace("?+", "?"), re.M)
+_PIECES = ['{"k":"s","ph":', '"train"', ',"n":', ',"t":', ',"d":', ',"a":[', '["fw",1,2,0]', "],", ',"x":{',
+           '"loss":', "1.5e-3", '"nan"', "}", "]", ",", '"', "\\", '\\"', "0", "-", "12", ".", "e", "+", "\n", ":",
+           '"a\\\\"', ',"err":', "[", "{"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES) | st.text(max_size=3), max_size=40),
+       st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2)), max_size=3))
+def test_the_possessive_step_pattern_matches_what_the_greedy_one_does(pieces: list[str],
+                                                                      cuts: list[tuple[int, int]]) -> None:
+    """Possessive quantifiers (no backtracking into a part) find the same step lines and groups as the plain
+    ones, in valid lines cut or spliced and in any text made of the format's pieces."""
+    line = _recorder_line("train", 3, 10**18, 5, [("fw", 1, 2, 0), ('a"b', -3, 0, 1)], {"loss": 1.5, "g": math.nan},
+                          "E")
+    text = "".join(pieces)
+    for at, how in cuts:
+        cut = len(line) * at // 4
+        text += "\n" + (line[:cut] if how == 0 else line[:cut] + text[:5] + line[cut:] if how == 1 else line)
+    assert steps._STEP_LINE.findall(text) == _GREEDY.findall(text)
+    assert steps._STEP_LINE.findall(line) == _GREEDY.findall(line) and not steps._STEP_LINE.findall(line)[0][7]
