@@ -212,8 +212,8 @@ class SampleTable:
             return Series(at, values if every else compress(values, known))  # a list converts faster
 
         def known(t: Sequence[float], values: Sequence[float]) -> Series:
-            if values and t is times and math.isfinite(sum(values)):
-                return Series(every_time, values)
+            if values and len(values) == len(t) and math.isfinite(sum(values)):  # every value known (no NaN)
+                return Series(every_time if t is times else t, values)
             keep = list(map(operator.eq, values, values))
             if False not in keep:
                 return Series(t, values) if keep else EMPTY

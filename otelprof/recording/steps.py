@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from array import array
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import Any
 
 from otelprof.recording import schema
@@ -126,7 +127,7 @@ def _fill_columns(c: StepColumns, rows: list[tuple[str, ...]]) -> bool:
     joined = ",".join(filter(None, annotations))
     if "\\" in joined:
         return False
-    counts = [body.count('"') >> 1 for body in annotations]
+    counts = list(map(operator.rshift, map(str.count, annotations, repeat('"')), repeat(1)))
     total = sum(counts)
     if total:
         if max(counts) > MAX_STEP_REGIONS or joined.count("],[") != total - 1:
@@ -153,7 +154,7 @@ def _fill_columns(c: StepColumns, rows: list[tuple[str, ...]]) -> bool:
     joined = ",".join(filter(None, scalars))
     if "\\" in joined:
         return False
-    counts = [body.count('":') for body in scalars]
+    counts = list(map(str.count, scalars, repeat('":')))
     total = sum(counts)
     if total:
         if max(counts) > MAX_STEP_SCALARS:
