@@ -117,11 +117,12 @@ def _step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
 
 def _build_step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
     columns = rank.step_columns
-    start = [t / 1e9 for t in columns.start_ns]
-    end = [(t + d) / 1e9 for t, d in zip(columns.start_ns, columns.duration_ns)]
+    seconds = (1e9).__rtruediv__  # t / 1e9
+    start = list(map(seconds, columns.start_ns))
+    end = list(map(seconds, map(operator.add, columns.start_ns, columns.duration_ns)))
     return StepTable.build(columns.phase_names, columns.phase, start, end,
-                           [w / 1e9 for w in columns.annotation_sums(sc.REGION_DATALOADER)],
-                           [c / 1e9 for c in collectives.of_columns(columns)[1]],  # exposed communication
+                           list(map(seconds, columns.annotation_sums(sc.REGION_DATALOADER))),
+                           list(map(seconds, collectives.of_columns(columns)[1])),  # exposed communication
                            outlier_costs(rank, outlier), columns.scalar("loss"), columns.scalar("grad_norm"))
 
 

@@ -171,9 +171,10 @@ def _fill_columns(c: StepColumns, rows: list[tuple[str, ...]]) -> bool:
             codes[token] = c.code(c.scalar_names, str(json.loads(token)))
         values = tokens[1::2]
         c.scalar_name = array("I", map(codes.__getitem__, names))
-        c.scalar_value = array("d", map(float, (v.strip('"') for v in values) if '"' in ",".join(values) else values))
-        if (math.inf in c.scalar_value or -math.inf in c.scalar_value) and any(
-                v[:1] != '"' and math.isinf(float(v)) for v in values):
+        quoted = '":"' in joined  # a value written as a string ("nan", "inf") follows its name so
+        c.scalar_value = array("d", map(float, (v.strip('"') for v in values) if quoted else values))
+        if not math.isfinite(sum(c.scalar_value)) and (math.inf in c.scalar_value or -math.inf in c.scalar_value) \
+                and any(v[:1] != '"' and math.isinf(float(v)) for v in values):
             return False  # a number too large for a double (the recorder writes infinities as "inf")
     c.scalar_index = array("q", [0])
     c.scalar_index.extend(accumulate(counts))
