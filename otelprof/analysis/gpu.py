@@ -140,7 +140,7 @@ def _gpu_figures(c: SampleColumns, ratios: dict[str, list[float]] | None,
         g = c.gpus[index]
         util = g.get("u", ())
         memory = ratios.get(index, [])
-        totals = g.get("mt", ())
+        totals: Sequence[float] = g.get("mt", ())
         if not math.isfinite(sum(totals)):  # NaN where a sample lacks it
             totals = finite(totals)
         # the box plot sorts its values: the same numbers in order make the same box (its mean is an fsum)
