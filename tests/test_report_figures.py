@@ -20,7 +20,7 @@ from otelprof.analysis import bottlenecks, dataloader, framework, gpu, loadbalan
 from otelprof.analysis.check_recording import prepare_sections
 from otelprof.analysis.rank_figures import prepare_figures
 from otelprof.analysis.report import build_report, report_dict
-from otelprof.analysis.run import across, outlier_settings, per_rank
+from otelprof.analysis.run import across, mean_and_min, outlier_settings, per_rank
 from otelprof.analysis.stats import Chunks, Histogram, Series, finite, sorted_finite
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.columns import SampleColumns, StepColumns
@@ -177,6 +177,9 @@ def test_across_equals_a_loop_over_the_samples(rows: list[list[float]], complete
             else:
                 expected.append(pick(present))
         assert _same(across(columns, how), expected)
+    if columns:
+        mean, least = mean_and_min(columns)  # both in one pass where no column lacks a sample
+        assert _same(mean, across(columns, "mean")) and _same(least, across(columns, "min"))
 
 
 @settings(max_examples=200, deadline=None)

@@ -16,7 +16,7 @@ from otelprof.analysis.framework import rank_breakdown, rank_regions
 from otelprof.analysis.gpu import gpu_figures
 from otelprof.analysis.loadbalance import gpu_loads, ordered_utilization, rank_loads
 from otelprof.analysis.progress import MAIN_PHASE, rank_throughput
-from otelprof.analysis.run import MAX_PHASES, gpu_min, outlier_settings, phase_totals
+from otelprof.analysis.run import MAX_PHASES, gpu_utilization, outlier_settings, phase_totals
 from otelprof.analysis.steps import step_figures
 from otelprof.analysis.system import gpu_memory_ratios, node_figures, process_figures
 from otelprof.mixin.config import MixinConfig
@@ -44,10 +44,10 @@ def prepare_figures(rank: RankRecording, config: MixinConfig | None = None) -> N
     if samples.node_samples:
         memory = gpu_memory_ratios(samples)
         ordered = ordered_utilization(samples)
-        node_figures(samples, memory)
+        mean, lowest = gpu_utilization(samples)
+        node_figures(samples, memory, mean)
         gpu_figures(samples, memory, ordered)
         gpu_loads(samples, ordered)
-        lowest = gpu_min(samples)
         coincidences(samples, False, config.cpu_threshold, config.gpu_threshold, lowest)
         coincidences(samples, True, config.io_threshold, config.gpu_threshold, lowest)
         node = NodeColumns(memory, lowest)

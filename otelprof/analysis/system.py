@@ -204,13 +204,15 @@ class NodeFigures:
     """CPU, busiest core, I/O wait, memory, GPU, GPU memory."""
 
 
-def node_figures(c: SampleColumns, memory: dict[str, list[float]] | None = None) -> NodeFigures:
-    """``memory``: :func:`gpu_memory_ratios` when already known."""
-    return per_rank(c, "system node", partial(_node_figures, c, memory))
+def node_figures(c: SampleColumns, memory: dict[str, list[float]] | None = None,
+                 gpu_mean: list[float] | None = None) -> NodeFigures:
+    """``memory``: :func:`gpu_memory_ratios`, ``gpu_mean``: :func:`per_sample_gpu_mean`, when already known."""
+    return per_rank(c, "system node", partial(_node_figures, c, memory, gpu_mean))
 
 
-def _node_figures(c: SampleColumns, memory: dict[str, list[float]] | None) -> NodeFigures:
-    gpu_mean = per_sample_gpu_mean(c)
+def _node_figures(c: SampleColumns, memory: dict[str, list[float]] | None,
+                  gpu_mean: list[float] | None = None) -> NodeFigures:
+    gpu_mean = per_sample_gpu_mean(c) if gpu_mean is None else gpu_mean
     gpu_mem = per_sample_gpu_memory(c, memory)
     seconds = _intervals(c.t_ns)
     net_v = _rate_values(c.t_ns, seconds, c.net_rx, c.net_tx)
