@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
+from itertools import accumulate, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from otelprof.analysis import bottlenecks, dataloader, framework, gpu, loadbalan
 from otelprof.analysis.check_recording import prepare_sections
 from otelprof.analysis.rank_figures import prepare_figures
 from otelprof.analysis.report import build_report, report_dict
-from otelprof.analysis.run import across, outlier_settings, per_rank
+from otelprof.analysis.run import across, mean_and_min, outlier_settings, per_rank
 from otelprof.analysis.stats import Chunks, Histogram, Series, finite, sorted_finite
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.columns import SampleColumns, StepColumns
@@ -176,6 +177,9 @@ def test_across_equals_a_loop_over_the_samples(rows: list[list[float]], complete
             else:
                 expected.append(pick(present))
         assert _same(across(columns, how), expected)
+    if columns:
+        mean, least = mean_and_min(columns)  # both in one pass where no column lacks a sample
+        assert _same(mean, across(columns, "mean")) and _same(least, across(columns, "min"))
 
 
 @settings(max_examples=200, deadline=None)
@@ -199,6 +203,50 @@ def test_rates_equal_a_loop_over_the_samples(steps_and_counts: list[tuple[int, f
         previous = (now, total)
     found = system._rates(array("q", times), a, b)
     assert _same(found[0], out_t) and _same(found[1], out_v)
+    assert _same(system._rate_values(array("q", times), system._intervals(array("q", times)), a, b), out_v)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(0, 1e6), st.floats(0, 1e6)), min_size=1, max_size=40),
+       st.booleans())
+def test_node_rates_at_once_equal_the_loop(rows: list[tuple[int, float, float]], forward: bool) -> None:
+    """Counters that never fall, time that always runs forward (the usual node): the rates at once."""
+    times = list(accumulate((step + forward for step, _, _ in rows), initial=10**18))[1:]
+    a = array("d", accumulate(x for _, x, _ in rows))
+    b = array("d", accumulate(y for _, _, y in rows))
+    seconds = system._intervals(array("q", times))
+    assert (seconds is None) == (len(times) < 2 or min(b - a for a, b in pairwise(times)) <= 0)
+    assert _same(system._rate_values(array("q", times), seconds, a, b), system._rates(array("q", times), a, b)[1])
+    assert _same(system._rate_values(array("q", times), seconds, a), system._rates(array("q", times), a)[1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 3).flatmap(lambda k: st.lists(st.tuples(
+    st.one_of(st.floats(0, 1), st.just(math.nan)), st.lists(st.one_of(st.floats(0, 1), st.just(math.nan)),
+                                                            min_size=k, max_size=k)), max_size=30)),
+       st.sampled_from([0.1, 0.5]), st.booleans())
+def test_coincidences_equal_a_loop_over_the_samples(rows: list[tuple[float, list[float]]], gpu_threshold: float,
+                                                    io: bool) -> None:
+    c = SampleColumns()
+    c.t_ns = array("q", range(10**18, 10**18 + len(rows)))
+    busy = array("d", [b for b, _ in rows])
+    c.cpu_max, c.iow_max = (array("d"), busy) if io else (busy, array("d"))
+    k = len(rows[0][1]) if rows else 0
+    c.gpus = {str(g): {"u": array("d", [u[g] for _, u in rows])} for g in range(k)}
+    least = [min((v for v in u if v == v), default=math.nan) for _, u in rows] if k else []
+    datapoints = low_gpu = busy_count = 0
+    hits = []
+    for i, (value, _) in enumerate(rows):  # the loop the counts were computed with
+        if value != value:
+            continue
+        datapoints += 1
+        low = bool(least) and least[i] < gpu_threshold
+        low_gpu += low
+        busy_count += value > 0.8
+        if low and value > 0.8:
+            hits.append(c.t_ns[i])
+    found = bottlenecks.coincidences(c, io, 0.8, gpu_threshold)
+    assert found[:3] == (datapoints, low_gpu, busy_count) and list(found[3]) == hits
 
 
 @settings(max_examples=200, deadline=None)

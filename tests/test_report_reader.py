@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from otelprof.recording import schema
+from otelprof.recording import limits, schema, steps
 from otelprof.recording.ranks import RankRecording
 from otelprof.recording.reader import read_recording
 from otelprof.recording.records import Annotation, Step
+from otelprof.recording.steps import _read_steps_slowly as steps_read_slowly
 from otelprof.recording.steps import parse_line
 from tests.test_report_fixtures import NS, T0, dumps, manifest, small_run, step_line, write_lines, write_rank
 
@@ -95,6 +99,20 @@ def test_awkward_region_and_scalar_names_parse_like_json(tmp_path: Path, name: s
     assert fast.steps[0].annotations[1].name == name and fast.steps[0].scalars[name] == 2.0
     assert math.isnan(fast.steps[0].scalars["g"]) and fast.steps[1].scalars["loss"] == math.inf
     assert fast.steps[1].error == "ValueError" and fast.steps[2].annotations == ()
+
+
+@pytest.mark.parametrize("name", AWKWARD)
+def test_awkward_region_names_alone_parse_like_json(tmp_path: Path, name: str) -> None:
+    """A name only among the regions (the scalars' names do not send the block to the JSON path)."""
+    directory = write_rank(tmp_path / "run", 0, manifest(), [])
+    start = int(T0 * NS)
+    write_lines(directory / schema.STEPS, [
+        _recorder_line("train", 0, start, 100, [("forward", 1, 50, 0), (name, 60, 30, 1), ("backward", 1, 2, 0)],
+                       {"loss": 1.5}),
+        _recorder_line("train", 1, start + 200, 100, [(name, 0, 10, 0)], {"loss": 1.0})])
+    fast = read_recording(directory).ranks[0]
+    _same(fast, _slow(directory))
+    assert [a.name for a in fast.steps[0].annotations] == ["forward", name, "backward"]
 
 
 def test_other_layouts_and_corrupt_lines(tmp_path: Path) -> None:
@@ -286,3 +304,62 @@ def test_prepare_runs_in_the_parsing_processes_and_the_checks_read_what_it_kept(
     assert _sample_table(rank, MixinConfig()) is _sample_table(rank, MixinConfig())
     assert evaluate(prepared) == evaluate(plain)  # the same verdicts, values and subjects
     assert sum(result.datapoints for result in evaluate(plain)) > 0  # they judged something
+
+
+_names = st.text(st.characters(blacklist_categories=("Cs",)), max_size=6) | st.sampled_from(AWKWARD)
+_ints = st.integers(0, 10**9) | st.integers(-2**65, 2**65) | st.sampled_from([2**63 - 1, 2**63, -2**63, 2**64])
+_region = st.tuples(_names, _ints, _ints, st.integers(0, 3) | st.integers(2**31 - 2, 2**33))
+
+
+@settings(max_examples=150, deadline=None)
+@example([("train", 0, 0, 5, [("forward", 1, 2, 0), ("x],[y", 3, 1, 1), ("a,b", 2**64, 0, 0)])], True)
+@example([("train", 0, 0, 5, [("x],[y", 3, 1, 1), ("forward", 1, 2, 0)])], False)
+@given(st.lists(st.tuples(_names, _ints, st.integers(0, 10**12), st.integers(0, 10**9),
+                          st.lists(_region, max_size=4)), min_size=1, max_size=6), st.booleans())
+def test_bulk_step_columns_equal_json_for_any_names_and_integers(
+        tmp_path_factory: pytest.TempPathFactory,
+        rows: list[tuple[str, int, int, int, list[tuple[str, int, int, int]]]], fast_json: bool) -> None:
+    """The recorder's step lines, with names holding JSON's punctuation and integers past 64 bits, read in bulk
+    (their integers as one JSON array, through orjson or the json module) give what each line as JSON gives."""
+    directory = write_rank(tmp_path_factory.mktemp("bulk") / "run", 0, manifest(), [])
+    start = int(T0 * NS)
+    write_lines(directory / schema.STEPS, [_recorder_line(phase, number, start + t, d, regions, {"loss": 1.0})
+                                           for phase, number, t, d, regions in rows])
+    slowly: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        if not fast_json:
+            patch.setattr(limits, "_fast_loads", None)
+        patch.setattr(steps, "_read_steps_slowly", lambda rank, text: slowly.append(text) or
+                      steps_read_slowly(rank, text))
+        fast = read_recording(directory).ranks[0]
+    _same(fast, _slow(directory))
+    plain = all(-2**63 <= n < 2**63 and all(0 <= o < 2**40 and 0 <= d < 2**40 and depth < 4 and "\\" not in
+                                            json.dumps(name) and "],[" not in name for name, o, d, depth in regions)
+                for _, n, _, _, regions in rows)
+    if plain and all("\\" not in json.dumps(s[0]) for s in rows):  # what the bulk parse takes: it did
+        assert len(fast.steps) == len(rows) and fast.skipped_lines == 0 and not slowly
+    else:
+        assert slowly or len(fast.steps) == len(rows)
+
+
+_GREEDY = re.compile(steps._STEP_LINE.pattern.replace("*+", "*").replace("++", "+").replace("?+", "?"), re.M)
+_PIECES = ['{"k":"s","ph":', '"train"', ',"n":', ',"t":', ',"d":', ',"a":[', '["fw",1,2,0]', "],", ',"x":{',
+           '"loss":', "1.5e-3", '"nan"', "}", "]", ",", '"', "\\", '\\"', "0", "-", "12", ".", "e", "+", "\n", ":",
+           '"a\\\\"', ',"err":', "[", "{"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES) | st.text(max_size=3), max_size=40),
+       st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2)), max_size=3))
+def test_the_possessive_step_pattern_matches_what_the_greedy_one_does(pieces: list[str],
+                                                                      cuts: list[tuple[int, int]]) -> None:
+    """Possessive quantifiers (no backtracking into a part) find the same step lines and groups as the plain
+    ones, in valid lines cut or spliced and in any text made of the format's pieces."""
+    line = _recorder_line("train", 3, 10**18, 5, [("fw", 1, 2, 0), ('a"b', -3, 0, 1)], {"loss": 1.5, "g": math.nan},
+                          "E")
+    text = "".join(pieces)
+    for at, how in cuts:
+        cut = len(line) * at // 4
+        text += "\n" + (line[:cut] if how == 0 else line[:cut] + text[:5] + line[cut:] if how == 1 else line)
+    assert steps._STEP_LINE.findall(text) == _GREEDY.findall(text)
+    assert steps._STEP_LINE.findall(line) == _GREEDY.findall(line) and not steps._STEP_LINE.findall(line)[0][7]

@@ -6,10 +6,12 @@ doing at those moments (the region each rank on the node was in)."""
 from __future__ import annotations
 
 import bisect
+import operator
 from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import compress, repeat
 
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
 from otelprof.analysis.run import RunView, gpu_min, per_rank
@@ -76,19 +78,11 @@ def coincidences(c: SampleColumns, io: bool, high: float, gpu_threshold: float, 
     def compute() -> tuple[int, int, int, array[int]]:
         busy_col = c.iow_max if io else c.cpu_max
         least = gpu_min(c) if lowest is None else lowest
-        datapoints = low_gpu = busy = 0
-        hits = array("q")
-        for i, value in enumerate(busy_col):
-            if value != value:
-                continue
-            datapoints += 1
-            low = bool(least) and least[i] < gpu_threshold
-            is_busy = value > high
-            low_gpu += low
-            busy += is_busy
-            if low and is_busy:
-                hits.append(c.t_ns[i])
-        return datapoints, low_gpu, busy, hits
+        known = list(map(operator.eq, busy_col, busy_col))  # a node value (not NaN)
+        low = list(map(operator.lt, least, repeat(gpu_threshold))) if least else [False] * len(busy_col)
+        busy = list(map(operator.gt, busy_col, repeat(high)))  # NaN: False
+        hits = array("q", compress(c.t_ns, map(operator.and_, low, busy)))
+        return sum(known), sum(compress(low, known)), sum(busy), hits
 
     return per_rank(c, ("coincidences", io, high, gpu_threshold), compute)
 

@@ -12,8 +12,10 @@ from itertools import compress
 
 from otelprof import semconv as sc
 from otelprof.analysis.check_tables import RankData, SampleTable, StepTable
-from otelprof.analysis.rank_figures import prepare_figures
+from otelprof.analysis.rank_figures import NodeColumns, prepare_figures
+from otelprof.analysis.run import gpu_min
 from otelprof.analysis.steps import profiled_windows
+from otelprof.analysis.system import gpu_memory_ratios
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.columns import SampleColumns, group_indexes
 from otelprof.recording.ranks import RankRecording
@@ -21,42 +23,46 @@ from otelprof.shared import collectives
 from otelprof.shared.outliers import StepJudge, in_windows
 
 
-def _sample_table(rank: RankRecording, config: MixinConfig) -> SampleTable:
+def _sample_table(rank: RankRecording, config: MixinConfig, node: NodeColumns | None = None) -> SampleTable:
     """Node samples from the reader's columns: per-CPU maxima and means, not 64-value tuples. Kept with the
-    columns per thresholds (:func:`prepare_rank` makes it while the recording is parsed)."""
+    columns per thresholds (:func:`prepare_rank` makes it while the recording is parsed, with the ``node``
+    columns the figures derived)."""
     columns = rank.sample_columns()
     key = (config.cpu_threshold, config.io_threshold, config.gpu_threshold)
     cached: dict[tuple[float, float, float], tuple[int, SampleTable]] = columns.__dict__.setdefault(
         "_check_samples", {})
     found = cached.get(key)
     if found is None or found[0] != len(columns):
-        found = cached[key] = (len(columns), _build_sample_table(columns, config))
+        found = cached[key] = (len(columns), _build_sample_table(columns, config, node))
     return found[1]
 
 
-def _build_sample_table(columns: SampleColumns, config: MixinConfig) -> SampleTable:
-    node = list(map(operator.eq, columns.cpu_max, columns.cpu_max))  # NaN: a process-only sample
+def _build_sample_table(columns: SampleColumns, config: MixinConfig, derived: NodeColumns | None = None
+                        ) -> SampleTable:
+    # a node rank: every sample a node sample (a NaN maximum: a process-only sample)
+    every = len(columns.cpu_max) == len(columns) and math.isfinite(sum(columns.cpu_max))
+    node = [] if every else list(map(operator.eq, columns.cpu_max, columns.cpu_max))
+    every = every or (len(node) == len(columns) and False not in node)
     nan = array("d", [math.nan]) * len(columns)
-    every = len(node) == len(columns) and False not in node  # a node rank: every sample a node sample
 
-    def kept(values: Sequence[float] | None) -> list[float]:
+    def kept(values: Sequence[float] | None) -> Sequence[float]:
         values = nan if values is None else values
-        return list(values) if every else list(compress(values, node))
+        return values if every else list(compress(values, node))
 
-    def ratio(used: list[float], total: list[float]) -> list[float]:
-        if 0.0 in total:
-            return [u / t if t else math.nan for u, t in zip(used, total)]
-        return list(map(operator.truediv, used, total))  # NaN propagates
-
-    util = {str(index): kept(g.get("u")) for index, g in columns.gpus.items()}
-    memory = {str(index): ratio(kept(g.get("mu")), kept(g.get("mt"))) for index, g in columns.gpus.items()}
-    seconds = [t / 1e9 for t in columns.t_ns]
+    gpus = columns.gpus
+    memory = gpu_memory_ratios(columns) if derived is None else derived.memory
+    lowest = None
+    if gpus and any("u" in g for g in gpus.values()):
+        lowest = kept(gpu_min(columns) if derived is None else derived.lowest)
+    util = {str(index): kept(g.get("u")) for index, g in gpus.items()}
+    ratios = {str(index): kept(memory.get(index)) for index in gpus}
+    seconds = list(map((1e9).__rtruediv__, columns.t_ns))  # t / 1e9
     return SampleTable.build(seconds if every else list(compress(seconds, node)), kept(columns.cpu_max),
                              kept(columns.cpu_mean), kept(columns.iow_max),
                              {g: v for g, v in util.items() if any(map(operator.eq, v, v))},
-                             {g: v for g, v in memory.items() if any(map(operator.eq, v, v))}, config,
+                             {g: v for g, v in ratios.items() if any(map(operator.eq, v, v))}, config,
                              (seconds, columns.rss), kept(columns.mem),
-                             kept(columns.container_memory), kept(columns.container_limit))
+                             kept(columns.container_memory), kept(columns.container_limit), lowest)
 
 
 @dataclass(frozen=True)
@@ -86,9 +92,10 @@ def prepare_rank(rank: RankRecording) -> None:
     the collectives' union per step and the checks' step and sample tables (with the settings of the recording
     and the default mixin config; other settings compute theirs when asked)."""
     config = MixinConfig()
-    prepare_sections(rank)
+    collectives.of_columns(rank.step_columns)  # prepare_sections, with the node columns the figures derive
+    node = prepare_figures(rank)
     _step_table(rank, OutlierSettings.of(rank.manifest.get("config") or {}, config))
-    _sample_table(rank, config)
+    _sample_table(rank, config, node)
 
 
 def prepare_sections(rank: RankRecording) -> None:
@@ -110,11 +117,12 @@ def _step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
 
 def _build_step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTable:
     columns = rank.step_columns
-    start = [t / 1e9 for t in columns.start_ns]
-    end = [(t + d) / 1e9 for t, d in zip(columns.start_ns, columns.duration_ns)]
+    seconds = (1e9).__rtruediv__  # t / 1e9
+    start = list(map(seconds, columns.start_ns))
+    end = list(map(seconds, map(operator.add, columns.start_ns, columns.duration_ns)))
     return StepTable.build(columns.phase_names, columns.phase, start, end,
-                           [w / 1e9 for w in columns.annotation_sums(sc.REGION_DATALOADER)],
-                           [c / 1e9 for c in collectives.of_columns(columns)[1]],  # exposed communication
+                           list(map(seconds, columns.annotation_sums(sc.REGION_DATALOADER))),
+                           list(map(seconds, collectives.of_columns(columns)[1])),  # exposed communication
                            outlier_costs(rank, outlier), columns.scalar("loss"), columns.scalar("grad_norm"))
 
 

@@ -183,34 +183,43 @@ class SampleTable:
               iowait_max: Sequence[float], util: dict[str, Sequence[float]], memory: dict[str, Sequence[float]],
               config: MixinConfig, rss: tuple[Sequence[float], Sequence[float]] = ((), ()),
               host_memory: Sequence[float] = (), container_memory: Sequence[float] = (),
-              container_limit: Sequence[float] = ()) -> SampleTable:
-        """From per-sample columns, NaN where a sample lacks a value; ``rss`` as (times, values) of every sample."""
-        low_gpu = [False] * len(times)  # per sample: some GPU below the threshold (NaN compares False)
-        for values in util.values():
-            low_gpu = list(map(operator.or_, low_gpu, map(partial(operator.gt, config.gpu_threshold), values)))
+              container_limit: Sequence[float] = (), lowest: Sequence[float] | None = None) -> SampleTable:
+        """From per-sample columns, NaN where a sample lacks a value; ``rss`` as (times, values) of every sample;
+        ``lowest``: per sample, the least utilization over the GPUs that have one (NaN: none), when known."""
+        if lowest is not None:  # some GPU below the threshold: the least one is (NaN compares False)
+            low_gpu = list(map(partial(operator.gt, config.gpu_threshold), lowest))
+        else:
+            low_gpu = [False] * len(times)  # per sample: some GPU below the threshold (NaN compares False)
+            for values in util.values():
+                low_gpu = list(map(operator.or_, low_gpu, map(partial(operator.gt, config.gpu_threshold), values)))
 
         def hits(peaks: Sequence[float], high: float) -> array[int]:
             """Running count of bottleneck coincidences: a CPU (or iowait) above ``high`` while a GPU is low."""
             return array("q", accumulate(map(operator.and_, map(high.__lt__, peaks), low_gpu), initial=0))
 
-        kept_times: dict[bytes, array[float]] = {}
+        every_time = array("d", times)
+        kept_times: dict[bytes, array[float]] = {b"": every_time}
 
         def series(values: Sequence[float]) -> Series:
+            if len(values) == len(times) and math.isfinite(sum(values)):  # every value known (most columns)
+                return Series(every_time, values)
             known = list(map(operator.eq, values, values))  # not NaN
-            key = bytes(known)  # the GPUs of a node read in the same samples share one array of their times
             every = False not in known
+            key = b"" if every else bytes(known)  # the GPUs of a node read in the same samples share their times
             at = kept_times.get(key)
             if at is None:
                 at = kept_times[key] = array("d", times if every else compress(times, known))
             return Series(at, values if every else compress(values, known))  # a list converts faster
 
         def known(t: Sequence[float], values: Sequence[float]) -> Series:
+            if values and len(values) == len(t) and math.isfinite(sum(values)):  # every value known (no NaN)
+                return Series(every_time if t is times else t, values)
             keep = list(map(operator.eq, values, values))
             if False not in keep:
                 return Series(t, values) if keep else EMPTY
             return Series(compress(t, keep), compress(values, keep)) if any(keep) else EMPTY
 
-        return SampleTable(array("d", times), hits(busy_max, config.cpu_threshold),
+        return SampleTable(every_time, hits(busy_max, config.cpu_threshold),
                            hits(iowait_max, config.io_threshold), series(busy_mean),
                            {g: series(v) for g, v in util.items()}, {g: series(v) for g, v in memory.items()},
                            known(*rss), known(times, host_memory), known(times, container_memory),

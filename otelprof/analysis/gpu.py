@@ -140,9 +140,11 @@ def _gpu_figures(c: SampleColumns, ratios: dict[str, list[float]] | None,
         g = c.gpus[index]
         util = g.get("u", ())
         memory = ratios.get(index, [])
-        totals = finite(g.get("mt", ()))
+        totals: Sequence[float] = g.get("mt", ())
+        if not math.isfinite(sum(totals)):  # NaN where a sample lacks it
+            totals = finite(totals)
         # the box plot sorts its values: the same numbers in order make the same box (its mean is an fsum)
-        box = BoxPlot.of(util if ordered is None else ordered[index])
+        box = BoxPlot.of(util) if ordered is None else BoxPlot.of_sorted(ordered[index])
         out[index] = GpuFigures(box, BoxPlot.of(memory), max(totals) if totals else None,
                                 _median(g.get("p", ())), _median(g.get("t", ())), _growth(memory), Chunks.of(util),
                                 Chunks.of(memory) if memory else None)

@@ -13,8 +13,11 @@
 from __future__ import annotations
 
 import math
+import operator
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from otelprof import semconv as sc
 from otelprof.analysis.ranksummary import RankSummary, many, summarize
@@ -150,7 +153,7 @@ def rank_loads(columns: StepColumns) -> dict[str, tuple[float, float, float, flo
             durations = list(map(columns.duration_ns.__getitem__, mask))
             if durations:
                 n = len(durations)
-                compute = sum(map(_compute, durations, map(wait.__getitem__, mask), map(exposed.__getitem__, mask)))
+                compute = _compute(durations, map(wait.__getitem__, mask), map(exposed.__getitem__, mask))
                 out[phase] = (statistics.median(durations) / 1e9, compute / n / 1e9,
                               sum(map(collective.__getitem__, mask)) / n / 1e9,
                               sum(map(exposed.__getitem__, mask)) / n / 1e9)
@@ -196,6 +199,6 @@ def load_balance(view: RunView, config: MixinConfig | None = None, distance_thre
                        distance_threshold, tuple(gpus), tuple(distances), tuple(ranks), config.straggler_ratio)
 
 
-def _compute(step_ns: int, wait_ns: int, exposed_ns: int) -> int:
-    """A step's time outside data-loader wait and exposed communication (never below 0)."""
-    return max(step_ns - wait_ns - exposed_ns, 0)
+def _compute(steps_ns: Iterable[int], waits_ns: Iterable[int], exposed_ns: Iterable[int]) -> int:
+    """The steps' time outside data-loader wait and exposed communication (each step's never below 0)."""
+    return sum(map(max, map(operator.sub, map(operator.sub, steps_ns, waits_ns), exposed_ns), repeat(0)))

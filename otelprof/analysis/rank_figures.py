@@ -7,6 +7,8 @@ config given to the report, another rank's outlier settings) are computed when a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from otelprof import semconv as sc
 from otelprof.analysis.bottlenecks import coincidences
 from otelprof.analysis.dataloader import loader_phases
@@ -14,31 +16,44 @@ from otelprof.analysis.framework import rank_breakdown, rank_regions
 from otelprof.analysis.gpu import gpu_figures
 from otelprof.analysis.loadbalance import gpu_loads, ordered_utilization, rank_loads
 from otelprof.analysis.progress import MAIN_PHASE, rank_throughput
-from otelprof.analysis.run import MAX_PHASES, gpu_min, outlier_settings, phase_totals
+from otelprof.analysis.run import MAX_PHASES, gpu_utilization, outlier_settings, phase_totals
 from otelprof.analysis.steps import step_figures
 from otelprof.analysis.system import gpu_memory_ratios, node_figures, process_figures
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.ranks import RankRecording
 
 
-def prepare_figures(rank: RankRecording, config: MixinConfig | None = None) -> None:
+@dataclass(frozen=True)
+class NodeColumns:
+    """Per-sample columns the figures derive from a node's samples and the checks' sample table reads too: handed
+    on by :func:`prepare_figures`, not kept (each is as large as the samples)."""
+
+    memory: dict[str, list[float]]
+    """:func:`~otelprof.analysis.system.gpu_memory_ratios`."""
+    lowest: list[float]
+    """:func:`~otelprof.analysis.run.gpu_min`."""
+
+
+def prepare_figures(rank: RankRecording, config: MixinConfig | None = None) -> NodeColumns | None:
     """Compute and keep one rank's figures, with ``config`` (default: the mixin's defaults, as the report's)
-    and the outlier settings the rank recorded."""
+    and the outlier settings the rank recorded; a node rank's derived columns are returned."""
     config = config or MixinConfig()
     samples = rank.sample_columns()
     process_figures(samples)
+    node = None
     if samples.node_samples:
         memory = gpu_memory_ratios(samples)
         ordered = ordered_utilization(samples)
-        node_figures(samples, memory)
+        mean, lowest = gpu_utilization(samples)
+        node_figures(samples, memory, mean)
         gpu_figures(samples, memory, ordered)
         gpu_loads(samples, ordered)
-        lowest = gpu_min(samples)
         coincidences(samples, False, config.cpu_threshold, config.gpu_threshold, lowest)
         coincidences(samples, True, config.io_threshold, config.gpu_threshold, lowest)
+        node = NodeColumns(memory, lowest)
     c = rank.step_columns
     if not len(c):
-        return
+        return node
     phase_totals(c)
     rank_regions(c)
     rank_breakdown(c)
@@ -52,3 +67,4 @@ def prepare_figures(rank: RankRecording, config: MixinConfig | None = None) -> N
     if MAIN_PHASE in c.phase_names:
         for name, read in scalars.items():
             rank_throughput(c, MAIN_PHASE, name, read)
+    return node

@@ -234,8 +234,10 @@ def across(columns: Sequence[Sequence[float]], how: str) -> list[float]:
     out; NaN when every column lacks the sample."""
     if not columns:
         return []
-    sums = list(map(sum, zip(*columns)))
     k = len(columns)
+    if how != "mean" and all(math.isfinite(sum(column)) for column in columns):  # no NaN: no sums needed
+        return list(map(min if how == "min" else max, *columns)) if k > 1 else list(columns[0])
+    sums = list(map(sum, zip(*columns)))
     complete = math.isfinite(sum(sums))  # no column lacks a sample (NaN would carry into the sum)
     if how == "mean":
         out = [v / k for v in sums]
@@ -276,6 +278,23 @@ def last_values(rank: RankRecording) -> dict[str, list[tuple[dict[str, Any], flo
                                   for a in point.attributes}
                     out.setdefault(metric.name, []).append((attributes, value))
     return out
+
+
+def mean_and_min(columns: Sequence[Sequence[float]]) -> tuple[list[float], list[float]]:
+    """``across(columns, "mean")`` and ``across(columns, "min")``: in one pass over the samples when no column
+    lacks one (a node's GPUs)."""
+    if len(columns) > 1 and all(math.isfinite(sum(column)) for column in columns):
+        rows = list(zip(*columns))
+        k = len(columns)
+        return [v / k for v in map(sum, rows)], list(map(min, rows))
+    return across(columns, "mean"), across(columns, "min")
+
+
+def gpu_utilization(columns: SampleColumns) -> tuple[list[float], list[float]]:
+    """Per sample: the mean utilization over the GPUs that reported one (:func:`per_sample_gpu_mean`) and the
+    least (:func:`gpu_min`); NaN where none did."""
+    series = [g["u"] for g in columns.gpus.values() if "u" in g]
+    return mean_and_min(series) if series else ([math.nan] * len(columns), [])
 
 
 def gpu_min(columns: SampleColumns) -> list[float]:

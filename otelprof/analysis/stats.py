@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -104,7 +105,11 @@ class BoxPlot:
 
     @classmethod
     def of(cls, values: Iterable[float]) -> BoxPlot:
-        ordered = sorted_finite(values)
+        return cls.of_sorted(sorted_finite(values))
+
+    @classmethod
+    def of_sorted(cls, ordered: Sequence[float]) -> BoxPlot:
+        """:meth:`of` of numbers already in ascending order (``sorted_finite(values)``)."""
         n = len(ordered)
         if n == 0:
             nan = math.nan
@@ -211,6 +216,11 @@ class Chunks:
         if n == 0:
             return cls(at, (), ())
         size = max(1, -(-n // buckets))
+        chunks = list(map(values.__getitem__, map(slice, range(0, n, size), range(size, n + size, size))))
+        totals = list(map(sum, chunks))
+        if math.isfinite(sum(totals)):  # every value a number (most columns): each run's mean and max at once
+            return cls(array("q", [min(i + size // 2, n - 1) for i in range(0, n, size)]),
+                       tuple(map(operator.truediv, totals, map(len, chunks))), tuple(map(max, chunks)))
         mean_out, max_out = [], []
         for i in range(0, n, size):
             chunk = values[i:i + size]

@@ -7,10 +7,8 @@ taken over time. Ratios stay ratios (0..1); rates are bytes per second from the 
 
 from __future__ import annotations
 
-import itertools
 import math
 import operator
-import statistics
 from array import array
 from collections import Counter
 from collections.abc import Sequence
@@ -173,6 +171,26 @@ def _rates(times: array[int], *counters: array[float]) -> tuple[list[float], lis
     return out_t, out_v
 
 
+def _rate_values(times: array[int], seconds: list[float] | None, *counters: array[float]) -> list[float]:
+    """``_rates(times, *counters)[1]``; ``seconds``: :func:`_intervals` of the times. When every sample has the
+    counters, time runs forward and no counter is reset (the usual node): the same quotients at once."""
+    totals = map((0.0).__add__, counters[0])  # as sum() adds: 0.0 first (a -0.0 count sums to 0.0)
+    for counter in counters[1:]:
+        totals = map(operator.add, totals, counter)
+    kept = list(totals)
+    if seconds is not None and len(kept) == len(times) and math.isfinite(sum(kept)):
+        dv = list(map(operator.sub, kept[1:], kept[:-1]))
+        if min(dv) >= 0:
+            return list(map(operator.truediv, dv, seconds))
+    return _rates(times, *counters)[1]
+
+
+def _intervals(times: array[int]) -> list[float] | None:
+    """Seconds from each sample to the next (``dt / 1e9``), or None when time does not always run forward."""
+    dt = list(map(operator.sub, times[1:], times[:-1]))
+    return list(map((1e9).__rtruediv__, dt)) if dt and min(dt) > 0 else None
+
+
 @dataclass(frozen=True)
 class NodeFigures:
     """What :func:`system_usage` finds in one node's samples alone: computed once per sample columns
@@ -186,16 +204,19 @@ class NodeFigures:
     """CPU, busiest core, I/O wait, memory, GPU, GPU memory."""
 
 
-def node_figures(c: SampleColumns, memory: dict[str, list[float]] | None = None) -> NodeFigures:
-    """``memory``: :func:`gpu_memory_ratios` when already known."""
-    return per_rank(c, "system node", partial(_node_figures, c, memory))
+def node_figures(c: SampleColumns, memory: dict[str, list[float]] | None = None,
+                 gpu_mean: list[float] | None = None) -> NodeFigures:
+    """``memory``: :func:`gpu_memory_ratios`, ``gpu_mean``: :func:`per_sample_gpu_mean`, when already known."""
+    return per_rank(c, "system node", partial(_node_figures, c, memory, gpu_mean))
 
 
-def _node_figures(c: SampleColumns, memory: dict[str, list[float]] | None) -> NodeFigures:
-    gpu_mean = per_sample_gpu_mean(c)
+def _node_figures(c: SampleColumns, memory: dict[str, list[float]] | None,
+                  gpu_mean: list[float] | None = None) -> NodeFigures:
+    gpu_mean = per_sample_gpu_mean(c) if gpu_mean is None else gpu_mean
     gpu_mem = per_sample_gpu_memory(c, memory)
-    _, net_v = _rates(c.t_ns, c.net_rx, c.net_tx)
-    _, disk_v = _rates(c.t_ns, c.disk_read, c.disk_write)
+    seconds = _intervals(c.t_ns)
+    net_v = _rate_values(c.t_ns, seconds, c.net_rx, c.net_tx)
+    disk_v = _rate_values(c.t_ns, seconds, c.disk_read, c.disk_write)
     rows = []
     for metric, unit, values in (("CPU", UNIT_RATIO, c.cpu_mean), ("CPU, busiest core", UNIT_RATIO, c.cpu_max),
                                  ("I/O wait", UNIT_RATIO, c.iow_mean), ("CPU memory", UNIT_RATIO, c.mem),
@@ -204,10 +225,11 @@ def _node_figures(c: SampleColumns, memory: dict[str, list[float]] | None) -> No
         usage = _usage(values)
         if usage is not None:
             rows.append((metric, unit, usage))
-    times = [t / 1e9 for t in c.t_ns]
-    gaps = [b - a for a, b in itertools.pairwise(times) if b > a]
-    return NodeFigures(tuple(rows), sum(1 for v in c.cpu_mean if v == v),
-                       statistics.median(gaps) if gaps else math.nan,
+    times = list(map((1e9).__rtruediv__, c.t_ns))  # t / 1e9
+    gaps = sorted(compress(map(operator.sub, times[1:], times[:-1]), map(operator.lt, times, times[1:])))
+    middle = len(gaps) // 2  # statistics.median's
+    interval = (gaps[middle] if len(gaps) % 2 else (gaps[middle - 1] + gaps[middle]) / 2) if gaps else math.nan
+    return NodeFigures(tuple(rows), sum(map(operator.eq, c.cpu_mean, c.cpu_mean)), interval,
                        tuple(Chunks.of(v) for v in (c.cpu_mean, c.cpu_max, c.iow_mean, c.mem, gpu_mean, gpu_mem)))
 
 

@@ -165,6 +165,10 @@ class StepColumns:
                                 "error": self.errors.get(i)})
         return step
 
+    def step_of_annotations(self) -> array[int]:
+        """Each annotation's step index (computed once per read)."""
+        return self._step_of(self.ann_index)
+
     def _step_of(self, bounds: array[int]) -> array[int]:
         """Step index of every entry of a CSR index (annotations or scalars), computed once per index."""
         key = "_ann_step" if bounds is self.ann_index else "_scalar_step"

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from array import array
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import Any
 
 from otelprof.recording import schema
@@ -30,18 +31,21 @@ from otelprof.recording.limits import (
 from otelprof.recording.ranks import RankRecording
 from otelprof.recording.records import Annotation, DeviceTime
 
-_STR = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
-_INT = r"-?(?:0|[1-9]\d*)"
-_NUM = _INT + r"(?:\.\d+)?(?:[eE][-+]?\d+)?"
+_STR = r'"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"'
+_INT = r"-?(?:0|[1-9]\d*+)"
+_NUM = _INT + r"(?:\.\d++)?+(?:[eE][-+]?\d++)?+"
 _REGION = r"\[" + _STR + "," + _INT + "," + _INT + "," + _INT + r"\]"
 _SCALAR = _STR + ":(?:" + _NUM + "|" + _STR + ")"
 _STEP_LINE = re.compile(
     r'^(?:\{"k":"s","ph":(' + _STR + r'),"n":(' + _INT + r'),"t":(' + _INT + r'),"d":(' + _INT + ')'
-    r'(?:,"a":\[(' + _REGION + "(?:," + _REGION + r')*)\])?(?:,"x":\{(' + _SCALAR + "(?:," + _SCALAR + r')*)\})?'
-    r'(?:,"err":(' + _STR + r'))?\}|(.+))$', re.M)
+    r'(?:,"a":\[(' + _REGION + "(?:," + _REGION + r')*+)\])?+'
+    r'(?:,"x":\{(' + _SCALAR + "(?:," + _SCALAR + r')*+)\})?+'
+    r'(?:,"err":(' + _STR + r'))?+\}|(.+))$', re.M)
 """A step line exactly as the recorder writes it (groups: phase, number, start, duration, annotations,
 scalars, error), or any other line (last group). Every part is unambiguous, so that matching a line
-takes time linear in its length whatever it holds."""
+takes time linear in its length whatever it holds. What follows each part cannot continue it, so no part
+gives back what it matched: the quantifiers are possessive (``*+``), the same matches with no state kept to
+backtrack to (a third faster)."""
 
 
 def parse_line(line: str, rank: RankRecording) -> None:
@@ -112,35 +116,35 @@ def _fill_columns(c: StepColumns, rows: list[tuple[str, ...]]) -> bool:
         return False
     phase_codes = {token: c.code(c.phase_names, name) for token, name in phase_names.items()}
     c.phase = array("I", map(phase_codes.__getitem__, phases))
-    c.number = array("q", map(int, numbers))
-    c.start_ns = array("q", map(int, starts))
-    c.duration_ns = array("q", map(int, durations))
+    c.number = _integers(numbers)
+    c.start_ns = _integers(starts)
+    c.duration_ns = _integers(durations)
     if not (within(c.start_ns, 0, MAX_TIME_NS) and within(c.duration_ns, 0, MAX_DURATION_NS)):
         return False
     # Annotations "[name,offset,duration,depth],...": without backslashes every quote delimits a name,
-    # so quotes / 2 counts them; names holding "," or "],[" change the token count and fail the check.
+    # so quotes / 2 counts them, and "],[" separates them: a name holding "],[" changes that count and fails
+    # the check. Their tokens are then one flat JSON array: name, offset, duration, depth, name, ...
     joined = ",".join(filter(None, annotations))
     if "\\" in joined:
         return False
-    counts = [body.count('"') >> 1 for body in annotations]
+    counts = list(map(operator.rshift, map(str.count, annotations, repeat('"')), repeat(1)))
     total = sum(counts)
     if total:
-        if max(counts) > MAX_STEP_REGIONS:
+        if max(counts) > MAX_STEP_REGIONS or joined.count("],[") != total - 1:
             return False
-        tokens = joined[1:-1].replace("],[", ",").split(",")
+        tokens = loads("[" + joined[1:-1].replace("],[", ",") + "]", exact=False)
         if len(tokens) != 4 * total:
             return False
         names = tokens[0::4]
         codes = {}
-        for token in dict.fromkeys(names):  # codes in order of first appearance
-            if not 2 <= len(token) <= MAX_STRING_CHARS + 2 or token[0] != '"' or token[-1] != '"' \
-                    or len(c.ann_names) >= MAX_NAMES:
+        for name in dict.fromkeys(names):  # codes in order of first appearance
+            if type(name) is not str or len(name) > MAX_STRING_CHARS or len(c.ann_names) >= MAX_NAMES:
                 return False
-            codes[token] = c.code(c.ann_names, str(json.loads(token)))
+            codes[name] = c.code(c.ann_names, name)
         c.ann_name = array("I", map(codes.__getitem__, names))
-        c.ann_offset = array("q", map(int, tokens[1::4]))
-        c.ann_duration = array("q", map(int, tokens[2::4]))
-        c.ann_depth = array("i", map(int, tokens[3::4]))
+        c.ann_offset = array("q", tokens[1::4])  # a number past 64 bits (a float): TypeError, parsed as JSON
+        c.ann_duration = array("q", tokens[2::4])
+        c.ann_depth = array("i", tokens[3::4])
         if not (within(c.ann_offset, -MAX_DURATION_NS, MAX_DURATION_NS)
                 and within(c.ann_duration, 0, MAX_DURATION_NS) and within(c.ann_depth, 0, MAX_STEP_REGIONS)):
             return False
@@ -150,7 +154,7 @@ def _fill_columns(c: StepColumns, rows: list[tuple[str, ...]]) -> bool:
     joined = ",".join(filter(None, scalars))
     if "\\" in joined:
         return False
-    counts = [body.count('":') for body in scalars]
+    counts = list(map(str.count, scalars, repeat('":')))
     total = sum(counts)
     if total:
         if max(counts) > MAX_STEP_SCALARS:
@@ -167,15 +171,21 @@ def _fill_columns(c: StepColumns, rows: list[tuple[str, ...]]) -> bool:
             codes[token] = c.code(c.scalar_names, str(json.loads(token)))
         values = tokens[1::2]
         c.scalar_name = array("I", map(codes.__getitem__, names))
-        c.scalar_value = array("d", map(float, (v.strip('"') for v in values) if '"' in ",".join(values) else values))
-        if (math.inf in c.scalar_value or -math.inf in c.scalar_value) and any(
-                v[:1] != '"' and math.isinf(float(v)) for v in values):
+        quoted = '":"' in joined  # a value written as a string ("nan", "inf") follows its name so
+        c.scalar_value = array("d", map(float, (v.strip('"') for v in values) if quoted else values))
+        if not math.isfinite(sum(c.scalar_value)) and (math.inf in c.scalar_value or -math.inf in c.scalar_value) \
+                and any(v[:1] != '"' and math.isinf(float(v)) for v in values):
             return False  # a number too large for a double (the recorder writes infinities as "inf")
     c.scalar_index = array("q", [0])
     c.scalar_index.extend(accumulate(counts))
     if any(errors):
         c.errors = {i: check_str(loads(e)) for i, e in enumerate(errors) if e and e != '""'}
     return True
+
+
+def _integers(tokens: tuple[str, ...]) -> array[int]:
+    """Integer tokens (``_INT``) as 64-bit integers: one JSON array (OverflowError or TypeError past 64 bits)."""
+    return array("q", loads("[" + ",".join(tokens) + "]", exact=False))
 
 
 def _parse_step_line(data: Any, rank: RankRecording) -> None:

@@ -19,8 +19,11 @@ while the straggler shows little.
 
 from __future__ import annotations
 
+import operator
 from array import array
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from itertools import chain, compress, repeat
 from typing import TYPE_CHECKING
 
 from otelprof import semconv as sc
@@ -93,20 +96,51 @@ def step_communication(start_ns: int, end_ns: int,
 
 def columns_communication(names: Sequence[str], index: Sequence[int], codes: Sequence[int],
                           offsets: Sequence[int], durations: Sequence[int],
-                          step_durations: Sequence[int]) -> tuple[array[int], array[int]]:
+                          step_durations: Sequence[int], step_of: Sequence[int] | None = None
+                          ) -> tuple[array[int], array[int]]:
     """Per step of a recording's step columns (annotations of step ``i`` at ``index[i]:index[i + 1]``, times
-    as offsets from the step start): (collective time, exposed communication) in ns, zero without
-    collectives."""
+    as offsets from the step start; ``step_of``: each annotation's step, when known): (collective time, exposed
+    communication) in ns, zero without collectives."""
     n = len(step_durations)
     union, exposed = array("q", bytes(8 * n)), array("q", bytes(8 * n))
     if COLLECTIVE not in names:
         return union, exposed
     coll = names.index(COLLECTIVE)
     back = names.index(BACKWARD) if BACKWARD in names else -1
-    for i in range(n):
-        lo, hi = index[i], index[i + 1]
-        if coll not in codes[lo:hi]:
+    if step_of is None:
+        step_of = list(chain.from_iterable(map(repeat, range(n), map(operator.sub, index[1:n + 1], index[:n]))))
+    positions = range(len(codes))
+    found = list(compress(positions, map(operator.eq, codes, repeat(coll))))
+    steps = list(map(step_of.__getitem__, found))
+    backs: dict[int, list[int]] = {}  # per step: its backward regions
+    if back >= 0:
+        for j in compress(positions, map(operator.eq, codes, repeat(back))):
+            backs.setdefault(step_of[j], []).append(j)
+    many = {i for i, count in Counter(steps).items() if count > 1}
+    for i, j in zip(steps, found):  # one bucket and at most one backward region (the usual step): inline
+        if i in many:
             continue
+        backward = backs.get(i)
+        if backward is not None and len(backward) > 1:
+            many.add(i)
+            continue
+        step = step_durations[i]
+        launch = offsets[j]
+        start, end = launch, launch + durations[j]
+        start, end = (start if start > 0 else 0), (end if end < step else step)
+        if end <= start:
+            continue
+        union[i] = time = end - start
+        if backward is None:
+            exposed[i] = time
+            continue
+        b_start = offsets[backward[0]]
+        b_end = b_start + durations[backward[0]]
+        head_end = launch if b_start <= launch <= b_end else b_end
+        both = min(end, head_end) - max(start, b_start)
+        exposed[i] = time - both if both > 0 else time
+    for i in sorted(many):
+        lo, hi = index[i], index[i + 1]
         collectives, backwards = [], []
         for j in range(lo, hi):
             code = codes[j]
@@ -114,21 +148,6 @@ def columns_communication(names: Sequence[str], index: Sequence[int], codes: Seq
                 collectives.append((offsets[j], offsets[j] + durations[j]))
             elif code == back:
                 backwards.append((offsets[j], offsets[j] + durations[j]))
-        if len(collectives) == 1 and len(backwards) <= 1:  # one bucket (the usual step): the same, inline
-            step = step_durations[i]
-            start, end = collectives[0]
-            start, end = (start if start > 0 else 0), (end if end < step else step)
-            if end <= start:
-                continue
-            union[i] = time = end - start
-            if not backwards:
-                exposed[i] = time
-                continue
-            b_start, b_end = backwards[0]
-            head_end = collectives[0][0] if b_start <= collectives[0][0] <= b_end else b_end
-            both = min(end, head_end) - max(start, b_start)
-            exposed[i] = time - both if both > 0 else time
-            continue
         union[i], exposed[i] = communication(0, step_durations[i], collectives, backwards)
     return union, exposed
 
@@ -139,5 +158,5 @@ def of_columns(columns: StepColumns) -> tuple[array[int], array[int]]:
     if cached is None or cached[0] != len(columns):
         cached = columns.__dict__["_communication"] = (len(columns), columns_communication(
             columns.ann_names, columns.ann_index, columns.ann_name, columns.ann_offset, columns.ann_duration,
-            columns.duration_ns))
+            columns.duration_ns, columns.step_of_annotations()))
     return cached[1]
