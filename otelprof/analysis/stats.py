@@ -121,6 +121,10 @@ class BoxPlot:
                    min(ordered[-1], q3 + 1.5 * iqr))
 
 
+_NARROWEST = 1e-300
+"""The narrowest bin: a range narrower (subnormal: values of ~1e-310) would make a bin's reciprocal infinite."""
+
+
 @dataclass(frozen=True)
 class Histogram:
     """Counts per bin; bin ``i`` is ``[edges[i], edges[i + 1])``, the last bin includes its upper edge."""
@@ -138,7 +142,7 @@ class Histogram:
         hi = max(data) if high is None else high
         if hi <= lo:
             hi = lo + (abs(lo) * 1e-6 or 1e-9)
-        width = (hi - lo) / bins
+        width = max((hi - lo) / bins, _NARROWEST)
         inside = (data if (low is None and high is None) or (lo <= min(data) and max(data) <= hi)
                   else [v for v in data if lo <= v <= hi])
         # the nudge keeps a value on an edge (0.3 with bins of 0.02) in the bin it starts
@@ -160,7 +164,7 @@ class Histogram:
         hi = ordered[-1] if high is None else high
         if hi <= lo:
             hi = lo + (abs(lo) * 1e-6 or 1e-9)
-        width = (hi - lo) / bins
+        width = max((hi - lo) / bins, _NARROWEST)
         first, last = 0, len(ordered)
         if low is not None or high is not None:
             first, last = bisect.bisect_left(ordered, lo), bisect.bisect_right(ordered, hi)
