@@ -606,7 +606,7 @@ def quiet_cost(work: Path, rules: Path, at: float, scrape: int, port: int, repea
     the evaluation interval (a group's CPU per evaluation: what it needs of a core of its own)."""
     with run_prometheus(work, {"global": {"scrape_interval": f"{scrape}s"}}, port) as (url, process):
         print(f"\nquiet Prometheus on the same data, each rule alone at the live run's end (median of {repeat}; "
-              f"load {_load()}):\n  {'group':24s} {'wall s':>8s} {'CPU s':>8s}  CPU share of {scrape} s")
+              f"load {_load()}):\n  {'group':24s} {'wall s':>8s} {'CPU s':>8s}  CPU share of its interval")
         costs: list[tuple[float, float, str]] = []
         for path in (rules / p.name for p in RULE_FILES):
             for group in yaml.safe_load(path.read_text())["groups"]:
@@ -622,9 +622,9 @@ def quiet_cost(work: Path, rules: Path, at: float, scrape: int, port: int, repea
                     w, c = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
                     wall, cpu = wall + w, cpu + c
                     costs.append((c, w, rule.get("record") or rule["alert"]))
-                print(f"  {group['name']:24s} {wall:8.3f} {cpu:8.2f}  {cpu / scrape:6.1%}")
-        print(f"  all groups                {sum(w for _, w, _ in costs):8.3f} {sum(c for c, _, _ in costs):8.2f}  "
-              f"{sum(c for c, _, _ in costs) / scrape:6.1%}")
+                every = _seconds(group.get("interval")) or scrape
+                print(f"  {group['name']:24s} {wall:8.3f} {cpu:8.2f}  {cpu / every:6.1%} of {every:g} s")
+        print(f"  all groups                {sum(w for _, w, _ in costs):8.3f} {sum(c for c, _, _ in costs):8.2f}")
         print("  costliest (CPU s / wall s): " + ", ".join(f"{name} {c:.2f}/{w:.2f}"
                                                          for c, w, name in sorted(costs)[-10:]))
 
@@ -632,18 +632,21 @@ def quiet_cost(work: Path, rules: Path, at: float, scrape: int, port: int, repea
 def report(url: str, args: argparse.Namespace, began: float) -> None:
     window = f"{max(int(time.time() - began) // 60 - 1, 1)}m"
     print(f"\nrule groups (evaluation time, s: last, median and max over the last {window}; last as a share of the "
-          "interval; missed iterations):")
+          "group's own interval; missed iterations):")
     median = {labels["rule_group"]: value for labels, value in _metric(
         url, f"quantile_over_time(0.5, prometheus_rule_group_last_duration_seconds[{window}])")}
     top = {labels["rule_group"]: value for labels, value in _metric(
         url, f"max_over_time(prometheus_rule_group_last_duration_seconds[{window}])")}
     missed = {labels["rule_group"]: value for labels, value in _metric(
         url, "prometheus_rule_group_iterations_missed_total")}
+    interval = {labels["rule_group"]: value for labels, value in _metric(
+        url, "prometheus_rule_group_interval_seconds")}  # the group's own (the recording groups': 30 s)
     for labels, value in sorted(_metric(url, "prometheus_rule_group_last_duration_seconds"),
                                 key=lambda x: x[0].get("rule_group", "")):
         group = labels["rule_group"]
         print(f"  {group.split(';')[-1]:24s} {value:8.3f} {median.get(group, math.nan):8.3f} "
-              f"{top.get(group, math.nan):8.3f}  {value / args.scrape:6.1%}  {missed.get(group, 0):.0f}")
+              f"{top.get(group, math.nan):8.3f}  {value / interval.get(group, args.scrape):6.1%} of \
+{interval.get(group, args.scrape):.0f} s  {missed.get(group, 0):.0f}")
     groups = get(url, "/api/v1/rules", {})["data"]["groups"]
     rules = [(float(rule.get("evaluationTime", 0.0)), rule["name"]) for group in groups for rule in group["rules"]]
     print("slowest rules (last evaluation, s): " + ", ".join(f"{name} {t:.2f}" for t, name in sorted(rules)[-8:]))
