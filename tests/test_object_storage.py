@@ -436,3 +436,36 @@ def test_sigterm_to_a_graceful_job_uploads_at_once(s3: S3, tmp_path: Path) -> No
     assert err.text() == ""
     manifest = json.loads((remote.local_copy("s3://graceful") / "rank-0" / "manifest.json").read_text())
     assert "sigterm" in manifest and manifest["status"] == "finished"
+
+
+LOST_TASKS = '''
+import asyncio, sys
+from otelprof.recording import remote
+
+fs, _ = remote.filesystem("s3://outage/runs")  # construction only: nothing is sent
+remote.filesystem("s3://outage/runs")  # a second filesystem on the same loop: the handler not wrapped twice
+handler = fs.loop.get_exception_handler()
+assert type(handler).__name__ == "_QuietHandler" and handler.previous is None, handler
+
+async def fail(exc):
+    raise exc
+
+async def leave(exc):  # a task that fails and that nobody awaits, as an async client leaves one in an outage
+    asyncio.ensure_future(fail(exc))
+    await asyncio.sleep(0.05)
+
+for exc in (ConnectionResetError("lost-connection"), ValueError("a-real-bug")):
+    asyncio.run_coroutine_threadsafe(leave(exc), fs.loop).result(10)
+print("done", flush=True)
+'''
+
+
+def test_tasks_lost_with_the_connection_are_not_printed_on_the_jobs_stderr(tmp_path: Path) -> None:
+    """The storage client's event loop drops unawaited tasks that failed on a lost connection (asyncio would print
+    each as "Task exception was never retrieved" with a traceback on the job's stderr); any other such task is
+    still reported."""
+    done = subprocess.run([sys.executable, "-c", LOST_TASKS], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+    assert "lost-connection" not in done.stderr
+    assert "never retrieved" in done.stderr and "a-real-bug" in done.stderr

@@ -61,7 +61,37 @@ def filesystem(url: str) -> tuple[Any, str]:
     import fsspec  # an optional dependency: the storage extra
 
     fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True)
+    _quiet_lost_connections(fs)
     return fs, str(path).rstrip("/")
+
+
+class _QuietHandler:
+    """An event loop's exception handler that drops what a storage outage leaves behind: an async client's task
+    that failed on a lost connection and that nobody awaited (asyncio would print each to the training job's
+    stderr as "Task exception was never retrieved"). Anything else goes to the handler the loop had, or its
+    default."""
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def __call__(self, loop: Any, context: dict[str, Any]) -> None:
+        if isinstance(context.get("exception"), OSError) and "never retrieved" in str(context.get("message", "")):
+            return  # a connection error (ConnectionResetError and the client libraries' errors built on OSError)
+        if self.previous is not None:
+            self.previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+
+def _quiet_lost_connections(fs: Any) -> None:
+    """On the event loop an async fsspec filesystem runs on (fsspec's own I/O thread), unawaited tasks that
+    failed on a lost connection are dropped instead of printed."""
+    try:
+        loop = fs.loop  # AsyncFileSystem only; RuntimeError in a forked child
+    except (AttributeError, RuntimeError):
+        return
+    if loop is not None and not isinstance(loop.get_exception_handler(), _QuietHandler):
+        loop.set_exception_handler(_QuietHandler(loop.get_exception_handler()))
 
 
 def _problem(url: str) -> str:
