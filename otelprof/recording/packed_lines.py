@@ -13,6 +13,7 @@ import operator
 import re
 import sys
 from array import array
+from functools import partial
 from itertools import accumulate, chain, groupby, repeat
 from typing import Any
 
@@ -147,7 +148,7 @@ def _add(c: SampleColumns, t_ns: array[int], ns: list[int], layouts: list[tuple[
         samples = sum(ns[line:line + blocks])
         values = array("d")
         values.frombytes(joined[offsets[line]:offsets[line + blocks]])
-        full = _columns(values, width, same, _doubles(b"".join(kept[line:line + blocks])), ns[line:line + blocks],
+        full = _columns(values, width, same, array("d", b"".join(kept[line:line + blocks])), ns[line:line + blocks],
                         samples)
         columns = {COLUMNS[name]: column for name, column in zip(names, full)}
         at = len(names)
@@ -162,9 +163,9 @@ def _add(c: SampleColumns, t_ns: array[int], ns: list[int], layouts: list[tuple[
             if name not in ("pcpu", "rss")))
         alike = len(set(map(len, sums))) == 1
         append_block(c, t_ns[sample:sample + samples], columns, gpu_columns, node,
-                     () if alike else list(map(_doubles, sums)), sum(counts))
+                     () if alike else list(map(partial(array, "d"), sums)), sum(counts))
         if alike:  # the blocks' per-CPU sums added in order, a CPU at a time
-            add_core_sums(c, _doubles(b"".join(sums)), len(sums[0]) // 8)
+            add_core_sums(c, array("d", b"".join(sums)), len(sums[0]) // 8)
         line += blocks
         sample += samples
 
@@ -189,9 +190,3 @@ def _columns(values: array[float], width: int, same: list[int], kept: array[floa
         else:
             full.append(array("d", chain.from_iterable(map(repeat, per_block, ns))))
     return full
-
-
-def _doubles(raw: bytes) -> array[float]:
-    values = array("d")
-    values.frombytes(raw)
-    return values
