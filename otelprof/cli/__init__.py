@@ -201,6 +201,7 @@ def _cmd_mixin(args: argparse.Namespace) -> int:
 
     from otelprof.mixin import MixinConfig
     from otelprof.mixin.bundle import write
+    from otelprof.mixin.bundle_files import RefusedWrite
     from otelprof.mixin.config import with_overrides
     from otelprof.mixin.custom_alerts import load
 
@@ -213,7 +214,10 @@ def _cmd_mixin(args: argparse.Namespace) -> int:
         print(f"otelprof mixin: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        changed = write(Path(args.out), config)
+        changed = write(Path(args.out), config, force=args.force)
+    except RefusedWrite as exc:
+        print(f"otelprof mixin: {one_line(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as exc:
         print(f"otelprof mixin: cannot write {args.out}: {one_line(str(exc))}", file=sys.stderr)
         return 1
@@ -325,6 +329,8 @@ def _add_alerting_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
                "--set prometheus_rule_release=monitoring --set runbook_url=https://wiki.example.com/otelprof/runbook "
                "--set disabled_alerts=Overfitting; or --config mixin.yaml with the same names as keys.")
     mixin.add_argument("-o", "--out", required=True, metavar="DIR", help="directory to write the files into")
+    mixin.add_argument("--force", action="store_true",
+                       help="replace files in DIR that otelprof did not write (never writes through links)")
     mixin.add_argument("--config", metavar="FILE",
                        help="YAML file of settings (MixinConfig field: value), applied before --set")
     mixin.add_argument("--set", action="append", metavar="NAME=VALUE",

@@ -89,8 +89,10 @@ def render(config: MixinConfig) -> dict[Path, str]:
     return out
 
 
-def write(directory: Path, config: MixinConfig) -> list[Path]:
-    """Write the bundle into ``directory``; return the files that changed."""
-    from otelprof.mixin.deploy import write_changed
+def write(directory: Path, config: MixinConfig, force: bool = False) -> list[Path]:
+    """Write the bundle into ``directory``; return the files that changed. Refuses (``RefusedWrite``, nothing
+    written) links inside ``directory``, anything but regular files, and files otelprof did not write unless
+    ``force`` (:mod:`otelprof.mixin.bundle_files`)."""
+    from otelprof.mixin.bundle_files import write_bundle
 
-    return write_changed(directory, render(config))
+    return write_bundle(directory, render(config), force=force)
