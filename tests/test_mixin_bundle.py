@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from otelprof.mixin.bundle import render
+from otelprof.mixin.bundle_files import MANIFEST
 from otelprof.mixin.config import MixinConfig
 from tests.servers import require_binary
 from tests.test_deploy import _crd_schema
@@ -47,7 +48,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_everything_is_written(bundle: Path) -> None:
     written = sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*") if p.is_file())
-    assert written == sorted(str(p) for p in render(MixinConfig()))
+    assert written == sorted([str(p) for p in render(MixinConfig())] + [MANIFEST])  # + what otelprof wrote
     assert {"otelprof-alerts.yaml", "otelprof-rules.yaml", "otelprof-prometheusrule.yaml", "runbook.md",
             "dashboards/provisioning/datasources.yaml", "kubernetes/grafana-dashboards.yaml"} <= set(written)
     assert len([w for w in written if w.startswith("dashboards/") and w.endswith(".json")]) == 4

@@ -200,7 +200,7 @@ def _cmd_mixin(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from otelprof.mixin import MixinConfig
-    from otelprof.mixin.bundle import write
+    from otelprof.mixin.bundle import check, write
     from otelprof.mixin.bundle_files import RefusedWrite
     from otelprof.mixin.config import with_overrides
     from otelprof.mixin.custom_alerts import load
@@ -210,8 +210,9 @@ def _cmd_mixin(args: argparse.Namespace) -> int:
         config = with_overrides(MixinConfig(), assignments + list(args.set or []))
         if config.custom_rules:
             load(config.custom_rules)  # a bad rule file: one line, before anything is written
+        check(config)  # every expression parsed, every template closed: Prometheus would refuse the whole file
     except ValueError as exc:
-        print(f"otelprof mixin: {exc}", file=sys.stderr)
+        print(f"otelprof mixin: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     try:
         changed = write(Path(args.out), config, force=args.force)

@@ -95,4 +95,16 @@ def write(directory: Path, config: MixinConfig, force: bool = False) -> list[Pat
     ``force`` (:mod:`otelprof.mixin.bundle_files`)."""
     from otelprof.mixin.bundle_files import write_bundle
 
+    check(config)
     return write_bundle(directory, render(config), force=force)
+
+
+def check(config: MixinConfig) -> None:
+    """Raise ValueError where a rule the bundle would hold is not PromQL Prometheus accepts (one typo in a custom
+    rule or a setting would make Prometheus refuse the whole file)."""
+    from otelprof.mixin.alerts import alert_groups
+    from otelprof.mixin.promql_check import check_groups
+    from otelprof.mixin.rule_groups import rule_groups
+
+    check_groups(alert_groups(config), ALERTS_FILE)
+    check_groups(rule_groups(config), RULES_FILE)

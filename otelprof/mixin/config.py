@@ -245,15 +245,37 @@ def seconds(duration: str) -> float:
     return float(hours * 3600 + minutes * 60 + secs)
 
 
+MAX_SECONDS = (2**63 - 1) // 10**9
+"""The longest duration Prometheus accepts (its durations are int64 nanoseconds)."""
+
+
+def _duration(name: str, value: str) -> None:
+    length = seconds(value)
+    if length > MAX_SECONDS:
+        raise ValueError(f"{name}={value} is longer than Prometheus accepts (at most {MAX_SECONDS // 3600}h)")
+    if length <= 0 and not name.endswith("_for"):
+        raise ValueError(f"{name} must be a positive duration, not {value!r}")
+
+
 def validate(config: MixinConfig) -> None:
     """Raise ValueError for a config that would generate broken rules."""
+    from otelprof.mixin.promql_check import check_label_name, check_label_value, check_selector
+
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if f.name.endswith(("window", "_for", "patience", "lookback", "_time", "stalled_training_threshold")) \
                 and isinstance(value, str):
-            seconds(value)
+            _duration(f.name, value)
     if config.recording_interval:
-        seconds(config.recording_interval)
+        _duration("recording_interval", config.recording_interval)
+    for name in ("selector", "up_selector", "dcgm_selector"):
+        check_selector(getattr(config, name), name)
+    for name in ("train_phase", "eval_phase"):
+        check_label_value(getattr(config, name), name)
+    for name in ("dcgm_pod_label", "dcgm_namespace_label"):
+        check_label_name(getattr(config, name), name)
+    for label in config.target_labels:
+        check_label_name(label, "target_labels")
     if config.gpu_source not in GPU_SOURCES:
         raise ValueError(f"gpu_source must be one of {', '.join(GPU_SOURCES)}, not {config.gpu_source!r}")
     for name, action in config.actions:
