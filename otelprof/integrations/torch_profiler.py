@@ -716,7 +716,8 @@ def _process(windows: ProfileWindows, window: _Window, ended_ns: int, began: flo
     record["segment"] = window.segment
     if window.truncated is not None:
         record["truncated"] = window.truncated
-        warn_once("profile:truncated", "otelprof: a profiling window reached %d profiler events (%s steps of "
+        # otelprof's own bookkeeping, counted (PROFILE_TRUNCATED) and in the window's record: never on the job's stderr
+        info_once("profile:truncated", "otelprof: a profiling window reached %d profiler events (%s steps of "
                   "phase %s); windows stop there and later ones are planned shorter (OTELPROF_PROFILE_MAX_EVENTS)",
                   max_events, window.steps_profiled, window.phase)
     if window.measured.wait(wait):
