@@ -17,7 +17,7 @@ from typing import Any
 from otelprof import environment_variables as ev
 from otelprof import thresholds
 from otelprof._arguments import encodable
-from otelprof._log import escape, warn_once
+from otelprof._log import escape, redact, warn_once
 
 EXPORTERS_TRACES = ("otlp", "console", "none")
 EXPORTERS_METRICS = ("otlp", "prometheus", "console", "none")
@@ -123,7 +123,7 @@ class Config:
         for var in ev.ENV_VARS:
             if var.secret and var.field is not None and values.get(var.field):
                 values[var.field] = "(set)"
-        return values
+        return {k: redact(v) if isinstance(v, str) else v for k, v in values.items()}  # s3://user:***@...
 
     @property
     def control_rank_port(self) -> int:

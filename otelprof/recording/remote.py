@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from otelprof._log import escape, info_once, logger, sanitize, warn_once
+from otelprof._log import escape, info_once, logger, redact, sanitize, warn_once
 from otelprof.recording import schema, spool
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -400,6 +400,8 @@ class Uploader:
 
     def _orphan_fs(self, url: str) -> tuple[Any, str] | None:
         """The filesystem and root of an orphan's URL (made once; None, one warning, when it cannot be used)."""
+        if url != self._url and url == redact(self._url):  # saved without this process's credentials
+            url = self._url
         if url == self._url and self._fs is not None:
             return self._fs, self._root
         if url not in self._filesystems:

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from otelprof._log import redact
 from otelprof.recording import schema
 
 LOCK = ".lock"
@@ -85,8 +86,8 @@ class Found:
 def record_destination(rank_dir: Path, url: str) -> None:
     """Write where ``rank_dir`` goes (atomically); a folder whose owner died is uploaded there. Never raises."""
     tmp = rank_dir / (DESTINATION + ".tmp")
-    with contextlib.suppress(OSError):
-        tmp.write_text(json.dumps({"url": url}) + "\n", encoding="utf-8")
+    with contextlib.suppress(OSError):  # credentials in the URL are not saved: an adopter supplies its own
+        tmp.write_text(json.dumps({"url": redact(url)}) + "\n", encoding="utf-8")
         os.replace(tmp, rank_dir / DESTINATION)
 
 
