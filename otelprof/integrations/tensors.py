@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import math
 import re
 import threading
 import weakref
@@ -37,7 +38,26 @@ from otelprof.integrations.tensor_metrics import TensorMetrics
 from otelprof.recording import tensors as schema
 from otelprof.tensor_checks import Saved
 
-_encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+_encode_strict = json.JSONEncoder(separators=(",", ":"), check_circular=False, allow_nan=False).encode
+
+
+def _finite_or_name(value: Any) -> Any:
+    """Non-finite floats as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (as OTLP-JSON writes them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {k: _finite_or_name(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_name(v) for v in value]
+    return value
+
+
+def _encode(record: Any) -> str:
+    """One strict JSON line (no ``NaN`` tokens a strict parser refuses)."""
+    try:
+        return _encode_strict(record)
+    except ValueError:  # a non-finite value somewhere: named instead
+        return _encode_strict(_finite_or_name(record))
 
 MAX_TENSORS_PER_STEP = 4096
 """Tensors reduced at one saved step at most (the rest are counted as dropped)."""

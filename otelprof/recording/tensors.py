@@ -14,8 +14,9 @@ One file per rank directory, beside ``steps.jsonl``; one JSON object per line:
 ``n`` is the 0-based optimizer step. Reductions (:data:`REDUCTIONS`) are of the whole tensor, as float32;
 ``abs_*`` of its absolute values; ``zeros`` and ``nonfinite`` are fractions of its elements. Outputs of
 ``Sigmoid``/``Tanh`` also have ``saturated`` (fraction within 0.01 of the bounds), ``optimizer`` tensors
-(``update/<parameter>``) ``ratio``: the update's L2 norm over the weight's. Non-finite values are written as
-JSON's ``NaN``/``Infinity`` tokens.
+(``update/<parameter>``) ``ratio``: the update's L2 norm over the weight's. Every line is strict JSON: a
+non-finite value is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (as OTLP-JSON does;
+earlier recordings wrote JSON's bare ``NaN``/``Infinity`` tokens, which are still read).
 
 Read it with :func:`read_trial` (or :func:`trial` for a whole recording's first rank)::
 
@@ -159,11 +160,15 @@ class Trial:
         return total
 
 
+_NON_FINITE = ("NaN", "Infinity", "-Infinity")  # float() reads each of them
+
+
 def _record(obj: dict[str, Any]) -> TensorRecord | None:
     n, name, r = obj.get("n"), obj.get("name"), obj.get("r")
     if not isinstance(n, int) or not isinstance(name, str) or not isinstance(r, dict):
         return None
-    reductions = {str(k): float(v) for k, v in r.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    reductions = {str(k): float(v) for k, v in r.items()
+                  if (isinstance(v, int | float) and not isinstance(v, bool)) or v in _NON_FINITE}
     shape = obj.get("shape") or []
     module = obj.get("m")
     hist = obj.get("h") or []
