@@ -186,7 +186,8 @@ def test_bad_overrides_are_refused() -> None:
 def test_mixin_command_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mixin", "--out", str(tmp_path), "--set", "prometheus_rule_release=prom"]) == 0
     assert "release: prom" in (tmp_path / "otelprof-prometheusrule.yaml").read_text()
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == sorted(render_all(MixinConfig()))
+    written = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+    assert written == sorted([*render_all(MixinConfig()), ".otelprof-mixin.json"])
     assert main(["mixin", "--out", str(tmp_path), "--set", "window=soon"]) == 2
     assert "not a duration" in capsys.readouterr().err
 
