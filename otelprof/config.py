@@ -1,8 +1,9 @@
 """The frozen :class:`Config`, built once in ``init()``: explicit argument > env var > default.
 
 Bad values never raise into a training job: :meth:`Config.from_env` warns once and
-keeps the default. The CLI builds it with ``strict=True`` and turns
-:class:`ConfigError` into a clear message and exit status 2.
+keeps the default. The CLI (every subcommand but ``run``, whose program warns from its own
+``init()``) builds it with ``strict=True`` and turns :class:`ConfigError` into a clear message
+and exit status 2.
 """
 
 from __future__ import annotations

@@ -467,7 +467,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "webhook" and not 1 <= args.capture_steps <= 10_000:
         parser.error("--capture-steps must be from 1 to 10000")
     try:
-        Config.from_env(strict=True)
+        if args.command != "run":  # under run, the program's own init() warns once and keeps the default
+            Config.from_env(strict=True)
     except ConfigError as exc:
         print(f"otelprof: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
