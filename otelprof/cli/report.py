@@ -220,12 +220,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     for rules_file in args.rules or ():  # custom rules over saved tensors (docs/tensors.md)
         from dataclasses import replace
 
-        from otelprof.analysis.custom_rules import RuleError, evaluate
+        from otelprof.analysis.custom_rules import Captured, RuleError, evaluate
 
+        printed = Captured()  # what the rules print never reaches stdout (--json stays parseable)
         try:
-            summary = replace(summary, rows=summary.rows + tuple(evaluate(recording, rules_file)))
+            summary = replace(summary, rows=summary.rows + tuple(evaluate(recording, rules_file, printed)))
         except RuleError as exc:
             return _err("check", f"--rules: {exc}")
+        if printed.total:
+            print(f"otelprof check: note: the rules of {one_line(str(rules_file), 200)} printed {printed.total:,} "
+                  f"characters (not shown on stdout): {one_line(printed.text, 200)}", file=sys.stderr)
     if args.json:
         if recording.skipped_lines:
             print(f"otelprof check: note: {_skipped(recording)}", file=sys.stderr)
