@@ -21,11 +21,13 @@ _ISOLATE = [v.name for v in ev.ENV_VARS] + [
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in _ISOLATE:
         monkeypatch.delenv(name, raising=False)
-    # A test that ran torch.compile leaves its frame count behind, and otelprof counts no FLOPs in a process that
-    # compiled (a dispatch mode would make compiled frames recompile): each test starts as a fresh process would.
+    # A test that ran torch.compile leaves its frame and graph counts behind, and otelprof counts no FLOPs in a
+    # process that compiled (a dispatch mode would make compiled frames recompile): each test starts as a fresh
+    # process would.
     dynamo = sys.modules.get("torch._dynamo.utils")
     if dynamo is not None:
         monkeypatch.setitem(dynamo.counters, "frames", collections.Counter())
+        monkeypatch.setitem(dynamo.counters, "stats", collections.Counter())
     yield
     otelprof.shutdown()
     torch_integration = sys.modules.get("otelprof.integrations.torch")

@@ -67,10 +67,12 @@ def _matmul_dtype(dtype: str) -> str:
 
 
 def compiled() -> bool:
-    """True once torch.compile has compiled a frame: a dispatch mode would make it recompile or fall back."""
+    """True once torch.compile has compiled a frame: a dispatch mode would make it recompile or fall back.
+    (``fullgraph=True`` counts no frames, only graphs.)"""
     dynamo = sys.modules.get("torch._dynamo.utils")
     try:
-        return bool(dynamo is not None and dynamo.counters["frames"]["ok"])
+        counters = dynamo.counters if dynamo is not None else None
+        return bool(counters is not None and (counters["frames"]["ok"] or counters["stats"]["unique_graphs"]))
     except Exception:
         return True
 

@@ -145,7 +145,11 @@ class ProfileWindows:
         self.costs = window_bounds.EventCosts()
         self._step_heap = window_bounds.StepHeap()
         self._hook: Any = None
-        """The global module forward pre-hook that watches a window's heap (installed on the training thread)."""
+        """The global module forward pre-hook that watches a window's heap (installed on the training thread).
+        Once torch.compile has compiled a frame it stays until the session closes, and is never first installed
+        then: Dynamo guards on the number of global hooks (a change recompiles every compiled frame)."""
+        self._watching = False
+        """The hook is a checkpoint (the steps before a window and the window's): off, it returns at once."""
         self._thread = 0
         """That thread's id: module calls on other threads are no checkpoints."""
         self._compiling: Callable[[], bool] = lambda: False
@@ -186,7 +190,7 @@ class ProfileWindows:
                     hot._step_boundary.remove(callback)
             self._orphans += [window for window in (running, counting) if window is not None]
             threads, self._threads = self._threads, []
-            self._remove_hook()
+            self._remove_hook(closing=True)
         for window in (after, counting):
             if window is not None:  # its summary goes on without the step after it (or its FLOP count)
                 window.measured.set()
@@ -243,16 +247,25 @@ class ProfileWindows:
     # ------------------------------------------------------------------ the heap watch
     def _install_hook(self) -> None:
         """On the training thread: module calls become checkpoints of the heap watch."""
+        from otelprof.integrations import flops
+
         self._thread = threading.get_ident()
-        if self._hook is None:
+        self._watching = True
+        # after a compile a new global hook would change a Dynamo guard (and compiled module calls run no hooks)
+        if self._hook is None and not flops.compiled():
             import torch
             from torch.nn.modules.module import register_module_forward_pre_hook
 
             self._compiling = torch.compiler.is_compiling
             self._hook = register_module_forward_pre_hook(self._checkpoint)
 
-    def _remove_hook(self) -> None:
-        if self._hook is not None:
+    def _remove_hook(self, *, closing: bool = False) -> None:
+        """The window's checkpoints end; the hook itself goes now unless torch.compile compiled a frame meanwhile
+        (then when the session closes: ``closing``)."""
+        from otelprof.integrations import flops
+
+        self._watching = False
+        if self._hook is not None and (closing or not flops.compiled()):
             self._hook.remove()  # safe inside a hook: Module calls iterate over a copy
             self._hook = None
 
@@ -260,8 +273,12 @@ class ProfileWindows:
         """Global forward pre-hook: the step's own heap growth before a window; in a window, past the event
         cap, the window stops here."""
         try:
-            # the profiler stops on its own thread only; inside torch.compile's tracing no heap is read
-            if threading.get_ident() != self._thread or self._compiling():
+            # inside torch.compile's tracing first, before anything Dynamo cannot trace (threading.get_ident):
+            # nothing to do there, and a compiled module's calls run no hooks anyway
+            if self._compiling() or not self._watching:
+                return
+            # the profiler stops on its own thread only
+            if threading.get_ident() != self._thread:
                 return
             window = self._running
             if window is None:
@@ -275,7 +292,7 @@ class ProfileWindows:
                     self._stop(window, "events", mid_step=True)
         except Exception as exc:  # never into the model's forward
             warn_once("profile:watch", "otelprof: the profiling window watch failed (%s); it is off", exc)
-            self._remove_hook()
+            self._remove_hook(closing=True)
 
     # ------------------------------------------------------------------ step callbacks
     def _on_begin(self, step: hot.StepContext) -> None:
