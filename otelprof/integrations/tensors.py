@@ -69,7 +69,7 @@ def reduce(tensor: torch.Tensor, saturation: str | None = None, bins: int = 0,
     """The reductions of ``tensor`` (:data:`schema.REDUCTIONS`, then ``saturated`` when ``saturation``
     names ``sigmoid``/``tanh``, then the 0-dim ``extra`` values, then ``bins`` histogram counts) as one float32
     tensor on its device."""
-    x = tensor.detach().reshape(-1).float()
+    x = _dense_values(tensor).float()
     a = x.abs()
     n = x.numel()
     zero = x.new_zeros(())
@@ -85,6 +85,18 @@ def reduce(tensor: torch.Tensor, saturation: str | None = None, bins: int = 0,
     if bins:
         out = torch.cat([out, torch.histc(torch.nan_to_num(x), bins=bins)])
     return out
+
+
+def _dense_values(tensor: torch.Tensor) -> torch.Tensor:
+    """The stored values of ``tensor`` as one flat real tensor: a sparse tensor's values (its implicit zeros are
+    not counted), a complex tensor's magnitudes (``abs``, without the cast warning)."""
+    x = tensor.detach()
+    if x.layout == torch.sparse_coo:
+        x = x.coalesce().values()
+    elif x.layout != torch.strided:
+        x = x.values()
+    x = x.reshape(-1)
+    return x.abs() if x.is_complex() else x
 
 
 def _to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -152,6 +164,8 @@ class TensorCollector:
         self.dropped = 0
         """Tensors not saved (over :data:`MAX_TENSORS_PER_STEP`, or not written)."""
         self.closed = False
+        self.failed = False
+        """A hook raised: every hook is a no-op until :meth:`close` removes them."""
         self._written_header = False
         self.metrics: TensorMetrics | None = None
         """Where the saved statistics go as metrics (None: only to the recording)."""
@@ -205,14 +219,14 @@ class TensorCollector:
 
     def _guard(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def hook(*args: Any) -> None:
-            if self.closed:
+            if self.closed or self.failed:
                 return
             try:
                 fn(*args)
             except Exception as exc:
                 warn_once("tensors:hook", "otelprof: saving tensor collections failed (%s: %s); they are off, "
                           "training goes on", type(exc).__name__, exc)
-                self.close()
+                self.failed = True  # the hooks are no-ops now; removed at close (never inside torch's hook loop)
         return hook
 
     # ------------------------------------------------------------------ per step
@@ -271,7 +285,7 @@ class TensorCollector:
                           "step) or OTELPROF_TENSOR_SAVE_TOTAL_BYTES are dropped and counted (%s)", saved.name)
             else:
                 self._step_bytes += size
-                saved.full = tensor.detach().reshape(-1).float().clone()
+                saved.full = _dense_values(tensor).float().clone()
         self._saved.append(saved)
 
     def _parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
