@@ -21,9 +21,9 @@ from otelprof.runtime.session import Session, get_session, init, shutdown
 _extensions.register(_profile_schedule.start)
 
 __all__ = [
+    "STOP_EXIT_STATUS",
     "Config",
     "ConfigError",
-    "STOP_EXIT_STATUS",
     "Session",
     "StopTraining",
     "__version__",

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from otelprof import STOP_EXIT_STATUS
 from otelprof.cli import actions
 from otelprof.recording.reader import read_recording
-from otelprof.runtime._stop_exit import STOP_EXIT_STATUS
 from tests.servers import free_port
 from tests.test_launch import ROOT, otelprof_lines
 from tests.test_webhook import CONTROL_TOKEN, TOKEN, Webhook, alert, payload
