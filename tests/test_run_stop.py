@@ -51,12 +51,29 @@ EXIT_BOUND = 60.0
 """Generous: the stopped process ends in well under a second; the rest is a loaded machine."""
 
 
+POLLING = """
+import time, otelprof, torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+session = otelprof.get_session()
+while not session.should_stop():  # a program that handles stops itself
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    time.sleep(0.01)
+time.sleep(1.5)  # a checkpoint written after the loop: longer than the grace period
+print("left the loop", flush=True)
+"""
+
+
 @contextmanager
-def training(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def training(tmp_path: Path, env: dict[str, str] | None = None,
+             source: str = TRAIN) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``otelprof run -- python train.py`` with its control endpoint on a free port: the process and the
     endpoint's URL. Killed at the end if it still runs."""
     script = tmp_path / "train.py"
-    script.write_text(TRAIN)
+    script.write_text(source)
     port = free_port()
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
                                                               if p),
@@ -168,3 +185,16 @@ def test_a_step_stuck_after_the_stop_is_ended_after_the_grace_period(tmp_path: P
         status, out, err = ended(process)
     assert_stopped(tmp_path, status, out, err, "grace period")
     assert "no step boundary within 2 s of the stop request" in err
+
+
+def test_a_script_that_asks_for_stops_itself_leaves_on_its_own(tmp_path: Path) -> None:
+    """``should_stop()`` in the loop: as without ``otelprof run``, the program leaves its loop and exits as it
+    chooses; the grace period (short here) does not cut what it does after the stop."""
+    with training(tmp_path, env={"OTELPROF_STOP_GRACE_SECONDS": "0.5"}, source=POLLING) as (process, url):
+        wait_for_steps(process, url)
+        control(url, "/v1/stop", {"reason": "test"})
+        status, out, err = ended(process)
+    assert status == 0, err[-4000:]
+    assert out == "left the loop\n" and "Traceback" not in err
+    manifest = read_recording(tmp_path / "runs" / "run").ranks[0].manifest
+    assert manifest["status"] == "finished" and "exit" not in manifest["stop"]
