@@ -198,3 +198,17 @@ def test_a_script_that_asks_for_stops_itself_leaves_on_its_own(tmp_path: Path) -
     assert out == "left the loop\n" and "Traceback" not in err
     manifest = read_recording(tmp_path / "runs" / "run").ranks[0].manifest
     assert manifest["status"] == "finished" and "exit" not in manifest["stop"]
+
+
+def test_the_grace_period_setting_argument_over_variable_over_default() -> None:
+    from otelprof.config import Config, ConfigError
+
+    assert Config.from_env({}).stop_grace == 300.0
+    assert Config.from_env({"OTELPROF_STOP_GRACE_SECONDS": "2.5"}).stop_grace == 2.5
+    assert Config.from_env({"OTELPROF_STOP_GRACE_SECONDS": "2.5"}, stop_grace=7).stop_grace == 7.0
+    assert Config.from_env({"OTELPROF_STOP_GRACE_SECONDS": "0"}).stop_grace == 0.0  # wait for ever
+    for bad in ("-1", "abc", "1e9"):
+        assert Config.from_env({"OTELPROF_STOP_GRACE_SECONDS": bad}).stop_grace == 300.0
+        with pytest.raises(ConfigError):
+            Config.from_env({"OTELPROF_STOP_GRACE_SECONDS": bad}, strict=True)
+    assert Config.from_env({}, stop_grace=-3).stop_grace == 300.0
