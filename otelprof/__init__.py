@@ -13,6 +13,7 @@ from otelprof._version import __version__
 from otelprof.config import Config, ConfigError
 from otelprof.integrations import profile_schedule as _profile_schedule
 from otelprof.runtime import extensions as _extensions
+from otelprof.runtime._stop_exit import STOP_EXIT_STATUS
 from otelprof.runtime.hotpath import StopTraining, annotate, annotation_begin, annotation_end, phase, record, step
 from otelprof.runtime.session import Session, get_session, init, shutdown
 
@@ -20,6 +21,7 @@ from otelprof.runtime.session import Session, get_session, init, shutdown
 _extensions.register(_profile_schedule.start)
 
 __all__ = [
+    "STOP_EXIT_STATUS",
     "Config",
     "ConfigError",
     "Session",

@@ -88,6 +88,7 @@ class Config:
     control_host: str = "127.0.0.1"
     control_token: str = ""
     stop_raises: bool = False
+    stop_grace: float = 300.0
     quiet: bool = False
     pod_name: str = ""
     pod_namespace: str = ""
@@ -370,6 +371,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "max_series": _ranged(int, 16, 1_000_000),
     "system_metrics": _parse_bool,
     "stop_raises": _parse_bool,
+    "stop_grace": _ranged(float, 0.0, 86400.0),
     "quiet": _parse_bool,
     "control_port": _ranged(int, 0, 65535),
     "gpu_metrics": _parse_bool,
@@ -411,6 +413,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "per_cpu_max": lambda v: _in_range(v, 0, 1_000_000),
     "flush_interval": lambda v: _in_range(v, 0.05, 10.0),
     "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),
+    "stop_grace": lambda v: _in_range(v, 0.0, 86400.0),
     "record_spool_max_bytes": lambda v: _in_range(v, 65536, 10**12),
     "record_upload_interval": lambda v: _in_range(v, 0.2, 3600.0),
     "export_warning_interval": lambda v: _in_range(v, 1.0, 86400.0),

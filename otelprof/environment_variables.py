@@ -85,6 +85,7 @@ OTELPROF_CONTROL_PORT = "OTELPROF_CONTROL_PORT"
 OTELPROF_CONTROL_HOST = "OTELPROF_CONTROL_HOST"
 OTELPROF_CONTROL_TOKEN = "OTELPROF_CONTROL_TOKEN"
 OTELPROF_STOP_RAISES = "OTELPROF_STOP_RAISES"
+OTELPROF_STOP_GRACE_SECONDS = "OTELPROF_STOP_GRACE_SECONDS"
 OTELPROF_QUIET = "OTELPROF_QUIET"
 OTELPROF_RUN_LAUNCH_ID = "OTELPROF_RUN_LAUNCH_ID"
 OTELPROF_RUN_SPAWNER = "OTELPROF_RUN_SPAWNER"
@@ -278,6 +279,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_STOP_RAISES, "stop_raises", "false",
            "After a stop request, raise `otelprof.StopTraining` at the next step boundary (after the `on_stop` "
            "callbacks) instead of only setting `session.should_stop()`."),
+    EnvVar(OTELPROF_STOP_GRACE_SECONDS, "stop_grace", "300",
+           "`otelprof run` only, where a stop request ends the program at the next step boundary with exit status 3: "
+           "seconds to wait for that boundary before ending the process from otelprof's thread (the recording "
+           "finished first, as on SIGTERM), with the same status. 0: wait for ever. From 0 to 86400."),
     EnvVar(OTELPROF_QUIET, "quiet", "false",
            "`true`: `otelprof run` prints no start and exit lines (the run id, where the recording goes, the "
            "report command); warnings are still printed. `otelprof run --quiet` sets it."),

@@ -7,7 +7,8 @@
   they would record runs of their own — except the ranks a process starts itself with multiprocessing
   (``mp.spawn``): a child that calls ``init_process_group`` records as that rank in its run, and the process
   that started it stands down (:mod:`otelprof.cli.spawned_ranks`).
-* **What.** ``otelprof.init()``; with PyTorch importable, its global hooks
+* **What.** ``otelprof.init()``, with a stop request ending the program (:mod:`otelprof.runtime._stop_exit`: at the
+  next step boundary, with exit status 3); with PyTorch importable, its global hooks
   (:func:`otelprof.integrations.torch.auto_instrument`) and the trainer callbacks
   (:mod:`otelprof.integrations.autoattach`).
 * **What it says.** On rank 0 only (for ranks started with multiprocessing: the process that started them),
@@ -56,6 +57,7 @@ def start(spawned: bool = False, on_hooked: Callable[[Any], None] | None = None,
         if not spawned:
             atexit.register(_say_exit)  # before init(): runs after the session's shutdown
         session = otelprof.init(**overrides)
+        _exit_on_stop(session)
         if not spawned:
             _announce(session)
         if os.environ.get(RUN_TORCH, "1") != "0":
@@ -72,6 +74,14 @@ def start(spawned: bool = False, on_hooked: Callable[[Any], None] | None = None,
                 on_hooked(session)
     except Exception as exc:  # the training program must start regardless
         _log.say(f"otelprof: automatic instrumentation failed: {_log.escape(repr(exc))}\n")
+
+
+def _exit_on_stop(session: object) -> None:
+    """A stop request ends the program (:mod:`otelprof.runtime._stop_exit`): it was not written to ask for one."""
+    from otelprof.runtime.session import Session
+
+    if isinstance(session, Session):  # not when disabled (OTEL_SDK_DISABLED)
+        session._exit_on_stop(before_exit=_say_exit)
 
 
 def finish() -> None:

@@ -57,6 +57,7 @@ from otelprof.integrations.torch_ddp import _patch_ddp_class, _unpatch_ddp_class
 from otelprof.integrations.torch_forward import _ModelHooks
 from otelprof.integrations.torch_optimizer import _OptimizerHooks, _patch_optimizer_class, _unpatch_optimizer_class
 from otelprof.integrations.torch_state import _active, _lock, _session
+from otelprof.runtime import _stop_exit
 from otelprof.runtime import hotpath as hot
 
 __all__ = ["TorchInstrumentation", "auto_instrument", "instrument", "profile_window", "uninstrument"]
@@ -257,7 +258,8 @@ def _end_steps_at_exit() -> None:
 def _end_open_steps() -> None:
     with _lock:
         for inst in list(_active):
-            with contextlib.suppress(hot.StopTraining):  # a stop request at the very end: nothing left to stop
+            # a stop request at the very end: nothing left to stop
+            with contextlib.suppress(hot.StopTraining, _stop_exit.StopExit):
                 inst.guarded("optimizer", inst.end_open_step)
 
 

@@ -29,7 +29,7 @@ from otelprof._version import __version__
 from otelprof.config import Config
 from otelprof.recording import otlp_json, remote, schema
 from otelprof.recording.writer import RecordingWriter, claim
-from otelprof.runtime import _sigterm, extensions
+from otelprof.runtime import _sigterm, _stop_exit, extensions
 from otelprof.runtime import hotpath as hot
 from otelprof.runtime.collectors.environment import gpu_attributes
 from otelprof.runtime.collectors.sampler import Sampler
@@ -134,6 +134,8 @@ class Session:
             self.sampler.start()
         self._stop_reason: str | None = None
         self._stop_callbacks: list[Callable[[], None]] = []
+        self._stop_polled = False  # the program called should_stop(): it leaves on its own
+        self._stop_exit: _stop_exit.Exit | None = None
         self.capture_handler: Callable[[int], dict[str, Any]] | None = None
         self.control: ControlServer | None = None
         if config.control_port:
@@ -241,11 +243,27 @@ class Session:
 
         Check it after each step and leave the loop; the ``on_stop`` callbacks have run by then: at the
         step boundary when the request arrived during a step, here when it arrived after the step ended."""
+        self._stop_polled = True
         if self._stop_reason is None:
             return False
+        if self._stop_exit is not None:
+            self._stop_exit.cancel()  # the program leaves on its own
         if self._stop_callbacks and hot._tls.step is None and hot._native[0] is None:  # between two steps
             self._run_stop_callbacks()
         return True
+
+    def _exit_on_stop(self, before_exit: Callable[[], None] | None = None) -> None:
+        """``otelprof run``: a stop request ends the process (:mod:`otelprof.runtime._stop_exit`) unless the
+        program handles stops itself. ``before_exit`` runs before a process ended after the grace period exits."""
+        self._stop_exit = _stop_exit.Exit(self, self.config.stop_grace, before_exit)
+
+    def note_stop_exit(self, how: str, status: int) -> None:
+        """Write in the manifest that a stop request ends the process (``how``: at the step boundary or after the
+        grace period) and with which exit status."""
+        if self.writer is not None:
+            stop = self.writer.manifest.get("stop")
+            self.writer.update_manifest(stop={**(stop if isinstance(stop, dict) else {}), "exit": how,
+                                              "exit_status": status})
 
     def on_stop(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` (e.g. save a checkpoint) on the training thread at the step boundary
@@ -266,6 +284,8 @@ class Session:
             if self.writer is not None:
                 self.writer.update_manifest(stop={"reason": reason, "alert": alert, "time": time.time()})
             hot._step_boundary.append(self._at_stop_boundary)
+            if self._stop_exit is not None:
+                self._stop_exit.requested()
         return {"stopping": True, "reason": self._stop_reason, "run_id": self.config.run_id,
                 "rank": self.config.rank}
 
@@ -273,9 +293,14 @@ class Session:
         return self.request_stop(reason or "control endpoint", alert)
 
     def _at_stop_boundary(self) -> None:
+        ending = self._stop_exit
+        if ending is not None and not ending.reached():
+            return  # the grace period ran out just now: the process is ending
         self._run_stop_callbacks()
         if self.config.stop_raises:
             raise hot.StopTraining(self._stop_reason or "stop requested")
+        if ending is not None and not self._stop_polled:
+            ending.exit()
 
     def _run_stop_callbacks(self) -> None:
         """The ``on_stop`` callbacks, each once, on the training thread."""
@@ -366,6 +391,8 @@ class Session:
             return
         self._closed = True
         atexit.unregister(self.shutdown)
+        if self._stop_exit is not None:
+            self._stop_exit.cancel()
         deadline = time.monotonic() + _arguments.timeout_argument(timeout, self.config.shutdown_timeout)
         try:
             hot._activate(None) if hot._active is self.recorder else None
@@ -413,6 +440,8 @@ class Session:
             return
         self._closed = True
         atexit.unregister(self.shutdown)
+        if self._stop_exit is not None:
+            self._stop_exit.cancel()
         try:
             hot._activate(None) if hot._active is self.recorder else None
             if self.prometheus is not None:
