@@ -477,8 +477,9 @@ def _value_now(value: Any) -> Any:
     """What ``record()`` keeps of ``value``: its value at the call, so that an object changed in place afterwards
     (a running-loss tensor accumulated with ``+=`` and reset) is recorded as it was. A one-element tensor on a
     CPU, a NumPy scalar or 0-d array: the number (``item()``, no synchronisation there); a one-element tensor on
-    another device: a detached copy queued on its stream (converted off the hot path, as before); a list: its
-    items so. Anything else as it is (the recorder rejects what is not a number)."""
+    another device: a detached copy queued on its stream (converted off the hot path, as before); any other array
+    (JAX, CuPy, TensorFlow: ``item()`` would wait on its device) as it is, read on the recorder's thread; a list:
+    its items so. Anything else as it is (the recorder rejects what is not a number)."""
     try:
         if type(value) is list:
             return [_item_now(item) for item in value]
@@ -488,8 +489,13 @@ def _value_now(value: Any) -> Any:
 
 
 def _item_now(value: Any) -> Any:
-    if getattr(value, "is_cpu", True) is False:  # a tensor on a device: copied there, never read here
+    is_cpu = getattr(value, "is_cpu", None)
+    if is_cpu is False:  # a tensor on a device: copied there, never read here
         return value.detach().clone() if value.numel() == 1 else value
+    if is_cpu is None and not type(value).__module__.startswith("numpy"):
+        # not a torch tensor nor NumPy's (a JAX, CuPy or TensorFlow array): reading it may wait on its device,
+        # so the recorder's thread reads it (``_arguments.to_float``), never the training thread
+        return value
     item = getattr(value, "item", None)
     if item is None:
         return value
