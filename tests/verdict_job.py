@@ -166,7 +166,8 @@ def api_loop(kind: str, stop_file: str, options: dict[str, Any]) -> None:
             checkpoint = 3.0  # a synchronous checkpoint every 40 steps
         if kind == "spike" and spike_until < 0 and run.fault():
             spike_until = step + 5
-        if step < spike_until:
+        spiked = step < spike_until
+        if spiked:
             loss *= 10  # a bad batch or an update too large: five steps with ten times the loss, then recovery
         if kind == "stall" and run.fault():
             with otelprof.step():  # stuck inside a step, as on a hung collective
@@ -193,7 +194,8 @@ def api_loop(kind: str, stop_file: str, options: dict[str, Any]) -> None:
         elif step % 20 == 0:
             gap = 1.4 if kind == "overfit" and run.fault() else 1.02
             # an evaluation averages a held-out set: it carries little of one training batch's noise
-            base = warmup_trend(run.elapsed()) if kind == "lr_warmup" else loss
+            # (a training spike is one bad batch: the held-out set does not see it)
+            base = warmup_trend(run.elapsed()) if kind == "lr_warmup" else loss / 10 if spiked else loss
             eval_pass(step_time, base * gap)
     otelprof.shutdown()
     say("exit", steps=step)
