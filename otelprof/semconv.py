@@ -267,6 +267,11 @@ class MetricSpec:
         return prometheus_name(self.name, self.unit, self.kind)
 
     @property
+    def query_name(self) -> str:
+        """The name to query in PromQL: counters' samples carry ``_total``, every other family its own name."""
+        return self.prometheus_name + ("_total" if self.kind is Kind.COUNTER else "")
+
+    @property
     def prometheus_labels(self) -> tuple[str, ...]:
         """Label names on ``/metrics``: identity labels, then this metric's own."""
         return tuple(prometheus_label(k) for k in IDENTITY_LABELS + self.labels)

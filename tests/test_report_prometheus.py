@@ -292,8 +292,15 @@ def test_report_from_a_live_prometheus(tmp_path: Path, monkeypatch: pytest.Monke
         # the process stops serving /metrics: a few scrape intervals later its rank has stopped
         otelprof.shutdown()
         time.sleep(5)
-        [rank0] = report_from_prometheus(prom.url, "promreport", end=time.time()).summary.ranks
+        ended = report_from_prometheus(prom.url, "promreport", end=time.time())
+        [rank0] = ended.summary.ranks
         assert rank0.status == "stopped" and "scraped every 1 s" in rank0.status_basis, rank0.status_basis
+        # a finished job's report is the job's, whatever the range's end (its series are stale by then)
+        for late in (ended, report_from_prometheus(prom.url, "promreport")):
+            assert late.summary.steps_per_phase == (("train", STEPS),), late.summary.missing
+            assert [(x.phase, x.durations.count) for x in late.steps.rows] == [("train", STEPS)]
+            assert mean <= late.steps.rows[0].durations.mean <= mean + 0.03
+            assert late.summary.end is not None and late.summary.end <= time.time() - 3
 
 
 def _assert_progress(report: Report) -> None:

@@ -331,13 +331,21 @@ def _outliers(rules: RulesSummary, steps: StepAnalysis, framework: FrameworkSumm
     worst = max(rows, key=lambda x: x.outliers)
     count = sum(x.outliers for x in rows)
     listed = ", ".join(map(str, worst.outlier_steps[:5]))
+    known_figures = [f"{name} {secs(v)}" for name, v in (("median", worst.durations.p50),
+                                                         ("slowest", worst.durations.max)) if _known(v)]
+    slower = (f"steps slower than {secs(worst.threshold)}" if _known(worst.threshold)
+              else "outlier steps (each process judges against its own rolling threshold)")
     return Finding(
         "outliers", "Outlier steps", cost,
         (f"{count:,} outlier steps took {secs(excess)} beyond the median step, {pct(cost)} of step time"
          if cost is not None else f"{count:,} outlier steps"),
-        f"rank {worst.rank} {worst.phase}: {worst.outliers:,} steps slower than {secs(worst.threshold)} (median "
-        f"{secs(worst.durations.p50)}, slowest {secs(worst.durations.max)})" + (f"; steps {listed}" if listed else ""),
+        f"rank {worst.rank} {worst.phase}: {worst.outliers:,} {slower}"
+        + (f" ({', '.join(known_figures)})" if known_figures else "") + (f"; steps {listed}" if listed else ""),
         _outlier_action(worst), SYMPTOM, "warning", checks, "steps")
+
+
+def _known(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 def _outlier_action(row: PhaseSteps) -> str:
@@ -394,9 +402,10 @@ def _gpu_idle(rules: RulesSummary, gpus: GpuAnalysis, batch: BatchSize) -> Findi
 def _check_finding(row: RuleRow) -> Finding:
     name = short(row.alert)
     where = ", ".join(row.subjects[:4]) or "the job"
-    value = f"; value {row.value:.4g} when it first fired" if row.value is not None and math.isfinite(row.value) else ""
+    value = f"; when it first fired: {row.value_text}" if row.value_text else ""
     return Finding(
-        f"check:{name}", row.description or name, None, f"{row.alert} fired ({row.severity})",
+        f"check:{name}", (row.summary or row.description or name).rstrip("."), None,
+        f"{row.alert} fired ({row.severity})",
         f"fired at {row.firing_evaluations} of {row.evaluations} evaluations on {where}{value}",
         row.recommendation or "See the alert's runbook entry.", RISK, row.severity, (row.alert,),
         CHECK_SECTION.get(name, "rules"))

@@ -149,8 +149,11 @@ class _Queries:
         return f"{series_name(spec, part)}{{{self.sel}{', ' + extra if extra else ''}}}"
 
     def delta(self, spec: sc.MetricSpec, part: str = "", extra: str = "") -> str:
+        """The growth of a counter (or histogram part) over the range. Its last sample in the range, not its value
+        at the end: a job that has ended has stale series there."""
         x = self.s(spec, part, extra)
-        return f"({x} - ({x} offset {self.window} or {x} * 0))"
+        last = f"last_over_time({x}[{self.window}])"
+        return f"({last} - ({x} offset {self.window} or {last} * 0))"
 
     def q(self, promql: str) -> list[tuple[dict[str, str], float]]:
         return self.client.query(promql, self.end)
@@ -165,6 +168,17 @@ class _Queries:
         for m, v in self.q(f"sum by ({', '.join((*labels, 'le'))}) ({self.delta(spec, 'bucket', extra)})"):
             out.setdefault(tuple(m.get(label, "") for label in labels), []).append((float(m["le"]), v))
         return {k: sorted(v) for k, v in out.items()}
+
+
+def _ended(qs: _Queries) -> float:
+    """The range's end, or, for a job whose series end before it (the job ended), about when they end (to a
+    subquery step): the job's duration and finalization are its own, not the range's."""
+    if qs.q(f"count({qs.s(sc.PROCESS_START_TIME)})"):
+        return qs.end
+    step = max(math.ceil((qs.end - qs.start) / 1000), 1)
+    rows = qs.q(f"max(max_over_time(timestamp({qs.s(sc.PROCESS_START_TIME)})[{qs.window}:{step}s]))")
+    seen = rows[0][1] + step if rows and math.isfinite(rows[0][1]) else qs.end
+    return seen if qs.start < seen < qs.end else qs.end
 
 
 def _escape(value: str) -> str:
@@ -258,6 +272,8 @@ def report_from_prometheus(url: str, job: str, start: float | None = None, end: 
         end = min(now, max(lasts.values()) + 60.0) if lasts else now
     if end <= start:
         raise PrometheusError(f"the range ends ({end:.0f}) before it starts ({start:.0f})")
+    asked = _Queries(client, job, start, end)
+    end = _ended(asked)
     qs = _Queries(client, job, start, end)
     firsts = qs.by(f"last_over_time({qs.s(sc.STEP_FIRST_TIMESTAMP)}[{qs.window}])", RANK)
     ranks_last = qs.by(f"max by ({RANK}) (last_over_time({qs.s(sc.STEP_LAST_TIMESTAMP)}[{qs.window}]))", RANK)
@@ -267,7 +283,7 @@ def report_from_prometheus(url: str, job: str, start: float | None = None, end: 
     nodes = sorted(set(rank_nodes.values()))
     ranks = []
     rank_names = sorted(rank_start, key=lambda r: int(r) if r.isdigit() else 1 << 30)
-    statuses = _rank_status(qs, rank_names, now)
+    statuses = _rank_status(asked, rank_names, now)  # running or stopped by the range asked for
     for rank in rank_names:
         status, basis = statuses[rank]
         ranks.append(RankSummary(int(rank) if rank.isdigit() else -1, 0, rank_nodes[rank], status,
@@ -659,7 +675,7 @@ def _rules(qs: _Queries, config: MixinConfig) -> RulesSummary:
         evaluations = int(span // loaded[name]) if name in loaded else 0
         rows.append(RuleRow(name, alert.runbook.original, alert.severity, alert.runbook.meaning, alert.runbook.todo,
                             count > 0, count, evaluations, judged.get(name, 0), None, None, (),
-                            alert.runbook.thresholds))
+                            alert.runbook.thresholds, alert.summary))
     rows.sort(key=lambda r: (-r.firing_evaluations, r.alert))
     interval = min(loaded.values()) if loaded else NAN
     not_loaded = tuple(n for n in mine if n not in loaded and n not in per_alert)

@@ -27,6 +27,11 @@ class RuleRow:
     value: float | None
     subjects: tuple[str, ...]
     parameters: tuple[tuple[str, str], ...]
+    summary: str = ""
+    """The alert's one-line summary ("The loss or the gradient norm became NaN or infinite.")."""
+    value_text: str = ""
+    """The value when it first fired in the words of the alert's description ("12 non-finite values recorded in
+    steps over the last 10m"); "" without a value."""
 
     @property
     def status(self) -> str:

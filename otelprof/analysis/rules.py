@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from otelprof.analysis.rule_row import RuleRow as RuleRow  # where the analyses that use the summary take it from
+from otelprof.mixin.alert_text import value_phrase
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.ranks import Recording
 
@@ -78,9 +79,12 @@ def rules_summary(recording: Recording, duration: float | None, config: MixinCon
     rows = []
     for r in results:
         alert = by_name.get(r.alert)
+        valued = alert is not None and r.value is not None and math.isfinite(r.value)
+        value_text = value_phrase(alert.description, r.value) if alert and r.value is not None and valued else ""
         rows.append(RuleRow(r.alert, r.original, r.severity, alert.runbook.meaning if alert else "",
                             alert.runbook.todo if alert else "", r.triggered, r.firing_evaluations, r.evaluations,
-                            r.datapoints, r.first_fired, r.value, tuple(r.subjects), tuple(r.parameters)))
+                            r.datapoints, r.first_fired, r.value, tuple(r.subjects), tuple(r.parameters),
+                            alert.summary if alert else "", value_text))
     if part in (None, 0):
         rows.extend(_tensor_rows(recording))
     return _summary(interval, rows, by_name)

@@ -59,7 +59,7 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
         print(catalog_markdown())
         return 0
     for m in semconv.METRICS:
-        print(f"{m.prometheus_name:<44} {m.kind.value:<9} {m.unit or '-':<8} {m.description}")
+        print(f"{m.query_name:<48} {m.kind.value:<9} {m.unit or '-':<8} {m.description}")
     return 0
 
 
@@ -70,7 +70,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(f"\nRecorded {result.steps} training steps ({result.backend}) in\n  {result.run_dir}")
     print(summarize(result.run_dir))
     print("\nWhat is there: manifest.json (run, resource, lifecycle), steps.jsonl (every step's timings),\n"
-          "spans.jsonl and metrics.jsonl (OTLP-JSON). Next:\n"
+          "spans.jsonl and metrics.jsonl (OTLP-JSON), samples.jsonl (CPU, memory, GPU samples) and\n"
+          "profiles.jsonl (operator-profiling windows). Next:\n"
           f"  otelprof env                      # every setting, e.g. to send OTLP or serve /metrics\n"
           f"  otelprof check {result.run_dir}    # the alert checks, offline\n"
           f"  otelprof compare RUN_A RUN_B      # before/after a change")
@@ -275,6 +276,13 @@ def _cmd_webhook(args: argparse.Namespace) -> int:
         print("otelprof webhook: a bearer token is required: set OTELPROF_WEBHOOK_TOKEN or --token-file",
               file=sys.stderr)
         return EXIT_USAGE
+    from otelprof.runtime.tokens import is_placeholder, placeholder_message
+
+    for value, setting in ((token, "the webhook token (OTELPROF_WEBHOOK_TOKEN or --token-file)"),
+                           (control_token, "the control token (OTELPROF_CONTROL_TOKEN or --control-token-file)")):
+        if is_placeholder(value):
+            print(f"otelprof webhook: {placeholder_message(setting)}", file=sys.stderr)
+            return EXIT_USAGE
     kubernetes = None
     if args.suspend_jobs:
         try:
@@ -384,8 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otelprof",
         description="Training-job profiling on OpenTelemetry and Prometheus. In a training script use the "
-                    "library (import otelprof; otelprof.init(); with otelprof.step(): ...); this command "
-                    "runs the demo and inspects settings.",
+                    "library (import otelprof; otelprof.init(); with otelprof.step(): ...), or start an "
+                    "unmodified script under 'otelprof run'. This command also reads what a run recorded "
+                    "(report, check, compare, timeline), writes the Prometheus mixin (mixin), acts on "
+                    "Alertmanager notifications (webhook) and lists settings and metrics (env, catalog).",
         epilog="Settings come from OTEL_* and OTELPROF_* environment variables: see 'otelprof env'.",
     )
     parser.add_argument("--version", action="version", version=f"otelprof {__version__}")
@@ -400,7 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     env.set_defaults(func=_cmd_env)
 
     catalog = sub.add_parser("catalog", help="list every metric otelprof exports",
-                             description="List every metric: Prometheus name, kind, unit and meaning.")
+                             description="List every metric: the name to query in Prometheus (counters end in "
+                                         "_total), kind, unit and meaning.")
     catalog.add_argument("--markdown", action="store_true", help="print the Markdown table of docs/catalog.md")
     catalog.set_defaults(func=_cmd_catalog)
 

@@ -668,7 +668,7 @@ class WebhookReceiver:
         ]
         lines = []
         for spec, samples in families:
-            name = spec.prometheus_name + ("_total" if spec.kind is sc.Kind.COUNTER else "")
+            name = spec.query_name
             lines += [f"# HELP {name} {spec.description}", f"# TYPE {name} {spec.kind.value}"]
             for labels, value in samples:
                 text = ",".join(f'{sc.prometheus_label(k)}="{v}"' for k, v in labels.items())

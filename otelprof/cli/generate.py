@@ -43,7 +43,7 @@ def catalog_markdown() -> str:
             "| Labels (besides job_name, rank, local_rank, node) | Meaning |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for m in semconv.METRICS:
-        prom = m.prometheus_name + ("_total" if m.kind is semconv.Kind.COUNTER else "")
+        prom = m.query_name
         rows.append(f"| `{m.name}` | `{prom}` | {m.kind.value} | {m.instrument} | {m.unit or '-'} | "
                     f"{', '.join(m.labels) or '-'} | {m.description} |")
     return "\n".join(rows)
@@ -55,7 +55,7 @@ def webhook_catalog_markdown() -> str:
 
     rows = ["| OTel name | Prometheus name | Kind | Unit | Labels | Meaning |", "| --- | --- | --- | --- | --- | --- |"]
     for m in semconv.WEBHOOK_METRICS:
-        prom = m.prometheus_name + ("_total" if m.kind is semconv.Kind.COUNTER else "")
+        prom = m.query_name
         rows.append(f"| `{m.name}` | `{prom}` | {m.kind.value} | {m.unit or '-'} | {', '.join(m.labels) or '-'} | "
                     f"{m.description} |")
     return "\n".join(rows)

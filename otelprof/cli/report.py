@@ -251,6 +251,11 @@ def cmd_check(args: argparse.Namespace) -> int:
               + (f", {empty} had no data to judge" if empty else "")
               + f" (evaluated every {summary.interval:g} s)."
               + (f" {_skipped(recording)}." if recording.skipped_lines else ""))
+        found = len(report.diagnosis.findings)
+        if found and not summary.fired:
+            print(f"The {found} finding{'s' if found != 1 else ''} above {'are' if found != 1 else 'is'} what the "
+                  "analyses of this run found it lost or risked, not a fired check: only a fired check makes "
+                  "otelprof check exit 1.")
     return 1 if summary.fired else 0
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from otelprof._log import escape, logger, warn_once
 from otelprof.runtime._http import BackgroundServer, Limits, QuietHandler
 from otelprof.runtime.metrics import MetricRegistry, endpoint_counter
+from otelprof.runtime.tokens import is_placeholder, placeholder_message
 from otelprof.semconv import ENDPOINT_CONTROL
 
 MAX_BODY = 64 * 1024
@@ -82,6 +83,10 @@ class ControlServer:
         return 202, self._on_capture(steps)
 
     def start(self, host: str, port: int) -> bool:
+        if is_placeholder(self._token):
+            warn_once("control:placeholder", "otelprof: the control endpoint is not started: %s",
+                      placeholder_message("OTELPROF_CONTROL_TOKEN"))
+            return False
         if host not in LOOPBACK and not self._token:
             warn_once("control:token", "otelprof: the control endpoint on %s needs OTELPROF_CONTROL_TOKEN off "
                       "loopback; it is not started", escape(host))
