@@ -456,27 +456,29 @@ def replaced_panels() -> list[tuple[str, str, str]]:
     """(panel, what it computed before the otelprof-aggregation recording rules, what it reads now)."""
     from otelprof.dashboards import queries as pq
     from otelprof.dashboards.ranks import _extremes
+    from otelprof.mixin.config import MixinConfig
     from otelprof.mixin.promql import JOB, PHASE, RANK, by
     from otelprof.mixin.recording_rules import PER_JOB
 
-    proc, train = pq.proc, pq.TRAIN_M
-    compute = pq.rule("step_compute_mean", proc, train)
-    median = pq.rule("job_step_compute_median", pq.job, train)
+    qs = pq.Queries(MixinConfig())
+    proc, train = qs.proc, qs.train
+    compute = qs.rule("step_compute_mean", proc, train)
+    median = qs.rule("job_step_compute_median", qs.job, train)
 
     def per_rank(quantile: float, spec: sc.MetricSpec) -> str:
         return pq.rate_quantile(quantile, proc, spec, (RANK,), train)
 
     return [
         ("Ranks #105 step time p95 per rank", _extremes(per_rank(0.95, sc.STEP_DURATION)),
-         _extremes(pq.rule("step_p95_rate", proc, train))),
+         _extremes(qs.rule("step_p95_rate", proc, train))),
         ("Ranks #202 data wait p95 per rank", _extremes(per_rank(0.95, sc.DATALOADER_WAIT)),
-         _extremes(pq.rule("dataloader_wait_p95_rate", proc, train))),
+         _extremes(qs.rule("dataloader_wait_p95_rate", proc, train))),
         ("Ranks #102 compute time vs the job's median",
          _extremes(f"{compute} / on ({JOB}, {PHASE}) group_left() quantile by ({JOB}, {PHASE}) (0.5, {compute})"),
          _extremes(f"{compute} / on ({by(*PER_JOB)}) group_left() {median}")),
-        ("Report #603 step time p50 per rank", per_rank(0.5, sc.STEP_DURATION), pq.rule("step_p50_rate", proc, train)),
+        ("Report #603 step time p50 per rank", per_rank(0.5, sc.STEP_DURATION), qs.rule("step_p50_rate", proc, train)),
         ("Report #603, Timeline #201 step time p95 per rank", per_rank(0.95, sc.STEP_DURATION),
-         pq.rule("step_p95_rate", proc, train)),
+         qs.rule("step_p95_rate", proc, train)),
     ]
 
 

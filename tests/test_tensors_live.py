@@ -21,6 +21,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from otelprof.dashboards.queries import Queries
 from otelprof.dashboards.tensors import layers_row
 from otelprof.mixin import MixinConfig, yamlout
 from otelprof.mixin.config import ALERT_PREFIX, with_overrides
@@ -94,7 +95,7 @@ def _offline(run: Path) -> set[tuple[str, str]]:
 def _panel_results(prom: Prometheus, job: str) -> dict[str, int]:
     """Series each query of the Layers row returns for ``job`` (instant queries over the last 10 minutes)."""
     counts = {}
-    for panel in layers_row().panels:
+    for panel in layers_row(Queries(CONFIG)).panels:
         for target in panel.targets:
             expr = target.expr
             for var, value in (("$__range", "10m"), ("$__rate_interval", "4s"), ("$job_name", job),

@@ -14,7 +14,8 @@ from otelprof.dashboards.model import (
     Variable,
     prometheus_ref,
 )
-from otelprof.mixin.promql import GPU, JOB, NODE, RANK, series_name
+from otelprof.dashboards.queries import JOB_M, NODE_M, PLACE_M, Queries, Scope
+from otelprof.mixin.promql import GPU, JOB, NODE, RANK
 
 PROMETHEUS_UID = "prometheus"
 """Fixed UID of the provisioned Prometheus data source (kube-prometheus-stack's default too)."""
@@ -22,13 +23,17 @@ TEMPO_UID = "tempo"
 """Fixed UID of the provisioned Tempo data source."""
 
 _ALL = ("All", "$__all")
-_PRESENT = series_name(sc.PROCESS_START_TIME)
+_PRESENT = sc.PROCESS_START_TIME
 """Every otelprof process exports its start time: the variables list what it labels."""
-_PLACE = f'{ids.VAR_CLUSTER}=~"${ids.VAR_CLUSTER}", {ids.VAR_NAMESPACE}=~"${ids.VAR_NAMESPACE}"'
+_CLUSTER_M = f'{ids.VAR_CLUSTER}=~"${ids.VAR_CLUSTER}"'
 
 
-def variables(*, tempo: bool = False, trace_id: bool = False) -> list[Variable]:
+def variables(qs: Queries, *, tempo: bool = False, trace_id: bool = False) -> list[Variable]:
     """datasource, cluster, namespace, job_name, node, rank, gpu (+ tempo, trace_id on the timeline)."""
+
+    def present(place: str) -> str:
+        return Scope(place, qs.config).sel(_PRESENT)
+
     result = [Variable(ids.VAR_DATASOURCE, "Data source", "datasource", PROMETHEUS,
                        "Prometheus that scrapes the training processes.", current=("Prometheus", PROMETHEUS_UID))]
     if tempo:
@@ -36,25 +41,24 @@ def variables(*, tempo: bool = False, trace_id: bool = False) -> list[Variable]:
                                "Tempo that receives the training processes' spans (OTLP through a collector).",
                                current=("Tempo", TEMPO_UID)))
     result += [
-        Variable(ids.VAR_CLUSTER, "Cluster", "query", f"label_values({_PRESENT}, {ids.VAR_CLUSTER})",
+        Variable(ids.VAR_CLUSTER, "Cluster", "query", f"label_values({present('')}, {ids.VAR_CLUSTER})",
                  "Cluster (the cluster label of a multi-cluster Prometheus, Thanos or Mimir; empty with one cluster).",
                  multi=True, include_all=True, all_value=".*", current=_ALL, datasource=prometheus_ref()),
         Variable(ids.VAR_NAMESPACE, "Namespace", "query",
-                 f'label_values({_PRESENT}{{{ids.VAR_CLUSTER}=~"${ids.VAR_CLUSTER}"}}, {ids.VAR_NAMESPACE})',
+                 f"label_values({present(_CLUSTER_M)}, {ids.VAR_NAMESPACE})",
                  "Namespace of the training pods.", multi=True, include_all=True, all_value=".*", current=_ALL,
                  datasource=prometheus_ref()),
-        Variable(ids.VAR_JOB, "Job", "query", f"label_values({_PRESENT}{{{_PLACE}}}, {JOB})",
+        Variable(ids.VAR_JOB, "Job", "query", f"label_values({present(PLACE_M)}, {JOB})",
                  "Training job (OTELPROF_JOB_NAME, the job_name label).", datasource=prometheus_ref()),
-        Variable(ids.VAR_NODE, "Node", "query", f'label_values({_PRESENT}{{{_PLACE}, {JOB}="${ids.VAR_JOB}"}}, {NODE})',
+        Variable(ids.VAR_NODE, "Node", "query", f"label_values({present(JOB_M)}, {NODE})",
                  "Nodes of the job.", multi=True, include_all=True, all_value=".*", current=_ALL,
                  datasource=prometheus_ref()),
         Variable(ids.VAR_RANK, "Rank", "query",
-                 f'label_values({_PRESENT}{{{_PLACE}, {JOB}="${ids.VAR_JOB}", {NODE}=~"${ids.VAR_NODE}"}}, {RANK})',
+                 f"label_values({present(f'{JOB_M}, {NODE_M}')}, {RANK})",
                  "Global ranks of the job on the selected nodes.", multi=True, include_all=True, all_value=".*",
                  current=_ALL, datasource=prometheus_ref()),
         Variable(ids.VAR_GPU, "GPU", "query",
-                 f'label_values({series_name(sc.GPU_UTILIZATION)}{{{_PLACE}, {JOB}="${ids.VAR_JOB}", '
-                 f'{NODE}=~"${ids.VAR_NODE}"}}, {GPU})',
+                 f"label_values({qs.node.sel(sc.GPU_UTILIZATION)}, {GPU})",
                  "GPU index (NVML numbering in the container) on the selected nodes.", multi=True,
                  include_all=True, all_value=".*", current=_ALL, datasource=prometheus_ref()),
     ]
@@ -65,9 +69,9 @@ def variables(*, tempo: bool = False, trace_id: bool = False) -> list[Variable]:
     return result
 
 
-def dashboard(uid: str, title: str, description: str, rows: list[Row], *, tempo: bool = False,
+def dashboard(qs: Queries, uid: str, title: str, description: str, rows: list[Row], *, tempo: bool = False,
               refresh: str = "", time_from: str = "now-1h") -> Dashboard:
-    return Dashboard(uid, title, description, (ids.TAG,), variables(tempo=tempo, trace_id=tempo), rows,
+    return Dashboard(uid, title, description, (ids.TAG,), variables(qs, tempo=tempo, trace_id=tempo), rows,
                      time_from=time_from, refresh=refresh, links=(DashboardLinks(ids.TAG),))
 
 

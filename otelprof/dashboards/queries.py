@@ -1,7 +1,8 @@
 """PromQL for the dashboards: selectors bound to the dashboard variables, statistics over the range.
 
 Metric names come from the catalog (:mod:`otelprof.semconv`) through the mixin's PromQL helpers,
-recording-rule names from :func:`otelprof.mixin.rules.recording_names`; nothing is hand-typed.
+recording-rule names from :func:`otelprof.mixin.rules.recording_names`; nothing is hand-typed. What depends on
+the mixin config (selectors, the train phase, recording-rule names) is bound to one config by :class:`Queries`.
 
 Statistics "over the range" use the dashboard's time range (``$__range``) and the mixin's exact
 window differences (``x - (x offset W or x * 0)``): a job that starts inside the range counts from
@@ -10,9 +11,12 @@ its first sample, and histogram buckets keep the exact per-step / per-sample dis
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from otelprof import semconv as sc
 from otelprof.dashboards import ids
-from otelprof.mixin.config import MixinConfig
+from otelprof.mixin.config import GPU_SOURCE_DCGM, MixinConfig
+from otelprof.mixin.gpu_source import RECORD_BY_SERIES
 from otelprof.mixin.promql import GPU, JOB, NODE, PHASE, RANK, Q, series_name
 from otelprof.mixin.recording_rules import aggregate_names
 from otelprof.mixin.rules import recording_names
@@ -23,33 +27,84 @@ RANGE_S = "$__range_s"
 RATE = "$__rate_interval"
 INTERVAL = "$__interval"
 
-MIXIN = MixinConfig()
-TRAIN = MIXIN.train_phase
-EVAL = MIXIN.eval_phase
-
 PLACE_M = f'{ids.VAR_CLUSTER}=~"${ids.VAR_CLUSTER}", {ids.VAR_NAMESPACE}=~"${ids.VAR_NAMESPACE}"'
 """Cluster and namespace (multi-cluster, several training namespaces); their All (``.*``) also matches no label."""
 JOB_M = f'{PLACE_M}, {JOB}="${ids.VAR_JOB}"'
 NODE_M = f'{NODE}=~"${ids.VAR_NODE}"'
 RANK_M = f'{RANK}=~"${ids.VAR_RANK}"'
 GPU_M = f'{GPU}=~"${ids.VAR_GPU}"'
-TRAIN_M = f'{PHASE}="{TRAIN}"'
-
-proc = Q(f"{JOB_M}, {NODE_M}, {RANK_M}")
-"""Per-process series (every rank): steps, annotations, process telemetry."""
-node = Q(f"{JOB_M}, {NODE_M}")
-"""Node-wide series, sampled by one process per node: host, container, coincidences."""
-gpu = Q(f"{JOB_M}, {NODE_M}, {GPU_M}")
-"""Per-GPU series."""
-job = Q(JOB_M)
-
-_RULES = {**recording_names(MIXIN), **aggregate_names(MIXIN)}
 
 
-def rule(key: str, q: Q, matchers: str = "") -> str:
-    """A recording rule's series, filtered like ``q`` (plus ``matchers``)."""
-    inner = ", ".join(m for m in (q.selector, matchers) if m)
-    return f"{_RULES[key]}{{{inner}}}"
+class Scope(Q):
+    """The series of the dashboard variables' selection (``place``), read as ``config`` says.
+
+    A raw otelprof series gets the config's ``selector`` before ``place`` (as the rules filter their inputs); with
+    ``gpu_source=dcgm`` a GPU gauge is the dcgm-exporter record standing for it, and a recording rule's series
+    (:meth:`Queries.rule`) is filtered by ``place`` only: its rule applied the selector already.
+    """
+
+    def __init__(self, place: str, config: MixinConfig) -> None:
+        super().__init__(", ".join(m for m in (config.selector.strip(), place) if m))
+        self.place = place
+        self.records = RECORD_BY_SERIES if config.gpu_source == GPU_SOURCE_DCGM else {}
+
+    def sel(self, spec: MetricSpec, part: str = "", matchers: str = "") -> str:
+        record = self.records.get(series_name(spec, part))
+        if record is None:
+            return super().sel(spec, part, matchers)
+        return filtered(record, self.place, matchers)
+
+
+def filtered(name: str, *matchers: str) -> str:
+    """``name{matchers}`` (the non-empty ones), or the bare name."""
+    inner = ", ".join(m for m in matchers if m)
+    return f"{name}{{{inner}}}" if inner else name
+
+
+class Queries:
+    """What the panels read, for one mixin config: every threshold, window, selector and recording-rule name the
+    dashboards show comes from ``config`` (``otelprof mixin --set``), never from a default."""
+
+    def __init__(self, config: MixinConfig) -> None:
+        self.config = config
+        self.train = f'{PHASE}="{config.train_phase}"'
+        """Matcher of the training phase's series."""
+        self.proc = Scope(f"{JOB_M}, {NODE_M}, {RANK_M}", config)
+        """Per-process series (every rank): steps, annotations, process telemetry."""
+        self.node = Scope(f"{JOB_M}, {NODE_M}", config)
+        """Node-wide series, sampled by one process per node: host, container, coincidences."""
+        self.gpu = Scope(f"{JOB_M}, {NODE_M}, {GPU_M}", config)
+        """Per-GPU series."""
+        self.job = Scope(JOB_M, config)
+        self.rules = {**recording_names(config), **aggregate_names(config)}
+
+    def rule(self, key: str, scope: Scope, matchers: str = "") -> str:
+        """A recording rule's series (the rules ``config`` generates), filtered like ``scope`` (plus ``matchers``)."""
+        inner = ", ".join(m for m in (scope.place, matchers) if m)
+        return f"{self.rules[key]}{{{inner}}}"
+
+
+def percent(value: float) -> str:
+    """A ratio as the panels quote it: ``0.5`` -> ``50%``, ``0.333`` -> ``33.3%``."""
+    return f"{value * 100:g}%"
+
+
+def all_below(thresholds: Sequence[float], quote: Callable[[float], str] = percent) -> str:
+    """``all below 70%`` when the thresholds agree, else ``below 70%, 60% and 50% respectively``."""
+    if len(set(thresholds)) == 1:
+        return f"all below {quote(thresholds[0])}"
+    quoted = [quote(t) for t in thresholds]
+    return f"below {', '.join(quoted[:-1])} and {quoted[-1]} respectively"
+
+
+def batch_size_thresholds(c: MixinConfig) -> tuple[float, float, float]:
+    """The batch-size alert's 95th-percentile thresholds: GPU utilization, GPU memory, the node's CPU."""
+    return c.batch_size_gpu_threshold_p95, c.batch_size_gpu_memory_threshold_p95, c.batch_size_cpu_threshold_p95
+
+
+def whole(value: float) -> float:
+    """``value``, as an int when it is one (a threshold step writes ``1200``, not ``1200.0``)."""
+    return int(value) if value == int(value) else value
 
 
 def by(*labels: str) -> str:
@@ -162,5 +217,3 @@ def unit(spec: MetricSpec) -> str:
         return "short"
     return _UNITS[spec.unit]
 
-
-__all__ = ["EVAL", "GPU", "JOB", "NODE", "PHASE", "RANK", "TRAIN", "series_name"]

@@ -14,11 +14,9 @@ from otelprof.dashboards import queries as pq
 from otelprof.dashboards.common import dashboard, dashboard_link
 from otelprof.dashboards.model import Dashboard, Link, Panel, Prom, Row, TraceQL
 from otelprof.dashboards.panels import GREEN, RED, YELLOW, state_timeline, timeseries, value_map
-from otelprof.mixin.config import ALERT_PREFIX
+from otelprof.mixin.config import ALERT_PREFIX, MixinConfig
 from otelprof.mixin.promql import PHASE, RANK
 
-PROC = pq.proc
-M = pq.MIXIN
 RANK_LEGEND = "rank {{rank}}"
 
 
@@ -52,8 +50,9 @@ def _trace_table(id: int, title: str, description: str, query: str) -> Panel:
                              "properties": [{"id": "unit", "value": "ms"}]}])
 
 
-def _states() -> Row:
-    ratio = pq.rate_mean(PROC, sc.DATALOADER_WAIT_RATIO, (RANK,), pq.TRAIN_M)
+def _states(qs: pq.Queries) -> Row:
+    c = qs.config
+    ratio = pq.rate_mean(qs.proc, sc.DATALOADER_WAIT_RATIO, (RANK,), qs.train)
 
     def alerts(state: str) -> str:
         return f'ALERTS{{alertname=~"{ALERT_PREFIX}.*", {pq.JOB_M}, alertstate="{state}"}}'
@@ -61,20 +60,21 @@ def _states() -> Row:
     return Row(100, "What each rank was doing", [
         state_timeline(101, "Phase per rank", "The phase each rank is in (otelprof.phase(...); train by default): "
                        "a row per rank and phase, coloured while the phase is active.",
-                       [Prom(f"max by ({RANK}, {PHASE}) ({PROC.sel(sc.PHASE_ACTIVE)}) > 0", "rank {{rank}} {{phase}}")],
+                       [Prom(f"max by ({RANK}, {PHASE}) ({qs.proc.sel(sc.PHASE_ACTIVE)}) > 0",
+                             "rank {{rank}} {{phase}}")],
                        "none", steps=((None, "blue"),), mappings=[value_map({"1": ("active", "blue")})], h=7),
         state_timeline(102, "Stepping per rank", "Steps finished per second by each rank: red while a rank finished "
                        "no step in the interval (initialization, a long evaluation outside steps, a hang).",
-                       [Prom(f"sum by ({RANK}) ({pq.rate(PROC, sc.STEPS)})", RANK_LEGEND)], "short",
+                       [Prom(f"sum by ({RANK}) ({pq.rate(qs.proc, sc.STEPS)})", RANK_LEGEND)], "short",
                        steps=((None, RED), (0.0001, GREEN)), h=5),
         state_timeline(103, "Input-bound per rank", "Mean share of each training step spent waiting for data: "
-                       f"red above the input-bound threshold ({M.input_bound_threshold:.0%}).",
+                       f"red above the input-bound threshold ({pq.percent(c.input_bound_threshold)}).",
                        [Prom(ratio, RANK_LEGEND)], "percentunit",
-                       steps=((None, GREEN), (M.input_bound_threshold / 2, YELLOW), (M.input_bound_threshold, RED)),
+                       steps=((None, GREEN), (c.input_bound_threshold / 2, YELLOW), (c.input_bound_threshold, RED)),
                        h=5),
         state_timeline(104, "GPU busy", "Each GPU's utilization: red when idle, green when busy.",
-                       [Prom(pq.gpu.sel(sc.GPU_UTILIZATION), "{{node}} GPU {{gpu}}", needs=frozenset({"gpu"}))],
-                       "percentunit", steps=((None, RED), (M.gpu_threshold, YELLOW), (M.low_gpu_threshold_p95, GREEN)),
+                       [Prom(qs.gpu.sel(sc.GPU_UTILIZATION), "{{node}} GPU {{gpu}}", needs=frozenset({"gpu"}))],
+                       "percentunit", steps=((None, RED), (c.gpu_threshold, YELLOW), (c.low_gpu_threshold_p95, GREEN)),
                        h=5),
         state_timeline(105, "Alerts", "otelprof alerts of the job, pending or firing, per alert and rank.",
                        [Prom(f"max by (alertname, {RANK}) ({alerts('firing')} * 2 or {alerts('pending')})",
@@ -84,7 +84,8 @@ def _states() -> Row:
     ])
 
 
-def _step_time() -> Row:
+def _step_time(qs: pq.Queries) -> Row:
+    c = qs.config
     traces = Link("Traces of rank ${__field.labels.rank} in this range",
                   f"/d/{ids.TIMELINE}/{ids.TIMELINE}?var-{ids.VAR_DATASOURCE}=${{{ids.VAR_DATASOURCE}}}"
                   f"&var-{ids.VAR_TEMPO}=${{{ids.VAR_TEMPO}}}&var-{ids.VAR_JOB}=${{{ids.VAR_JOB}}}"
@@ -92,14 +93,14 @@ def _step_time() -> Row:
     ranks = dashboard_link("Compare the ranks", ids.RANKS)
     return Row(200, "Step time", [
         timeseries(ids.TIMELINE_STEP_TIME, "Training step time per rank", "Mean of each interval's training "
-                   f"steps and 95th percentile of each {pq.MIXIN.dashboard_rate_window}'s (recording rule) per rank. "
+                   f"steps and 95th percentile of each {c.dashboard_rate_window}'s (recording rule) per rank. "
                    "Click a line to list that rank's traced steps below.",
-                   [Prom(pq.rate_mean(PROC, sc.STEP_DURATION, (RANK,), pq.TRAIN_M), "rank {{rank}} mean"),
-                    Prom(pq.rule("step_p95_rate", PROC, pq.TRAIN_M), "rank {{rank}} p95")],
+                   [Prom(pq.rate_mean(qs.proc, sc.STEP_DURATION, (RANK,), qs.train), "rank {{rank}} mean"),
+                    Prom(qs.rule("step_p95_rate", qs.proc, qs.train), "rank {{rank}} p95")],
                    "s", min=0, links=[traces, ranks], w=16),
         timeseries(202, "Outlier steps", "Outlier steps per interval and rank (each one was traced: see the outlier "
                    "table below).",
-                   [Prom(f"sum by ({RANK}) ({pq.increase(PROC, sc.STEP_OUTLIERS, matchers=pq.TRAIN_M)})",
+                   [Prom(f"sum by ({RANK}) ({pq.increase(qs.proc, sc.STEP_OUTLIERS, matchers=qs.train)})",
                          RANK_LEGEND)], "short", bars=True, min=0, links=[traces], w=8),
     ])
 
@@ -120,9 +121,10 @@ def _traces() -> Row:
     ])
 
 
-def timeline() -> Dashboard:
-    return dashboard(ids.TIMELINE, "otelprof / Timeline",
+def timeline(config: MixinConfig) -> Dashboard:
+    qs = pq.Queries(config)
+    return dashboard(qs, ids.TIMELINE, "otelprof / Timeline",
                      "What each rank of a training job was doing over time — phase, stepping, input-bound, GPU "
                      "busy, alerts — and the traced steps behind it (Tempo).",
-                     [_states(), _step_time(), _traces()], tempo=True, refresh="30s", time_from="now-30m")
+                     [_states(qs), _step_time(qs), _traces()], tempo=True, refresh="30s", time_from="now-30m")
 
