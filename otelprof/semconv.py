@@ -786,6 +786,3 @@ def prometheus_label(key: str) -> str:
     name = re.sub(r"[^a-zA-Z0-9_]", "_", key)
     return "_" + name if name[:1].isdigit() else name
 
-
-def by_prometheus_name() -> dict[str, MetricSpec]:
-    return {m.prometheus_name: m for m in METRICS}

@@ -20,7 +20,8 @@ from otelprof.analysis.histogram import bucket_quantile, monotonic_quantile
 from otelprof.analysis.step_checks import peers_median, peers_typical
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.samples import parse_samples
-from otelprof.shared.outliers import RESUM_STEPS, LossSpikes, StepJudge
+from otelprof.shared.outliers import LossSpikes, StepJudge
+from otelprof.shared.sampling import RESUM_STEPS
 
 
 def _durations(rnd: random.Random, n: int) -> list[float]:

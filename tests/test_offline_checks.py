@@ -179,51 +179,53 @@ def noisy_loss_with_a_spike() -> list[RankData]:
     return [RankData("spiky", 0, "n1", 0.0, END, [], _steps(lambda t: 0.5, loss=loss))]
 
 
-SCENARIOS: dict[str, Callable[[], list[RankData]]] = {
-    "noisy_loss_with_a_spike": noisy_loss_with_a_spike,
-    "cpu_bound": cpu_bound,
-    "input_bound_then_nan": input_bound_then_nan,
-    "straggler_and_imbalance": straggler_and_imbalance,
-    "straggler_pair": straggler_pair,
-    "straggler_four": straggler_four,
-    "memory": memory,
-    "host_memory_without_limit": host_memory_without_limit,
-    "loss_plateau_and_nan": loss_plateau_and_nan,
-    "stalled_then_resumed": stalled_then_resumed,
-    "outliers": outliers,
-}
-EXPECTED = {  # sanity: what each scenario must show (both sides), so the comparison is never vacuous
-    "noisy_loss_with_a_spike": {(720.0, "OtelprofLossSpike"), (880.0, "OtelprofLossSpike")},  # 10-min window
-    "cpu_bound": {(720.0, "OtelprofCPUBottleneck"), (880.0, "OtelprofBatchSizeTooSmall")},
-    "input_bound_then_nan": {(720.0, "OtelprofInputBound"), (720.0, "OtelprofNonFiniteValues")},
-    "straggler_and_imbalance": {(720.0, "OtelprofRankStraggler"), (880.0, "OtelprofGPULoadImbalance")},
-    "straggler_pair": {(420.0, "OtelprofRankStraggler")},
-    "straggler_four": {(420.0, "OtelprofRankStraggler")},
-    "memory": {(720.0, "OtelprofHostMemoryIncrease"), (880.0, "OtelprofHostMemoryNearLimit")},
-    "host_memory_without_limit": {(720.0, "OtelprofHostMemoryNearLimit"), (880.0, "OtelprofHostMemoryNearLimit")},
-    "loss_plateau_and_nan": {(420.0, "OtelprofLossNotDecreasing"), (880.0, "OtelprofLossNotDecreasing"),
-                             (720.0, "OtelprofNonFiniteValues")},
-    "stalled_then_resumed": {(420.0, "OtelprofTrainingStalled")},
-    "outliers": {(880.0, "OtelprofStepOutliers")},
-}
-QUIET = {  # and what it must not show
-    "noisy_loss_with_a_spike": {(420.0, "OtelprofLossSpike"),
-                                (420.0, "OtelprofLossNotDecreasing"), (720.0, "OtelprofLossNotDecreasing"),
-                                (880.0, "OtelprofLossNotDecreasing")},
-    "memory": {(420.0, "OtelprofHostMemoryIncrease"), (720.0, "OtelprofHostMemoryNearLimit")},
-    "host_memory_without_limit": {(420.0, "OtelprofHostMemoryNearLimit")},
-    "loss_plateau_and_nan": {(720.0, "OtelprofLossNotDecreasing")},
-    "stalled_then_resumed": {(720.0, "OtelprofLossNotDecreasing"), (720.0, "OtelprofTrainingStalled"),
-                             (880.0, "OtelprofLossNotDecreasing")},
-    "outliers": {(420.0, "OtelprofStepOutliers"), (720.0, "OtelprofStepOutliers")},  # stalls cost under 5 %
-}
-CONFIGS = {  # windows short enough for the 900-s scenarios
-    "noisy_loss_with_a_spike": with_overrides(CONFIG, ["loss_window=60s", "loss_for=30s"]),
-    "memory": with_overrides(CONFIG, ["patience=60s", "host_memory_increase_window=60s",
-                                      "host_memory_increase_for=0s"]),
-    "loss_plateau_and_nan": with_overrides(CONFIG, ["loss_window=60s", "loss_for=0s"]),
-    "stalled_then_resumed": with_overrides(CONFIG, ["loss_window=60s", "loss_for=0s",
-                                                    "stalled_training_threshold=100s"]),
+@dataclass(frozen=True)
+class Scenario:
+    """One scenario: its ranks, what it must show on both sides (so that the comparison is never vacuous), what
+    it must not show, and the config it is judged with."""
+
+    ranks: Callable[[], list[RankData]]
+    fires: frozenset[tuple[float, str]]
+    """(evaluation time, alert) that must fire."""
+    quiet: frozenset[tuple[float, str]] = frozenset()
+    """(evaluation time, alert) that must not."""
+    config: MixinConfig = CONFIG
+
+
+def _at(*pairs: tuple[float, str]) -> frozenset[tuple[float, str]]:
+    return frozenset((t, "Otelprof" + name) for t, name in pairs)
+
+
+SHORT_LOSS = with_overrides(CONFIG, ["loss_window=60s", "loss_for=0s"])  # windows short enough for 900-s scenarios
+SCENARIOS = {
+    "noisy_loss_with_a_spike": Scenario(
+        noisy_loss_with_a_spike, _at((720.0, "LossSpike"), (880.0, "LossSpike")),  # 10-min window
+        _at((420.0, "LossSpike"), (420.0, "LossNotDecreasing"), (720.0, "LossNotDecreasing"),
+            (880.0, "LossNotDecreasing")),
+        with_overrides(CONFIG, ["loss_window=60s", "loss_for=30s"])),
+    "cpu_bound": Scenario(cpu_bound, _at((720.0, "CPUBottleneck"), (880.0, "BatchSizeTooSmall"))),
+    "input_bound_then_nan": Scenario(input_bound_then_nan, _at((720.0, "InputBound"), (720.0, "NonFiniteValues"))),
+    "straggler_and_imbalance": Scenario(straggler_and_imbalance,
+                                        _at((720.0, "RankStraggler"), (880.0, "GPULoadImbalance"))),
+    "straggler_pair": Scenario(straggler_pair, _at((420.0, "RankStraggler"))),
+    "straggler_four": Scenario(straggler_four, _at((420.0, "RankStraggler"))),
+    "memory": Scenario(
+        memory, _at((720.0, "HostMemoryIncrease"), (880.0, "HostMemoryNearLimit")),
+        _at((420.0, "HostMemoryIncrease"), (720.0, "HostMemoryNearLimit")),
+        with_overrides(CONFIG, ["patience=60s", "host_memory_increase_window=60s", "host_memory_increase_for=0s"])),
+    "host_memory_without_limit": Scenario(
+        host_memory_without_limit, _at((720.0, "HostMemoryNearLimit"), (880.0, "HostMemoryNearLimit")),
+        _at((420.0, "HostMemoryNearLimit"))),
+    "loss_plateau_and_nan": Scenario(
+        loss_plateau_and_nan,
+        _at((420.0, "LossNotDecreasing"), (880.0, "LossNotDecreasing"), (720.0, "NonFiniteValues")),
+        _at((720.0, "LossNotDecreasing")), SHORT_LOSS),
+    "stalled_then_resumed": Scenario(
+        stalled_then_resumed, _at((420.0, "TrainingStalled")),
+        _at((720.0, "LossNotDecreasing"), (720.0, "TrainingStalled"), (880.0, "LossNotDecreasing")),
+        with_overrides(SHORT_LOSS, ["stalled_training_threshold=100s"])),
+    "outliers": Scenario(outliers, _at((880.0, "StepOutliers")),
+                         _at((420.0, "StepOutliers"), (720.0, "StepOutliers"))),  # stalls cost under 5 %
 }
 
 
@@ -347,12 +349,12 @@ def _fmt(seconds: float) -> str:
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_promtool_and_offline_evaluator_agree(scenario: str, tmp_path: Path) -> None:
     promtool = require_binary("promtool")
-    ranks = SCENARIOS[scenario]()
-    config = CONFIGS.get(scenario, CONFIG)
+    case = SCENARIOS[scenario]
+    ranks, config = case.ranks(), case.config
     offline = checks.firing_at(ranks, config, SCRAPE, AT)
     fired = {(t, name) for t, pairs in offline.items() for name, _ in pairs}
-    assert EXPECTED[scenario] <= fired, sorted(fired)
-    assert not QUIET.get(scenario, set()) & fired, sorted(fired)
+    assert case.fires <= fired, sorted(fired)
+    assert not case.quiet & fired, sorted(fired)
     names = "|".join(CONFIG_PREFIX + short for short in checks.OFFLINE_CHECKS)
     query = ('count by (alertname, job_name, rank, gpu, phase, scalar) '
              f'(ALERTS{{alertstate="firing", alertname=~"{names}"}})')

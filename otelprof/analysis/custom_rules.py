@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from otelprof.analysis.rules import RuleRow
+from otelprof.analysis.rule_row import RuleRow
 from otelprof.recording.ranks import Recording
 from otelprof.recording.tensors import Trial, read_trial
 

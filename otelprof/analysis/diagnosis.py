@@ -27,7 +27,8 @@ from otelprof.analysis.device import DeviceAnalysis
 from otelprof.analysis.framework import BETWEEN_STEPS, BETWEEN_STEPS_WARN, FrameworkSummary
 from otelprof.analysis.gpu import GpuAnalysis
 from otelprof.analysis.loadbalance import LoadBalance
-from otelprof.analysis.rules import RuleRow, RulesSummary
+from otelprof.analysis.rule_row import RuleRow
+from otelprof.analysis.rules import RulesSummary
 from otelprof.analysis.steps import PhaseSteps, StepAnalysis
 from otelprof.analysis.summary import JobSummary
 from otelprof.analysis.system import SystemUsage

@@ -36,7 +36,8 @@ from otelprof.analysis.framework import BETWEEN_STEPS, FrameworkSummary, Region
 from otelprof.analysis.gpu import GpuAnalysis, GpuUsage, MemoryFlags
 from otelprof.analysis.loadbalance import GpuDistance, GpuLoad, LoadBalance, RankLoad, js_distance
 from otelprof.analysis.report import FORMAT_VERSION, ORIGIN_PROMETHEUS, Report
-from otelprof.analysis.rules import RuleRow, RulesSummary
+from otelprof.analysis.rule_row import RuleRow
+from otelprof.analysis.rules import RulesSummary
 from otelprof.analysis.stats import BoxPlot, Bucket, Distribution, Histogram, Series, share
 from otelprof.analysis.step_checks import peers_median
 from otelprof.analysis.steps import PhaseSteps, StepAnalysis

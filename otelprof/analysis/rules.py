@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from otelprof.analysis.rule_row import RuleRow as RuleRow  # where the analyses that use the summary take it from
+from otelprof.analysis.rule_row import RuleRow
 from otelprof.mixin.alert_text import value_phrase
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.ranks import Recording

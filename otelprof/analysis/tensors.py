@@ -3,7 +3,7 @@
 Each rule judges every saved step of the tensors it needs and names the layers (tensors) it fires on;
 a layer fires when its condition holds at :data:`HOLD` consecutive saved steps (fewer when fewer were
 saved). A rule whose tensors were never saved says "no data". Results are rows of the checks' table
-(:class:`otelprof.analysis.rules.RuleRow`): ``evaluations`` are saved steps, ``firing_evaluations`` those
+(:class:`otelprof.analysis.rule_row.RuleRow`): ``evaluations`` are saved steps, ``firing_evaluations`` those
 at which some layer was firing, ``datapoints`` the (tensor, step) values judged, ``value`` the worst
 value, ``subjects`` ``"rank R <tensor>"``. Thresholds and runbook text: :data:`RULES` (docs/tensors.md).
 """

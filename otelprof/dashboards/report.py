@@ -1,6 +1,6 @@
 """The "Training report" dashboard: SageMaker Debugger's profiling report, section by section, live.
 
-Sections follow the original report (RULES.md §2): job summary, system usage statistics, framework
+Sections follow the original profiling report: job summary, system usage statistics, framework
 summary, rules summary, step duration analysis, GPU utilization analysis, batch size, CPU bottleneck,
 I/O bottleneck, load balancing, GPU memory, data loader; then training health, where the training
 rules' alerts point. Statistics cover the dashboard's time range: pick the job's run.

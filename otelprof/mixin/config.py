@@ -2,7 +2,7 @@
 
 Parameter names follow SageMaker Debugger's rules where one exists (``cpu_threshold``,
 ``threshold_p95``, ``patience``, ``window``, ``n_outliers``, ...), prefixed with the check
-they belong to. Defaults come from :mod:`otelprof.thresholds` and ``RULES.md``'s decisions:
+they belong to. Defaults come from :mod:`otelprof.thresholds` and the design's rule definitions:
 the 500-sample window and 1000-sample patience of the originals become 250 s and 500 s
 at the sampler's 500 ms. Override any field with :func:`dataclasses.replace`, or on the
 command line with ``otelprof mixin --set name=value``.

@@ -29,14 +29,6 @@ LIMITS = Limits(workers=2, max_connections=32, deadline=5.0, rate=10.0, connecti
 capture requests come from one webhook and a few people."""
 
 
-class ControlError(ValueError):
-    """A request the endpoint refuses; ``status`` is the HTTP status to answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 class ControlServer:
     """HTTP front of ``on_stop(reason, alert)`` and ``on_capture(steps) -> description``."""
 

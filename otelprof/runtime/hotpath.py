@@ -22,7 +22,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_PHASE = "train"
 
-# Record tags understood by Recorder.process().
+# Record tags the recorder reads (Recorder._drain, on its own thread).
 STEP = "s"
 ANNOTATION = "a"
 SCALAR = "x"

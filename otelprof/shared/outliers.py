@@ -13,7 +13,6 @@ import math
 from collections.abc import Iterable, Sequence
 
 from otelprof import thresholds
-from otelprof.shared.sampling import RESUM_STEPS as RESUM_STEPS
 from otelprof.shared.sampling import OutlierDetector
 
 
