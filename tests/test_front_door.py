@@ -239,3 +239,12 @@ def test_the_example_secrets_ship_placeholders_that_are_refused() -> None:
     assert tokens and all(t.startswith(PLACEHOLDER_PREFIX) for t in tokens)
     assert "replace the example tokens" in textwrap.dedent(
         (ROOT / "deploy" / "README.md").read_text(encoding="utf-8")).lower()
+
+
+def test_the_packaged_copies_say_they_are_generated_and_from_where() -> None:
+    from otelprof.mixin.deploy import PACKAGE_FILES, PACKAGED
+
+    readme = (ROOT / PACKAGE_FILES / "README.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `([^`]+)` \| `([^`]+)` \|$", readme, re.M))
+    assert rows == {name: source.as_posix() for name, source in PACKAGED.items()}
+    assert readme.startswith("# Generated: do not edit")
