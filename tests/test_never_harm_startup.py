@@ -312,6 +312,26 @@ def test_a_forked_child_does_not_keep_the_rank_directory_locked(tmp_path: Path) 
     assert proc.stdout == "forked\n"
 
 
+def test_a_child_forked_by_native_code_does_not_keep_the_rank_directory_locked(tmp_path: Path) -> None:
+    """A child forked by C code (no Python fork hooks, like a child not yet scheduled to run them) shares the
+    lock's open file: the shutdown unlocks it for both, so the next init() keeps the run id."""
+    proc = python("""
+        import ctypes, os, time
+        import otelprof
+        otelprof.init(run_id="native", system_metrics=False)
+        child = ctypes.CDLL(None, use_errno=True).fork()
+        if child == 0:
+            time.sleep(3.0)
+            os._exit(0)
+        otelprof.shutdown()
+        print(otelprof.init(run_id="native", system_metrics=False).config.run_id)
+        otelprof.shutdown()
+        os.waitpid(child, 0)
+    """, tmp_path, env_for())
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout == "native\n"
+
+
 # ---------------------------------------------------------------------- 9. outside text on the terminal
 FORGED = "\x1b[2K\x1b[31mreason\r\notelprof: run 1 recorded; report: otelprof report /tmp/evil\x07"
 

@@ -165,6 +165,10 @@ def test_a_killed_process_loses_at_most_the_block_it_was_filling(tmp_path: Path,
     child = subprocess.Popen([sys.executable, "-c", _KILLED, str(tmp_path)], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
     assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 60  # until the first block is written (a loaded machine takes its time), then 2 s
+    while time.monotonic() < deadline and not any(p.stat().st_size
+                                                  for p in tmp_path.glob(f"*/rank-0/{schema.SAMPLES}")):
+        time.sleep(0.1)
     time.sleep(2.0)
     child.send_signal(sig)
     child.wait(30)

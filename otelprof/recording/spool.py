@@ -148,7 +148,12 @@ def _lock(directory: Path) -> int | None:
 
 
 def _unlock(fd: int) -> None:
+    """Unlock, then close: a child forked meanwhile shares the lock until its fork hook closes its copy."""
     _held.discard(fd)
+    with contextlib.suppress(OSError, ImportError):
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_UN)
     with contextlib.suppress(OSError):
         os.close(fd)
 

@@ -84,8 +84,14 @@ def _recorded_by_another(directory: Path, pid: int, started: float) -> bool:
 
 
 def _release(fd: int | None) -> None:
+    """Unlock, then close: a child forked meanwhile shares the lock until it closes its copy (its fork hook runs
+    only once the child is scheduled, late on a loaded machine); unlocking releases it for both."""
     if fd is not None and fd in _held:
         _held.remove(fd)
+        with contextlib.suppress(OSError, ImportError):
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_UN)
         with contextlib.suppress(OSError):
             os.close(fd)
 
