@@ -26,6 +26,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from otelprof import environment_variables as ev
+from otelprof.recording.reader import read_recording
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -237,8 +238,17 @@ RUNNABLE = sorted({b.document for b in ALL_BLOCKS} - {"README.md"})
 
 
 def test_readme_blocks_run_on_their_own(tmp_path: Path) -> None:
-    """README.md's Quickstart records its own runs: nothing is given to it."""
+    """README.md's Quickstart records its own runs, nothing given to it, and they hold what it says."""
     _run_document("README.md", tmp_path, None)
+    marked, instrumented = (read_recording(run).ranks[0] for run in sorted((tmp_path / "otelprof-runs").iterdir()))
+    assert {s.phase for s in marked.steps} == {"train", "eval"}
+    assert "initialization" in {a.name for a in marked.annotations}
+    for rank, regions in ((marked, {"forward", "backward", "optimizer"}),
+                          (instrumented, {"dataloader", "forward", "backward", "optimizer"})):
+        train = [s for s in rank.steps if s.phase == "train"]
+        assert train and all({a.name for a in s.annotations} == regions for s in train)
+        assert all({"loss", "samples"} <= set(s.scalars) for s in train)
+    assert (tmp_path / "report.html").is_file() and (tmp_path / "trace.json").is_file()
 
 
 @pytest.mark.parametrize("document", RUNNABLE)
