@@ -1,13 +1,14 @@
 """Every fenced code block of README.md and docs/*.md that can run on a CPU machine runs, as the docs say.
 
 The blocks are found by a CommonMark parser (markdown-it-py) and run per document, in document order, by
-tests/doc_blocks_driver.py in a fresh directory: python blocks in one namespace (a block sees what the blocks
-before it defined; README.md's define everything they use, docs/*.md's fragments get PRELUDE's `model`,
-`optimizer`, `loader`), shell lines that run `otelprof` or `python` against the runs recorded before them
-(each docs/*.md page starts with one run of README.md's train.py, the fixture run), yaml and json blocks
-parsed (whole Prometheus / Alertmanager files checked with promtool / amtool). A block that cannot run here
-is in NOT_RUN with the reason, a line of a block in LINES_NOT_RUN; `text` blocks are illustrations (output,
-layouts). Any other block fails the test, and so does an entry of those tables that no longer matches.
+tests/doc_blocks_driver.py in a fresh directory: python blocks in one namespace (a block sees what the
+blocks before it defined; README.md's define everything they use, docs/*.md's fragments get PRELUDE's
+`model`, `optimizer` and `loader`, and CONTEXT's objects where a block needs more); shell lines that run
+`otelprof` or `python`, against the runs recorded before them (each docs/*.md page starts with one run of
+README.md's train.py, the fixture run); yaml and json blocks parsed (whole Prometheus / Alertmanager files
+checked with promtool / amtool). A block that cannot run here is in NOT_RUN with the reason, a line of a
+block in LINES_NOT_RUN; `text` blocks are illustrations (output, layouts). Any other block fails the test,
+and so does an entry of those tables that no longer matches.
 """
 
 from __future__ import annotations
@@ -48,9 +49,6 @@ NOT_RUN: dict[tuple[str, str], str] = {
                                                            "endpoints in a cluster; tests/test_webhook.py runs it",
     ("docs/storage.md", "pip install 'otelprof[storage]'"): "needs an S3 bucket; tests/test_object_storage.py "
                                                             "runs these commands against a local S3 server",
-    ("docs/pytorch.md", "from otelprof.integrations.lightning import"): "needs the reader's LightningModule and "
-        "Hugging Face model, TrainingArguments and dataset; tests/test_lightning.py and "
-        "tests/test_transformers.py run both callbacks",
 }
 # (document, the start of a line of a shell block that otherwise runs): why that line does not.
 LINES_NOT_RUN: dict[tuple[str, str], str] = {
@@ -85,6 +83,46 @@ loader = torch.utils.data.DataLoader(
 def save_checkpoint(model):
     torch.save(model.state_dict(), "checkpoint.pt")
 '''
+# What one block takes as given besides PRELUDE, run just before it: (document, the block's first line): code.
+TRAINERS = '''
+import lightning.pytorch
+import transformers
+
+
+class Module(lightning.pytorch.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        data = torch.utils.data.TensorDataset(torch.randn(4, 8), torch.randint(0, 2, (4,)))
+        return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 2)
+
+    def forward(self, x, labels):
+        return {"loss": torch.nn.functional.cross_entropy(self.layer(x), labels)}
+
+
+module, model = Module(), Model()
+args = transformers.TrainingArguments(output_dir="hf-output", max_steps=4, per_device_train_batch_size=4,
+                                      report_to=[], use_cpu=True, save_strategy="no")
+ds = [{"x": torch.randn(8), "labels": torch.tensor(i % 2)} for i in range(16)]
+'''
+CONTEXT: dict[tuple[str, str], str] = {
+    ("docs/pytorch.md", "from otelprof.integrations.lightning import"): TRAINERS,  # a module, a model, args, ds
+}
 TRAIN_PY = ("README.md", "import torch")  # README.md's train.py: the fixture run and `python train.py`
 
 
@@ -164,6 +202,9 @@ def steps(document: str) -> tuple[list[dict[str, Any]], list[str]]:
             if prelude:
                 out.append({"where": "PRELUDE", "kind": "python", "code": PRELUDE})
                 prelude = False
+            for key, code in CONTEXT.items():
+                if block.matches(key):
+                    out.append({"where": f"CONTEXT of {block.where}", "kind": "python", "code": code})
             out.append({"where": block.where, "kind": "python", "code": block.code})
         elif block.info in SHELL:
             for line in _shell_lines(block.code):
@@ -259,7 +300,7 @@ def test_doc_blocks_run(document: str, fixture_run: Path, tmp_path: Path) -> Non
 def test_every_block_is_run_or_listed() -> None:
     unhandled = [u for b in sorted({b.document for b in ALL_BLOCKS}) for u in steps(b)[1]]
     assert not unhandled, unhandled
-    for table in (NOT_RUN, FILES):
+    for table in (NOT_RUN, FILES, CONTEXT):
         stale = [key for key in table if not any(b.matches(key) for b in ALL_BLOCKS)]
         assert not stale, f"listed blocks that no longer exist: {stale}"
     stale_lines = [key for key in LINES_NOT_RUN if not any(
