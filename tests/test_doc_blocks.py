@@ -28,6 +28,8 @@ from markdown_it import MarkdownIt
 
 from otelprof import environment_variables as ev
 from otelprof.recording.reader import read_recording
+from tests.doc_blocks_driver import check_yaml
+from tests.servers import require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -314,3 +316,16 @@ def test_a_block_neither_run_nor_listed_fails(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(sys.modules[__name__], "ALL_BLOCKS", ALL_BLOCKS + extra)
     unhandled = steps("docs/alerts.md")[1]
     assert unhandled == ["docs/alerts.md:1: kubectl apply -k deploy/", "docs/alerts.md:2: ``` x"]
+
+
+def test_whole_prometheus_and_alertmanager_files_are_checked_by_their_tools() -> None:
+    require_binary("promtool")
+    require_binary("amtool")
+    rules = "groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: up == 0\n"
+    ok, detail = check_yaml(rules)
+    assert ok and detail.startswith("promtool check rules"), detail
+    assert not check_yaml(rules.replace("up == 0", "up =="))[0]
+    route = "route:\n  receiver: r\nreceivers:\n  - name: r\n"
+    assert check_yaml(route)[0] and not check_yaml(route.replace("receiver: r", "receiver: nobody"))[0]
+    assert check_yaml("env:\n  - {name: A, value: b}\n") == (True, "parsed")  # a fragment: parsed only
+    assert not check_yaml("a: [1\n")[0]
