@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: $(STAMP) lint
-	$(VENV)/bin/pytest -q
+	OTELPROF_NO_SKIP=$${OTELPROF_NO_SKIP:-1} $(VENV)/bin/pytest -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from otelprof.recording import node_lines, samples
 from otelprof.recording.columns import SampleColumns
-from tests.test_recording_fastjson import _columns
+from tests.sample_columns import columns as _columns
 
 T0 = 1_750_000_001_000_000_000
 

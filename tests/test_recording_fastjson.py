@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from otelprof.recording import limits
 from otelprof.recording.samples import parse_samples
+from tests.sample_columns import columns as _columns
 
 NODE_LINE = {"t": 1_750_000_001_000_000_000, "pid": 7, "pcpu": 1.25, "rss": 8_000_000_000,
              "cpu": [0.5, 0.25, 1, 0], "iow": [0.01, 0.0, 0.02, 0], "mem": 0.5, "thr": 0,
@@ -37,26 +38,6 @@ def _both(tmp_path: Path, text: str, monkeypatch: pytest.MonkeyPatch) -> tuple[d
     plain = _columns(parse_samples(path))
     monkeypatch.undo()
     return fast, plain
-
-
-def _columns(c: object) -> dict[str, object]:
-    """Every column and count, NaN made comparable."""
-    out: dict[str, object] = {}
-    for name, value in vars(c).items():
-        if name.startswith("_"):
-            continue
-        out[name] = _comparable(value)
-    return out
-
-
-def _comparable(value: object) -> object:
-    if isinstance(value, dict):
-        return {k: _comparable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "array":
-        return [_comparable(v) for v in value]  # type: ignore[union-attr]
-    if isinstance(value, float) and math.isnan(value):
-        return "nan"
-    return value
 
 
 def test_the_fast_path_is_taken_where_it_is_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

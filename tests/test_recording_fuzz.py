@@ -27,7 +27,7 @@ from otelprof.recording.steps import parse_line
 from otelprof.report.html import render
 from otelprof.report.timeline import build_timeline, write_timeline
 from tests.malformed_recordings import RUN_ID, record_base
-from tests.test_recording_fastjson import _columns as comparable
+from tests.sample_columns import columns as comparable
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -23,8 +23,8 @@ from otelprof.recording.reader import read_recording
 from otelprof.recording.sample_blocks import BLOCK_SAMPLES, BLOCK_SECONDS, SampleBlock, decode, encode
 from otelprof.recording.samples import parse_samples
 from otelprof.recording.writer import RecordingWriter
+from tests.sample_columns import columns as comparable
 from tests.sample_records import sample_records
-from tests.test_recording_fastjson import _columns as comparable
 
 T0 = 1_750_000_001_000_000_000
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from otelprof.recording.sample_blocks import KIND, SampleBlock, decode
 from otelprof.recording.sample_packing import MAX_BLOCK_SAMPLES, Packer, _finite, times_within
 from otelprof.recording.samples import _add_sample, parse_samples
 from otelprof.recording.writer import RecordingWriter
-from tests.test_recording_fastjson import _columns as comparable
+from tests.sample_columns import columns as comparable
 from tests.test_sample_blocks import T0, _line, _sample, _samples
 
 U = 2.0**-53
