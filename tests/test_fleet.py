@@ -15,6 +15,8 @@ from benchmarks import fleet as fl
 from otelprof import semconv as sc
 from tests.servers import free_port, require_binary
 
+pytestmark = pytest.mark.serial  # alone, after the parallel part of make test: its timings are live
+
 RANKS, NODES, INTERVAL = 64, 8, 15.0
 HEALTHY = fl.Faults(straggler=-1, leak=-1, stall=-1, nan=-1)
 

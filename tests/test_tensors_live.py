@@ -21,6 +21,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from otelprof.dashboards.queries import Queries
 from otelprof.dashboards.tensors import layers_row
 from otelprof.mixin import MixinConfig, yamlout
@@ -29,6 +31,8 @@ from otelprof.mixin.rules import recording_rules
 from otelprof.mixin.tensor_alerts import tensor_alerts
 from tests.servers import Prometheus, free_port, prometheus
 from tests.test_tensors import ALL, JOB
+
+pytestmark = pytest.mark.serial  # alone, after the parallel part of make test: its timings are live
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = with_overrides(MixinConfig(), ["tensor_window=10m", "overtraining_window=3s", "overtraining_lookback=2m",

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from otelprof.analysis.checks import OFFLINE_CHECKS
 from otelprof.mixin import MixinConfig
 from otelprof.mixin.alerts import alerts
@@ -45,6 +47,8 @@ from otelprof.mixin.rule_groups import EVALUATED, GROUP_LABEL, rule_groups
 from otelprof.mixin.rules import recording_names
 from tests.servers import Prometheus, free_port, prometheus, require_binary
 from tests.test_tensors_live import JOBS as TENSOR_JOBS
+
+pytestmark = pytest.mark.serial  # alone, after the parallel part of make test: its timings are live
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_SCRIPT = Path(__file__).resolve().parent / "verdict_job.py"
