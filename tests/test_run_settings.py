@@ -63,3 +63,19 @@ def test_strict_subcommands_still_refuse_a_rejected_setting(tmp_path: Path, name
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("otelprof: invalid configuration:") and name in lines[0], lines
+
+
+@pytest.mark.parametrize(("call", "said"), [("otelprof.init()", []), ("otelprof.init(job_name='mine')", ["job_name"])])
+def test_a_scripts_own_init_under_run_is_quiet_unless_its_arguments_are_dropped(tmp_path: Path, call: str,
+                                                                              said: list[str]) -> None:
+    """A script that calls ``otelprof.init()`` runs under ``otelprof run`` as it is (the documented Job does):
+    nothing on its stderr; arguments that the running session cannot take are named, once."""
+    program = f"import otelprof\n{call}\nwith otelprof.step():\n    pass\notelprof.shutdown()\n"
+    result = subprocess.run([sys.executable, "-m", "otelprof", "run", "-q", "--", sys.executable, "-c", program],
+                            env=_env(tmp_path, "OTELPROF_RECORD", "false"), cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = _otelprof_lines(result.stderr)
+    assert len(lines) == len(said), result.stderr
+    for name, line in zip(said, lines):
+        assert "keeping it" in line and name in line

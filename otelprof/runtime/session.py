@@ -24,7 +24,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otelprof import _arguments
 from otelprof import semconv as sc
-from otelprof._log import escape, logger, reset_warnings, warn_once
+from otelprof._log import escape, info_once, logger, reset_warnings, warn_once
 from otelprof._version import __version__
 from otelprof.config import Config
 from otelprof.recording import otlp_json, remote, schema
@@ -539,8 +539,13 @@ def init(**overrides: Any) -> Session | _DisabledSession:
     global _session, _starting, _fork_hook_installed
     try:
         with _session_lock:
-            if _session is not None:
-                warn_once("init:twice", "otelprof: init() called while a session is running; keeping it")
+            if _session is not None:  # (under otelprof run, a script's own init() lands here: nothing to say)
+                if overrides:
+                    warn_once("init:twice", "otelprof: init() called while a session is running (otelprof run, "
+                              "or an earlier init()); keeping it, without these arguments: %s",
+                              escape(", ".join(sorted(overrides))[:300]))
+                else:
+                    info_once("init:twice", "otelprof: init() called while a session is running; keeping it")
                 return _session
             reset_warnings()
             config = Config.from_env(**overrides)
