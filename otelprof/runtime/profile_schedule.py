@@ -89,7 +89,7 @@ class PeriodicWindows:
             start = max(hot.next_step_number(phase) + profiler.baseline_steps, self.warmup_steps)
             self._finished.clear()
             profiler.arm(start, self.steps, top=self.top, trigger="periodic", phase=phase,
-                        on_finished=self._on_finished)
+                         on_finished=self._on_finished)
             self._finished.wait(FINISH_TIMEOUT)
             if self._stop.is_set():
                 return
