@@ -118,6 +118,33 @@ def test_torch_loads_its_profiler_as_a_session_starts_only_when_imported(tmp_pat
     assert found == {"before": False, "after": True}
 
 
+def test_a_profiler_loaded_during_a_session_is_still_stopped_at_exit(tmp_path: Path) -> None:
+    """Loaded after ``init()`` (``otelprof run`` imports torch then), PyTorch's profiler joins the running session:
+    a window left running on the main thread by a session closed from another thread is stopped at exit, not
+    left to crash the interpreter's teardown (exit 139)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import json, sys, threading
+        import otelprof
+
+        otelprof.init(record_dir="runs", system_metrics=False, profile_every=0)
+        import torch
+        from otelprof.integrations import torch as otorch  # loads the profiler during the session
+
+        otorch.profile_window(1, 10)
+        for _ in range(3):
+            with otelprof.step():
+                torch.mm(torch.randn(4, 4), torch.randn(4, 4))
+        closer = threading.Thread(target=otelprof.shutdown)  # the session ends elsewhere, mid-window
+        closer.start()
+        closer.join()
+        print(json.dumps({"still_running": bool(torch.autograd.profiler._is_profiler_enabled)}))
+    """)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert json.loads(proc.stdout) == {"still_running": True}  # until the interpreter's exit stopped it
+
+
 # ------------------------------------------------------------------ the seam itself, with stand-ins made here
 STANDIN = """
 from otelprof.runtime import extensions
