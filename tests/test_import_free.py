@@ -30,13 +30,17 @@ FRAMEWORKS = ("torch", "jax", "tensorflow", "keras", "numpy", "lightning", "pyto
 """numpy too: nothing in the core imports it (``record()`` of an array looks for NumPy in ``sys.modules``)."""
 
 
-def run_python(source: str, cwd: Path, *args: str) -> dict[str, Any]:
-    """Run ``source`` in a fresh interpreter on this checkout, ``args`` in ``sys.argv[1:]``; the JSON it prints
-    last."""
+def python(source: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``source`` run in a fresh interpreter on this checkout, ``args`` in ``sys.argv[1:]``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(source), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(source), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def run_python(source: str, cwd: Path, *args: str) -> dict[str, Any]:
+    """The JSON that ``source``, run by :func:`python`, prints last (it must exit 0)."""
+    proc = python(source, cwd, *args)
     assert proc.returncode == 0, proc.stderr
     result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
     return result
@@ -122,9 +126,7 @@ def test_a_profiler_loaded_during_a_session_is_still_stopped_at_exit(tmp_path: P
     """Loaded after ``init()`` (``otelprof run`` imports torch then), PyTorch's profiler joins the running session:
     a window left running on the main thread by a session closed from another thread is stopped at exit, not
     left to crash the interpreter's teardown (exit 139)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+    proc = python("""
         import json, sys, threading
         import otelprof
 
@@ -140,7 +142,7 @@ def test_a_profiler_loaded_during_a_session_is_still_stopped_at_exit(tmp_path: P
         closer.start()
         closer.join()
         print(json.dumps({"still_running": bool(torch.autograd.profiler._is_profiler_enabled)}))
-    """)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    """, tmp_path)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert json.loads(proc.stdout) == {"still_running": True}  # until the interpreter's exit stopped it
 
