@@ -40,9 +40,9 @@ from torch import nn
 from torch_integration import cnn_step
 
 import otelprof
-from otelprof.integrations import profile_schedule
 from otelprof.integrations import torch as otorch
 from otelprof.recording.reader import read_recording
+from otelprof.runtime import profile_schedule
 
 WARMUP_STEPS = 10
 

@@ -13,9 +13,8 @@ import pytest
 
 import otelprof
 from otelprof.config import Config
-from otelprof.integrations import profile_schedule
 from otelprof.recording import schema
-from otelprof.runtime import extensions
+from otelprof.runtime import extensions, profile_schedule
 
 
 class Probe:

@@ -16,14 +16,15 @@ from opentelemetry.sdk.trace import TracerProvider
 import otelprof
 from otelprof import semconv as sc
 from otelprof.config import Config
-from otelprof.integrations import operators, profile_schedule
+from otelprof.integrations import operators
 from otelprof.integrations import torch as otorch
-from otelprof.integrations.profile_schedule import PeriodicWindows
 from otelprof.integrations.profile_summary import kernel_precision
 from otelprof.recording.ranks import RankRecording
 from otelprof.recording.reader import read_recording
 from otelprof.recording.records import Span
+from otelprof.runtime import profile_schedule
 from otelprof.runtime.metrics import MetricRegistry
+from otelprof.runtime.profile_schedule import PeriodicWindows
 from otelprof.runtime.span_builder import SpanBuilder
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kineto_gpu_trace.json"

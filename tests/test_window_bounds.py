@@ -25,11 +25,12 @@ import torch
 import otelprof
 from otelprof import semconv as sc
 from otelprof.analysis.report import build_report, load
-from otelprof.integrations import operators, profile_schedule, window_bounds
+from otelprof.integrations import operators, window_bounds
 from otelprof.integrations import torch as otorch
 from otelprof.recording.reader import read_recording
 from otelprof.report.html import render
 from otelprof.runtime import hotpath as hot
+from otelprof.runtime import profile_schedule
 from tests.servers import free_port
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kineto_gpu_trace.json"

@@ -30,6 +30,7 @@ from otelprof._log import info_once, logger, warn_once
 from otelprof.integrations import operators, window_bounds
 from otelprof.integrations.profile_summary import kernel_precision, summarize_parsed
 from otelprof.recording import schema
+from otelprof.runtime import extensions
 from otelprof.runtime import hotpath as hot
 from otelprof.runtime.span_builder import SpanBuilder
 
@@ -127,6 +128,9 @@ class ProfileWindows:
     where its watch saw the cap reached, when the session closes there, when that thread ends, or at exit (the
     main thread's). A profiler left running at exit makes the process crash in torch's teardown ("Requested
     callback is not found", then SIGSEGV)."""
+
+    baseline_steps = BASELINE_STEPS
+    close_wait = CLOSE_WAIT
 
     def __init__(self) -> None:
         self._pending: list[_Window] = []
@@ -773,3 +777,4 @@ def _process(windows: ProfileWindows, window: _Window, ended_ns: int, began: flo
 
 windows = ProfileWindows()
 """The process's profiling windows: the PyTorch integration's, captures' and the periodic schedule's."""
+extensions.register_profiler(windows, "torch")

@@ -1,33 +1,36 @@
-"""Periodic operator-profiling windows: a few steps under ``torch.profiler`` every few minutes, by default.
+"""Periodic operator-profiling windows: a few steps under a framework's profiler every few minutes, by default.
 
-A daemon thread sleeps until a window is due, then arms one on the process's
-:data:`~otelprof.integrations.torch_profiler.windows` (nothing runs on the training thread until the window's
-steps). The first window is due ``OTELPROF_PROFILE_WARMUP`` seconds after ``init()`` and starts no earlier
-than step ``OTELPROF_PROFILE_WARMUP_STEPS``; then one every ``OTELPROF_PROFILE_EVERY`` seconds. A window
-that cost X seconds (its whole cost to training as torch_profiler measures it: its steps beyond the pace of the
-steps just before it, the FLOP-counted step after it, and the CPU time of summarising it, which holds the
-interpreter's lock) delays the next one by at least X / ``OTELPROF_PROFILE_BUDGET``, so the amortized cost stays
-within the budget; the interval in force is ``otelprof.profile.interval``. Jobs that never import torch are never
-profiled; a window already armed, running or being summarised (``profile_window``, a capture) makes the schedule
-skip its turn.
+A daemon thread sleeps until a window is due, then arms one on the profiler an integration registered with
+:mod:`otelprof.runtime.extensions` (PyTorch's: ``torch.profiler``, :mod:`otelprof.integrations.torch_profiler`;
+nothing runs on the training thread until the window's steps). The first window is due ``OTELPROF_PROFILE_WARMUP``
+seconds after ``init()`` and starts no earlier than step ``OTELPROF_PROFILE_WARMUP_STEPS``; then one every
+``OTELPROF_PROFILE_EVERY`` seconds. A window that cost X seconds (its whole cost to training as the profiler
+measures it: its steps beyond the pace of the steps just before it, the FLOP-counted step after it, and the CPU
+time of summarising it, which holds the interpreter's lock) delays the next one by at least
+X / ``OTELPROF_PROFILE_BUDGET``, so the amortized cost stays within the budget; the interval in force is
+``otelprof.profile.interval``. Each turn first loads the integrations whose framework has been imported since
+(:func:`~otelprof.runtime.extensions.load_deferred`): jobs that never import torch load no integration and are
+never profiled; a window already armed, running or being summarised (``profile_window``, a capture) makes the
+schedule skip its turn.
 
-Every session runs one: ``otelprof`` registers :func:`start` with :mod:`otelprof.runtime.extensions`.
+The schedule is framework-neutral: it imports no integration. Every session runs one (``otelprof`` registers
+:func:`start` with :mod:`otelprof.runtime.extensions`); when the session ends it closes the registered profilers'
+windows.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
 from otelprof import semconv as sc
 from otelprof._log import logger
 from otelprof.config import Config
-from otelprof.integrations.torch_profiler import BASELINE_STEPS, CLOSE_WAIT, windows
+from otelprof.runtime import extensions
 from otelprof.runtime import hotpath as hot
 
 RETRY = 5.0
-"""Seconds between looks for torch (imported after ``init()``) or for a busy profiler."""
+"""Seconds between looks for a profiler (a framework imported after ``init()``) or for a busy one."""
 FINISH_TIMEOUT = 600.0
 """Longest wait for an armed window to finish (a job that stopped stepping)."""
 
@@ -55,11 +58,12 @@ class PeriodicWindows:
         self._thread.start()
 
     def stop(self, timeout: float = 0.0) -> None:
-        """The session ends: no more windows; the process's windows close, those being summarised get
-        ``timeout`` seconds (at most ``CLOSE_WAIT``) to finish."""
+        """The session ends: no more windows; the profilers' windows close, those being summarised get
+        ``timeout`` seconds (at most the profiler's ``close_wait``) to finish."""
         self._stop.set()
         self._finished.set()
-        windows.close(max(min(CLOSE_WAIT, timeout), 0.0))
+        for profiler in extensions.profilers():
+            profiler.close(max(min(profiler.close_wait, timeout), 0.0))
 
     def interval_after(self, overhead: float) -> float:
         """The wait before the next window after one that cost ``overhead`` seconds."""
@@ -76,17 +80,16 @@ class PeriodicWindows:
     def _loop(self) -> None:
         delay = self.warmup
         while not self._stop.wait(delay):
-            if "torch" not in sys.modules or hot._active is None:
-                delay = RETRY
-                continue
-            if windows.busy:
+            extensions.load_deferred()
+            profiler = extensions.profiler()
+            if profiler is None or hot._active is None or profiler.busy:
                 delay = RETRY
                 continue
             phase = hot.current_phase()
-            start = max(hot.next_step_number(phase) + BASELINE_STEPS, self.warmup_steps)
+            start = max(hot.next_step_number(phase) + profiler.baseline_steps, self.warmup_steps)
             self._finished.clear()
-            windows.arm(start, self.steps, top=self.top, trigger="periodic", phase=phase,
-                        on_finished=self._on_finished)
+            profiler.arm(start, self.steps, top=self.top, trigger="periodic", phase=phase,
+                         on_finished=self._on_finished)
             self._finished.wait(FINISH_TIMEOUT)
             if self._stop.is_set():
                 return
@@ -110,7 +113,8 @@ class PeriodicWindows:
 
 def start(config: Config) -> PeriodicWindows:
     """A new session's schedule (its extension): what earlier sessions' windows left is reset first."""
-    windows.reset()
+    for profiler in extensions.profilers():
+        profiler.reset()
     schedule = PeriodicWindows(config)
     schedule.start()
     return schedule
