@@ -298,7 +298,8 @@ def _add_alerting_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
     mixin.add_argument("--force", action="store_true",
                        help="replace files in DIR that otelprof did not write (never writes through links)")
     mixin.add_argument("--config", metavar="FILE",
-                       help="YAML file of settings (MixinConfig field: value), applied before --set")
+                       help="YAML or JSON file of settings (MixinConfig field: value; docs/mixin-settings.md), "
+                            "applied before --set")
     mixin.add_argument("--set", action="append", metavar="NAME=VALUE",
                        help="override a MixinConfig field (repeatable); tuples are comma lists, "
                             "actions are ALERT:ACTION,...")

@@ -43,9 +43,9 @@ class MixinConfig:
     selector: str = ""
     """Extra label matchers on every otelprof series, e.g. ``namespace="ml"``."""
     up_selector: str = ""
-    """Extra label matchers on ``up`` (the target-down alert only looks at targets that exposed otelprof)."""
+    """Extra label matchers on ``up`` in TargetDown (which only looks at targets that exposed otelprof)."""
     target_labels: tuple[str, str] = ("job", "instance")
-    """Labels Prometheus gives a scrape target (joined with ``up``)."""
+    """Labels Prometheus gives a scrape target: TargetDown joins ``up`` to the ranks' series on them."""
     gpu_source: str = GPU_SOURCE_OTELPROF
     """Where the GPU alerts, recording rules and dashboard panels read GPU readings: ``otelprof`` (its own NVML
     sampling) or ``dcgm`` (NVIDIA dcgm-exporter's ``DCGM_FI_DEV_*`` series, joined to the ranks through the pod
@@ -308,7 +308,8 @@ class MixinConfig:
     recording_interval: str = "30s"
     """Evaluation interval of the recording groups ``otelprof-recording`` and ``otelprof-recording-system``, whose
     windows are all 250 s or longer (empty: Prometheus's global one). At a thousand ranks each costs 2-3 s of a
-    core per evaluation (docs/scale.md); the alerts that read them judge values up to this much older."""
+    core per evaluation (docs/scale.md); the alerts that read them judge values up to this much older, and
+    RecordingRulesMissing looks back three intervals (at least 5m) for a group's last evaluation."""
 
     # ---- Routing, links and deployment
     actions: tuple[tuple[str, str], ...] = field(default=(
