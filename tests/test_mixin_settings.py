@@ -123,6 +123,25 @@ def test_every_setting_reaches_something_and_the_other_files_are_true() -> None:
         assert other == set(files), name
 
 
+def test_no_other_setting_reaches_the_deployment_documents() -> None:
+    """The documents built from the config besides rules and dashboards change only with the settings the table
+    names for their files (each setting changed alone; the documents are cheap to build, the bundle is not)."""
+    from otelprof.mixin import routing
+    from otelprof.mixin.generate import prometheus_rule
+
+    documents = {
+        "kubernetes/alertmanagerconfig.yaml": routing.alertmanager_config,
+        "kubernetes/kube-prometheus-stack-values.yaml": routing.stack_values,
+        "otelprof-prometheusrule.yaml": lambda config: prometheus_rule(config)["metadata"],
+    }
+    for name in FIELDS:
+        if name in sd.NOT_PERTURBED:
+            continue
+        config = dataclasses.replace(sd.DEFAULT, **{name: sd.perturbed(name)})
+        changed = {file for file, build in documents.items() if build(config) != build(sd.DEFAULT)}
+        assert changed == set(sd.OTHER_FILES.get(name, ())) & set(documents), name
+
+
 def test_the_table_names_every_setting_and_the_alerts_it_sets() -> None:
     text = DOC.read_text(encoding="utf-8")
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \| .*$", text, re.MULTILINE)}
