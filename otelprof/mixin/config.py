@@ -148,8 +148,8 @@ class MixinConfig:
     host_memory_increase_for: str = "2m"
     """``for`` of HostMemoryIncrease."""
     host_memory_limit_threshold: float = 0.9
-    """HostMemoryNearLimit fires above this share (0-1) of the container's working set over its memory limit
-    (without a limit: of the host's used memory ratio)."""
+    """HostMemoryNearLimit fires when the container's mean working set is above this share (0-1) of its memory
+    limit (without a limit: when the host's used memory is above this share of its total)."""
     host_memory_limit_window: str = "2m"
     """The window of HostMemoryNearLimit's mean working set (or host memory use)."""
 
