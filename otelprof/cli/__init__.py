@@ -156,59 +156,16 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     return 1
 
 
-def _mixin_config_file(path: str) -> list[str]:
-    """``name=value`` assignments from a JSON or YAML mapping of MixinConfig fields (lists: comma lists;
-    ``actions``: a mapping of alert to action). YAML needs PyYAML; JSON needs nothing."""
-    import json
-
-    try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
-        if path.endswith(".json"):
-            data = json.loads(text)
-        else:
-            try:
-                import yaml
-            except ImportError:
-                raise ValueError(f"{path}: a YAML config file needs PyYAML (pip install pyyaml); "
-                                 "or give a .json file") from None
-            data = yaml.safe_load(text)
-    except ValueError as exc:  # json.JSONDecodeError too
-        raise ValueError(f"cannot read the config file {path}: {one_line(str(exc))}") from None
-    except Exception as exc:  # OSError, UnicodeDecodeError, yaml.YAMLError
-        raise ValueError(f"cannot read the config file {path}: {one_line(str(exc))}") from None
-    if data is None:
-        return []
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must be a mapping of mixin settings (name: value)")
-    assignments = []
-    for name, value in data.items():
-        if isinstance(value, dict):
-            value = ",".join(f"{k}:{v}" for k, v in value.items())
-        elif isinstance(value, list):
-            value = ",".join(str(v) for v in value)
-        elif isinstance(value, bool):
-            value = "true" if value else "false"
-        elif value is None or isinstance(value, (int, float, str)):
-            value = "" if value is None else value
-        else:
-            raise ValueError(f"{path}: {name} must be a scalar, a list or a mapping")
-        assignments.append(f"{name}={value}")
-    return assignments
-
-
 def _cmd_mixin(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from otelprof.mixin import MixinConfig
     from otelprof.mixin.bundle import check, write
     from otelprof.mixin.bundle_files import RefusedWrite
-    from otelprof.mixin.config import with_overrides
+    from otelprof.mixin.config import from_settings
     from otelprof.mixin.custom_alerts import load
 
     try:
-        assignments = _mixin_config_file(args.config) if args.config else []
-        config = with_overrides(MixinConfig(), assignments + list(args.set or []))
+        config = from_settings(args.config, args.set)
         if config.custom_rules:
             load(config.custom_rules)  # a bad rule file: one line, before anything is written
         check(config)  # every expression parsed, every template closed: Prometheus would refuse the whole file
@@ -341,7 +298,8 @@ def _add_alerting_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
     mixin.add_argument("--force", action="store_true",
                        help="replace files in DIR that otelprof did not write (never writes through links)")
     mixin.add_argument("--config", metavar="FILE",
-                       help="YAML file of settings (MixinConfig field: value), applied before --set")
+                       help="YAML or JSON file of settings (MixinConfig field: value; docs/mixin-settings.md), "
+                            "applied before --set")
     mixin.add_argument("--set", action="append", metavar="NAME=VALUE",
                        help="override a MixinConfig field (repeatable); tuples are comma lists, "
                             "actions are ALERT:ACTION,...")

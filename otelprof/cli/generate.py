@@ -1,6 +1,7 @@
 """Generated artifacts, kept in the repository and checked for staleness by the tests.
 
-The configuration and metric tables in ``docs/configuration.md`` and ``docs/catalog.md``, the
+The configuration and metric tables in ``docs/configuration.md`` and ``docs/catalog.md``, the mixin settings'
+tables in ``docs/mixin-settings.md`` (:mod:`otelprof.mixin.settings_doc`), the
 Prometheus mixin's files under ``deploy/prometheus/`` (alerts, recording rules, PrometheusRule,
 runbook) with the default mixin config, and the Grafana dashboards and provisioning under
 ``dashboards/``. ``otelprof generate`` rewrites them.
@@ -15,13 +16,17 @@ from pathlib import Path
 DOC_BLOCKS: dict[str, tuple[str, ...]] = {
     "docs/configuration.md": ("env",),
     "docs/catalog.md": ("catalog", "webhook_catalog", "attributes"),
+    "docs/mixin-settings.md": ("mixin_alerts", "mixin_settings"),
 }
 """Each Markdown file with generated blocks (path from the repository root), and the blocks it holds."""
 
 
 def _renderers() -> dict[str, Callable[[], str]]:
+    from otelprof.mixin import settings_doc
+
     return {"env": env_markdown, "catalog": catalog_markdown, "webhook_catalog": webhook_catalog_markdown,
-            "attributes": attributes_markdown}
+            "attributes": attributes_markdown, "mixin_alerts": settings_doc.alerts_markdown,
+            "mixin_settings": settings_doc.settings_markdown}
 
 
 def env_markdown() -> str:

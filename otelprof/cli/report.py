@@ -24,6 +24,8 @@ from otelprof.recording.reader import latest_run
 from otelprof.report.progressbar import progress_bar
 
 EXIT_USAGE = 2
+CONFIG_HELP = ("YAML or JSON file of mixin settings (MixinConfig field: value; the file of otelprof mixin "
+               "--config), applied before --set; docs/mixin-settings.md lists them")
 PROGRESS_HELP = "a progress bar of the ranks read on stderr even when it is not a terminal (it is on a terminal)"
 
 
@@ -74,11 +76,11 @@ def resolve_run(path: str) -> Path:
     return newest
 
 
-def _config(settings: list[str] | None) -> Any:
-    from otelprof.mixin import MixinConfig
-    from otelprof.mixin.config import with_overrides
+def _config(args: argparse.Namespace) -> Any:
+    """The checks' thresholds: ``--config FILE`` (as for ``otelprof mixin``), then each ``--set``."""
+    from otelprof.mixin.config import from_settings
 
-    return with_overrides(MixinConfig(), list(settings or []))
+    return from_settings(args.config, args.set)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -87,7 +89,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     say = _progress(args.quiet)
     try:
-        config = _config(args.set)
+        config = _config(args)
     except ValueError as exc:
         return _err("report", str(exc))
     if args.prometheus:
@@ -202,7 +204,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from otelprof.analysis.report import build_report, load
 
     try:
-        config = _config(args.set)
+        config = _config(args)
     except ValueError as exc:
         return _err("check", str(exc))
     bar = progress_bar("reading", args.quiet, args.progress)
@@ -365,8 +367,10 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
                         help="evaluate the checks every SECONDS (default: 10 s, coarser for long runs)")
     report.add_argument("--no-checks", action="store_true",
                         help="leave the offline checks out (they dominate the time on very long runs)")
+    report.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     report.add_argument("--set", action="append", metavar="NAME=VALUE",
-                        help="override a check threshold (a MixinConfig field, as for otelprof mixin)")
+                        help="override a check threshold (a MixinConfig field, as for otelprof mixin), after "
+                             "--config")
     report.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     report.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
     report.set_defaults(func=cmd_report)
@@ -402,7 +406,9 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
     check.add_argument("run_dir", metavar="RUN_DIR", help="the recording")
     check.add_argument("--interval", type=float, default=None, metavar="SECONDS",
                        help="evaluate every SECONDS (default: 10 s, coarser for long runs)")
-    check.add_argument("--set", action="append", metavar="NAME=VALUE", help="override a threshold (MixinConfig)")
+    check.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
+    check.add_argument("--set", action="append", metavar="NAME=VALUE",
+                       help="override a threshold (a MixinConfig field, as for otelprof mixin), after --config")
     check.add_argument("--json", action="store_true",
                        help='print {"diagnosis": ..., "checks": [...]} as JSON')
     check.add_argument("--rules", action="append", metavar="FILE.py",
