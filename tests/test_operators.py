@@ -246,3 +246,40 @@ def test_a_window_leaves_the_jobs_stderr_alone(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                             env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
     assert result.returncode == 0 and result.stderr == ""
+
+
+def test_what_other_threads_write_while_a_window_starts_reaches_the_jobs_stderr(tmp_path: Path) -> None:
+    """Kineto's lines are hidden by holding fd 2 aside while the profiler starts and stops: a line the job's
+    other threads write meanwhile is written back afterwards, not lost."""
+    import subprocess
+    import sys
+
+    script = ("import os, threading, time, torch, otelprof\n"
+              "from otelprof.integrations import torch as ot\n"
+              f"otelprof.init(record_dir={str(tmp_path)!r}, system_metrics=False, profile_every=0)\n"
+              "done = threading.Event()\n"
+              "def chatter():\n"
+              "    n = 0\n"
+              "    while not done.is_set():\n"
+              "        os.write(2, b'line %d\\n' % n)\n"
+              "        n += 1\n"
+              "        time.sleep(0.0002)\n"
+              "    os.write(2, b'total %d\\n' % n)\n"
+              "thread = threading.Thread(target=chatter)\n"
+              "thread.start()\n"
+              "for i in range(6):\n"
+              "    ot.profile_window(1, 1)\n"
+              "    for _ in range(3):\n"
+              "        with otelprof.step():\n"
+              "            torch.mm(torch.randn(64, 64), torch.randn(64, 64))\n"
+              "    time.sleep(0.2)\n"
+              "done.set()\n"
+              "thread.join()\n"
+              "otelprof.shutdown()\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    total = int(lines[-1].split()[1])
+    assert sorted(int(x.split()[1]) for x in lines[:-1] if x.startswith("line ")) == list(range(total))
+    assert not [x for x in lines if not x.startswith(("line ", "total "))], [x for x in lines if "line" not in x]

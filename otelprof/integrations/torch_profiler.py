@@ -519,26 +519,39 @@ def _watch_thread_end() -> None:
 
 @contextlib.contextmanager
 def _quiet_stderr() -> Iterator[None]:
-    """File descriptor 2 to /dev/null while the profiler starts or stops: Kineto prints ``USDT ... profiler_start``
-    lines there whatever its log level, and the training job's stderr is not ours to write to. The profiler
-    calls hold the GIL, so only native threads writing in those few milliseconds would lose a line."""
-    try:
-        saved = os.dup(2)
-    except OSError:
-        yield
-        return
-    try:
-        with contextlib.suppress(Exception):
-            sys.stderr.flush()
-        devnull = os.open(os.devnull, os.O_WRONLY)
+    """File descriptor 2 to a temporary file while the profiler starts or stops: Kineto prints ``USDT: ...
+    profiler_start`` lines there whatever its log level, and the training job's stderr is not ours to write to.
+    What the job's other threads wrote meanwhile (the profiler calls release the GIL) is written back to the
+    job's stderr afterwards, without Kineto's lines: nothing of theirs is lost."""
+    with contextlib.ExitStack() as stack:
         try:
-            os.dup2(devnull, 2)
+            held = stack.enter_context(tempfile.TemporaryFile())
+            saved = os.dup(2)
+        except OSError:
+            yield
+            return
+        stack.callback(os.close, saved)
+        try:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(held.fileno(), 2)
+            yield
         finally:
-            os.close(devnull)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+            os.dup2(saved, 2)
+            with contextlib.suppress(OSError):
+                held.seek(0)
+                kept = b"".join(line for line in held.read(_MAX_HELD).splitlines(keepends=True)
+                                if not line.startswith(_KINETO_LINES) and _UNKNOWN_FREE not in line)
+                while kept:
+                    kept = kept[os.write(saved, kept):]
+
+
+_KINETO_LINES = (b"USDT:", b"STAGE:")
+"""How the lines Kineto prints on fd 2 when a profiler starts or stops begin."""
+_UNKNOWN_FREE = b"Memory block of unknown size was allocated before the profiling started"
+"""The allocator's line the window's own first free prints (see UNKNOWN_FREE_WARNING)."""
+_MAX_HELD = 1 << 20
+"""Bytes of other threads' stderr written back after a profiler start or stop (more in those milliseconds: cut)."""
 
 
 def _baseline_ns(window: _Window) -> float:
