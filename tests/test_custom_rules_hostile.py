@@ -133,6 +133,9 @@ HANGING = [
      "    while True:\n        time.sleep(0.01)\n", "rule rule_stubborn"),
     ("forks-then-sleeps", FORK + "import time\ndef rule_both(trial, step):\n    mark()\n    grandchild()\n"
      "    time.sleep(3600)\n", "rule rule_both"),
+    ("daemonizes-then-sleeps", MARK + "import time\ndef rule_daemon(trial, step):\n    mark()\n"
+     "    if os.fork() == 0:\n        os.setsid()\n        if os.fork() == 0:\n            mark()\n"
+     "            time.sleep(3600)\n        os._exit(0)\n    time.sleep(3600)\n", "rule rule_daemon"),
     ("class-rule-loops", MARK + "from otelprof.analysis.custom_rules import Rule\nclass Spin(Rule):\n"
      "    def invoke_at_step(self, trial, step):\n        mark()\n        while True:\n            pass\n",
      "rule Spin"),

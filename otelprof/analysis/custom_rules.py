@@ -154,6 +154,8 @@ DEFAULT_TIMEOUT = 10.0
 MAX_MESSAGE = 64 * 2**20
 """Bytes of one verdict sent back by the rules' process at most."""
 _LIMIT_NAMES = "--rule-timeout, OTELPROF_RULE_TIMEOUT_SECONDS"
+_GRACE = 1.0
+"""Seconds past the limit before check kills the rules' process group itself."""
 
 
 class RuleTimeout(RuleError):
@@ -244,7 +246,7 @@ def _run_process(path: Path, trials: list[tuple[int, Trial]], skip: set[str], ti
     reader, writer = context.Pipe(duplex=False)
     forked = context.get_start_method() == "fork"
     source: Any = trials if forked else [(rank, str(trial.path)) for rank, trial in trials]
-    process = context.Process(target=_child, args=(str(path), source, sorted(skip), writer), daemon=False)
+    process = context.Process(target=_child, args=(str(path), source, sorted(skip), timeout, writer), daemon=False)
     outcome = _Outcome()
     ended: int | None = None
     try:
@@ -259,7 +261,7 @@ def _run_process(path: Path, trials: list[tuple[int, Trial]], skip: set[str], ti
         deadline = time.monotonic() + timeout
         ended = _exit_handle(process.pid)
         while True:
-            left = deadline - time.monotonic()
+            left = deadline + _GRACE - time.monotonic()  # the process's own clock acts first (_Watch)
             if left <= 0:
                 outcome.timed_out = running
                 return outcome
@@ -268,6 +270,10 @@ def _run_process(path: Path, trials: list[tuple[int, Trial]], skip: set[str], ti
             if reader in ready:
                 message = _receive(reader)
                 if message is not None:
+                    if message.get("kind") == "timeout":
+                        outcome.timed_out = running
+                        process.join(_GRACE)  # it ends itself once what the rules started is gone
+                        return outcome
                     if _take(message, outcome, sink):
                         return outcome
                     if message.get("kind") == "start":
@@ -374,18 +380,25 @@ def _row(message: dict[str, Any]) -> RuleRow:
                    None, tuple(subjects), tuple((str(k), str(v)) for k, v in row.get("parameters", ())))
 
 
-def _child(path: str, source: list[tuple[int, Any]], skip: list[str], writer: Any) -> None:
+def _child(path: str, source: list[tuple[int, Any]], skip: list[str], timeout: float, writer: Any) -> None:
     """The rules' process: load the file, run its rules but ``skip``, send each verdict back as JSON."""
+    import threading
+
     pid = os.getpid()
     sink = Captured()
+    lock = threading.Lock()
 
     def send(kind: str, **fields: Any) -> None:
         if os.getpid() != pid:  # a process a rule forked came back here: it has nothing to say
             os._exit(0)
-        writer.send_bytes(json.dumps({"kind": kind, "printed": sink.text, "total": sink.total, **fields}).encode())
+        with lock:
+            writer.send_bytes(json.dumps({"kind": kind, "printed": sink.text, "total": sink.total,
+                                          **fields}).encode())
 
+    watch = _Watch(timeout, lambda: send("timeout"))
     try:
         _isolate()
+        watch.start()
         trials = [(rank, t if isinstance(t, Trial) else read_trial(t)) for rank, t in source]
         rules = load(path, sink)
         _left_running(f"{path}")
@@ -393,6 +406,7 @@ def _child(path: str, source: list[tuple[int, Any]], skip: list[str], writer: An
         for name, severity, description, todo, fn in rules:
             if name in skip:
                 continue
+            watch.arm()
             send("start", rule=name)
             row = _evaluate_rule(name, severity, description, todo, fn, trials, path, sink)
             _left_running(f"rule {name}")
@@ -400,12 +414,48 @@ def _child(path: str, source: list[tuple[int, Any]], skip: list[str], writer: An
                              "todo": row.recommendation, "firing": row.firing_evaluations,
                              "evaluations": row.evaluations, "subjects": list(row.subjects),
                              "parameters": [list(p) for p in row.parameters]})
+        watch.disarm()
         send("done")
     except RuleError as exc:
+        watch.disarm()
         send("error", error=str(exc))
     except BaseException as exc:  # whatever a rule left behind (a hostile __str__, a closed pipe)
+        watch.disarm()
         with contextlib.suppress(BaseException):
             send("error", error=f"the rules of {path} could not run: {_describe(exc)}")
+
+
+class _Watch:
+    """The rules' process's own clock: when the running rule (or the loading) passes the limit, it kills every
+    process the rules started, even those that left the group (which check's SIGKILL of the group, its backstop
+    for a rule that keeps this thread from running, would miss), says so and ends the process."""
+
+    def __init__(self, timeout: float, say: Callable[[], None]) -> None:
+        import time
+
+        self.timeout, self.say, self.clock = timeout, say, time.monotonic
+        self.deadline = self.clock() + timeout
+
+    def start(self) -> None:
+        import threading
+
+        threading.Thread(target=self._run, name="otelprof-rule-timeout", daemon=True).start()
+
+    def arm(self) -> None:
+        self.deadline = self.clock() + self.timeout
+
+    def disarm(self) -> None:
+        self.deadline = float("inf")
+
+    def _run(self) -> None:
+        import time
+
+        while self.clock() < self.deadline:
+            time.sleep(0.02)
+        with contextlib.suppress(BaseException):
+            _kill_children()
+            self.say()
+        os._exit(0)
 
 
 def _isolate() -> None:
@@ -432,18 +482,25 @@ def _isolate() -> None:
 
 def _left_running(what: str) -> None:
     """A rule that leaves a process running fails: it is killed here (on Linux, even one that left the group)."""
-    if not hasattr(os, "waitpid") or not hasattr(os, "WNOHANG"):
+    if not hasattr(os, "waitpid") or not hasattr(os, "WNOHANG") or not _children_alive():
         return
-    if not _children_alive():
-        return
-    for _ in range(100):  # what the killed ones started is given to this process in turn
+    _kill_children()
+    raise RuleError(f"{what} left a process running (a rule must wait for the processes it starts); it was killed")
+
+
+def _kill_children() -> None:
+    """SIGKILL this process's children and reap them; what they started comes to this process in turn (it is
+    their reaper on Linux) and goes the same way."""
+    for _ in range(1000):
         pids = _child_pids()
+        if not pids:
+            return
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        if not _children_alive() or not pids:
-            break
-    raise RuleError(f"{what} left a process running (a rule must wait for the processes it starts); it was killed")
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
 
 
 def _children_alive() -> bool:
