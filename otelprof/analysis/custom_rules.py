@@ -10,6 +10,11 @@ A rule can change the outcome only through its verdicts: anything the file raise
 raises while it runs (``SystemExit``, ``KeyboardInterrupt`` and other ``BaseException`` subclasses included) is
 a one-line :class:`RuleError` naming the rule, and what rules print to ``sys.stdout``/``sys.stderr`` is kept
 in a bounded buffer (:class:`Captured`), never reaching ``check --json``'s stdout.
+
+:func:`evaluate` runs the rules in a process of their own (:func:`_child`), which sends the verdicts back as
+JSON: a rule that runs past the time limit (``--rule-timeout``, ``OTELPROF_RULE_TIMEOUT_SECONDS``) is killed
+with every process it started and reported as :class:`RuleTimeout`; one that ends that process or leaves a
+process running is a :class:`RuleError` too.
 """
 
 from __future__ import annotations
