@@ -261,3 +261,30 @@ def test_an_invalid_limit_is_one_line_with_exit_2(sick: Path, tmp_path: Path, ba
         assert result.returncode == 2, result.stderr
         assert result.stdout == "" and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
         assert name in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_where_the_platform_cannot_fork_the_rules_process_reads_the_tensors_again(
+        sick: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: str) -> None:
+    """In this process (the rules' process must never come back into its caller), with each start method: the
+    verdicts, what the rules printed, and the rule past the limit left out."""
+    import multiprocessing
+
+    from otelprof.analysis import custom_rules
+    from otelprof.analysis.report import load
+
+    monkeypatch.setattr(custom_rules, "_context", lambda: multiprocessing.get_context(start))
+    rules = tmp_path / "rules.py"
+    rules.write_text("import time\ndef rule_first(trial, step):\n    print('MARK')\n    return step == 0\n"
+                     "def rule_nap(trial, step):\n    time.sleep(3600)\n"
+                     "def rule_names(trial, step):\n"
+                     "    return sorted(trial.tensor_names(collection='gradients'))[:1]\n",
+                     encoding="utf-8")
+    sink = custom_rules.Captured()
+    with pytest.raises(custom_rules.RuleTimeout, match="rule rule_nap timed out") as timed_out:
+        custom_rules.evaluate(load(str(sick), None, None), rules, sink, 1.0)
+    rows = {row.alert: row for row in timed_out.value.rows}
+    assert list(rows) == ["rule_first", "rule_names"]
+    assert rows["rule_first"].subjects == ("rank 0 step",) and rows["rule_first"].firing_evaluations == 1
+    assert rows["rule_names"].subjects == ("rank 0 gradients/0.bias",)
+    assert sink.text.startswith("MARK\n") and sink.total == 5 * rows["rule_first"].evaluations

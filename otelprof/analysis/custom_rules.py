@@ -159,6 +159,9 @@ DEFAULT_TIMEOUT = 10.0
 MAX_MESSAGE = 64 * 2**20
 """Bytes of one verdict sent back by the rules' process at most."""
 _LIMIT_NAMES = "--rule-timeout, OTELPROF_RULE_TIMEOUT_SECONDS"
+_SETUP = 60.0
+"""Seconds the rules' process may take to start before it loads the file (where it cannot fork: start Python and
+read the tensors again)."""
 _GRACE = 1.0
 """Seconds past the limit before check kills the rules' process group itself."""
 
@@ -263,7 +266,7 @@ def _run_process(path: Path, trials: list[tuple[int, Trial]], skip: set[str], ti
             with contextlib.suppress(OSError):
                 os.setpgid(process.pid, process.pid)
         running = ""  # the rule running now ("": loading)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout + _SETUP  # until the process says it starts loading the file
         ended = _exit_handle(process.pid)
         while True:
             left = deadline + _GRACE - time.monotonic()  # the process's own clock acts first (_Watch)
@@ -281,7 +284,7 @@ def _run_process(path: Path, trials: list[tuple[int, Trial]], skip: set[str], ti
                         return outcome
                     if _take(message, outcome, sink):
                         return outcome
-                    if message.get("kind") == "start":
+                    if message.get("kind") in ("load", "start"):
                         running, deadline = str(message.get("rule", "")), time.monotonic() + timeout
                     continue
                 process.join(0.5)  # the pipe closed, or what came is not a verdict
@@ -405,6 +408,8 @@ def _child(path: str, source: list[tuple[int, Any]], skip: list[str], timeout: f
         _isolate()
         watch.start()
         trials = [(rank, t if isinstance(t, Trial) else read_trial(t)) for rank, t in source]
+        watch.arm()  # the limit is the rules': not the start of this process nor its reading of the tensors
+        send("load")
         rules = load(path, sink)
         _left_running(f"{path}")
         send("loaded", rules=[r[0] for r in rules])
@@ -439,7 +444,7 @@ class _Watch:
         import time
 
         self.timeout, self.say, self.clock = timeout, say, time.monotonic
-        self.deadline = self.clock() + timeout
+        self.deadline = float("inf")
 
     def start(self) -> None:
         import threading
