@@ -141,6 +141,8 @@ HANGING = [
      "rule Spin"),
     ("generator-loops", MARK + "def rule_gen(trial, step):\n    mark()\n    yield 'x'\n    while True:\n"
      "        pass\n", "rule rule_gen"),
+    ("two-rules-sleep", MARK + "import time\ndef rule_a(trial, step):\n    mark()\n    time.sleep(3600)\n"
+     "def rule_b(trial, step):\n    mark()\n    time.sleep(3600)\n", "rules rule_a, rule_b timed out"),
     ("loads-forever", MARK + "mark()\nwhile True:\n    pass\ndef rule_x(trial, step):\n    return None\n",
      "did not load"),
 ]

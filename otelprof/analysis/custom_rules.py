@@ -189,21 +189,23 @@ def evaluate(recording: Recording, path: str | Path, sink: Captured | None = Non
     rows: dict[str, RuleRow] = {}
     order: list[str] = []
     timed_out: list[str] = []
+    loaded = True
     while True:
         outcome = _run_process(Path(path), trials, set(rows) | set(timed_out), timeout, sink)
         order = outcome.order or order
         rows.update(outcome.rows)
-        if outcome.timed_out is None:
+        if outcome.timed_out == "":  # loading the file took too long: no (further) rule ran
+            loaded = False
+        if not outcome.timed_out or outcome.timed_out in timed_out:  # (a skipped rule cannot time out again)
             break
-        if outcome.timed_out == "":  # loading the file took too long: no rule ran
-            raise RuleTimeout(f"{path} did not load within the time limit of {timeout:g} s ({_LIMIT_NAMES})",
-                              [rows[name] for name in order if name in rows])
         timed_out.append(outcome.timed_out)
     ordered = [rows[name] for name in order if name in rows]
+    problems = [] if loaded else [f"{path} did not load within the time limit of {timeout:g} s"]
     if timed_out:
-        names = ", ".join(timed_out)
-        raise RuleTimeout(f"rule{'s' if len(timed_out) > 1 else ''} {names} timed out: no verdict within the time "
-                          f"limit of {timeout:g} s ({_LIMIT_NAMES}); left out of the checks", ordered)
+        problems.append(f"rule{'s' if len(timed_out) > 1 else ''} {', '.join(timed_out)} timed out: no verdict "
+                        f"within the time limit of {timeout:g} s")
+    if problems:
+        raise RuleTimeout(f"{'; '.join(problems)} ({_LIMIT_NAMES}); left out of the checks", ordered)
     return ordered
 
 
