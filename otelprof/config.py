@@ -89,6 +89,7 @@ class Config:
     control_token: str = ""
     stop_raises: bool = False
     stop_grace: float = 300.0
+    rule_timeout: float = 10.0
     quiet: bool = False
     pod_name: str = ""
     pod_namespace: str = ""
@@ -162,6 +163,22 @@ class Config:
             if isinstance(values.get(key), str):
                 values[key] = encodable(values[key])
         return cls(**values)
+
+
+def rule_timeout(argument: str | None, env: Mapping[str, str] | None = None) -> float:
+    """``otelprof check``'s time limit on each custom rule: ``--rule-timeout`` > ``OTELPROF_RULE_TIMEOUT_SECONDS`` >
+    10 s; a value it cannot use is a :class:`ConfigError`."""
+    env = os.environ if env is None else env
+    variable = env.get(ev.OTELPROF_RULE_TIMEOUT_SECONDS)
+    for text, where in ((argument, "--rule-timeout"), (variable, ev.OTELPROF_RULE_TIMEOUT_SECONDS)):
+        if text is None or (where != "--rule-timeout" and not text.strip()):
+            continue
+        try:
+            return float(_PARSERS["rule_timeout"](text))
+        except ValueError as exc:
+            raise ConfigError(f"{where} {_show(text)} is invalid ({_reason(exc)}): a number of seconds from 0.1 to "
+                              "86400") from None
+    return Config.rule_timeout
 
 
 _TEXT_FIELDS = ("job_name", "run_id", "pod_name", "pod_namespace", "node_name", "container_name")
@@ -372,6 +389,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "system_metrics": _parse_bool,
     "stop_raises": _parse_bool,
     "stop_grace": _ranged(float, 0.0, 86400.0),
+    "rule_timeout": _ranged(float, 0.1, 86400.0),
     "quiet": _parse_bool,
     "control_port": _ranged(int, 0, 65535),
     "gpu_metrics": _parse_bool,
@@ -414,6 +432,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "flush_interval": lambda v: _in_range(v, 0.05, 10.0),
     "shutdown_timeout": lambda v: _in_range(v, 0.1, 60.0),
     "stop_grace": lambda v: _in_range(v, 0.0, 86400.0),
+    "rule_timeout": lambda v: _in_range(v, 0.1, 86400.0),
     "record_spool_max_bytes": lambda v: _in_range(v, 65536, 10**12),
     "record_upload_interval": lambda v: _in_range(v, 0.2, 3600.0),
     "export_warning_interval": lambda v: _in_range(v, 1.0, 86400.0),

@@ -86,6 +86,7 @@ OTELPROF_CONTROL_HOST = "OTELPROF_CONTROL_HOST"
 OTELPROF_CONTROL_TOKEN = "OTELPROF_CONTROL_TOKEN"
 OTELPROF_STOP_RAISES = "OTELPROF_STOP_RAISES"
 OTELPROF_STOP_GRACE_SECONDS = "OTELPROF_STOP_GRACE_SECONDS"
+OTELPROF_RULE_TIMEOUT_SECONDS = "OTELPROF_RULE_TIMEOUT_SECONDS"
 OTELPROF_QUIET = "OTELPROF_QUIET"
 OTELPROF_RUN_LAUNCH_ID = "OTELPROF_RUN_LAUNCH_ID"
 OTELPROF_RUN_SPAWNER = "OTELPROF_RUN_SPAWNER"
@@ -283,6 +284,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "`otelprof run` only, where a stop request ends the program at the next step boundary with exit status 3: "
            "seconds to wait for that boundary before ending the process from otelprof's thread (the recording "
            "finished first, as on SIGTERM), with the same status. 0: wait for ever. From 0 to 86400."),
+    EnvVar(OTELPROF_RULE_TIMEOUT_SECONDS, "rule_timeout", "10",
+           "`otelprof check --rules` only: seconds each custom rule may run in all (its every step of every rank), "
+           "and the rules file may take to load; past it the rule is killed and reported as timed out (exit status "
+           "2, the other checks' verdicts still printed). `--rule-timeout` wins over it. From 0.1 to 86400."),
     EnvVar(OTELPROF_QUIET, "quiet", "false",
            "`true`: `otelprof run` prints no start and exit lines (the run id, where the recording goes, the "
            "report command); warnings are still printed. `otelprof run --quiet` sets it."),

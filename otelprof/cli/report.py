@@ -202,10 +202,12 @@ def print_diagnosis(diagnosis: Any) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     from otelprof.analysis.diagnosis import diagnosis_dict
     from otelprof.analysis.report import build_report, load
+    from otelprof.config import rule_timeout
 
     try:
         config = _config(args)
-    except ValueError as exc:
+        timeout = rule_timeout(args.rule_timeout)
+    except ValueError as exc:  # ConfigError too
         return _err("check", str(exc))
     bar = progress_bar("reading", args.quiet, args.progress)
     try:
@@ -219,16 +221,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     summary = report.rules
     if summary.error:
         return _err("check", f"the checks could not run: {summary.error}")
+    timed_out: list[str] = []  # a rule past the time limit: the verdicts are printed, then its line, exit 2
     for rules_file in args.rules or ():  # custom rules over saved tensors (docs/tensors.md)
         from dataclasses import replace
 
-        from otelprof.analysis.custom_rules import Captured, RuleError, evaluate
+        from otelprof.analysis.custom_rules import Captured, RuleError, RuleTimeout, evaluate
 
         printed = Captured()  # what the rules print never reaches stdout (--json stays parseable)
         try:
-            summary = replace(summary, rows=summary.rows + tuple(evaluate(recording, rules_file, printed)))
+            rows = evaluate(recording, rules_file, printed, timeout)
+        except RuleTimeout as exc:
+            rows = exc.rows
+            timed_out.append(str(exc))
         except RuleError as exc:
             return _err("check", f"--rules: {exc}")
+        summary = replace(summary, rows=summary.rows + tuple(rows))
         if printed.total:
             print(f"otelprof check: note: the rules of {one_line(str(rules_file), 200)} printed {printed.total:,} "
                   f"characters (not shown on stdout): {one_line(printed.text, 200)}", file=sys.stderr)
@@ -258,6 +265,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"The {found} finding{'s' if found != 1 else ''} above {'are' if found != 1 else 'is'} what the "
                   "analyses of this run found it lost or risked, not a fired check: only a fired check makes "
                   "otelprof check exit 1.")
+    if timed_out:
+        sys.stdout.flush()  # the verdicts first, then the failure
+        return _err("check", f"--rules: {'; '.join(timed_out)}")
     return 1 if summary.fired else 0
 
 
@@ -413,6 +423,9 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
                        help='print {"diagnosis": ..., "checks": [...]} as JSON')
     check.add_argument("--rules", action="append", metavar="FILE.py",
                        help="also run the custom tensor rules of FILE.py (docs/tensors.md); repeatable")
+    check.add_argument("--rule-timeout", default=None, metavar="SECONDS",
+                       help="seconds each custom rule may run (and its file take to load) before it is killed and "
+                            "reported as timed out, exit status 2 (default: OTELPROF_RULE_TIMEOUT_SECONDS or 10)")
     check.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     check.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
     check.set_defaults(func=cmd_check)
