@@ -328,26 +328,29 @@ class Uploader:
         self._stamp = max(self._stamp + 1, time.time_ns())
         return f"{self._stamp:020d}"
 
-    def _take_over(self, final: bool) -> None:
+    def _take_over(self, final: bool, waiting: bool = False) -> None:
+        """``waiting``: while a storage call waits (what is taken now goes up at the next round at best)."""
         self._taken_at = time.monotonic()
         try:
             self._pending.mkdir(exist_ok=True)
         except OSError:
             return
-        parts = self._parts() if self._failing else []
+        parts = self._parts() if self._failing or waiting else []
         for name in APPENDED:
             target = self._pending / f"{self._next_stamp()}.{name}"
+            last = next((p for p in reversed(parts) if p.name.partition(".")[2] == name and p != self._sending),
+                        None)
+            # the storage is away (or slow): what the file got since goes into its newest waiting part, not one
+            # more small part every interval (the part keeps its name: stored once the storage is back)
+            merge = last is not None and _size(last) < min(MERGE_BYTES, self._max_bytes // 8)
             if final:  # the writer is closed: its files are ours
                 source = self._dir / name
                 with contextlib.suppress(OSError):
                     if source.stat().st_size > 0:
                         os.replace(source, target)
-                continue
-            last = next((p for p in reversed(parts) if p.name.partition(".")[2] == name and p != self._sending),
-                        None)
-            if last is not None and _size(last) < min(MERGE_BYTES, self._max_bytes // 8):
-                # the storage is away: what the file got since goes into its newest waiting part, not one more
-                # small part every interval (the part keeps its name: stored once the storage is back)
+                        if merge and last is not None:
+                            _append(target, last)
+            elif merge and last is not None:
                 if self._writer.rotate(name, target):
                     _append(target, last)
             else:
@@ -429,7 +432,7 @@ class Uploader:
                 break
             if end is not None and time.monotonic() >= end:  # a client that ignores its cancellation
                 raise TimeoutError(f"no answer within {limit:g} s")
-            self._take_over(False)
+            self._take_over(False, waiting=True)
             self._bound()
         ok, value = outcome[0]
         if ok:
