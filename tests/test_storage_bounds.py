@@ -64,13 +64,13 @@ def _closed_port() -> int:
 
 
 @pytest.fixture(params=["refuses", "never-answers"])
-def dead_store(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The endpoint of an S3 store that refuses connections, or accepts them and never answers."""
+def dead_store(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """(how, the endpoint) of an S3 store that refuses connections, or accepts them and never answers."""
     if request.param == "refuses":
-        yield f"http://127.0.0.1:{_closed_port()}"
+        yield request.param, f"http://127.0.0.1:{_closed_port()}"
         return
     server = Silent()
-    yield f"http://127.0.0.1:{server.port}"
+    yield request.param, f"http://127.0.0.1:{server.port}"
     server.close()
 
 
@@ -113,11 +113,12 @@ def _spool_bytes(rank: Path) -> int:
     return total
 
 
-def test_the_spool_stays_within_its_cap_whatever_the_store_does(dead_store: str, tmp_path: Path) -> None:
+def test_the_spool_stays_within_its_cap_whatever_the_store_does(dead_store: tuple[str, str],
+                                                                 tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(WRITING_JOB)
     spool = tmp_path / "spool"
-    env = _dead_env(dead_store, OTELPROF_RECORD_DIR="s3://runs/team", OTELPROF_RECORD_SPOOL_DIR=str(spool),
+    env = _dead_env(dead_store[1], OTELPROF_RECORD_DIR="s3://runs/team", OTELPROF_RECORD_SPOOL_DIR=str(spool),
                     OTELPROF_RECORD_SPOOL_MAX_BYTES=str(CAP), OTELPROF_RECORD_UPLOAD_INTERVAL="0.2",
                     OTELPROF_RUN_ID="bounded", OTELPROF_SYSTEM_METRICS="false", OTELPROF_SHUTDOWN_TIMEOUT="1",
                     OTELPROF_FLUSH_INTERVAL="0.1")
@@ -157,16 +158,20 @@ def test_the_spool_stays_within_its_cap_whatever_the_store_does(dead_store: str,
 
 
 @pytest.mark.parametrize("command", ["check", "report"])
-def test_check_and_report_on_a_dead_store_end_with_one_line(dead_store: str, command: str, tmp_path: Path) -> None:
+def test_check_and_report_on_a_dead_store_end_with_one_line(dead_store: tuple[str, str], command: str,
+                                                            tmp_path: Path) -> None:
     """OTELPROF_STORAGE_TIMEOUT_SECONDS=1: each request has 1 s to connect and 1 s per read, 2 attempts; the
     command ends in a few seconds (it waited for ever on a store that never answers)."""
     args = [command, "s3://runs/team"] + (["-o", str(tmp_path / "r.html")] if command == "report" else [])
     result = subprocess.run([sys.executable, "-m", "otelprof", *args], capture_output=True, text=True,
-                            timeout=60, env=_dead_env(dead_store), cwd=tmp_path)  # a bound on waiting
+                            timeout=60, env=_dead_env(dead_store[1]), cwd=tmp_path)  # a bound on waiting
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "cannot list s3://runs/team" in result.stderr, result.stderr
-    if "never" in dead_store or result.stderr.count("no answer"):
-        assert "OTELPROF_STORAGE_TIMEOUT_SECONDS=1" in result.stderr, result.stderr
+    if dead_store[0] == "never-answers":
+        assert "no answer within the storage timeout (OTELPROF_STORAGE_TIMEOUT_SECONDS=1, 2 attempts)" \
+            in result.stderr, result.stderr
+    else:
+        assert "Could not connect" in result.stderr, result.stderr
 
 
 def test_the_storage_timeout_is_a_checked_setting(tmp_path: Path) -> None:
