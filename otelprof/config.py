@@ -41,6 +41,7 @@ class Config:
     record_spool_dir: str = ""
     record_spool_max_bytes: int = 2**30
     record_upload_interval: float = 30.0
+    storage_timeout: float = 10.0
     flush_interval: float = 0.5
     shutdown_timeout: float = 3.0
     export_warning_interval: float = 300.0
@@ -357,6 +358,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "record_spool_dir": str,
     "record_spool_max_bytes": _ranged(int, 65536, 10**12),
     "record_upload_interval": _ranged(float, 0.2, 3600.0),
+    "storage_timeout": _ranged(float, 0.1, 600.0),
     "export_warning_interval": _ranged(float, 1.0, 86400.0),
     "queue_size": _ranged(int, 64, 10_000_000),
     "traces_exporters": lambda t: _parse_exporters(t, EXPORTERS_TRACES),
@@ -435,6 +437,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "rule_timeout": lambda v: _in_range(v, 0.1, 86400.0),
     "record_spool_max_bytes": lambda v: _in_range(v, 65536, 10**12),
     "record_upload_interval": lambda v: _in_range(v, 0.2, 3600.0),
+    "storage_timeout": lambda v: _in_range(v, 0.1, 600.0),
     "export_warning_interval": lambda v: _in_range(v, 1.0, 86400.0),
     "queue_size": lambda v: _in_range(v, 64, 10_000_000),
     "metric_export_interval": lambda v: _in_range(v, 1.0, 600.0),

@@ -44,6 +44,7 @@ OTELPROF_RECORD_DIR = "OTELPROF_RECORD_DIR"
 OTELPROF_RECORD_SPOOL_DIR = "OTELPROF_RECORD_SPOOL_DIR"
 OTELPROF_RECORD_SPOOL_MAX_BYTES = "OTELPROF_RECORD_SPOOL_MAX_BYTES"
 OTELPROF_RECORD_UPLOAD_INTERVAL = "OTELPROF_RECORD_UPLOAD_INTERVAL"
+OTELPROF_STORAGE_TIMEOUT_SECONDS = "OTELPROF_STORAGE_TIMEOUT_SECONDS"
 OTELPROF_FLUSH_INTERVAL = "OTELPROF_FLUSH_INTERVAL"
 OTELPROF_SHUTDOWN_TIMEOUT = "OTELPROF_SHUTDOWN_TIMEOUT"
 OTELPROF_EXPORT_WARNING_INTERVAL = "OTELPROF_EXPORT_WARNING_INTERVAL"
@@ -137,6 +138,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(OTELPROF_RECORD_UPLOAD_INTERVAL, "record_upload_interval", "30",
            "Seconds between background uploads of the recording to object storage (also at exit and on "
            "SIGTERM); 0.2-3600."),
+    EnvVar(OTELPROF_STORAGE_TIMEOUT_SECONDS, "storage_timeout", "10",
+           "Bound in seconds on each object-storage request (connect and read timeouts; 2 attempts) of the "
+           "upload and of `otelprof report|check|timeline|compare URL`; see docs/storage.md; 0.1-600."),
     EnvVar(OTELPROF_FLUSH_INTERVAL, "flush_interval", "0.5",
            "Seconds between background flushes of the recording (a SIGKILL loses at most this much); 0.05-10."),
     EnvVar(OTELPROF_SHUTDOWN_TIMEOUT, "shutdown_timeout", "3",

@@ -8,14 +8,18 @@ the writer's lock; the writer goes on with an empty file), keeps it in ``.upload
 A part leaves the disk only once it is stored, so a failed upload is retried as it stands: the same name again,
 never a duplicate line. ``manifest.json`` and other files go up whole when they changed. The spool holds at
 most ``OTELPROF_RECORD_SPOOL_MAX_BYTES`` of parts not uploaded yet; past that the oldest are deleted and their
-lines counted as dropped. Nothing here blocks a step or raises into the job.
+lines counted as dropped, whatever the store does: each storage call runs on a thread of its own with a
+deadline, and while it waits the writer's files are still taken over and the bound kept every interval. Each
+request has the connect and read timeouts of ``OTELPROF_STORAGE_TIMEOUT_SECONDS`` and at most :data:`ATTEMPTS`
+attempts. Nothing here blocks a step or raises into the job.
 
 Adopting: at start the upload thread looks in the spool for rank folders a previous process left (killed before
 it could upload them: their lock is free, :mod:`otelprof.recording.spool`) and uploads them to their own
 destination with the same parts, counted in the spool's bound.
 
-Reading: :func:`local_copy` downloads one run (parts joined back into their files) to a temporary directory
-the readers take as any local recording.
+Reading: :func:`local_copy` downloads one run (parts joined back into their files, in ranges of :data:`CHUNK`
+bytes) to a temporary directory the readers take as any local recording; an object name that would leave that
+directory (a ``.`` or ``..`` component) refuses the run.
 """
 
 from __future__ import annotations
@@ -47,6 +51,23 @@ PENDING = ".upload"
 """Spool folder (in the rank directory) of parts taken over from the writer and not uploaded yet."""
 APPENDED = (schema.STEPS, schema.SPANS, schema.METRICS, schema.SAMPLES, schema.PROFILES)
 INSTALL_HINT = "pip install 'otelprof[storage]' (fsspec and s3fs; gcsfs or adlfs for gs:// or az://)"
+TIMEOUT = 10.0
+"""Default of ``OTELPROF_STORAGE_TIMEOUT_SECONDS``: the connect and the read timeout of each request."""
+ATTEMPTS = 2
+"""Attempts of each request to S3 (botocore's ``total_max_attempts``; s3fs's own retry loop is off): an upload
+that failed is tried again at the next round anyway."""
+CHUNK = 8 * 2**20
+"""A download is read in ranges of this many bytes, each written to the local file as it comes."""
+MIN_RATE = 256 * 2**10
+"""Bytes a second a transfer must move on average: its deadline grows by its size over this."""
+LISTING = 10
+"""A listing (many requests: one per 1000 objects) has this many storage timeouts to finish."""
+
+
+def deadline(timeout: float, size: int = 0) -> float:
+    """Seconds one storage call may take: its attempts (and the client's back-off between them), and for a
+    transfer of ``size`` bytes the time it takes at :data:`MIN_RATE`."""
+    return timeout * (ATTEMPTS + 1) + size / MIN_RATE
 
 
 def is_url(text: str) -> bool:
@@ -55,14 +76,51 @@ def is_url(text: str) -> bool:
     return match is not None and match.group(1).lower() != "file"
 
 
-def filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec filesystem and path of ``url`` (a new instance: no listing cached from an earlier call).
-    Raises ImportError or ValueError when it cannot be used."""
+def filesystem(url: str, timeout: float = TIMEOUT) -> tuple[Any, str]:
+    """The fsspec filesystem and path of ``url`` (a new instance: no listing cached from an earlier call), its
+    requests bounded by ``timeout`` (S3: connect and read timeouts, :data:`ATTEMPTS` attempts). Raises
+    ImportError or ValueError when it cannot be used."""
     import fsspec  # an optional dependency: the storage extra
 
-    fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True)
+    fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **_client_options(url, timeout))
+    if _scheme(url) in S3_SCHEMES and isinstance(getattr(fs, "retries", None), int):
+        fs.retries = 1  # s3fs's own loop of (5) tries around botocore's: once, botocore's attempts are the bound
     _quiet_lost_connections(fs)
     return fs, str(path).rstrip("/")
+
+
+S3_SCHEMES = ("s3", "s3a")
+
+
+def _scheme(url: str) -> str:
+    match = _URL.match(url)
+    return match.group(1).lower() if match else ""
+
+
+def _client_options(url: str, timeout: float) -> dict[str, Any]:
+    """The storage client's options that bound its requests (botocore's ``Config``, through s3fs's
+    ``config_kwargs``); other stores keep their client's own and get the calls' deadlines only."""
+    if _scheme(url) not in S3_SCHEMES:
+        return {}
+    return {"config_kwargs": {"connect_timeout": timeout, "read_timeout": timeout,
+                              "retries": {"total_max_attempts": ATTEMPTS, "mode": "standard"}}}
+
+
+def _is_async(fs: Any) -> bool:
+    """Whether ``fs`` runs on fsspec's event loop: its blocking calls take a ``timeout`` (the call is cancelled
+    past it and raises fsspec's FSTimeoutError, a TimeoutError)."""
+    try:
+        from fsspec.asyn import AsyncFileSystem
+    except ImportError:
+        return False
+    return isinstance(fs, AsyncFileSystem)
+
+
+def timed(fs: Any, call: Callable[..., Any], *args: Any, limit: float, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` of ``fs``, cancelled past ``limit`` seconds when ``fs`` is asynchronous."""
+    if _is_async(fs):
+        kwargs["timeout"] = limit
+    return call(*args, **kwargs)
 
 
 class _QuietHandler:
@@ -83,6 +141,13 @@ class _QuietHandler:
             loop.default_exception_handler(context)
 
 
+def reason(exc: BaseException) -> str:
+    """``exc`` as a message's reason: one line, no credential; a timeout that says nothing says so."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return f"{type(exc).__name__}: no answer in time"
+    return sanitize(f"{type(exc).__name__}: {exc}")
+
+
 def _quiet_lost_connections(fs: Any) -> None:
     """On the event loop an async fsspec filesystem runs on (fsspec's own I/O thread), unawaited tasks that
     failed on a lost connection are dropped instead of printed."""
@@ -96,8 +161,7 @@ def _quiet_lost_connections(fs: Any) -> None:
 
 def _problem(url: str) -> str:
     """Why ``url`` cannot be written ("" when it may be): checked at init without importing the storage client."""
-    match = _URL.match(url)
-    scheme = match.group(1).lower() if match else ""
+    scheme = _scheme(url)
     try:
         from fsspec.registry import known_implementations, registry
     except ImportError:
@@ -151,9 +215,9 @@ class Uploader:
 
     def __init__(self, url: str, remote_subdir: str, rank_dir: Path, writer: Any, interval: float, max_bytes: int,
                  on_dropped: Callable[[int], None], shown: str, spool_dir: Path | None = None,
-                 on_adopted: Callable[[int], None] | None = None) -> None:
+                 on_adopted: Callable[[int], None] | None = None, timeout: float = TIMEOUT) -> None:
         """``spool_dir``: where to look for folders a previous process left (None: nowhere); ``on_adopted(n)``
-        is told about their parts once stored."""
+        is told about their parts once stored; ``timeout``: ``OTELPROF_STORAGE_TIMEOUT_SECONDS``."""
         self._url = url
         self._fs: Any = None  # made on first use, off the training thread (the storage client imports slowly)
         self._subdir = remote_subdir
@@ -164,6 +228,10 @@ class Uploader:
         self._writer = writer
         self._interval = interval
         self._max_bytes = max_bytes
+        self._timeout = timeout
+        self._sending: Path | None = None  # the part a storage call is reading: never deleted nor appended to
+        self._final = False
+        self._taken_at = time.monotonic()
         self._on_dropped = on_dropped
         self._shown = shown
         self._stamp = 0
@@ -200,7 +268,8 @@ class Uploader:
         if self._orphans and not self._stop.is_set():
             self.sync(final=False)  # at once: a process killed again soon (a crash loop) still moves them on
         while not self._stop.is_set():
-            self._wake.wait(self._interval)
+            # an interval after the last take-over (a round that waited on the store took over meanwhile)
+            self._wake.wait(max(self._taken_at + self._interval - time.monotonic(), 0.0))
             self._wake.clear()
             if self._stop.is_set():
                 break
@@ -242,6 +311,7 @@ class Uploader:
         """Take over, bound and upload; True when nothing is left to upload. Never raises."""
         try:
             with self._lock:
+                self._final = final
                 self._take_over(final)
                 self._bound()
                 done = self._upload()
@@ -258,24 +328,29 @@ class Uploader:
         self._stamp = max(self._stamp + 1, time.time_ns())
         return f"{self._stamp:020d}"
 
-    def _take_over(self, final: bool) -> None:
+    def _take_over(self, final: bool, waiting: bool = False) -> None:
+        """``waiting``: while a storage call waits (what is taken now goes up at the next round at best)."""
+        self._taken_at = time.monotonic()
         try:
             self._pending.mkdir(exist_ok=True)
         except OSError:
             return
-        parts = self._parts() if self._failing else []
+        parts = self._parts() if self._failing or waiting else []
         for name in APPENDED:
             target = self._pending / f"{self._next_stamp()}.{name}"
+            last = next((p for p in reversed(parts) if p.name.partition(".")[2] == name and p != self._sending),
+                        None)
+            # the storage is away (or slow): what the file got since goes into its newest waiting part, not one
+            # more small part every interval (the part keeps its name: stored once the storage is back)
+            merge = last is not None and _size(last) < min(MERGE_BYTES, self._max_bytes // 8)
             if final:  # the writer is closed: its files are ours
                 source = self._dir / name
                 with contextlib.suppress(OSError):
                     if source.stat().st_size > 0:
                         os.replace(source, target)
-                continue
-            last = next((p for p in reversed(parts) if p.name.partition(".")[2] == name), None)
-            if last is not None and _size(last) < min(MERGE_BYTES, self._max_bytes // 8):
-                # the storage is away: what the file got since goes into its newest waiting part, not one more
-                # small part every interval (the part keeps its name: stored once the storage is back)
+                        if merge and last is not None:
+                            _append(target, last)
+            elif merge and last is not None:
                 if self._writer.rotate(name, target):
                     _append(target, last)
             else:
@@ -294,6 +369,8 @@ class Uploader:
         for part in parts:
             if total <= self._max_bytes:
                 return
+            if part == self._sending:  # a storage call is reading it; it counts, and goes once stored
+                continue
             lines = _lines(part)
             with contextlib.suppress(OSError):
                 part.unlink()
@@ -307,7 +384,7 @@ class Uploader:
         if self._fs is not None:
             return True
         try:
-            self._fs, root = filesystem(self._url)
+            self._fs, root = self._meanwhile(lambda: filesystem(self._url, self._timeout), None)
         except Exception as exc:
             warn_once("recording:remote", "otelprof: OTELPROF_RECORD_DIR=%s cannot be used (%s); the recording "
                       "stays in %s", self._shown, sanitize(f"{type(exc).__name__}: {exc}"), self._dir)
@@ -318,27 +395,71 @@ class Uploader:
         # One request now makes the client's connection pool: at the interpreter's exit (the last upload) the
         # client could not make it any more (it starts a thread for that). Its failure is the next put's to tell.
         with contextlib.suppress(Exception):
-            self._fs.exists(self._remote)
+            self._call(self._fs, self._fs.exists, self._remote)
         return True
+
+    def _call(self, fs: Any, call: Callable[..., Any], *args: Any, size: int = 0) -> Any:
+        """One storage call, cancelled past its :func:`deadline` (run by :meth:`_meanwhile`). Raises what the
+        call raised (TimeoutError past the deadline)."""
+        limit = deadline(self._timeout, size)
+        return self._meanwhile(lambda: timed(fs, call, *args, limit=limit), limit + 1.0)
+
+    def _meanwhile(self, work: Callable[[], Any], limit: float | None) -> Any:
+        """``work()`` on a thread of its own; while it runs, every upload interval the writer's files are taken
+        over and the spool bounded, so that a store that does not answer (or a client slow to import) never
+        lets the spool grow past its bound. Past ``limit`` seconds (None: none) it is left to end by itself and
+        TimeoutError raised; else what it returned or raised."""
+        if self._final:  # the writer is closed: nothing grows meanwhile
+            return work()
+        outcome: list[tuple[bool, Any]] = []
+
+        def run() -> None:
+            try:
+                outcome.append((True, work()))
+            except BaseException as exc:  # handed to the caller
+                outcome.append((False, exc))
+
+        worker = threading.Thread(target=run, name="otelprof-upload-call", daemon=True)
+        try:
+            worker.start()
+        except RuntimeError:  # no new thread (the interpreter is exiting): on this one
+            return work()
+        end = None if limit is None else time.monotonic() + limit
+        while True:
+            wait = max(self._taken_at + self._interval - time.monotonic(), 0.0)
+            worker.join(wait if end is None else max(min(wait, end - time.monotonic()), 0.0))
+            if not worker.is_alive():
+                break
+            if end is not None and time.monotonic() >= end:  # a client that ignores its cancellation
+                raise TimeoutError(f"no answer within {limit:g} s")
+            self._take_over(False, waiting=True)
+            self._bound()
+        ok, value = outcome[0]
+        if ok:
+            return value
+        raise value
 
     def _put(self, local: Path, remote: str, fs: Any = None, left_for: str = "") -> bool:
         """Store ``local`` as ``remote``; ``left_for``: the URL of a folder a previous process left (its
         failure is told apart from this process's own)."""
+        client = fs or self._fs
+        self._sending = local
         try:
-            (fs or self._fs).put_file(str(local), remote)
+            self._call(client, client.put_file, str(local), remote, size=_size(local))
         except Exception as exc:  # whatever the storage client raises: the job goes on
             if left_for:
                 warn_once("recording:adopt-upload", "otelprof: uploading a recording a previous process left to "
                           "%s failed (%s); it waits in %s and is retried every %g s", sanitize(left_for, 200),
-                          sanitize(f"{type(exc).__name__}: {exc}"), escape(str(local.parent)), self._interval)
+                          reason(exc), escape(str(local.parent)), self._interval)
                 return False
             if not self._failing:
                 self._failing = True
                 warn_once("recording:upload", "otelprof: uploading the run recording to %s failed (%s); it waits "
                           "in %s (at most OTELPROF_RECORD_SPOOL_MAX_BYTES) and is retried every %g s; training "
-                          "goes on", self._shown, sanitize(f"{type(exc).__name__}: {exc}"), self._dir,
-                          self._interval)
+                          "goes on", self._shown, reason(exc), self._dir, self._interval)
             return False
+        finally:
+            self._sending = None
         if self._failing:
             self._failing = False
             info_once("recording:upload-resumed", "otelprof: uploading the run recording to %s resumed", self._shown)
@@ -348,6 +469,8 @@ class Uploader:
         if not self._connect():
             return False
         for part in self._parts():
+            if not part.exists():  # deleted by the bound while an earlier part was being stored
+                continue
             stamp, _, name = part.name.partition(".")
             size = _size(part)
             if not self._put(part, f"{self._remote}/{name}{PARTS}/{stamp}"):
@@ -409,9 +532,9 @@ class Uploader:
             try:
                 if problem:
                     raise ValueError(problem)
-                fs, root = self._filesystems[url] = filesystem(url)
+                fs, root = self._filesystems[url] = filesystem(url, self._timeout)
                 with contextlib.suppress(Exception):  # its connection pool made now, not at the interpreter's exit
-                    fs.exists(root)
+                    self._call(fs, fs.exists, root)
             except Exception as exc:
                 self._filesystems[url] = None
                 warn_once("recording:adopt-url", "otelprof: a recording a previous process left for %s stays in the "
@@ -430,6 +553,8 @@ class Uploader:
             fs, root = connection
             remote = "/".join(p for p in (root, orphan.subdir) if p)
             for part in spool.parts(orphan):
+                if not part.exists():  # deleted by the bound while an earlier part was being stored
+                    continue
                 if not spool.readable(part):
                     orphan.unreadable.add(part.name)
                     continue
@@ -473,7 +598,8 @@ def start_uploader(config: Any, rank_dir: Path, writer: Any, on_dropped: Callabl
                   problem, rank_dir)
         return None
     uploader = Uploader(url, f"{config.run_id}/{rank_dir.name}", rank_dir, writer, config.record_upload_interval,
-                        config.record_spool_max_bytes, on_dropped, shown, local_root(config), on_adopted)
+                        config.record_spool_max_bytes, on_dropped, shown, local_root(config), on_adopted,
+                        config.storage_timeout)
     # Storage clients close their connections from weakref finalizers at exit; registering that exit hook now,
     # before init() registers the session's shutdown, makes the shutdown (and its last upload) run first.
     weakref.finalize(uploader, int)
@@ -487,35 +613,58 @@ class RemoteError(Exception):
     """A recording URL that cannot be read (one line, for the command's error)."""
 
 
-def local_copy(url: str) -> Path:
+def local_copy(url: str, timeout: float | None = None) -> Path:
     """Download the run ``url`` names (a rank folder, a run folder, or a folder of runs: its newest) into a
-    temporary directory deleted at exit, joining parts back into files; the local run directory."""
+    temporary directory deleted at exit, joining parts back into files; the local run directory. ``timeout``
+    bounds each request (default ``OTELPROF_STORAGE_TIMEOUT_SECONDS``). Raises RemoteError (one line)."""
     shown = sanitize(url, 200)
+    if timeout is None:
+        from otelprof.config import Config
+
+        timeout = Config.from_env().storage_timeout
     try:
-        fs, root = filesystem(url)
+        fs, root = filesystem(url, timeout)
     except ImportError as exc:
         raise RemoteError(f"reading {shown} needs {INSTALL_HINT} ({sanitize(str(exc))})") from None
     except Exception as exc:
-        raise RemoteError(f"{shown} cannot be used: {sanitize(f'{type(exc).__name__}: {exc}')}") from None
+        raise RemoteError(f"{shown} cannot be used: {_read_reason(exc, timeout)}") from None
     try:
-        listing = fs.find(root, detail=True)
+        listing = timed(fs, fs.find, root, detail=True, limit=timeout * LISTING)
     except Exception as exc:
-        raise RemoteError(f"cannot list {shown}: {sanitize(f'{type(exc).__name__}: {exc}')}") from None
+        raise RemoteError(f"cannot list {shown}: {_read_reason(exc, timeout)}") from None
     files = {path[len(root):].lstrip("/"): info for path, info in listing.items() if path.startswith(root)}
     run = _pick_run(files)
     if run is None:
         raise RemoteError(f"{shown} is not an otelprof recording (no manifest.json, no rank-*/ folders, no runs "
                           "inside)")
     prefix, name = run
-    name = name or root.rsplit("/", 1)[-1]
+    name = name or root.rsplit("/", 1)[-1] or "run"
+    inside = {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}
+    unsafe = next((n for n in [name, *inside] if _leaves(n)), None)
+    if unsafe is not None:
+        raise RemoteError(f"{shown} is refused: the object name {sanitize(unsafe, 120)!r} has a '.' or '..' "
+                          "component, which would leave the download directory")
     dest = Path(tempfile.mkdtemp(prefix="otelprof-remote-"))
     atexit.register(shutil.rmtree, dest, True)
-    run_dir = dest / (name or "run")
+    run_dir = dest / name
     try:
-        _download(fs, root, prefix, {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}, run_dir)
+        _download(fs, root, prefix, inside, run_dir, timeout)
     except Exception as exc:
-        raise RemoteError(f"cannot download {shown}: {sanitize(f'{type(exc).__name__}: {exc}')}") from None
+        raise RemoteError(f"cannot download {shown}: {_read_reason(exc, timeout)}") from None
     return run_dir
+
+
+def _read_reason(exc: BaseException, timeout: float) -> str:
+    if isinstance(exc, TimeoutError) or type(exc).__name__ in ("ReadTimeoutError", "ConnectTimeoutError"):
+        return (f"no answer within the storage timeout (OTELPROF_STORAGE_TIMEOUT_SECONDS={timeout:g}, "
+                f"{ATTEMPTS} attempts)")
+    return reason(exc)
+
+
+def _leaves(name: str) -> bool:
+    """Whether ``name`` (a run's name, or an object's key below the run) has a component that, as a local path,
+    would leave the folder it is joined to (``.`` and ``..``; NUL, which no local name holds)."""
+    return "\x00" in name or any(part in (".", "..") for part in name.split("/"))
 
 
 def _pick_run(files: dict[str, Any]) -> tuple[str, str] | None:
@@ -543,21 +692,39 @@ def _mtime(info: Any) -> float:
         return 0.0
 
 
-def _download(fs: Any, root: str, prefix: str, files: dict[str, Any], run_dir: Path) -> None:
-    """Fetch every file of the run; ``<file>.parts/<stamp>`` objects are appended to ``<file>`` in stamp order."""
+def _download(fs: Any, root: str, prefix: str, files: dict[str, Any], run_dir: Path, timeout: float) -> None:
+    """Fetch every file of the run; ``<file>.parts/<stamp>`` objects are appended to ``<file>`` in stamp order.
+    Keys with an empty component (a folder marker) are passed over."""
     base = "/".join(p for p in (root, prefix.rstrip("/")) if p)
+    inside = os.path.abspath(run_dir) + os.sep
     for key in sorted(files):
         if files[key].get("type") == "directory":
             continue
         parts = key.split("/")
-        if ".." in parts or any(not p for p in parts):
+        if any(not p for p in parts):
             continue
         if len(parts) >= 2 and parts[-2].endswith(PARTS):
-            target = run_dir.joinpath(*parts[:-2], parts[-2][: -len(PARTS)])
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "ab") as out:
-                out.write(fs.cat_file(f"{base}/{key}"))
+            target, mode = run_dir.joinpath(*parts[:-2], parts[-2][: -len(PARTS)]), "ab"
         else:
-            target = run_dir.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(f"{base}/{key}", str(target))
+            target, mode = run_dir.joinpath(*parts), "wb"
+        if _leaves(key) or not os.path.abspath(target).startswith(inside):  # refused in local_copy already
+            raise ValueError(f"{key!r} would leave the download directory")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, mode) as out:
+            _copy(fs, f"{base}/{key}", files[key].get("size"), out, timeout)
+
+
+def _copy(fs: Any, path: str, size: Any, out: Any, timeout: float) -> None:
+    """Append the object ``path`` (``size`` bytes, None when the listing did not say) to ``out`` in ranges of
+    :data:`CHUNK` bytes: memory holds one range, never the object."""
+    if not isinstance(size, int):
+        size = int(timed(fs, fs.size, path, limit=deadline(timeout)))
+    offset = 0
+    while offset < size:
+        block = timed(fs, fs.cat_file, path, start=offset, end=min(offset + CHUNK, size),
+                      limit=deadline(timeout, CHUNK))
+        if not block:
+            raise OSError(f"{path} ended at {offset} of {size} bytes")
+        out.write(block)
+        offset += len(block)
+        del block
