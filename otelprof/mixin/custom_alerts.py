@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from otelprof.mixin import config as mc
-from otelprof.mixin.alert_model import Alert, AlertGroup, Runbook
+from otelprof.mixin.alert_model import RISK, Alert, AlertGroup, Runbook
 from otelprof.mixin.built_in_groups import BUILT_IN
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.promql import IDENTITY, catalog_series_names
@@ -124,10 +124,12 @@ def custom_alerts(config: MixinConfig) -> list[Alert]:
     if not config.custom_rules:
         return []
     return [Alert(
-        rule["alert"], NAME, rule["expr"].strip(), rule["for"], rule["severity"], rule["summary"],
-        rule.get("description") or rule["summary"], mc.DASHBOARD_TRAINING_REPORT, IDENTITY,
-        Runbook(meaning=rule["meaning"], thresholds=(("for", rule["for"]),), todo=rule["todo"],
-                deviations="A custom rule (no original).", limit=rule.get("limit") or "Not stated."))
+        short=rule["alert"], group=NAME, expr=rule["expr"].strip(), for_=rule["for"], severity=rule["severity"],
+        summary=rule["summary"], description=rule.get("description") or rule["summary"],
+        dashboard=mc.DASHBOARD_TRAINING_REPORT, labels=IDENTITY,
+        runbook=Runbook(meaning=rule["meaning"], thresholds=(("for", rule["for"]),), todo=rule["todo"],
+                        deviations="A custom rule (no original).", limit=rule.get("limit") or "Not stated."),
+        panel=None, section="rules", kind=RISK, knobs=(), offline=None, cases=())
         for rule in load(config.custom_rules)]
 
 
