@@ -29,15 +29,14 @@ def test_every_alert_without_for_says_why_one_evaluation_is_conclusive() -> None
 
 
 def test_each_rule_group_builds_its_own_alerts_in_runbook_order() -> None:
-    """``GROUPS`` is the one list of rule groups: each builds only alerts of its name, its no-`for` reasons name
-    its own alerts, and alerts() and the rules file keep the groups' order."""
+    """``GROUPS`` is the one list of rule groups: each builds only alerts of its name, and alerts() and the rules
+    file keep the groups' order."""
     config = MixinConfig()
     built = []
     for group in GROUPS:
         own = group.build(config)
         assert own or group is custom_alerts.GROUP, group.name  # the custom group: only the user's rules
         assert {a.group for a in own} <= {group.name}, group.name
-        assert set(group.no_for) <= {a.short for a in own}, group.name
         built += [a.short for a in own]
     assert len(built) == len(set(built))
     assert [a.short for a in alerts(config)] == built

@@ -1,6 +1,7 @@
 """Generated artifacts, kept in the repository and checked for staleness by the tests.
 
-The configuration and metric tables in ``docs/configuration.md`` and ``docs/catalog.md``, the
+The configuration and metric tables in ``docs/configuration.md`` and ``docs/catalog.md``, the alerts table
+in ``docs/alerts.md`` (from the alerts' declarations), the
 Prometheus mixin's files under ``deploy/prometheus/`` (alerts, recording rules, PrometheusRule,
 runbook) with the default mixin config, and the Grafana dashboards and provisioning under
 ``dashboards/``. ``otelprof generate`` rewrites them.
@@ -15,13 +16,14 @@ from pathlib import Path
 DOC_BLOCKS: dict[str, tuple[str, ...]] = {
     "docs/configuration.md": ("env",),
     "docs/catalog.md": ("catalog", "webhook_catalog", "attributes"),
+    "docs/alerts.md": ("alerts",),
 }
 """Each Markdown file with generated blocks (path from the repository root), and the blocks it holds."""
 
 
 def _renderers() -> dict[str, Callable[[], str]]:
     return {"env": env_markdown, "catalog": catalog_markdown, "webhook_catalog": webhook_catalog_markdown,
-            "attributes": attributes_markdown}
+            "attributes": attributes_markdown, "alerts": alerts_markdown}
 
 
 def env_markdown() -> str:
@@ -69,6 +71,13 @@ def attributes_markdown() -> str:
     for a in ATTRIBUTES:
         rows.append(f"| `{a.name}` | {a.where} | {a.description.replace('|', chr(92) + '|')} |")
     return "\n".join(rows)
+
+
+def alerts_markdown() -> str:
+    """The alerts table of docs/alerts.md, from the alerts' declarations."""
+    from otelprof.mixin.alerts_table import alerts_markdown as table
+
+    return table()
 
 
 def render_blocks(text: str, names: tuple[str, ...]) -> str:

@@ -8,7 +8,7 @@ sections and the offline checks' lists are all read from the declarations (:mod:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +85,9 @@ class Alert:
     """Where ``otelprof check`` judges it (one of :data:`OFFLINE`), None when nothing does."""
     cases: tuple[str, ...]
     """The promtool test files (``tests/rules/``) that hold its firing and quiet cases."""
+    no_for: str = ""
+    """Why it needs no ``for`` (one evaluation is conclusive), for an alert declared without one; the runbook
+    states it."""
     action: str | None = None
 
     @property
@@ -129,9 +132,7 @@ class Alert:
 
 @dataclass(frozen=True)
 class AlertGroup:
-    """One Prometheus rule group: its name, the alerts it builds from a config (in runbook order), and why
-    those without ``for`` need none."""
+    """One Prometheus rule group: its name and the alerts it builds from a config (in runbook order)."""
 
     name: str
     build: Callable[[MixinConfig], list[Alert]]
-    no_for: Mapping[str, str]

@@ -133,4 +133,4 @@ def custom_alerts(config: MixinConfig) -> list[Alert]:
         for rule in load(config.custom_rules)]
 
 
-GROUP = AlertGroup(NAME, custom_alerts, {})
+GROUP = AlertGroup(NAME, custom_alerts)

@@ -125,6 +125,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
                        f"outliers must cost more than {pct(c.step_outlier_min_cost)} of the step time; steps "
                        "otelprof's own profiling slowed are left out.",
             original="StepOutlier"),
+        no_for="one evaluation weighs every outlier step of the window by its time above the median against all the "
+               "window's step time (a share, over more than 10 outliers): the window is the `for`.",
         panel=ids.TIMELINE_OUTLIER_TRACES, section="steps", kind=SYMPTOM,
         knobs=("step_outlier_sigma", "step_outlier_min_ratio", "step_outlier_min_excess", "step_outlier_window",
                "step_outlier_n_outliers", "step_outlier_min_steps", "step_outlier_min_cost"),
@@ -152,6 +154,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
                        "profiler report (a bug); this measures from the process start time and fires while "
                        "the first step is still missing, then resolves.",
             original="MaxInitializationTime"),
+        no_for="the condition is itself a duration (no first step that long after start); a `for` would only add to "
+               "it.",
         panel=ids.REPORT_INITIALIZATION, section="summary", kind=CAUSE,
         knobs=("max_initialization_time",),
         offline=OFFLINE_STEPS, cases=("steps_test.yaml",))
@@ -235,13 +239,4 @@ def alerts(c: MixinConfig) -> list[Alert]:
     return [straggler, outliers, slow_init, too_few, too_many, input_bound]
 
 
-NO_FOR: dict[str, str] = {
-    "StepOutliers": "one evaluation weighs every outlier step of the window by its time above the median "
-                    "against all the window's step time (a share, over more than 10 outliers): the window "
-                    "is the `for`.",
-    "SlowInitialization": "the condition is itself a duration (no first step that long after start); a `for` "
-                          "would only add to it.",
-}
-"""Why an alert of this group without ``for`` needs none: one evaluation is conclusive."""
-
-GROUP = AlertGroup(NAME, alerts, NO_FOR)
+GROUP = AlertGroup(NAME, alerts)

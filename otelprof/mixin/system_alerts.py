@@ -209,6 +209,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
                        f"the samples of the last {m} with the {m} before (from the per-sample histogram's "
                        "sum and count). Absolute percentage points of device memory, as in the original.",
             original="GPUMemoryIncrease"),
+        no_for="the expression already compares two whole windows of per-sample means; the jump it names is the "
+               "fault, and a `for` as long as a window would hide a single jump for good.",
         panel=ids.SYSTEM_GPU_MEMORY, section="gpu-memory", kind=RISK,
         knobs=("gpu_source", "patience", "gpu_memory_increase", "gpu_memory_increase_window"),
         offline=OFFLINE_SYSTEM, cases=("system_test.yaml",))
@@ -235,6 +237,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "optimizer states (ZeRO/FSDP). PyTorch's caching allocator keeps freed memory reserved: "
                  "compare otelprof_cuda_memory_allocated_bytes with _reserved_bytes before blaming the model.",
             deviations="No original: SageMaker Debugger only watched growth, not the ceiling."),
+        no_for="one evaluation judges the mean of every sample of the window: a checkpoint or eval spike moves it by "
+               "its share of the window only, and a GPU that full is one allocation from an out-of-memory error.",
         panel=ids.SYSTEM_GPU_MEMORY, section="gpu-memory", kind=RISK,
         knobs=("gpu_source", "gpu_memory_capacity_threshold", "gpu_memory_capacity_window"),
         offline=OFFLINE_SYSTEM, cases=("system_test.yaml",))
@@ -352,21 +356,12 @@ def _host_memory(c: MixinConfig) -> list[Alert]:
                  "prefetch_factor, or a larger memory limit for the pod.",
             deviations="No original. Measured like the kubelet's eviction signal (working set, not usage with page "
                        "cache), from the node's sampling process."),
+        no_for="one evaluation judges the working set's mean over the window, and past the limit the kernel kills "
+               "the process: a `for` would report it after the OOM kill.",
         panel=ids.SYSTEM_CONTAINER_MEMORY, section="gpu-memory", kind=RISK,
         knobs=("host_memory_limit_threshold", "host_memory_limit_window"),
         offline=OFFLINE_SYSTEM, cases=("system_test.yaml",))
     return [increase, near]
 
 
-NO_FOR: dict[str, str] = {
-    "GPUMemoryIncrease": "the expression already compares two whole windows of per-sample means; the jump it "
-                         "names is the fault, and a `for` as long as a window would hide a single jump for good.",
-    "GPUMemoryNearCapacity": "one evaluation judges the mean of every sample of the window: a checkpoint or eval "
-                             "spike moves it by its share of the window only, and a GPU that full is one "
-                             "allocation from an out-of-memory error.",
-    "HostMemoryNearLimit": "one evaluation judges the working set's mean over the window, and past the limit the "
-                           "kernel kills the process: a `for` would report it after the OOM kill.",
-}
-"""Why an alert of this group without ``for`` needs none: one evaluation is conclusive."""
-
-GROUP = AlertGroup(NAME, alerts, NO_FOR)
+GROUP = AlertGroup(NAME, alerts)

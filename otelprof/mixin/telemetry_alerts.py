@@ -161,6 +161,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "exporter=cuda_events: the GPU ran far behind the training loop or no forward ran to read the "
                  "CUDA events; only device times (otelprof_region_device_duration_seconds) are missing.",
             deviations="No original."),
+        no_for="one dropped item is a fact, not a trend: reports and traces of the period are incomplete (severity "
+               "info).",
         panel=ids.RANKS_DROPPED, section="rules", kind=RISK,
         knobs=("dropped_window",),
         offline=None, cases=("telemetry_test.yaml",))
@@ -268,10 +270,4 @@ def _dcgm_absent(c: MixinConfig, declared: Alert) -> Alert:
             deviations="No original."))
 
 
-NO_FOR: dict[str, str] = {
-    "TelemetryDropped": "one dropped item is a fact, not a trend: reports and traces of the period are "
-                        "incomplete (severity info).",
-}
-"""Why an alert of this group without ``for`` needs none: one evaluation is conclusive."""
-
-GROUP = AlertGroup(NAME, alerts, NO_FOR)
+GROUP = AlertGroup(NAME, alerts)

@@ -55,13 +55,6 @@ CONDITIONS = {
                         f"{tc.IMBALANCE_MIN_LABELS} labels",
 }
 
-NO_FOR: dict[str, str] = {
-    check: "each flag was counted at a saved step whose condition had already held for 2 consecutive saved steps in "
-           "the training process (the offline check's own count): one flag is the finding, the 2 saved steps are its "
-           "`for`." for check in tc.LAYER_RULES}
-"""Why the per-layer alerts need no ``for`` (the runbook's "Why no `for`")."""
-
-
 def _layer(c: MixinConfig, check: str) -> Alert:
     q = Q(c.selector)
     rule = BY_NAME[mc.ALERT_PREFIX + check]
@@ -91,6 +84,9 @@ def _layer(c: MixinConfig, check: str) -> Alert:
                        "same condition as `otelprof check`; the flag counts (otelprof.tensor.flagged) make the "
                        "live and offline verdicts agree whatever the scrape interval.",
             original=rule.original),
+        no_for="each flag was counted at a saved step whose condition had already held for 2 consecutive saved steps "
+               "in the training process (the offline check's own count): one flag is the finding, the 2 saved steps "
+               "are its `for`.",
         panel=ids.REPORT_LAYER_FLAGS, section="rules", kind=RISK, knobs=("tensor_window",), offline=OFFLINE_TENSORS,
         cases=("tensors_test.yaml",))
 
@@ -143,4 +139,4 @@ def tensor_alerts(config: MixinConfig) -> list[Alert]:
     return [*(_layer(config, check) for check in tc.LAYER_RULES), _overtraining(config)]
 
 
-GROUP = AlertGroup(NAME, tensor_alerts, NO_FOR)
+GROUP = AlertGroup(NAME, tensor_alerts)

@@ -134,6 +134,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
             deviations="No original: SageMaker Debugger watched for NaN/inf (ExplodingTensor) and a flat loss, "
                        "not a transient jump. The spike test runs in the training process on every step's loss "
                        "(otelprof_loss_spikes_total), so a spike between two scrapes is never missed."),
+        no_for="each counted spike was already judged in the training process against the recent losses (ratio to "
+               "the median and sigma): one is the fault, and a `for` would let a transient jump expire unseen.",
         panel=ids.REPORT_LOSS, section="training", kind=RISK,
         knobs=("train_phase", "loss_spike_ratio", "loss_spike_sigma", "loss_spike_window"),
         offline=OFFLINE_TRAINING, cases=("training_test.yaml",))
@@ -161,6 +163,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
                        "loss and gradient norm of every step, counted in the process (so a NaN between "
                        "scrapes is never missed).",
             original="ExplodingTensor"),
+        no_for="one NaN or infinite loss or gradient norm is conclusive: the run's weights are likely already "
+               "corrupted.",
         panel=ids.REPORT_NONFINITE, section="training", kind=RISK,
         knobs=("nonfinite_window",),
         offline=OFFLINE_TRAINING, cases=("training_test.yaml",))
@@ -191,6 +195,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
                        "every step of the window comes from per-step sums and counts "
                        "(otelprof_grad_norm_summed_total, _recorded_total), not from scraped last values.",
             original="VanishingGradient"),
+        no_for="one evaluation takes the largest gradient norm of the whole window while steps run: the window is "
+               "the `for`.",
         panel=ids.REPORT_GRAD_NORM, section="training", kind=RISK,
         knobs=("train_phase", "vanishing_gradient_threshold", "vanishing_gradient_window"),
         offline=OFFLINE_TRAINING, cases=("training_test.yaml",))
@@ -217,6 +223,7 @@ def alerts(c: MixinConfig) -> list[Alert]:
             deviations="The original watched for new tensors being saved (default 1800 s); this watches the "
                        "end time of the last step of any phase.",
             original="StalledTrainingRule"),
+        no_for="the condition is itself a duration (no step ended for that long); a `for` would only add to it.",
         panel=ids.RANKS_LAST_STEP, section="steps", kind=RISK,
         knobs=("stalled_training_threshold",),
         offline=OFFLINE_TRAINING, cases=("training_test.yaml",))
@@ -258,17 +265,4 @@ def alerts(c: MixinConfig) -> list[Alert]:
     return [not_decreasing, spike, nonfinite, vanishing, stalled, overfit]
 
 
-NO_FOR: dict[str, str] = {
-    "LossSpike": "each counted spike was already judged in the training process against the recent "
-                 "losses (ratio to the median and sigma): one is the fault, and a `for` would let "
-                 "a transient jump expire unseen.",
-    "NonFiniteValues": "one NaN or infinite loss or gradient norm is conclusive: the run's weights are likely "
-                       "already corrupted.",
-    "VanishingGradients": "one evaluation takes the largest gradient norm of the whole window while steps run: "
-                          "the window is the `for`.",
-    "TrainingStalled": "the condition is itself a duration (no step ended for that long); a `for` would only "
-                       "add to it.",
-}
-"""Why an alert of this group without ``for`` needs none: one evaluation is conclusive."""
-
-GROUP = AlertGroup(NAME, alerts, NO_FOR)
+GROUP = AlertGroup(NAME, alerts)
