@@ -40,7 +40,7 @@ def test_generated_mixin_files_are_current() -> None:
 def test_promtool_test_files_are_current() -> None:
     for name, text in cases.render_all().items():
         path = RULES_DIR / name
-        assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run `python -m tests.rules.cases`"
+        assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run `otelprof generate`"
 
 
 def test_promtool_check_rules_on_every_generated_file(tmp_path: Path) -> None:
