@@ -169,10 +169,17 @@ def alerts(c: MixinConfig) -> list[Alert]:
     return [target_down, absent, system_absent, gpu_absent, dropped, _rules_missing(c)]
 
 
-READERS = ("CPUBottleneck", "IOBottleneck", "GPUUnderutilized", "GPUUtilizationFluctuating", "BatchSizeTooSmall",
-           "GPULoadImbalance", "RankStraggler", "InputBound", "Overtraining")
-"""The alerts that read recorded series (the runbook of RecordingRulesMissing names them; a test keeps the list
-true)."""
+def readers(c: MixinConfig) -> tuple[str, ...]:
+    """The alerts that go silent without the recording rules, in runbook order (the runbook of
+    RecordingRulesMissing names them): those of the other groups whose expression names a record of ``c``'s rules
+    file. This group's own alerts watch what is missing instead (with ``gpu_source=dcgm``, GPUTelemetryAbsent
+    fires without the otelprof-dcgm group)."""
+    from otelprof.mixin.built_in_groups import BUILT_IN  # it lists this module
+    from otelprof.mixin.custom_alerts import metric_names
+
+    recorded = {rule["record"] for group in rule_groups(c) for rule in group["rules"]} - {EVALUATED}
+    return tuple(alert.short for group in BUILT_IN if group.name != NAME for alert in group.build(c)
+                 if metric_names(alert.expr) & recorded)
 
 
 def rules_missing_window(c: MixinConfig) -> str:
@@ -200,7 +207,7 @@ def _rules_missing(c: MixinConfig) -> Alert:
         runbook=Runbook(
             meaning=f"otelprof processes are scraped, but the recording group named in `{GROUP_LABEL}` "
                     f"({', '.join(groups)}) has not been evaluated for {w}. Several alerts read the series "
-                    f"these groups record ({', '.join(READERS)}): without them they stay silent whatever the "
+                    f"these groups record ({', '.join(readers(c))}): without them they stay silent whatever the "
                     "job does, and the dashboards' per-rank and per-job panels are empty. Every group records "
                     f"`{EVALUATED}` = 1 at each evaluation, a rule without input: it is there whenever the "
                     "group runs, also for a stalled job, a node without GPUs or a single rank, when other "
