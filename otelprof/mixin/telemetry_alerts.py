@@ -9,12 +9,12 @@ from otelprof import dcgm_series as ds
 from otelprof import semconv as sc
 from otelprof.dashboards import ids
 from otelprof.mixin import config as mc
-from otelprof.mixin import gpu_source
+from otelprof.mixin import gpu_source, step_alerts, system_alerts, tensor_alerts, training_alerts
 from otelprof.mixin.alert_model import RISK, Alert, AlertGroup, Runbook
 from otelprof.mixin.alert_text import AT_GPU, AT_RANK, L_JOB, L_NODE, NUM, human, params
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.gpu_source import GpuReadings
-from otelprof.mixin.promql import GPU, HW_ID, IDENTITY, JOB, NODE, RANK, Q
+from otelprof.mixin.promql import GPU, HW_ID, IDENTITY, JOB, NODE, RANK, Q, metric_names
 from otelprof.mixin.rule_groups import EVALUATED, GROUP_LABEL, rule_groups
 
 NAME = "otelprof-telemetry"
@@ -174,12 +174,9 @@ def readers(c: MixinConfig) -> tuple[str, ...]:
     RecordingRulesMissing names them): those of the other groups whose expression names a record of ``c``'s rules
     file. This group's own alerts watch what is missing instead (with ``gpu_source=dcgm``, GPUTelemetryAbsent
     fires without the otelprof-dcgm group)."""
-    from otelprof.mixin.built_in_groups import BUILT_IN  # it lists this module
-    from otelprof.mixin.custom_alerts import metric_names
-
     recorded = {rule["record"] for group in rule_groups(c) for rule in group["rules"]} - {EVALUATED}
-    return tuple(alert.short for group in BUILT_IN if group.name != NAME for alert in group.build(c)
-                 if metric_names(alert.expr) & recorded)
+    groups = (system_alerts.GROUP, step_alerts.GROUP, training_alerts.GROUP, tensor_alerts.GROUP)  # a test: all
+    return tuple(alert.short for group in groups for alert in group.build(c) if metric_names(alert.expr) & recorded)
 
 
 def rules_missing_window(c: MixinConfig) -> str:
