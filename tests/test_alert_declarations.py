@@ -163,3 +163,64 @@ def test_otelprof_generate_writes_the_promtool_cases_of_a_checkout(tmp_path: Pat
     with pytest.raises(RuntimeError, match="broken cases"):
         _generate_rule_tests(tmp_path)
     assert _generate_rule_tests(ROOT) == []  # the committed files are current
+
+
+_ONE_MORE = '''
+import dataclasses
+from otelprof.dashboards import ids  # first: it loads the mixin, which must not need it whole yet
+from otelprof.mixin import training_alerts
+from otelprof.mixin.alert_model import OFFLINE_TRAINING
+
+declared = training_alerts.GROUP.build
+
+def build(c):
+    out = declared(c)
+    spike = next(a for a in out if a.short == "LossSpike")
+    return [*out, dataclasses.replace(spike, short="LossSpikeAgain", summary="Another declaration.", section="steps",
+                                      panel=ids.REPORT_GRAD_NORM, knobs=("loss_spike_window",))]
+
+object.__setattr__(training_alerts.GROUP, "build", build)  # before anything reads the declarations
+
+from otelprof.analysis import checks, diagnosis
+from otelprof.mixin.alerts import alert_groups, no_for
+from otelprof.mixin.alerts_table import alerts_markdown
+from otelprof.mixin.config import MixinConfig
+from otelprof.mixin.declared import offline_twins
+from otelprof.mixin.generate import render_runbook
+
+c = MixinConfig()
+[rule] = [r for g in alert_groups(c) for r in g["rules"] if r["alert"] == "OtelprofLossSpikeAgain"]
+assert rule["annotations"]["dashboard_url"].endswith(f"viewPanel={ids.REPORT_GRAD_NORM}"), rule
+assert "## OtelprofLossSpikeAgain" in render_runbook(c)
+assert "[`LossSpikeAgain`](" in alerts_markdown() and "Another declaration." in alerts_markdown()
+assert "LossSpikeAgain" in diagnosis.SECTION_CHECKS["steps"] and diagnosis.CHECK_SECTION["LossSpikeAgain"] == "steps"
+assert "LossSpikeAgain" in no_for() and "LossSpikeAgain" not in diagnosis.MAPPED
+assert offline_twins(OFFLINE_TRAINING)[-1] == "LossSpikeAgain" and "LossSpikeAgain" in checks.OFFLINE_CHECKS
+print("one declaration")
+'''
+
+
+def test_one_declaration_reaches_the_rules_runbook_table_links_report_and_checks() -> None:
+    """A new alert declared in its group (here a second LossSpike, in a process of its own) is in the rules file
+    with its panel's link, the runbook, the docs' table, the report's section map, the no-`for` reasons and the
+    offline checks' list, with nothing else written. (Its offline condition, not written here, is what the
+    twin test above then asks for.)"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _ONE_MORE], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "one declaration", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("module", ["otelprof.dashboards.ids", "otelprof.dashboards.report", "otelprof.mixin.declared",
+                                    "otelprof.analysis.diagnosis", "otelprof.analysis.step_checks"])
+def test_a_module_that_reads_the_declarations_imports_first(module: str) -> None:
+    """The alert modules read panel ids from ``dashboards.ids``, which loads the mixin: whichever is imported first,
+    nothing builds an alert before both are loaded."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-1500:]
