@@ -9,7 +9,7 @@ import pytest
 
 from otelprof import semconv as sc
 from otelprof.mixin import custom_alerts
-from otelprof.mixin.alerts import GROUPS, NO_FOR, alert_groups, alerts
+from otelprof.mixin.alerts import GROUPS, alert_groups, alerts, no_for
 from otelprof.mixin.built_in_groups import BUILT_IN
 from otelprof.mixin.config import MixinConfig
 from otelprof.mixin.generate import render_runbook
@@ -19,25 +19,25 @@ def test_every_alert_without_for_says_why_one_evaluation_is_conclusive() -> None
     config = MixinConfig()
     without = {a.short for a in alerts(config) if a.for_ in ("", "0s")}
     assert without, "some alerts are meant to fire on one evaluation"
-    assert without <= set(NO_FOR), sorted(without - set(NO_FOR))
+    reasons = no_for()
+    assert without <= set(reasons), sorted(without - set(reasons))
     runbook = render_runbook(config)
     for alert in alerts(config):
         section = runbook.split(f"## {alert.name}\n", 1)[1].split("\n## ", 1)[0]
         assert ("**Why no `for`.**" in section) == (alert.short in without), alert.name
     with_for = {a.short for a in alerts(config)} - without
-    assert not with_for & set(NO_FOR), "an alert with `for` keeps no stale reason"
+    assert not with_for & set(reasons), "an alert with `for` keeps no stale reason"
 
 
 def test_each_rule_group_builds_its_own_alerts_in_runbook_order() -> None:
-    """``GROUPS`` is the one list of rule groups: each builds only alerts of its name, its no-`for` reasons name
-    its own alerts, and alerts() and the rules file keep the groups' order."""
+    """``GROUPS`` is the one list of rule groups: each builds only alerts of its name, and alerts() and the rules
+    file keep the groups' order."""
     config = MixinConfig()
     built = []
     for group in GROUPS:
         own = group.build(config)
         assert own or group is custom_alerts.GROUP, group.name  # the custom group: only the user's rules
         assert {a.group for a in own} <= {group.name}, group.name
-        assert set(group.no_for) <= {a.short for a in own}, group.name
         built += [a.short for a in own]
     assert len(built) == len(set(built))
     assert [a.short for a in alerts(config)] == built

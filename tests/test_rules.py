@@ -40,7 +40,7 @@ def test_generated_mixin_files_are_current() -> None:
 def test_promtool_test_files_are_current() -> None:
     for name, text in cases.render_all().items():
         path = RULES_DIR / name
-        assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run `python -m tests.rules.cases`"
+        assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run `otelprof generate`"
 
 
 def test_promtool_check_rules_on_every_generated_file(tmp_path: Path) -> None:
@@ -225,17 +225,24 @@ def test_every_runbook_entry_states_its_detection_limit() -> None:
 
 def test_recording_rules_missing_names_every_group_and_the_alerts_that_read_them() -> None:
     """Every recording group records the constant RecordingRulesMissing looks for; its runbook names every alert
-    that reads a recorded series, and only those."""
+    that reads a recorded series, and only those (found from the alerts' expressions, for each GPU source: with
+    dcgm-exporter the GPU memory alerts read its records too), but the telemetry alerts, which watch what is
+    missing."""
     config = with_overrides(MixinConfig(), ["gpu_source=dcgm"])
     groups = rule_groups(config)
     for group in groups:
         assert {"record": EVALUATED, "expr": "vector(1)", "labels": {"rule_group": group["name"]}} in group["rules"]
     missing = next(a for a in alerts(config) if a.short == "RecordingRulesMissing")
     assert all(f'"{group["name"]}"' in missing.expr for group in groups) and len(groups) == 4
-    recorded = {rule["record"] for group in groups for rule in group["rules"]} - {EVALUATED}
-    readers = {a.short for a in alerts(MixinConfig()) if metric_names(a.expr) & recorded}
-    assert readers == set(telemetry_alerts.READERS)
-    assert all(short in missing.runbook.meaning for short in readers)
+    for each in (MixinConfig(), config):
+        recorded = {rule["record"] for group in rule_groups(each) for rule in group["rules"]} - {EVALUATED}
+        readers = {a.short for a in alerts(each) if metric_names(a.expr) & recorded
+                   and a.group != telemetry_alerts.NAME}  # those watch what is missing
+        assert readers == set(telemetry_alerts.readers(each)) and len(readers) >= 9
+        meaning = next(a for a in alerts(each) if a.short == "RecordingRulesMissing").runbook.meaning
+        assert f"({', '.join(telemetry_alerts.readers(each))})" in meaning
+    assert {"GPUMemoryIncrease", "GPUMemoryNearCapacity"} <= set(telemetry_alerts.readers(config)) - set(
+        telemetry_alerts.readers(MixinConfig()))
     slow = next(a for a in alerts(with_overrides(MixinConfig(), ["recording_interval=10m"]))
                 if a.short == "RecordingRulesMissing")
     assert "[1800s]" in slow.expr  # three evaluations of a slow group before it counts as missing

@@ -233,7 +233,15 @@ def by_job(ranks: Iterable[RankData]) -> dict[str, list[RankData]]:
 
 @dataclass(frozen=True)
 class CheckGroup:
-    """One group of checks: the alerts they twin (short names, in runbook order), and their conditions."""
+    """One group of checks: the module holding them (an alert's ``offline`` names it), and their conditions."""
 
-    checks: tuple[str, ...]
+    where: str
+    """One of :data:`otelprof.mixin.alert_model.OFFLINE`."""
     conditions: Callable[[CheckContext], Conditions]
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        """The alerts they twin (short names, in runbook order): those declared with ``offline`` = ``where``."""
+        from otelprof.mixin.declared import offline_twins
+
+        return offline_twins(self.where)

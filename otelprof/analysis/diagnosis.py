@@ -32,17 +32,18 @@ from otelprof.analysis.rules import RulesSummary
 from otelprof.analysis.steps import PhaseSteps, StepAnalysis
 from otelprof.analysis.summary import JobSummary
 from otelprof.analysis.system import SystemUsage
+from otelprof.mixin import alert_model
 from otelprof.mixin.config import ALERT_PREFIX
+from otelprof.mixin.declared import declared, section_checks
 
 MATERIAL = 0.05
 """A finding that costs less than this share of the step time (or of the job, for a slow start) is minor."""
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
-CAUSE = "cause"
-SYMPTOM = "symptom"
-RISK = "risk"
-"""What a finding is: a cause of lost time, a symptom of one, or a risk that costs no time yet."""
+CAUSE, SYMPTOM, RISK = alert_model.CAUSE, alert_model.SYMPTOM, alert_model.RISK
+"""What a finding is: a cause of lost time, a symptom of one, or a risk that costs no time yet (an alert declares
+which it backs)."""
 
 STATUS_FINDING = "finding"
 STATUS_MINOR = "minor"
@@ -133,26 +134,19 @@ def short(alert: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- sections
 
-SECTION_CHECKS: dict[str, tuple[str, ...]] = {
-    "training": ("LossNotDecreasing", "LossSpike", "NonFiniteValues", "VanishingGradients", "Overfitting"),
-    "steps": ("StepOutliers", "TrainingStalled"),
-    "gpu": ("GPUUnderutilized", "GPUUtilizationFluctuating"),
-    "balance": ("GPULoadImbalance", "RankStraggler"),
-    "dataloader": ("InputBound", "TooFewDataLoaderWorkers", "TooManyDataLoaderWorkers"),
-    "batch": ("BatchSizeTooSmall",),
-    "cpu-bottleneck": ("CPUBottleneck",),
-    "io-bottleneck": ("IOBottleneck",),
-    "gpu-memory": ("GPUMemoryIncrease", "GPUMemoryNearCapacity", "HostMemoryIncrease", "HostMemoryNearLimit"),
-}
-"""The report sections that fold to one line when nothing was found, and the checks that judge each."""
+SECTIONS = ("training", "steps", "gpu", "balance", "dataloader", "batch", "cpu-bottleneck", "io-bottleneck",
+            "gpu-memory")
+"""The report sections that fold to one line when nothing was found, in the report's order."""
 
-CHECK_SECTION = {check: anchor for anchor, checks in SECTION_CHECKS.items() for check in checks}
-CHECK_SECTION["SlowInitialization"] = "summary"
+SECTION_CHECKS: dict[str, tuple[str, ...]] = section_checks(SECTIONS)
+"""Each folding section and the checks that judge it: the alerts declared with that ``section``."""
 
-MAPPED = {"InputBound", "TooFewDataLoaderWorkers", "CPUBottleneck", "IOBottleneck", "RankStraggler", "StepOutliers",
-          "SlowInitialization", "GPUUnderutilized", "GPUUtilizationFluctuating", "BatchSizeTooSmall"}
-"""Checks whose firing becomes one of the analyses' findings below; every other fired check is a finding of
-its own."""
+CHECK_SECTION = {alert.short: alert.section for alert in declared()}
+"""The report section each alert's finding points at."""
+
+MAPPED = {alert.short for alert in declared() if alert.kind != RISK}
+"""Checks whose firing becomes one of the analyses' findings below (the causes and symptoms they weigh); every
+other fired check is a finding of its own."""
 
 
 # ---------------------------------------------------------------------------------------------- findings

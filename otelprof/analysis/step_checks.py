@@ -10,6 +10,7 @@ from functools import partial
 
 from otelprof.analysis.check_context import CheckContext, CheckGroup, Conditions, Firing, by_job
 from otelprof.analysis.window_bounds import never_above
+from otelprof.mixin.alert_model import OFFLINE_STEPS
 from otelprof.mixin.config import seconds
 
 
@@ -155,4 +156,5 @@ def conditions(ctx: CheckContext) -> Conditions:
     }
 
 
-GROUP = CheckGroup(("RankStraggler", "StepOutliers", "SlowInitialization", "InputBound"), conditions)
+GROUP = CheckGroup(OFFLINE_STEPS, conditions)
+"""The twins of the alerts declared with ``offline=OFFLINE_STEPS``, keyed by their short names in runbook order."""

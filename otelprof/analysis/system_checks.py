@@ -16,6 +16,7 @@ from otelprof.analysis.window_bounds import (
     spread_never_above,
     threshold_cuts,
 )
+from otelprof.mixin.alert_model import OFFLINE_SYSTEM
 from otelprof.mixin.config import seconds
 
 
@@ -300,6 +301,5 @@ def conditions(ctx: CheckContext) -> Conditions:
     }
 
 
-GROUP = CheckGroup(("CPUBottleneck", "IOBottleneck", "GPUUnderutilized", "GPUUtilizationFluctuating",
-                    "BatchSizeTooSmall", "GPUMemoryIncrease", "GPUMemoryNearCapacity", "HostMemoryIncrease",
-                    "HostMemoryNearLimit", "GPULoadImbalance"), conditions)
+GROUP = CheckGroup(OFFLINE_SYSTEM, conditions)
+"""The twins of the alerts declared with ``offline=OFFLINE_SYSTEM``, keyed by their short names in runbook order."""

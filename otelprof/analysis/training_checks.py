@@ -13,6 +13,7 @@ from itertools import accumulate
 from otelprof import thresholds
 from otelprof.analysis.check_context import CheckContext, CheckGroup, Conditions, Firing
 from otelprof.analysis.check_tables import EMPTY, RankData, Series
+from otelprof.mixin.alert_model import OFFLINE_TRAINING
 from otelprof.mixin.config import seconds
 
 
@@ -191,5 +192,5 @@ def conditions(ctx: CheckContext) -> Conditions:
     }
 
 
-GROUP = CheckGroup(("LossNotDecreasing", "LossSpike", "NonFiniteValues", "VanishingGradients", "TrainingStalled",
-                    "Overfitting"), conditions)
+GROUP = CheckGroup(OFFLINE_TRAINING, conditions)
+"""The twins of the alerts declared with ``offline=OFFLINE_TRAINING``, keyed by their short names in runbook order."""

@@ -1,10 +1,12 @@
 """Generated artifacts, kept in the repository and checked for staleness by the tests.
 
 The configuration and metric tables in ``docs/configuration.md`` and ``docs/catalog.md``, the mixin settings'
-tables in ``docs/mixin-settings.md`` (:mod:`otelprof.mixin.settings_doc`), the
+tables in ``docs/mixin-settings.md`` (:mod:`otelprof.mixin.settings_doc`), the alerts table in
+``docs/alerts.md`` (from the alerts' declarations), the
 Prometheus mixin's files under ``deploy/prometheus/`` (alerts, recording rules, PrometheusRule,
-runbook) with the default mixin config, and the Grafana dashboards and provisioning under
-``dashboards/``. ``otelprof generate`` rewrites them.
+runbook) with the default mixin config, the Grafana dashboards and provisioning under ``dashboards/``, and in a
+source checkout the promtool cases of every alert (``tests/rules/*_test.yaml``). ``otelprof generate`` rewrites
+them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ DOC_BLOCKS: dict[str, tuple[str, ...]] = {
     "docs/configuration.md": ("env",),
     "docs/catalog.md": ("catalog", "webhook_catalog", "attributes"),
     "docs/mixin-settings.md": ("mixin_alerts", "mixin_settings"),
+    "docs/alerts.md": ("alerts",),
 }
 """Each Markdown file with generated blocks (path from the repository root), and the blocks it holds."""
 
@@ -26,7 +29,7 @@ def _renderers() -> dict[str, Callable[[], str]]:
 
     return {"env": env_markdown, "catalog": catalog_markdown, "webhook_catalog": webhook_catalog_markdown,
             "attributes": attributes_markdown, "mixin_alerts": settings_doc.alerts_markdown,
-            "mixin_settings": settings_doc.settings_markdown}
+            "mixin_settings": settings_doc.settings_markdown, "alerts": alerts_markdown}
 
 
 def env_markdown() -> str:
@@ -76,6 +79,13 @@ def attributes_markdown() -> str:
     return "\n".join(rows)
 
 
+def alerts_markdown() -> str:
+    """The alerts table of docs/alerts.md, from the alerts' declarations."""
+    from otelprof.mixin.alerts_table import alerts_markdown as table
+
+    return table()
+
+
 def render_blocks(text: str, names: tuple[str, ...]) -> str:
     """``text`` with each named ``<!-- BEGIN name -->...<!-- END name -->`` block regenerated."""
     renderers = _renderers()
@@ -109,7 +119,26 @@ def generate(root: Path) -> list[Path]:
     from otelprof.dashboards.generate import write as write_dashboards
 
     changed.extend(write_dashboards(root))  # before the deploy copies, which embed the dashboards
-    return changed + _generate_deploy(root)
+    return changed + _generate_deploy(root) + _generate_rule_tests(root)
+
+
+RULE_CASES = "tests.rules.cases"
+"""The promtool cases of every alert (``tests/rules/*_test.yaml``), written by this module of a source checkout."""
+
+
+def _generate_rule_tests(root: Path) -> list[Path]:
+    """The promtool test files of a source checkout (none without its ``tests/``: an installed package). They are
+    written by the checkout's own module, in a process of their own, so its ``tests`` package is the one read."""
+    import subprocess
+    import sys
+
+    if not (root / Path(*RULE_CASES.split(".")).with_suffix(".py")).is_file():
+        return []
+    done = subprocess.run([sys.executable, "-m", RULE_CASES], cwd=root, capture_output=True, text=True,
+                          timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{RULE_CASES} failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
+    return [Path(line.removeprefix("updated ")) for line in done.stdout.splitlines() if line.startswith("updated ")]
 
 
 def _generate_deploy(root: Path) -> list[Path]:

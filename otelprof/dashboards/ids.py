@@ -1,10 +1,9 @@
 """Dashboard UIDs, variable names and the ids of the panels alerts link to: one place for both sides.
 
-The alert rules (``otelprof.mixin.alerts``) put a ``dashboard_url`` on every alert; with
-:func:`alert_panel` they can point at the exact panel that shows what the alert judged.
-A test checks that every alert has a panel here, that it is on the dashboard the alert names,
-and that the panel exists. Panel ids never change once published (links in old alerts and
-bookmarks rely on them); new panels get new ids.
+The alert rules (``otelprof.mixin.alerts``) put a ``dashboard_url`` on every alert; each alert declares the
+panel (``panel=``, one of the ids here) that shows what it judged, and its link opens that panel.
+A test checks that every alert names a panel and that it exists on the dashboard the alert names.
+Panel ids never change once published (links in old alerts and bookmarks rely on them); new panels get new ids.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from otelprof.mixin.config import (
     DASHBOARD_TIMELINE,
     DASHBOARD_TRAINING_REPORT,
 )
-from otelprof.tensor_checks import LAYER_RULES, OVERTRAINING
 
 TRAINING_REPORT = DASHBOARD_TRAINING_REPORT
 TIMELINE = DASHBOARD_TIMELINE
@@ -88,46 +86,6 @@ RANKS_DROPPED = 403
 # ---- Timeline
 TIMELINE_STEP_TIME = 201
 TIMELINE_OUTLIER_TRACES = 302
-
-ALERT_PANELS: dict[str, tuple[str, int]] = {
-    "CPUBottleneck": (GPU_SYSTEM, SYSTEM_CPU_BOTTLENECK),
-    "IOBottleneck": (GPU_SYSTEM, SYSTEM_IO_BOTTLENECK),
-    "GPUUnderutilized": (GPU_SYSTEM, SYSTEM_GPU_QUANTILES),
-    "GPUUtilizationFluctuating": (GPU_SYSTEM, SYSTEM_GPU_QUANTILES),
-    "BatchSizeTooSmall": (GPU_SYSTEM, SYSTEM_BATCH_SIZE),
-    "GPUMemoryIncrease": (GPU_SYSTEM, SYSTEM_GPU_MEMORY),
-    "GPUMemoryNearCapacity": (GPU_SYSTEM, SYSTEM_GPU_MEMORY),
-    "HostMemoryIncrease": (GPU_SYSTEM, SYSTEM_PROCESS_MEMORY),
-    "HostMemoryNearLimit": (GPU_SYSTEM, SYSTEM_CONTAINER_MEMORY),
-    "GPULoadImbalance": (GPU_SYSTEM, SYSTEM_GPU_BALANCE),
-    "RankStraggler": (RANKS, RANKS_STRAGGLER),
-    "StepOutliers": (TIMELINE, TIMELINE_OUTLIER_TRACES),
-    "SlowInitialization": (TRAINING_REPORT, REPORT_INITIALIZATION),
-    "TooFewDataLoaderWorkers": (GPU_SYSTEM, SYSTEM_DATALOADER_WORKERS),
-    "TooManyDataLoaderWorkers": (GPU_SYSTEM, SYSTEM_DATALOADER_WORKERS),
-    "InputBound": (RANKS, RANKS_WAIT_RATIO),
-    "LossNotDecreasing": (TRAINING_REPORT, REPORT_LOSS),
-    "LossSpike": (TRAINING_REPORT, REPORT_LOSS),
-    "NonFiniteValues": (TRAINING_REPORT, REPORT_NONFINITE),
-    "VanishingGradients": (TRAINING_REPORT, REPORT_GRAD_NORM),
-    "TrainingStalled": (RANKS, RANKS_LAST_STEP),
-    "Overfitting": (TRAINING_REPORT, REPORT_LOSS),
-    "TargetDown": (RANKS, RANKS_TARGETS),
-    "TelemetryAbsent": (RANKS, RANKS_REPORTING),
-    "SystemTelemetryAbsent": (GPU_SYSTEM, SYSTEM_SAMPLER),
-    "GPUTelemetryAbsent": (GPU_SYSTEM, SYSTEM_GPU_UTILIZATION),
-    "TelemetryDropped": (RANKS, RANKS_DROPPED),
-    "RecordingRulesMissing": (RANKS, RANKS_STRAGGLER),
-    **{check: (TRAINING_REPORT, REPORT_LAYER_FLAGS) for check in LAYER_RULES},
-    OVERTRAINING: (TRAINING_REPORT, REPORT_LOSS),
-}
-"""Alert name without the ``Otelprof`` prefix -> (dashboard uid, panel id) that shows its evidence."""
-
-
-def alert_panel(short_name: str) -> tuple[str, int] | None:
-    """(dashboard uid, panel id) for an alert (name without prefix), or None if it has none."""
-    return ALERT_PANELS.get(short_name)
-
 
 def dashboard_url(grafana_url: str, uid: str, variables: dict[str, str], panel_id: int | None = None) -> str:
     """``<grafana>/d/<uid>?var-x=...&viewPanel=<id>``; values are used as given (alert templates allowed)."""

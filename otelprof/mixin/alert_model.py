@@ -1,9 +1,14 @@
-"""What an alert is: :class:`Alert` (its Prometheus rule and annotations), its :class:`Runbook` entry, and
-:class:`AlertGroup`, one rule group's alerts as :mod:`otelprof.mixin.alerts` assembles them."""
+"""What an alert is: :class:`Alert`, one declaration of everything about it (its Prometheus rule and annotations,
+its :class:`Runbook` entry, the dashboard panel it links to, the report section and the kind of finding it
+backs, the settings it reads, its offline twin and its promtool cases), and :class:`AlertGroup`, one rule group's
+alerts as :mod:`otelprof.mixin.alerts` assembles them.
+
+The rules, the runbook, the alerts table of ``docs/alerts.md``, the dashboard links, the diagnosis's map of report
+sections and the offline checks' lists are all read from the declarations (:mod:`otelprof.mixin.declared`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +33,31 @@ class Runbook:
     """SageMaker Debugger rule it stands for ("" when otelprof adds it)."""
 
 
-@dataclass(frozen=True)
+CAUSE = "cause"
+SYMPTOM = "symptom"
+RISK = "risk"
+KINDS = (CAUSE, SYMPTOM, RISK)
+"""What a firing alert is in the report's diagnosis: a cause of lost time, a symptom of one (both taken up by
+the diagnosis's own findings, which weigh what they cost), or a risk that costs no time yet (a finding of its
+own)."""
+
+OFFLINE_SYSTEM = "system_checks"
+OFFLINE_STEPS = "step_checks"
+OFFLINE_TRAINING = "training_checks"
+OFFLINE_TENSORS = "tensors"
+OFFLINE = (OFFLINE_SYSTEM, OFFLINE_STEPS, OFFLINE_TRAINING, OFFLINE_TENSORS)
+"""Where ``otelprof check`` judges an alert's condition on a recording: the module of :mod:`otelprof.analysis`
+that holds its offline twin (keyed by the alert's short name)."""
+
+SHARED_KNOBS = ("selector", "target_labels")
+"""Settings any alert reads where its series carry them (matchers, the scrape target's labels): not repeated in
+each alert's ``knobs``."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Alert:
-    """One alert as data: its expression, ``for``, severity, texts, dashboard and runbook entry."""
+    """One alert as data, declared once with named fields: its expression, ``for``, severity, texts, dashboard
+    panel, runbook entry, and what the report, the offline checks and the tests need to know about it."""
 
     short: str
     """Name without the prefix; the config's ``actions`` and ``disabled_alerts`` use it."""
@@ -44,6 +71,23 @@ class Alert:
     labels: tuple[str, ...]
     """Labels the alert carries (from its expression), besides alertname/severity/action."""
     runbook: Runbook
+    panel: int | None
+    """Id of the panel of ``dashboard`` that shows what it judged (:mod:`otelprof.dashboards.ids`); the
+    ``dashboard_url`` opens it."""
+    section: str
+    """Anchor of the report section with its details (``rules``: the checks' table)."""
+    kind: str
+    """:data:`CAUSE`, :data:`SYMPTOM` or :data:`RISK`."""
+    knobs: tuple[str, ...]
+    """The :class:`MixinConfig` fields it reads besides :data:`SHARED_KNOBS` (a test finds them by changing
+    each field alone)."""
+    offline: str | None
+    """Where ``otelprof check`` judges it (one of :data:`OFFLINE`), None when nothing does."""
+    cases: tuple[str, ...]
+    """The promtool test files (``tests/rules/``) that hold its firing and quiet cases."""
+    no_for: str = ""
+    """Why it needs no ``for`` (one evaluation is conclusive), for an alert declared without one; the runbook
+    states it."""
     action: str | None = None
 
     @property
@@ -66,8 +110,7 @@ class Alert:
                                      (GPU, dashboard_ids.VAR_GPU, L_GPU)):
             if label in self.labels:
                 variables[var] = template
-        panel = dashboard_ids.alert_panel(self.short)
-        return dashboard_ids.dashboard_url(config.grafana_url, self.dashboard, variables, panel[1] if panel else None)
+        return dashboard_ids.dashboard_url(config.grafana_url, self.dashboard, variables, self.panel)
 
     def rule(self, config: MixinConfig) -> dict[str, Any]:
         """The Prometheus alerting rule."""
@@ -89,9 +132,7 @@ class Alert:
 
 @dataclass(frozen=True)
 class AlertGroup:
-    """One Prometheus rule group: its name, the alerts it builds from a config (in runbook order), and why
-    those without ``for`` need none."""
+    """One Prometheus rule group: its name and the alerts it builds from a config (in runbook order)."""
 
     name: str
     build: Callable[[MixinConfig], list[Alert]]
-    no_for: Mapping[str, str]

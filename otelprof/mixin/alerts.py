@@ -17,14 +17,17 @@ from otelprof.mixin import custom_alerts
 from otelprof.mixin.alert_model import Alert, AlertGroup
 from otelprof.mixin.built_in_groups import BUILT_IN
 from otelprof.mixin.config import MixinConfig
+from otelprof.mixin.declared import declared
 
-__all__ = ["GROUPS", "NO_FOR", "alert_groups", "alerts"]
+__all__ = ["GROUPS", "alert_groups", "alerts", "no_for"]
 
 GROUPS: tuple[AlertGroup, ...] = (*BUILT_IN, custom_alerts.GROUP)
 """The rule groups in runbook order: the built-in ones (a new group is one line there), then the custom rules."""
 
-NO_FOR: dict[str, str] = {short: why for group in GROUPS for short, why in group.no_for.items()}
-"""Why an alert without ``for`` needs none: one evaluation is conclusive (stated in its runbook entry)."""
+def no_for() -> dict[str, str]:
+    """Why an alert without ``for`` needs none: one evaluation is conclusive (its declaration's ``no_for``, stated
+    in its runbook entry). A function, not a constant: nothing builds the alerts while the modules load."""
+    return {alert.short: alert.no_for for alert in declared() if alert.no_for}
 
 
 def alerts(config: MixinConfig) -> list[Alert]:

@@ -27,31 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from otelprof.mixin import config as mc
-from otelprof.mixin.alert_model import Alert, AlertGroup, Runbook
+from otelprof.mixin.alert_model import RISK, Alert, AlertGroup, Runbook
 from otelprof.mixin.built_in_groups import BUILT_IN
 from otelprof.mixin.config import MixinConfig, seconds
-from otelprof.mixin.promql import IDENTITY, catalog_series_names
+from otelprof.mixin.promql import IDENTITY, catalog_series_names, metric_names
 
 REQUIRED = ("alert", "expr", "severity", "summary", "meaning", "todo")
 OPTIONAL = ("for", "description", "limit")
 _NAME = re.compile(r"^[A-Z][A-Za-z0-9]{2,80}$")
-_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool",
-          "time", "inf", "nan", "sum", "min", "max", "avg", "group", "count", "stddev", "stdvar", "topk", "bottomk",
-          "quantile", "count_values", "e"}
 NAME = "otelprof-custom"
 MAX_RULES = 200
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names a PromQL expression selects (functions, keywords, labels, durations and numbers left out)."""
-    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)
-    text = re.sub(r"\{[^}]*\}", "", text)
-    text = re.sub(r"\[[^\]]*\]", "", text)
-    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1", text)
-    text = re.sub(r"\boffset\s+\w+", "", text)
-    text = re.sub(r"\b\d[\d.]*(?:e[+-]?\d+)?\b", "", text)
-    return {m.group(1) for m in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\()?", text)
-            if not m.group(2) and m.group(1).lower() not in _WORDS}
 
 
 def _read(path: str) -> Any:
@@ -124,11 +109,13 @@ def custom_alerts(config: MixinConfig) -> list[Alert]:
     if not config.custom_rules:
         return []
     return [Alert(
-        rule["alert"], NAME, rule["expr"].strip(), rule["for"], rule["severity"], rule["summary"],
-        rule.get("description") or rule["summary"], mc.DASHBOARD_TRAINING_REPORT, IDENTITY,
-        Runbook(meaning=rule["meaning"], thresholds=(("for", rule["for"]),), todo=rule["todo"],
-                deviations="A custom rule (no original).", limit=rule.get("limit") or "Not stated."))
+        short=rule["alert"], group=NAME, expr=rule["expr"].strip(), for_=rule["for"], severity=rule["severity"],
+        summary=rule["summary"], description=rule.get("description") or rule["summary"],
+        dashboard=mc.DASHBOARD_TRAINING_REPORT, labels=IDENTITY,
+        runbook=Runbook(meaning=rule["meaning"], thresholds=(("for", rule["for"]),), todo=rule["todo"],
+                        deviations="A custom rule (no original).", limit=rule.get("limit") or "Not stated."),
+        panel=None, section="rules", kind=RISK, knobs=(), offline=None, cases=())
         for rule in load(config.custom_rules)]
 
 
-GROUP = AlertGroup(NAME, custom_alerts, {})
+GROUP = AlertGroup(NAME, custom_alerts)

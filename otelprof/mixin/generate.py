@@ -7,7 +7,7 @@ from typing import Any
 
 from otelprof.mixin import yamlout
 from otelprof.mixin.alert_model import Alert
-from otelprof.mixin.alerts import NO_FOR, alert_groups, alerts
+from otelprof.mixin.alerts import alert_groups, alerts
 from otelprof.mixin.config import MixinConfig, validate
 from otelprof.mixin.recording_rules import aggregates
 from otelprof.mixin.rule_groups import rule_groups
@@ -156,5 +156,5 @@ def write(directory: Path, config: MixinConfig) -> list[Path]:
 
 def _why_no_for(alert: Alert) -> list[str]:
     """The runbook's reason an alert without ``for`` needs none (one evaluation is conclusive)."""
-    reason = NO_FOR.get(alert.short) if alert.for_ in ("", "0s") else None
+    reason = alert.no_for if alert.for_ in ("", "0s") else None
     return [f"**Why no `for`.** {reason[0].upper()}{reason[1:]}", ""] if reason else []

@@ -8,6 +8,8 @@ appears at 1), and histogram buckets keep exact per-sample distributions.
 
 from __future__ import annotations
 
+import re
+
 from otelprof import semconv as sc
 from otelprof.semconv import Kind, MetricSpec
 
@@ -107,3 +109,20 @@ def number(value: float) -> str:
     """A float as PromQL writes it (``0.5``, ``1e-07``)."""
     text = repr(float(value))
     return text[:-2] if text.endswith(".0") else text
+
+
+_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool",
+          "time", "inf", "nan", "sum", "min", "max", "avg", "group", "count", "stddev", "stdvar", "topk", "bottomk",
+          "quantile", "count_values", "e"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects (functions, keywords, labels, durations and numbers left out)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1", text)
+    text = re.sub(r"\boffset\s+\w+", "", text)
+    text = re.sub(r"\b\d[\d.]*(?:e[+-]?\d+)?\b", "", text)
+    return {m.group(1) for m in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\()?", text)
+            if not m.group(2) and m.group(1).lower() not in _WORDS}

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from otelprof import semconv as sc
 from otelprof import thresholds
+from otelprof.dashboards import ids
 from otelprof.mixin import config as mc
-from otelprof.mixin.alert_model import Alert, AlertGroup, Runbook
+from otelprof.mixin.alert_model import CAUSE, OFFLINE_STEPS, RISK, SYMPTOM, Alert, AlertGroup, Runbook
 from otelprof.mixin.alert_text import AT_RANK, DUR, L_JOB, L_NODE, L_PHASE, NUM, PCT, human, params, pct
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.promql import IDENTITY, JOB, NODE, PHASE, RANK, Q, number
@@ -35,15 +36,15 @@ def alerts(c: MixinConfig) -> list[Alert]:
                   f"quantile by ({JOB}, {PHASE}) (0.5, {compute})) > 0)\n  and {g} {ranks} > 3")
     sws, sfor = seconds(sw), seconds(c.straggler_for)
     straggler = Alert(
-        "RankStraggler", NAME,
-        f"(\n  {peers_few}\nor\n  {peers_many}\n)\n> {number(c.straggler_ratio)}\n"
-        f"and {g} {ranks} > 1",
-        c.straggler_for, "warning",
-        "One rank is slower than the others.",
-        f"{AT_RANK}: its {L_PHASE} steps take {NUM} times the median of its peers' compute time per step "
-        f"(step time less exposed collective time) over the last {sw}.",
-        mc.DASHBOARD_RANKS, (*IDENTITY, PHASE, *c.target_labels),
-        Runbook(
+        short="RankStraggler", group=NAME,
+        expr=f"(\n  {peers_few}\nor\n  {peers_many}\n)\n> {number(c.straggler_ratio)}\n"
+             f"and {g} {ranks} > 1",
+        for_=c.straggler_for, severity="warning",
+        summary="One rank is slower than the others.",
+        description=f"{AT_RANK}: its {L_PHASE} steps take {NUM} times the median of its peers' compute time per step "
+                    f"(step time less exposed collective time) over the last {sw}.",
+        dashboard=mc.DASHBOARD_RANKS, labels=(*IDENTITY, PHASE, *c.target_labels),
+        runbook=Runbook(
             meaning=f"This rank's mean compute time per step (step time minus its exposed communication: the time "
                     f"its gradient all-reduces were in flight and its backward pass had nothing left to compute) "
                     f"over the last {sw} is more than {c.straggler_ratio:g} times the median "
@@ -65,7 +66,10 @@ def alerts(c: MixinConfig) -> list[Alert]:
             deviations="No original. The peers' median is exact for 2, 3 and 4 ranks and any even number; with "
                        "an odd number of 5 or more ranks it is the job's median, which is at most one rank's "
                        "compute time above the exact one (the alert errs on the quiet side). The collective "
-                       "time comes from the DDP integration; without it the plain step time is compared."))
+                       "time comes from the DDP integration; without it the plain step time is compared."),
+        panel=ids.RANKS_STRAGGLER, section="balance", kind=CAUSE,
+        knobs=("straggler_window", "straggler_ratio", "straggler_for"),
+        offline=OFFLINE_STEPS, cases=("steps_test.yaml",))
 
     ow = c.step_outlier_window
     outlier_rule = (f"slower than the mean + {c.step_outlier_sigma:g} standard deviations of its phase's last "
@@ -74,16 +78,16 @@ def alerts(c: MixinConfig) -> list[Alert]:
                     "tokens (else its samples), also slower per token than those steps by the same tests")
     cost = f"{q.delta(sc.STEP_OUTLIER_EXCESS, ow)}\n/ {q.delta(sc.STEP_DURATION, ow, 'sum')}"
     outliers = Alert(
-        "StepOutliers", NAME,
-        f"{cost}\n> {number(c.step_outlier_min_cost)}\n"
-        f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEP_OUTLIERS, ow)} > {c.step_outlier_n_outliers}\n"
-        f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, ow)} > {c.step_outlier_min_steps}",
-        "0s", "warning",
-        "Outlier steps cost a material share of training time.",
-        f"{AT_RANK}: outlier {L_PHASE} steps lost {PCT} of the last {ow}'s step time (their time above the "
-        "median step). Open them on the timeline: each is traced.",
-        mc.DASHBOARD_TIMELINE, (*IDENTITY, PHASE, *c.target_labels),
-        Runbook(
+        short="StepOutliers", group=NAME,
+        expr=f"{cost}\n> {number(c.step_outlier_min_cost)}\n"
+             f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEP_OUTLIERS, ow)} > {c.step_outlier_n_outliers}\n"
+             f"and on ({JOB}, {RANK}, {PHASE}) {q.delta(sc.STEPS, ow)} > {c.step_outlier_min_steps}",
+        for_="0s", severity="warning",
+        summary="Outlier steps cost a material share of training time.",
+        description=f"{AT_RANK}: outlier {L_PHASE} steps lost {PCT} of the last {ow}'s step time (their time above the "
+                    "median step). Open them on the timeline: each is traced.",
+        dashboard=mc.DASHBOARD_TIMELINE, labels=(*IDENTITY, PHASE, *c.target_labels),
+        runbook=Runbook(
             meaning=f"Over the last {ow}, the outlier steps' time above the median step was more than "
                     f"{pct(c.step_outlier_min_cost)} of the phase's step time, over more than "
                     f"{c.step_outlier_n_outliers} outliers (of more than {c.step_outlier_min_steps} steps). An "
@@ -120,17 +124,23 @@ def alerts(c: MixinConfig) -> list[Alert]:
                        "(variable-length batches keep ~2 % of the steps above mean + 3 sigma for good), and the "
                        f"outliers must cost more than {pct(c.step_outlier_min_cost)} of the step time; steps "
                        "otelprof's own profiling slowed are left out.",
-            original="StepOutlier"))
+            original="StepOutlier"),
+        no_for="one evaluation weighs every outlier step of the window by its time above the median against all the "
+               "window's step time (a share, over more than 10 outliers): the window is the `for`.",
+        panel=ids.TIMELINE_OUTLIER_TRACES, section="steps", kind=SYMPTOM,
+        knobs=("step_outlier_sigma", "step_outlier_min_ratio", "step_outlier_min_excess", "step_outlier_window",
+               "step_outlier_n_outliers", "step_outlier_min_steps", "step_outlier_min_cost"),
+        offline=OFFLINE_STEPS, cases=("steps_test.yaml",))
 
     init_limit = int(seconds(c.max_initialization_time))
     slow_init = Alert(
-        "SlowInitialization", NAME,
-        f"{q.age()} > {init_limit}\nunless on ({JOB}, {RANK}) {q.sel(sc.STEP_FIRST_TIMESTAMP)}",
-        "0s", "warning",
-        "Training has not started its first step.",
-        f"{AT_RANK}: started {DUR} ago and has not begun its first step.",
-        mc.DASHBOARD_TRAINING_REPORT, (*IDENTITY, *c.target_labels),
-        Runbook(
+        short="SlowInitialization", group=NAME,
+        expr=f"{q.age()} > {init_limit}\nunless on ({JOB}, {RANK}) {q.sel(sc.STEP_FIRST_TIMESTAMP)}",
+        for_="0s", severity="warning",
+        summary="Training has not started its first step.",
+        description=f"{AT_RANK}: started {DUR} ago and has not begun its first step.",
+        dashboard=mc.DASHBOARD_TRAINING_REPORT, labels=(*IDENTITY, *c.target_labels),
+        runbook=Runbook(
             meaning=f"The process started more than {c.max_initialization_time} ago and no training step has "
                     "begun yet.",
             thresholds=params(("threshold", c.max_initialization_time)),
@@ -143,7 +153,12 @@ def alerts(c: MixinConfig) -> list[Alert]:
             deviations="The original measured from the first system sample and never fired inside the "
                        "profiler report (a bug); this measures from the process start time and fires while "
                        "the first step is still missing, then resolves.",
-            original="MaxInitializationTime"))
+            original="MaxInitializationTime"),
+        no_for="the condition is itself a duration (no first step that long after start); a `for` would only add to "
+               "it.",
+        panel=ids.REPORT_INITIALIZATION, section="summary", kind=CAUSE,
+        knobs=("max_initialization_time",),
+        offline=OFFLINE_STEPS, cases=("steps_test.yaml",))
 
     workers = f"sum by ({JOB}, {NODE}) ({q.sel(sc.DATALOADER_WORKERS)})"
     cores = f"max by ({JOB}, {NODE}) ({q.sel(sc.CPU_AVAILABLE)})"
@@ -153,14 +168,14 @@ def alerts(c: MixinConfig) -> list[Alert]:
                   "reports the CPUs the container may use (the cgroup quota, else the affinity mask), so a "
                   "pod limited to 8 of 64 cores is judged against 8.")
     too_few = Alert(
-        "TooFewDataLoaderWorkers", NAME,
-        f"{workers}\n< {number(c.dataloader_min_threshold)} * {cores}",
-        c.dataloader_for, "info",
-        "Few data-loader workers for the CPUs available.",
-        f"Node {L_NODE} (job {L_JOB}) runs {NUM} data-loader workers in total, fewer than "
-        f"{pct(c.dataloader_min_threshold)} of the CPUs the container may use.",
-        mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE),
-        Runbook(
+        short="TooFewDataLoaderWorkers", group=NAME,
+        expr=f"{workers}\n< {number(c.dataloader_min_threshold)} * {cores}",
+        for_=c.dataloader_for, severity="info",
+        summary="Few data-loader workers for the CPUs available.",
+        description=f"Node {L_NODE} (job {L_JOB}) runs {NUM} data-loader workers in total, fewer than "
+                    f"{pct(c.dataloader_min_threshold)} of the CPUs the container may use.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=(JOB, NODE),
+        runbook=Runbook(
             meaning=f"The data loaders of the node's ranks together run fewer worker processes than "
                     f"{pct(c.dataloader_min_threshold)} of the CPUs the container may use.",
             thresholds=params(("min_threshold", pct(c.dataloader_min_threshold)), ("for", c.dataloader_for)),
@@ -168,16 +183,19 @@ def alerts(c: MixinConfig) -> list[Alert]:
                   f"{c.dataloader_for} after the loaders report their workers.",
             todo="If steps are input-bound (OtelprofInputBound, OtelprofCPUBottleneck) raise num_workers "
                  "towards the available CPUs divided by the ranks on the node; otherwise this is harmless.",
-            deviations=loader_dev, original="Dataloader"))
+            deviations=loader_dev, original="Dataloader"),
+        panel=ids.SYSTEM_DATALOADER_WORKERS, section="dataloader", kind=CAUSE,
+        knobs=("dataloader_min_threshold", "dataloader_for"),
+        offline=None, cases=("steps_test.yaml",))
     too_many = Alert(
-        "TooManyDataLoaderWorkers", NAME,
-        f"{workers}\n> {number(c.dataloader_max_threshold)} * {cores}",
-        c.dataloader_for, "info",
-        "More data-loader workers than the CPUs can run.",
-        f"Node {L_NODE} (job {L_JOB}) runs {NUM} data-loader workers in total, more than "
-        f"{pct(c.dataloader_max_threshold)} of the CPUs the container may use.",
-        mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE),
-        Runbook(
+        short="TooManyDataLoaderWorkers", group=NAME,
+        expr=f"{workers}\n> {number(c.dataloader_max_threshold)} * {cores}",
+        for_=c.dataloader_for, severity="info",
+        summary="More data-loader workers than the CPUs can run.",
+        description=f"Node {L_NODE} (job {L_JOB}) runs {NUM} data-loader workers in total, more than "
+                    f"{pct(c.dataloader_max_threshold)} of the CPUs the container may use.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=(JOB, NODE),
+        runbook=Runbook(
             meaning=f"The data loaders of the node's ranks together run more than "
                     f"{pct(c.dataloader_max_threshold)} of the container's CPUs in worker processes: they "
                     "compete for cores (and memory) with each other and the training processes.",
@@ -186,19 +204,22 @@ def alerts(c: MixinConfig) -> list[Alert]:
                   f"{c.dataloader_for} after the loaders report their workers.",
             todo="Lower num_workers; with a CPU limit on the pod, size workers to the limit, not to the node's "
                  "cores (os.cpu_count() reports the node). Watch CPU throttling after the change.",
-            deviations=loader_dev, original="Dataloader"))
+            deviations=loader_dev, original="Dataloader"),
+        panel=ids.SYSTEM_DATALOADER_WORKERS, section="dataloader", kind=RISK,
+        knobs=("dataloader_max_threshold", "dataloader_for"),
+        offline=None, cases=("steps_test.yaml",))
 
     iw = c.input_bound_window
     input_bound = Alert(
-        "InputBound", NAME,
-        f"{reuse(c, 'dataloader_wait_ratio', q.window_mean(sc.DATALOADER_WAIT_RATIO, iw))} "
-        f"> {number(c.input_bound_threshold)}",
-        c.input_bound_for, "warning",
-        "Steps spend most of their time waiting for data.",
-        f"{AT_RANK}: {L_PHASE} steps spent on average {PCT} of their time waiting for the next batch over the "
-        f"last {iw}.",
-        mc.DASHBOARD_RANKS, (*IDENTITY, PHASE, *c.target_labels),
-        Runbook(
+        short="InputBound", group=NAME,
+        expr=f"{reuse(c, 'dataloader_wait_ratio', q.window_mean(sc.DATALOADER_WAIT_RATIO, iw))} "
+             f"> {number(c.input_bound_threshold)}",
+        for_=c.input_bound_for, severity="warning",
+        summary="Steps spend most of their time waiting for data.",
+        description=f"{AT_RANK}: {L_PHASE} steps spent on average {PCT} of their time waiting for the next batch over "
+                    f"the last {iw}.",
+        dashboard=mc.DASHBOARD_RANKS, labels=(*IDENTITY, PHASE, *c.target_labels),
+        runbook=Runbook(
             meaning=f"Averaged over the steps of the last {iw}, more than {pct(c.input_bound_threshold)} of "
                     "each step was spent waiting for the data loader to hand over the next batch.",
             thresholds=params(("window", iw), ("threshold", pct(c.input_bound_threshold)),
@@ -211,17 +232,11 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "pin_memory, persistent_workers, cheaper decoding or preprocessing done once offline, faster "
                  "storage. The CPU and I/O bottleneck alerts tell which resource the loader lacks.",
             deviations="No original (SageMaker's Dataloader rule only counted workers). Measured per step from "
-                       "the time spent inside the data-loader region, so it is exact for every step."))
+                       "the time spent inside the data-loader region, so it is exact for every step."),
+        panel=ids.RANKS_WAIT_RATIO, section="dataloader", kind=CAUSE,
+        knobs=("input_bound_threshold", "input_bound_window", "input_bound_for"),
+        offline=OFFLINE_STEPS, cases=("steps_test.yaml",))
     return [straggler, outliers, slow_init, too_few, too_many, input_bound]
 
 
-NO_FOR: dict[str, str] = {
-    "StepOutliers": "one evaluation weighs every outlier step of the window by its time above the median "
-                    "against all the window's step time (a share, over more than 10 outliers): the window "
-                    "is the `for`.",
-    "SlowInitialization": "the condition is itself a duration (no first step that long after start); a `for` "
-                          "would only add to it.",
-}
-"""Why an alert of this group without ``for`` needs none: one evaluation is conclusive."""
-
-GROUP = AlertGroup(NAME, alerts, NO_FOR)
+GROUP = AlertGroup(NAME, alerts)

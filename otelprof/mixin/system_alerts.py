@@ -4,8 +4,9 @@ memory, load balance across the job's GPUs."""
 from __future__ import annotations
 
 from otelprof import semconv as sc
+from otelprof.dashboards import ids
 from otelprof.mixin import config as mc
-from otelprof.mixin.alert_model import Alert, AlertGroup, Runbook
+from otelprof.mixin.alert_model import CAUSE, OFFLINE_SYSTEM, RISK, SYMPTOM, Alert, AlertGroup, Runbook
 from otelprof.mixin.alert_text import AT_GPU, AT_RANK, L_JOB, L_NODE, NUM, PCT, human, nbytes, params, pct
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.gpu_source import GpuReadings
@@ -27,17 +28,17 @@ def alerts(c: MixinConfig) -> list[Alert]:
     used = f"and on ({JOB}, {RANK}, {GPU}) max_over_time({g.current(sc.GPU_UTILIZATION)}[{w}]) > 0"
 
     def bottleneck(short: str, counter: sc.MetricSpec, threshold: float, what: str, original: str,
-                   todo: str, high: str) -> Alert:
+                   todo: str, high: str, *, panel: int, section: str, knobs: tuple[str, ...]) -> Alert:
         key = "cpu_bottleneck_ratio" if counter is sc.SAMPLER_CPU_BOTTLENECK else "io_bottleneck_ratio"
         ratio = reuse(c, key, f"{q.delta(counter, w)} / {q.delta(sc.SAMPLER_SAMPLES, w)}")
         expr = f"{ratio} > {number(threshold)}\n{warm}"
         return Alert(
-            short, NAME, expr, c.bottleneck_for, "warning",
-            f"GPUs wait while the CPUs are {what}.",
-            f"{PCT} of the samples of the last {w} on node {L_NODE} (job {L_JOB}) had {high} while a GPU "
-            f"was below {pct(c.gpu_threshold)} utilization.",
-            mc.DASHBOARD_GPU_SYSTEM, (*IDENTITY, *c.target_labels),
-            Runbook(
+            short=short, group=NAME, expr=expr, for_=c.bottleneck_for, severity="warning",
+            summary=f"GPUs wait while the CPUs are {what}.",
+            description=f"{PCT} of the samples of the last {w} on node {L_NODE} (job {L_JOB}) had {high} while a GPU "
+                        f"was below {pct(c.gpu_threshold)} utilization.",
+            dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=(*IDENTITY, *c.target_labels),
+            runbook=Runbook(
                 meaning=f"In more than {pct(threshold)} of the node's telemetry samples of the last {w}, {high} "
                         f"while at least one GPU was below {pct(c.gpu_threshold)} utilization: the GPUs are "
                         f"starved by work on the {'CPUs' if short.startswith('CPU') else 'storage'}.",
@@ -60,7 +61,8 @@ def alerts(c: MixinConfig) -> list[Alert]:
                            "OTELPROF_CPU_HIGH_THRESHOLD / OTELPROF_IOWAIT_HIGH_THRESHOLD / "
                            "OTELPROF_GPU_LOW_THRESHOLD in the training job.",
                 original=original,
-            ))
+            ),
+            panel=panel, section=section, kind=CAUSE, knobs=knobs, offline=OFFLINE_SYSTEM, cases=("system_test.yaml",))
 
     cpu = bottleneck(
         "CPUBottleneck", sc.SAMPLER_CPU_BOTTLENECK, c.cpu_bottleneck_threshold, "busy",
@@ -70,14 +72,18 @@ def alerts(c: MixinConfig) -> list[Alert]:
         "to the GPU or do it once offline. The captured profiling window (action `capture`) shows which "
         "operators keep the CPUs busy; the per-core view on the GPU/system dashboard shows whether one core "
         "(a single-threaded loader) or all of them are saturated.",
-        f"a CPU above {pct(c.cpu_threshold)} busy")
+        f"a CPU above {pct(c.cpu_threshold)} busy",
+        panel=ids.SYSTEM_CPU_BOTTLENECK, section="cpu-bottleneck",
+        knobs=("window", "patience", "cpu_threshold", "gpu_threshold", "cpu_bottleneck_threshold", "bottleneck_for"))
     io = bottleneck(
         "IOBottleneck", sc.SAMPLER_IO_BOTTLENECK, c.io_bottleneck_threshold, "waiting on I/O",
         "IOBottleneck",
         "The input pipeline waits on storage. Read fewer, larger files (sharded binary formats instead of "
         "many small images), cache the data set on local disk or in memory, prefetch with more workers, and "
         "check the volume's throughput limits (network file systems and cloud disks cap IOPS per volume).",
-        f"a CPU above {pct(c.io_threshold)} in iowait")
+        f"a CPU above {pct(c.io_threshold)} in iowait",
+        panel=ids.SYSTEM_IO_BOTTLENECK, section="io-bottleneck",
+        knobs=("window", "patience", "gpu_threshold", "io_threshold", "io_bottleneck_threshold", "bottleneck_for"))
 
     # the window's quantiles and means as the recording group computed them (the same expressions)
     util_p95 = reuse(c, "gpu_utilization_p95", g.quantile(0.95, sc.GPU_UTILIZATION, w))
@@ -89,14 +95,14 @@ def alerts(c: MixinConfig) -> list[Alert]:
                        f"instead of latching. As in the original, a GPU that was never busy in the window "
                        f"(an unused device) is not reported.")
     low = Alert(
-        "GPUUnderutilized", NAME,
-        f"{util_p95} < {number(c.low_gpu_threshold_p95)}\n{used}\n{warm}",
-        c.low_gpu_for, "warning",
-        "A GPU is underutilized.",
-        f"{AT_GPU}: 95th percentile utilization over the last {w} is {PCT}, below "
-        f"{pct(c.low_gpu_threshold_p95)}.",
-        mc.DASHBOARD_GPU_SYSTEM, gpu_labels,
-        Runbook(
+        short="GPUUnderutilized", group=NAME,
+        expr=f"{util_p95} < {number(c.low_gpu_threshold_p95)}\n{used}\n{warm}",
+        for_=c.low_gpu_for, severity="warning",
+        summary="A GPU is underutilized.",
+        description=f"{AT_GPU}: 95th percentile utilization over the last {w} is {PCT}, below "
+                    f"{pct(c.low_gpu_threshold_p95)}.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=gpu_labels,
+        runbook=Runbook(
             meaning=f"Even the busiest 5 % of this GPU's samples over the last {w} are below "
                     f"{pct(c.low_gpu_threshold_p95)} utilization: the device is mostly idle.",
             thresholds=params(("window", w), ("patience", c.patience),
@@ -107,17 +113,20 @@ def alerts(c: MixinConfig) -> list[Alert]:
             todo="Find what the GPU waits for: the bottleneck alerts and OtelprofInputBound point at the input "
                  "pipeline; long collective times on the ranks dashboard point at communication; otherwise "
                  "the model is too small for the device — raise the batch size or use a smaller GPU.",
-            deviations=low_runbook_dev, original="LowGPUUtilization"))
+            deviations=low_runbook_dev, original="LowGPUUtilization"),
+        panel=ids.SYSTEM_GPU_QUANTILES, section="gpu", kind=SYMPTOM,
+        knobs=("gpu_source", "window", "patience", "low_gpu_threshold_p95", "low_gpu_for"),
+        offline=OFFLINE_SYSTEM, cases=("system_test.yaml",))
     fluctuating = Alert(
-        "GPUUtilizationFluctuating", NAME,
-        f"{util_p5} < {number(c.low_gpu_threshold_p5)}\n"
-        f"and on ({JOB}, {RANK}, {GPU}) {util_p95} > {number(c.low_gpu_threshold_p95)}\n{warm}",
-        c.low_gpu_for, "warning",
-        "A GPU's utilization swings between busy and idle.",
-        f"{AT_GPU}: 5th percentile utilization over the last {w} is {PCT} while the 95th percentile is above "
-        f"{pct(c.low_gpu_threshold_p95)}.",
-        mc.DASHBOARD_GPU_SYSTEM, gpu_labels,
-        Runbook(
+        short="GPUUtilizationFluctuating", group=NAME,
+        expr=f"{util_p5} < {number(c.low_gpu_threshold_p5)}\n"
+             f"and on ({JOB}, {RANK}, {GPU}) {util_p95} > {number(c.low_gpu_threshold_p95)}\n{warm}",
+        for_=c.low_gpu_for, severity="warning",
+        summary="A GPU's utilization swings between busy and idle.",
+        description=f"{AT_GPU}: 5th percentile utilization over the last {w} is {PCT} while the 95th percentile is "
+                    f"above {pct(c.low_gpu_threshold_p95)}.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=gpu_labels,
+        runbook=Runbook(
             meaning=f"Over the last {w} the GPU was often busy (95th percentile above "
                     f"{pct(c.low_gpu_threshold_p95)}) and often idle (5th percentile below "
                     f"{pct(c.low_gpu_threshold_p5)}): work arrives in bursts.",
@@ -132,21 +141,24 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "checkpointing), a data loader that delivers in bursts, or ranks waiting for each other. "
                  "Compare the timeline of a captured window with the step-time panel; prefetch data and "
                  "remove host synchronizations from the step.",
-            deviations=low_runbook_dev, original="LowGPUUtilization"))
+            deviations=low_runbook_dev, original="LowGPUUtilization"),
+        panel=ids.SYSTEM_GPU_QUANTILES, section="gpu", kind=SYMPTOM,
+        knobs=("window", "patience", "low_gpu_threshold_p95", "low_gpu_threshold_p5", "low_gpu_for"),
+        offline=OFFLINE_SYSTEM, cases=("system_test.yaml",))
 
     mem_p95 = reuse(c, "gpu_memory_utilization_p95", g.quantile(0.95, sc.GPU_MEMORY_UTILIZATION, w))
     cpu_p95 = reuse(c, "node_cpu_utilization_p95", q.window_quantile(0.95, sc.NODE_CPU_UTILIZATION, w))
     batch = Alert(
-        "BatchSizeTooSmall", NAME,
-        f"{util_p95} < {number(c.batch_size_gpu_threshold_p95)}\n"
-        f"and on ({JOB}, {RANK}, {GPU}) {mem_p95} < {number(c.batch_size_gpu_memory_threshold_p95)}\n"
-        f"and on ({JOB}, {RANK}) {cpu_p95} < {number(c.batch_size_cpu_threshold_p95)}\n{used}\n{warm}",
-        c.batch_size_for, "info",
-        "GPU, GPU memory and CPUs are all lightly used: the batch may be too small.",
-        f"{AT_GPU}: over the last {w} the 95th percentiles of GPU utilization ({PCT}), GPU memory and the "
-        f"node's mean CPU utilization are all below their thresholds.",
-        mc.DASHBOARD_GPU_SYSTEM, gpu_labels,
-        Runbook(
+        short="BatchSizeTooSmall", group=NAME,
+        expr=f"{util_p95} < {number(c.batch_size_gpu_threshold_p95)}\n"
+             f"and on ({JOB}, {RANK}, {GPU}) {mem_p95} < {number(c.batch_size_gpu_memory_threshold_p95)}\n"
+             f"and on ({JOB}, {RANK}) {cpu_p95} < {number(c.batch_size_cpu_threshold_p95)}\n{used}\n{warm}",
+        for_=c.batch_size_for, severity="info",
+        summary="GPU, GPU memory and CPUs are all lightly used: the batch may be too small.",
+        description=f"{AT_GPU}: over the last {w} the 95th percentiles of GPU utilization ({PCT}), GPU memory and the "
+                    f"node's mean CPU utilization are all below their thresholds.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=gpu_labels,
+        runbook=Runbook(
             meaning="Nothing is busy: GPU utilization, GPU memory and the node's average CPU utilization all "
                     f"stay below their thresholds at the 95th percentile over the last {w}.",
             thresholds=params(("window", w), ("patience", c.patience),
@@ -164,19 +176,23 @@ def alerts(c: MixinConfig) -> list[Alert]:
             deviations=f"Same conjunction as the original over the last {w}, with quantiles from the per-sample "
                        "histograms (5 % buckets). Unused GPUs are skipped, as in LowGPUUtilization. Severity "
                        "info: it is advice on cost, not a fault.",
-            original="BatchSize"))
+            original="BatchSize"),
+        panel=ids.SYSTEM_BATCH_SIZE, section="batch", kind=SYMPTOM,
+        knobs=("gpu_source", "window", "patience", "batch_size_cpu_threshold_p95", "batch_size_gpu_threshold_p95",
+               "batch_size_gpu_memory_threshold_p95", "batch_size_for"),
+        offline=OFFLINE_SYSTEM, cases=("system_test.yaml",))
 
     m = c.gpu_memory_increase_window
     now_mean = g.mean(sc.GPU_MEMORY_UTILIZATION, m)
     before_mean = g.mean(sc.GPU_MEMORY_UTILIZATION, m, offset=m)
     increase = Alert(
-        "GPUMemoryIncrease", NAME,
-        f"(\n  {now_mean}\n  -\n  {before_mean}\n) > {number(c.gpu_memory_increase)}\n{warm}",
-        "0s", "warning",
-        "GPU memory use jumped.",
-        f"{AT_GPU}: mean memory use over the last {m} is {PCT} of the device above the {m} before.",
-        mc.DASHBOARD_GPU_SYSTEM, (*gpu_labels, *c.target_labels),
-        Runbook(
+        short="GPUMemoryIncrease", group=NAME,
+        expr=f"(\n  {now_mean}\n  -\n  {before_mean}\n) > {number(c.gpu_memory_increase)}\n{warm}",
+        for_="0s", severity="warning",
+        summary="GPU memory use jumped.",
+        description=f"{AT_GPU}: mean memory use over the last {m} is {PCT} of the device above the {m} before.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=(*gpu_labels, *c.target_labels),
+        runbook=Runbook(
             meaning=f"The GPU's mean memory use over the last {m} is more than {pct(c.gpu_memory_increase)} of "
                     f"the device's memory above its mean over the {m} before: memory is growing.",
             thresholds=params(("window", m), ("patience", c.patience), ("increase", pct(c.gpu_memory_increase))),
@@ -192,18 +208,23 @@ def alerts(c: MixinConfig) -> list[Alert]:
                        f"every sample; 5 s is below common scrape intervals, so this compares the exact mean of "
                        f"the samples of the last {m} with the {m} before (from the per-sample histogram's "
                        "sum and count). Absolute percentage points of device memory, as in the original.",
-            original="GPUMemoryIncrease"))
+            original="GPUMemoryIncrease"),
+        no_for="the expression already compares two whole windows of per-sample means; the jump it names is the "
+               "fault, and a `for` as long as a window would hide a single jump for good.",
+        panel=ids.SYSTEM_GPU_MEMORY, section="gpu-memory", kind=RISK,
+        knobs=("gpu_source", "patience", "gpu_memory_increase", "gpu_memory_increase_window"),
+        offline=OFFLINE_SYSTEM, cases=("system_test.yaml",))
 
     cap_w = c.gpu_memory_capacity_window
     capacity = Alert(
-        "GPUMemoryNearCapacity", NAME,
-        f"{reuse(c, 'gpu_memory_utilization_mean', g.mean(sc.GPU_MEMORY_UTILIZATION, cap_w))} > "
-        f"{number(c.gpu_memory_capacity_threshold)}",
-        "0s", "warning",
-        "A GPU's memory is nearly full.",
-        f"{AT_GPU}: mean memory use over the last {cap_w} is {PCT} of the device.",
-        mc.DASHBOARD_GPU_SYSTEM, (*gpu_labels, *c.target_labels),
-        Runbook(
+        short="GPUMemoryNearCapacity", group=NAME,
+        expr=f"{reuse(c, 'gpu_memory_utilization_mean', g.mean(sc.GPU_MEMORY_UTILIZATION, cap_w))} > "
+             f"{number(c.gpu_memory_capacity_threshold)}",
+        for_="0s", severity="warning",
+        summary="A GPU's memory is nearly full.",
+        description=f"{AT_GPU}: mean memory use over the last {cap_w} is {PCT} of the device.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=(*gpu_labels, *c.target_labels),
+        runbook=Runbook(
             meaning=f"The GPU's memory was on average more than {pct(c.gpu_memory_capacity_threshold)} full "
                     f"over the last {cap_w}. The next larger batch, sequence or evaluation pass may fail "
                     "with an out-of-memory error.",
@@ -215,19 +236,24 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "checkpointing, mixed precision, a smaller micro-batch with gradient accumulation, or sharded "
                  "optimizer states (ZeRO/FSDP). PyTorch's caching allocator keeps freed memory reserved: "
                  "compare otelprof_cuda_memory_allocated_bytes with _reserved_bytes before blaming the model.",
-            deviations="No original: SageMaker Debugger only watched growth, not the ceiling."))
+            deviations="No original: SageMaker Debugger only watched growth, not the ceiling."),
+        no_for="one evaluation judges the mean of every sample of the window: a checkpoint or eval spike moves it by "
+               "its share of the window only, and a GPU that full is one allocation from an out-of-memory error.",
+        panel=ids.SYSTEM_GPU_MEMORY, section="gpu-memory", kind=RISK,
+        knobs=("gpu_source", "gpu_memory_capacity_threshold", "gpu_memory_capacity_window"),
+        offline=OFFLINE_SYSTEM, cases=("system_test.yaml",))
 
     spread_mean = reuse(c, "gpu_utilization_mean", g.mean(sc.GPU_UTILIZATION, w))
     load = Alert(
-        "GPULoadImbalance", NAME,
-        f"(\n  max by ({JOB}) ({spread_mean})\n  -\n  min by ({JOB}) ({spread_mean})\n)"
-        f" > {number(c.load_balancing_threshold)}\n"
-        f"and on ({JOB}) min by ({JOB}) {q.age()} > {int(seconds(c.patience))}",
-        c.load_balancing_for, "warning",
-        "The job's GPUs carry unequal load.",
-        f"Job {L_JOB}: mean utilization of its busiest and idlest GPU over the last {w} differ by {PCT}.",
-        mc.DASHBOARD_GPU_SYSTEM, (JOB,),
-        Runbook(
+        short="GPULoadImbalance", group=NAME,
+        expr=f"(\n  max by ({JOB}) ({spread_mean})\n  -\n  min by ({JOB}) ({spread_mean})\n)"
+             f" > {number(c.load_balancing_threshold)}\n"
+             f"and on ({JOB}) min by ({JOB}) {q.age()} > {int(seconds(c.patience))}",
+        for_=c.load_balancing_for, severity="warning",
+        summary="The job's GPUs carry unequal load.",
+        description=f"Job {L_JOB}: mean utilization of its busiest and idlest GPU over the last {w} differ by {PCT}.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=(JOB,),
+        runbook=Runbook(
             meaning=f"Over the last {w}, the mean utilization of the job's busiest GPU is more than "
                     f"{pct(c.load_balancing_threshold)} (absolute) above that of its idlest GPU, across all "
                     "nodes of the job.",
@@ -247,7 +273,10 @@ def alerts(c: MixinConfig) -> list[Alert]:
                        "bug) and dropped samples above 98 %. PromQL cannot pair histograms, so this alert "
                        "compares the exact window means of the GPUs' utilization (from the per-sample "
                        "histograms) across the whole job, not per node.",
-            original="LoadBalancing"))
+            original="LoadBalancing"),
+        panel=ids.SYSTEM_GPU_BALANCE, section="balance", kind=RISK,
+        knobs=("window", "patience", "load_balancing_threshold", "load_balancing_for"),
+        offline=OFFLINE_SYSTEM, cases=("system_test.yaml",))
     return [cpu, io, low, fluctuating, batch, increase, capacity, *_host_memory(c), load]
 
 
@@ -261,14 +290,14 @@ def _host_memory(c: MixinConfig) -> list[Alert]:
     warm = int(patience + 2 * hws)
     training = f"(time() - {q.sel(sc.STEP_FIRST_TIMESTAMP)})"
     increase = Alert(
-        "HostMemoryIncrease", NAME,
-        f"(\n  {now}\n  -\n  {before}\n  > {number(ratio)} * {before}\n)\n> {number(least)}\n"
-        f"and on ({JOB}, {RANK}) {training} > {warm}",
-        c.host_memory_increase_for, "warning",
-        "A training process's memory keeps growing.",
-        f"{AT_RANK}: mean resident memory over the last {hw} is {NUM}B above the {hw} before.",
-        mc.DASHBOARD_GPU_SYSTEM, (*IDENTITY, *c.target_labels),
-        Runbook(
+        short="HostMemoryIncrease", group=NAME,
+        expr=f"(\n  {now}\n  -\n  {before}\n  > {number(ratio)} * {before}\n)\n> {number(least)}\n"
+             f"and on ({JOB}, {RANK}) {training} > {warm}",
+        for_=c.host_memory_increase_for, severity="warning",
+        summary="A training process's memory keeps growing.",
+        description=f"{AT_RANK}: mean resident memory over the last {hw} is {NUM}B above the {hw} before.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=(*IDENTITY, *c.target_labels),
+        runbook=Runbook(
             meaning=f"The process's mean resident memory (RSS) over the last {hw} exceeds its mean over the {hw} "
                     f"before by more than {pct(ratio)} of that and by more than {nbytes(least)}, and kept doing "
                     f"so for {c.host_memory_increase_for}, while training steps run: host memory is leaking. Left "
@@ -292,22 +321,26 @@ def _host_memory(c: MixinConfig) -> list[Alert]:
                  "allocates. Data-loader workers are processes of their own: their growth shows in "
                  "OtelprofHostMemoryNearLimit, not here.",
             deviations="No original: SageMaker Debugger only watched GPU memory. Means of the scraped RSS gauge "
-                       "(not per sample): memory moves slowly, and a single spike does not move a mean much."))
+                       "(not per sample): memory moves slowly, and a single spike does not move a mean much."),
+        panel=ids.SYSTEM_PROCESS_MEMORY, section="gpu-memory", kind=RISK,
+        knobs=("patience", "host_memory_increase_window", "host_memory_increase", "host_memory_increase_min_bytes",
+               "host_memory_increase_for"),
+        offline=OFFLINE_SYSTEM, cases=("system_test.yaml",))
 
     lw = c.host_memory_limit_window
     working_set, limit = q.sel(sc.CONTAINER_MEMORY_WORKING_SET), q.sel(sc.CONTAINER_MEMORY_LIMIT)
     host = q.sel(sc.SYSTEM_MEMORY_UTILIZATION)
     threshold = c.host_memory_limit_threshold
     near = Alert(
-        "HostMemoryNearLimit", NAME,
-        f"(\n  avg_over_time({working_set}[{lw}])\n  / max_over_time({limit}[{lw}])\nor\n"
-        f"  avg_over_time({host}[{lw}])\n  unless on ({JOB}, {NODE}) {limit}\n) > {number(threshold)}",
-        "0s", "warning",
-        "A node's memory is nearly exhausted.",
-        f"Node {L_NODE} (job {L_JOB}): {PCT} of the container's memory limit (or, without a limit, of the "
-        f"host's memory) in use on average over the last {lw}.",
-        mc.DASHBOARD_GPU_SYSTEM, (*IDENTITY, *c.target_labels),
-        Runbook(
+        short="HostMemoryNearLimit", group=NAME,
+        expr=f"(\n  avg_over_time({working_set}[{lw}])\n  / max_over_time({limit}[{lw}])\nor\n"
+             f"  avg_over_time({host}[{lw}])\n  unless on ({JOB}, {NODE}) {limit}\n) > {number(threshold)}",
+        for_="0s", severity="warning",
+        summary="A node's memory is nearly exhausted.",
+        description=f"Node {L_NODE} (job {L_JOB}): {PCT} of the container's memory limit (or, without a limit, of the "
+                    f"host's memory) in use on average over the last {lw}.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=(*IDENTITY, *c.target_labels),
+        runbook=Runbook(
             meaning=f"On average over the last {lw}, the container's working set (memory charged to it less "
                     f"inactive file cache, which the kernel reclaims) is above {pct(threshold)} of its cgroup "
                     f"memory limit; in a container without a limit, the host's used memory is above "
@@ -322,19 +355,13 @@ def _host_memory(c: MixinConfig) -> list[Alert]:
                  "lookups in numpy arrays, not Python lists, to avoid copy-on-access), a smaller "
                  "prefetch_factor, or a larger memory limit for the pod.",
             deviations="No original. Measured like the kubelet's eviction signal (working set, not usage with page "
-                       "cache), from the node's sampling process."))
+                       "cache), from the node's sampling process."),
+        no_for="one evaluation judges the working set's mean over the window, and past the limit the kernel kills "
+               "the process: a `for` would report it after the OOM kill.",
+        panel=ids.SYSTEM_CONTAINER_MEMORY, section="gpu-memory", kind=RISK,
+        knobs=("host_memory_limit_threshold", "host_memory_limit_window"),
+        offline=OFFLINE_SYSTEM, cases=("system_test.yaml",))
     return [increase, near]
 
 
-NO_FOR: dict[str, str] = {
-    "GPUMemoryIncrease": "the expression already compares two whole windows of per-sample means; the jump it "
-                         "names is the fault, and a `for` as long as a window would hide a single jump for good.",
-    "GPUMemoryNearCapacity": "one evaluation judges the mean of every sample of the window: a checkpoint or eval "
-                             "spike moves it by its share of the window only, and a GPU that full is one "
-                             "allocation from an out-of-memory error.",
-    "HostMemoryNearLimit": "one evaluation judges the working set's mean over the window, and past the limit the "
-                           "kernel kills the process: a `for` would report it after the OOM kill.",
-}
-"""Why an alert of this group without ``for`` needs none: one evaluation is conclusive."""
-
-GROUP = AlertGroup(NAME, alerts, NO_FOR)
+GROUP = AlertGroup(NAME, alerts)

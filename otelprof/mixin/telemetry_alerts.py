@@ -3,15 +3,18 @@ silent, telemetry dropped, recording rules not evaluated. Absence never reads as
 
 from __future__ import annotations
 
+import dataclasses
+
 from otelprof import dcgm_series as ds
 from otelprof import semconv as sc
+from otelprof.dashboards import ids
 from otelprof.mixin import config as mc
-from otelprof.mixin import gpu_source
-from otelprof.mixin.alert_model import Alert, AlertGroup, Runbook
+from otelprof.mixin import gpu_source, step_alerts, system_alerts, tensor_alerts, training_alerts
+from otelprof.mixin.alert_model import RISK, Alert, AlertGroup, Runbook
 from otelprof.mixin.alert_text import AT_GPU, AT_RANK, L_JOB, L_NODE, NUM, human, params
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.gpu_source import GpuReadings
-from otelprof.mixin.promql import GPU, HW_ID, IDENTITY, JOB, NODE, RANK, Q
+from otelprof.mixin.promql import GPU, HW_ID, IDENTITY, JOB, NODE, RANK, Q, metric_names
 from otelprof.mixin.rule_groups import EVALUATED, GROUP_LABEL, rule_groups
 
 NAME = "otelprof-telemetry"
@@ -28,15 +31,15 @@ def alerts(c: MixinConfig) -> list[Alert]:
     up = f"up{{{up_inner}}}" if up_inner else "up"
     start = q.sel(sc.PROCESS_START_TIME)
     target_down = Alert(
-        "TargetDown", NAME,
-        f"({up} == 0)\n+ on ({job_label}, {instance_label}) group_left ({JOB}, {RANK}, {NODE})\n"
-        f"(0 * topk by ({job_label}, {instance_label}) (1, last_over_time({start}[{lb}])))",
-        c.absent_for, "warning",
-        "A training process's metrics endpoint cannot be scraped.",
-        f"Prometheus cannot scrape {{{{ $labels.{instance_label} }}}} ({AT_RANK}), which served otelprof "
-        f"metrics within the last {lb}.",
-        mc.DASHBOARD_RANKS, (job_label, instance_label, JOB, RANK, NODE),
-        Runbook(
+        short="TargetDown", group=NAME,
+        expr=f"({up} == 0)\n+ on ({job_label}, {instance_label}) group_left ({JOB}, {RANK}, {NODE})\n"
+             f"(0 * topk by ({job_label}, {instance_label}) (1, last_over_time({start}[{lb}])))",
+        for_=c.absent_for, severity="warning",
+        summary="A training process's metrics endpoint cannot be scraped.",
+        description=f"Prometheus cannot scrape {{{{ $labels.{instance_label} }}}} ({AT_RANK}), which served otelprof "
+                    f"metrics within the last {lb}.",
+        dashboard=mc.DASHBOARD_RANKS, labels=(job_label, instance_label, JOB, RANK, NODE),
+        runbook=Runbook(
             meaning=f"A scrape target that exposed otelprof metrics within the last {lb} is down: the training "
                     "process died or hangs, or its /metrics endpoint is unreachable. Every other alert about "
                     "this process is blind meanwhile — absence never counts as healthy.",
@@ -45,20 +48,23 @@ def alerts(c: MixinConfig) -> list[Alert]:
                   f"fires {c.absent_for} after the first failed scrape.",
             todo="Check the pod (kubectl describe/logs): OOM kill, crash, eviction. A process that is alive but "
                  "does not answer scrapes is usually stuck holding the GIL; py-spy dump shows where.",
-            deviations="No original: the SageMaker rules ran on files and treated missing data as no data."))
+            deviations="No original: the SageMaker rules ran on files and treated missing data as no data."),
+        panel=ids.RANKS_TARGETS, section="rules", kind=RISK,
+        knobs=("up_selector", "absent_lookback", "absent_for"),
+        offline=None, cases=("telemetry_test.yaml",))
 
     present = f"group by ({JOB}, {RANK}, {NODE}) ({start})"
     absent = Alert(
-        "TelemetryAbsent", NAME,
-        f"(\n  group by ({JOB}, {RANK}, {NODE}) (last_over_time({start}[{lb}]))\n"
-        f"  unless on ({JOB}, {RANK}) {present}\n)\n"
-        f"and on ({JOB}) group by ({JOB}) ({start})",
-        c.absent_for, "critical",
-        "A rank stopped reporting while the rest of its job goes on.",
-        f"{AT_RANK} reported within the last {lb} but its series are gone, while other ranks of the job still "
-        "report.",
-        mc.DASHBOARD_RANKS, (JOB, RANK, NODE),
-        Runbook(
+        short="TelemetryAbsent", group=NAME,
+        expr=f"(\n  group by ({JOB}, {RANK}, {NODE}) (last_over_time({start}[{lb}]))\n"
+             f"  unless on ({JOB}, {RANK}) {present}\n)\n"
+             f"and on ({JOB}) group by ({JOB}) ({start})",
+        for_=c.absent_for, severity="critical",
+        summary="A rank stopped reporting while the rest of its job goes on.",
+        description=f"{AT_RANK} reported within the last {lb} but its series are gone, while other ranks of the job "
+                    "still report.",
+        dashboard=mc.DASHBOARD_RANKS, labels=(JOB, RANK, NODE),
+        runbook=Runbook(
             meaning=f"This rank's series existed within the last {lb} and vanished while other ranks of the "
                     "same job still report. A rank that died leaves the others hanging in their next "
                     "collective operation.",
@@ -70,18 +76,21 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "torchrun's elastic restarts (max_restarts) can do this automatically.",
             deviations="No original. A job whose ranks all end at the same time (normal completion) does not "
                        "fire; a single-process job that dies is caught by OtelprofTargetDown while its pod "
-                       "is still there."))
+                       "is still there."),
+        panel=ids.RANKS_REPORTING, section="rules", kind=RISK,
+        knobs=("absent_lookback", "absent_for"),
+        offline=None, cases=("telemetry_test.yaml",))
 
     sampling = f"{q.delta(sc.SAMPLER_SAMPLES, c.sampler_window)} > 0"
     system_absent = Alert(
-        "SystemTelemetryAbsent", NAME,
-        f"group by ({JOB}, {NODE}) ({start})\nunless on ({JOB}, {NODE}) ({sampling})",
-        c.absent_for, "warning",
-        "No system telemetry from a node of a running job.",
-        f"Node {L_NODE} of job {L_JOB}: training processes report but the node's telemetry sampler took no "
-        f"sample in the last {c.sampler_window}.",
-        mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE),
-        Runbook(
+        short="SystemTelemetryAbsent", group=NAME,
+        expr=f"group by ({JOB}, {NODE}) ({start})\nunless on ({JOB}, {NODE}) ({sampling})",
+        for_=c.absent_for, severity="warning",
+        summary="No system telemetry from a node of a running job.",
+        description=f"Node {L_NODE} of job {L_JOB}: training processes report but the node's telemetry sampler took no "
+                    f"sample in the last {c.sampler_window}.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=(JOB, NODE),
+        runbook=Runbook(
             meaning=f"Training processes of the job report from this node, but no process there took a "
                     f"system sample in the last {c.sampler_window}. The CPU, I/O and GPU alerts cannot judge "
                     "this node.",
@@ -92,19 +101,23 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "OTELPROF_NODE_SAMPLER_LOCAL_RANK (0): check that this process runs, that "
                  "OTELPROF_SYSTEM_METRICS is not false, and otelprof_sampler_errors_total. If system metrics "
                  "are off on purpose, disable this alert (disabled_alerts).",
-            deviations="No original."))
+            deviations="No original."),
+        panel=ids.SYSTEM_SAMPLER, section="rules", kind=RISK,
+        knobs=("absent_for", "sampler_window"),
+        offline=None, cases=("telemetry_test.yaml",))
 
     gpu_util = q.sel(sc.GPU_UTILIZATION)
     gpu_absent = Alert(
-        "GPUTelemetryAbsent", NAME,
-        f"(\n  group by ({JOB}, {NODE}, {GPU}) (last_over_time({gpu_util}[{lb}]))\n"
-        f"  unless on ({JOB}, {NODE}, {GPU}) group by ({JOB}, {NODE}, {GPU}) ({gpu_util})\n)\n"
-        f"and on ({JOB}, {NODE}) ({sampling})\nor {_unmapped(q)}",
-        c.absent_for, "warning",
-        "A GPU stopped reporting.",
-        f"{AT_GPU}: utilization was reported within the last {lb} and is gone, while the node's sampler runs.",
-        mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE, GPU),
-        Runbook(
+        short="GPUTelemetryAbsent", group=NAME,
+        expr=f"(\n  group by ({JOB}, {NODE}, {GPU}) (last_over_time({gpu_util}[{lb}]))\n"
+             f"  unless on ({JOB}, {NODE}, {GPU}) group by ({JOB}, {NODE}, {GPU}) ({gpu_util})\n)\n"
+             f"and on ({JOB}, {NODE}) ({sampling})\nor {_unmapped(q)}",
+        for_=c.absent_for, severity="warning",
+        summary="A GPU stopped reporting.",
+        description=f"{AT_GPU}: utilization was reported within the last {lb} and is gone, while the node's sampler "
+                    "runs.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=(JOB, NODE, GPU),
+        runbook=Runbook(
             meaning=f"A GPU's series existed within the last {lb} and vanished while the node's sampler still "
                     "samples: NVML stopped answering for this device (GPU lost, XID error, driver trouble). "
                     f"Or (gpu=\"{UNMAPPED_GPU}\") a rank was given a GPU or MIG instance but cannot tell which "
@@ -117,22 +130,26 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "does not list the UUID in NVIDIA_VISIBLE_DEVICES (driver older than R470 for MIG); ambiguous: "
                  "several GPUs visible and LOCAL_RANK names none; otherwise NVML could not start "
                  "(install otelprof[gpu], check the device permissions).",
-            deviations="No original."))
+            deviations="No original."),
+        panel=ids.SYSTEM_GPU_UTILIZATION, section="rules", kind=RISK,
+        knobs=("gpu_source", "dcgm_pod_label", "dcgm_namespace_label", "absent_lookback", "absent_for",
+               "sampler_window"),
+        offline=None, cases=("telemetry_test.yaml",))
 
     if GpuReadings(c).dcgm:
-        gpu_absent = _dcgm_absent(c)
+        gpu_absent = _dcgm_absent(c, gpu_absent)
 
     dropped = Alert(
-        "TelemetryDropped", NAME,
+        short="TelemetryDropped", group=NAME,
         # the operator-span cap per profiled step is a designed bound (the window's statistics count every
         # operator), not lost telemetry
-        f"{q.delta(sc.EXPORTER_DROPPED, c.dropped_window, matchers=_NOT_OPERATOR_SPANS)} > 0",
-        "0s", "info",
-        "otelprof dropped telemetry instead of blocking training.",
-        f"{AT_RANK}: {NUM} items dropped by the {{{{ $labels.exporter }}}} exporter in the last "
-        f"{c.dropped_window}.",
-        mc.DASHBOARD_RANKS, (*IDENTITY, sc.prometheus_label(sc.LABEL_EXPORTER), *c.target_labels),
-        Runbook(
+        expr=f"{q.delta(sc.EXPORTER_DROPPED, c.dropped_window, matchers=_NOT_OPERATOR_SPANS)} > 0",
+        for_="0s", severity="info",
+        summary="otelprof dropped telemetry instead of blocking training.",
+        description=f"{AT_RANK}: {NUM} items dropped by the {{{{ $labels.exporter }}}} exporter in the last "
+                    f"{c.dropped_window}.",
+        dashboard=mc.DASHBOARD_RANKS, labels=(*IDENTITY, sc.prometheus_label(sc.LABEL_EXPORTER), *c.target_labels),
+        runbook=Runbook(
             meaning=f"In the last {c.dropped_window} otelprof dropped records, spans or metric exports "
                     "(queue full, collector down, disk full) rather than slow the training loop down. Reports "
                     "and traces of this period are incomplete.",
@@ -143,14 +160,23 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "slow. exporter=queue: raise OTELPROF_QUEUE_SIZE or trace fewer steps (OTELPROF_SPAN_BUDGET). "
                  "exporter=cuda_events: the GPU ran far behind the training loop or no forward ran to read the "
                  "CUDA events; only device times (otelprof_region_device_duration_seconds) are missing.",
-            deviations="No original."))
+            deviations="No original."),
+        no_for="one dropped item is a fact, not a trend: reports and traces of the period are incomplete (severity "
+               "info).",
+        panel=ids.RANKS_DROPPED, section="rules", kind=RISK,
+        knobs=("dropped_window",),
+        offline=None, cases=("telemetry_test.yaml",))
     return [target_down, absent, system_absent, gpu_absent, dropped, _rules_missing(c)]
 
 
-READERS = ("CPUBottleneck", "IOBottleneck", "GPUUnderutilized", "GPUUtilizationFluctuating", "BatchSizeTooSmall",
-           "GPULoadImbalance", "RankStraggler", "InputBound", "Overtraining")
-"""The alerts that read recorded series (the runbook of RecordingRulesMissing names them; a test keeps the list
-true)."""
+def readers(c: MixinConfig) -> tuple[str, ...]:
+    """The alerts that go silent without the recording rules, in runbook order (the runbook of
+    RecordingRulesMissing names them): those of the other groups whose expression names a record of ``c``'s rules
+    file. This group's own alerts watch what is missing instead (with ``gpu_source=dcgm``, GPUTelemetryAbsent
+    fires without the otelprof-dcgm group)."""
+    recorded = {rule["record"] for group in rule_groups(c) for rule in group["rules"]} - {EVALUATED}
+    groups = (system_alerts.GROUP, step_alerts.GROUP, training_alerts.GROUP, tensor_alerts.GROUP)  # a test: all
+    return tuple(alert.short for group in groups for alert in group.build(c) if metric_names(alert.expr) & recorded)
 
 
 def rules_missing_window(c: MixinConfig) -> str:
@@ -168,17 +194,17 @@ def _rules_missing(c: MixinConfig) -> Alert:
     per_group = "\n  or ".join(f'label_replace({scraped}, "{GROUP_LABEL}", "{name}", "", "")' for name in groups)
     label = f"{{{{ $labels.{GROUP_LABEL} }}}}"
     return Alert(
-        "RecordingRulesMissing", NAME,
-        f"(\n  {per_group}\n)\nunless on ({GROUP_LABEL}) last_over_time({EVALUATED}[{w}])",
-        c.rules_missing_for, "warning",
-        "The recording rules the alerts read are not evaluated.",
-        f"Job {L_JOB} is scraped, but the recording group {label} recorded nothing in the last {w}: the alerts "
-        "that read its series cannot fire, and dashboard panels built on it stay empty.",
-        mc.DASHBOARD_RANKS, (JOB, GROUP_LABEL),
-        Runbook(
+        short="RecordingRulesMissing", group=NAME,
+        expr=f"(\n  {per_group}\n)\nunless on ({GROUP_LABEL}) last_over_time({EVALUATED}[{w}])",
+        for_=c.rules_missing_for, severity="warning",
+        summary="The recording rules the alerts read are not evaluated.",
+        description=f"Job {L_JOB} is scraped, but the recording group {label} recorded nothing in the last {w}: the "
+                    "alerts that read its series cannot fire, and dashboard panels built on it stay empty.",
+        dashboard=mc.DASHBOARD_RANKS, labels=(JOB, GROUP_LABEL),
+        runbook=Runbook(
             meaning=f"otelprof processes are scraped, but the recording group named in `{GROUP_LABEL}` "
                     f"({', '.join(groups)}) has not been evaluated for {w}. Several alerts read the series "
-                    f"these groups record ({', '.join(READERS)}): without them they stay silent whatever the "
+                    f"these groups record ({', '.join(readers(c))}): without them they stay silent whatever the "
                     "job does, and the dashboards' per-rank and per-job panels are empty. Every group records "
                     f"`{EVALUATED}` = 1 at each evaluation, a rule without input: it is there whenever the "
                     "group runs, also for a stalled job, a node without GPUs or a single rank, when other "
@@ -198,7 +224,10 @@ def _rules_missing(c: MixinConfig) -> Alert:
                  "Prometheus's Rules page: an evaluation error (prometheus_rule_evaluation_failures_total) or a "
                  "ruler that refused or split the group (Mimir's rules-per-group limit). Alerts and recording "
                  "rules must be evaluated by the same Prometheus or ruler (tenant).",
-            deviations="No original: the SageMaker rules computed everything in one process."))
+            deviations="No original: the SageMaker rules computed everything in one process."),
+        panel=ids.RANKS_STRAGGLER, section="rules", kind=RISK,
+        knobs=("gpu_source", "rules_missing_for", "recording_interval"),
+        offline=None, cases=("rules_missing_test.yaml", "telemetry_test.yaml"))
 
 
 UNMAPPED_GPU = "unmapped"
@@ -211,20 +240,22 @@ def _unmapped(q: Q) -> str:
             '"")')
 
 
-def _dcgm_absent(c: MixinConfig) -> Alert:
-    """GPUTelemetryAbsent with ``gpu_source=dcgm``: a rank's GPU that dcgm-exporter's joined series lack."""
+def _dcgm_absent(c: MixinConfig, declared: Alert) -> Alert:
+    """GPUTelemetryAbsent with ``gpu_source=dcgm``: a rank's GPU that dcgm-exporter's joined series lack (the
+    ``declared`` alert with this expression and these texts)."""
     q = Q(c.selector)
     info = q.sel(sc.GPU_INFO)
     record = gpu_source.record_name(sc.GPU_UTILIZATION)
-    return Alert(
-        "GPUTelemetryAbsent", NAME,
-        f"group by ({JOB}, {NODE}, {GPU}) (\n  {info}\n  unless on ({JOB}, {RANK}, {HW_ID}) {record}\n)\n"
-        f"or {_unmapped(q)}",
-        c.absent_for, "warning",
-        "No dcgm-exporter series for a GPU of the job.",
-        f"{AT_GPU}: a rank computes on this GPU (otelprof_gpu_info) but no dcgm-exporter utilization joins to it.",
-        mc.DASHBOARD_GPU_SYSTEM, (JOB, NODE, GPU),
-        Runbook(
+    return dataclasses.replace(
+        declared,
+        expr=f"group by ({JOB}, {NODE}, {GPU}) (\n  {info}\n  unless on ({JOB}, {RANK}, {HW_ID}) {record}\n)\n"
+             f"or {_unmapped(q)}",
+        for_=c.absent_for, severity="warning",
+        summary="No dcgm-exporter series for a GPU of the job.",
+        description=f"{AT_GPU}: a rank computes on this GPU (otelprof_gpu_info) but no dcgm-exporter utilization "
+                    "joins to it.",
+        dashboard=mc.DASHBOARD_GPU_SYSTEM, labels=(JOB, NODE, GPU),
+        runbook=Runbook(
             meaning="A training process names the GPU it computes on (otelprof_gpu_info, with the GPU's UUID and "
                     f"its pod), and no {ds.DCGM_GPU_UTIL} series with that UUID and pod is there "
                     f"({ds.DCGM_GR_ENGINE_ACTIVE} for a MIG instance, with its GPU_I_ID): dcgm-exporter "
@@ -243,10 +274,4 @@ def _dcgm_absent(c: MixinConfig) -> Alert:
             deviations="No original."))
 
 
-NO_FOR: dict[str, str] = {
-    "TelemetryDropped": "one dropped item is a fact, not a trend: reports and traces of the period are "
-                        "incomplete (severity info).",
-}
-"""Why an alert of this group without ``for`` needs none: one evaluation is conclusive."""
-
-GROUP = AlertGroup(NAME, alerts, NO_FOR)
+GROUP = AlertGroup(NAME, alerts)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from otelprof import semconv as sc
 from otelprof import tensor_checks as tc
+from otelprof.dashboards import ids
 from otelprof.mixin import config as mc
-from otelprof.mixin.alert_model import Alert, AlertGroup, Runbook
+from otelprof.mixin.alert_model import OFFLINE_TENSORS, RISK, Alert, AlertGroup, Runbook
 from otelprof.mixin.alert_text import AT_RANK, NUM, PCT, human, params
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.promql import IDENTITY, JOB, PHASE, RANK, Q, number
@@ -54,27 +55,20 @@ CONDITIONS = {
                         f"{tc.IMBALANCE_MIN_LABELS} labels",
 }
 
-NO_FOR: dict[str, str] = {
-    check: "each flag was counted at a saved step whose condition had already held for 2 consecutive saved steps in "
-           "the training process (the offline check's own count): one flag is the finding, the 2 saved steps are its "
-           "`for`." for check in tc.LAYER_RULES}
-"""Why the per-layer alerts need no ``for`` (the runbook's "Why no `for`")."""
-
-
 def _layer(c: MixinConfig, check: str) -> Alert:
     q = Q(c.selector)
     rule = BY_NAME[mc.ALERT_PREFIX + check]
     w = c.tensor_window
     subject = "class" if check == tc.CLASS_IMBALANCE else "tensor"
     return Alert(
-        check, NAME,
-        f'{q.delta(sc.TENSOR_FLAGGED, w, matchers=f"{CHECK}={chr(34)}{check}{chr(34)}")} > 0',
-        "0s", rule.severity,
-        SUMMARIES[check],
-        f"{AT_RANK}: {subject} {L_TENSOR} met the condition ({CONDITIONS[check]}) at {NUM} saved steps of the last "
-        f"{w}. {rule.todo}",
-        mc.DASHBOARD_TRAINING_REPORT, (*IDENTITY, CHECK, COLLECTION, TENSOR, *c.target_labels),
-        Runbook(
+        short=check, group=NAME,
+        expr=f'{q.delta(sc.TENSOR_FLAGGED, w, matchers=f"{CHECK}={chr(34)}{check}{chr(34)}")} > 0',
+        for_="0s", severity=rule.severity,
+        summary=SUMMARIES[check],
+        description=f"{AT_RANK}: {subject} {L_TENSOR} met the condition ({CONDITIONS[check]}) at {NUM} saved steps of "
+                    f"the last {w}. {rule.todo}",
+        dashboard=mc.DASHBOARD_TRAINING_REPORT, labels=(*IDENTITY, CHECK, COLLECTION, TENSOR, *c.target_labels),
+        runbook=Runbook(
             meaning=f"{rule.meaning} Judged in the training process at each saved step of the tensor collections "
                     "(OTELPROF_COLLECTIONS, every OTELPROF_SAVE_INTERVAL optimizer steps) with the offline check's "
                     f"condition and thresholds ({CONDITIONS[check]}); the alert fires while a saved step was "
@@ -89,7 +83,12 @@ def _layer(c: MixinConfig, check: str) -> Alert:
                        "tensor on its device at saved steps and judges the reductions in the process, with the "
                        "same condition as `otelprof check`; the flag counts (otelprof.tensor.flagged) make the "
                        "live and offline verdicts agree whatever the scrape interval.",
-            original=rule.original))
+            original=rule.original),
+        no_for="each flag was counted at a saved step whose condition had already held for 2 consecutive saved steps "
+               "in the training process (the offline check's own count): one flag is the finding, the 2 saved steps "
+               "are its `for`.",
+        panel=ids.REPORT_LAYER_FLAGS, section="rules", kind=RISK, knobs=("tensor_window",), offline=OFFLINE_TENSORS,
+        cases=("tensors_test.yaml",))
 
 
 def _overtraining(c: MixinConfig) -> Alert:
@@ -103,18 +102,18 @@ def _overtraining(c: MixinConfig) -> Alert:
     rule = BY_NAME[mc.ALERT_PREFIX + tc.OVERTRAINING]
     by_process = f"{', '.join(IDENTITY)}"
     return Alert(
-        tc.OVERTRAINING, NAME,
-        f"min by ({by_process}) ({evaluated})\n"
-        f"/ min by ({by_process}) (min_over_time({evaluated}[{lb}])) - 1\n"
-        f"> {number(c.overtraining_delta)}\n"
-        f"and on ({JOB}, {RANK}) min by ({by_process}) ({trained})\n"
-        f"  < max by ({by_process}) (max_over_time({trained}[{lb}]))",
-        c.overtraining_for, rule.severity,
-        "The evaluation loss keeps rising while the training loss falls.",
-        f"{AT_RANK}: the mean evaluation loss over the last {ow} is {PCT} above its best over the last {lb}, "
-        f"while the training loss still falls. {rule.todo}",
-        mc.DASHBOARD_TRAINING_REPORT, IDENTITY,
-        Runbook(
+        short=tc.OVERTRAINING, group=NAME,
+        expr=f"min by ({by_process}) ({evaluated})\n"
+             f"/ min by ({by_process}) (min_over_time({evaluated}[{lb}])) - 1\n"
+             f"> {number(c.overtraining_delta)}\n"
+             f"and on ({JOB}, {RANK}) min by ({by_process}) ({trained})\n"
+             f"  < max by ({by_process}) (max_over_time({trained}[{lb}]))",
+        for_=c.overtraining_for, severity=rule.severity,
+        summary="The evaluation loss keeps rising while the training loss falls.",
+        description=f"{AT_RANK}: the mean evaluation loss over the last {ow} is {PCT} above its best over the last "
+                    f"{lb}, while the training loss still falls. {rule.todo}",
+        dashboard=mc.DASHBOARD_TRAINING_REPORT, labels=IDENTITY,
+        runbook=Runbook(
             meaning=f"{rule.meaning} The per-step mean of the evaluation losses of the last {ow} (from "
                     f"otelprof_loss_summed and _recorded_total, recorded as {mean}) is more than "
                     f"{c.overtraining_delta:.0%} above the lowest such mean within {lb}, while the training "
@@ -128,7 +127,11 @@ def _overtraining(c: MixinConfig) -> Alert:
             deviations="The original counted evaluation steps without a new best (patience); this compares "
                        f"windowed per-step means and waits `for` {c.overtraining_for} instead of "
                        f"{tc.OVERTRAINING_PATIENCE} evaluation passes.",
-            original=rule.original))
+            original=rule.original),
+        panel=ids.REPORT_LOSS, section="rules", kind=RISK,
+        knobs=("train_phase", "eval_phase", "overtraining_delta", "overtraining_window", "overtraining_lookback",
+               "overtraining_for"),
+        offline=OFFLINE_TENSORS, cases=("tensors_test.yaml",))
 
 
 def tensor_alerts(config: MixinConfig) -> list[Alert]:
@@ -136,4 +139,4 @@ def tensor_alerts(config: MixinConfig) -> list[Alert]:
     return [*(_layer(config, check) for check in tc.LAYER_RULES), _overtraining(config)]
 
 
-GROUP = AlertGroup(NAME, tensor_alerts, NO_FOR)
+GROUP = AlertGroup(NAME, tensor_alerts)

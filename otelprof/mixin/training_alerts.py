@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from otelprof import semconv as sc
 from otelprof import thresholds
+from otelprof.dashboards import ids
 from otelprof.mixin import config as mc
-from otelprof.mixin.alert_model import Alert, AlertGroup, Runbook
+from otelprof.mixin.alert_model import OFFLINE_TRAINING, RISK, Alert, AlertGroup, Runbook
 from otelprof.mixin.alert_text import AT_RANK, DUR, L_PHASE, NUM, PCT, VAL, human, params, pct
 from otelprof.mixin.config import MixinConfig, seconds
 from otelprof.mixin.promql import IDENTITY, JOB, PHASE, RANK, Q, by, number
@@ -53,16 +54,17 @@ def alerts(c: MixinConfig) -> list[Alert]:
                     f"unless on ({JOB}, {RANK}, {PHASE}) "
                     f"{q.delta(sc.NONFINITE, f'{2 * int(lws)}s', matchers=train)} > 0")
     not_decreasing = Alert(
-        "LossNotDecreasing", NAME,
-        f"{now.mean}\n> {before.mean}\n  - {diff} * abs({before.mean})\n  + {noise}\n{steps_moving}\n"
-        # both windows inside training (from the first step on), so the earlier mean is not one early loss
-        f"and on ({JOB}, {RANK}) (time() - {q.sel(sc.STEP_FIRST_TIMESTAMP)}) > {2 * int(lws)}",
-        c.loss_for, "warning",
-        "The training loss stopped decreasing.",
-        f"{AT_RANK}: mean training loss per step over the last {lw} is {VAL}, clearly not {c.loss_diff_percent:g} % "
-        f"lower than over the {lw} before (beyond the noise of both means). Training has converged or stalled.",
-        mc.DASHBOARD_TRAINING_REPORT, (*IDENTITY, PHASE, *c.target_labels),
-        Runbook(
+        short="LossNotDecreasing", group=NAME,
+        expr=f"{now.mean}\n> {before.mean}\n  - {diff} * abs({before.mean})\n  + {noise}\n{steps_moving}\n"
+             # both windows inside training (from the first step on), so the earlier mean is not one early loss
+             f"and on ({JOB}, {RANK}) (time() - {q.sel(sc.STEP_FIRST_TIMESTAMP)}) > {2 * int(lws)}",
+        for_=c.loss_for, severity="warning",
+        summary="The training loss stopped decreasing.",
+        description=f"{AT_RANK}: mean training loss per step over the last {lw} is {VAL}, clearly not "
+                    f"{c.loss_diff_percent:g} % lower than over the {lw} before (beyond the noise of both means). "
+                    "Training has converged or stalled.",
+        dashboard=mc.DASHBOARD_TRAINING_REPORT, labels=(*IDENTITY, PHASE, *c.target_labels),
+        runbook=Runbook(
             meaning=f"The mean of the training losses recorded in the steps of the last {lw} is higher than their "
                     f"mean over the {lw} before less {c.loss_diff_percent:g} % of it, by more than "
                     f"{c.loss_noise_sigmas:g} standard errors of the difference (the noise of the two means, from "
@@ -94,18 +96,21 @@ def alerts(c: MixinConfig) -> list[Alert]:
                        "more slowly than its noise can show stays quiet (scraped values of a last-loss gauge "
                        "weighed one batch per scrape, and the same batch 10-15 times through an evaluation pass or "
                        "a checkpoint, and fired on 38-40 of 40 scrape phasings of a healthy run).",
-            original="LossNotDecreasing"))
+            original="LossNotDecreasing"),
+        panel=ids.REPORT_LOSS, section="training", kind=RISK,
+        knobs=("train_phase", "loss_window", "loss_diff_percent", "loss_noise_sigmas", "loss_for"),
+        offline=OFFLINE_TRAINING, cases=("training_test.yaml",))
 
     sw = c.loss_spike_window
     spike = Alert(
-        "LossSpike", NAME,
-        f"{q.delta(sc.LOSS_SPIKES, sw, matchers=train)} > 0",
-        "0s", "warning",
-        "The training loss jumped.",
-        f"{AT_RANK}: {NUM} training steps of the last {sw} had a loss of more than "
-        f"{c.loss_spike_ratio:g} times the recent median.",
-        mc.DASHBOARD_TRAINING_REPORT, (*IDENTITY, PHASE, *c.target_labels),
-        Runbook(
+        short="LossSpike", group=NAME,
+        expr=f"{q.delta(sc.LOSS_SPIKES, sw, matchers=train)} > 0",
+        for_="0s", severity="warning",
+        summary="The training loss jumped.",
+        description=f"{AT_RANK}: {NUM} training steps of the last {sw} had a loss of more than "
+                    f"{c.loss_spike_ratio:g} times the recent median.",
+        dashboard=mc.DASHBOARD_TRAINING_REPORT, labels=(*IDENTITY, PHASE, *c.target_labels),
+        runbook=Runbook(
             meaning=f"In the last {sw}, a training step recorded a finite loss above {c.loss_spike_ratio:g} times "
                     f"the median and above the mean + {c.loss_spike_sigma:g} standard deviations of the phase's "
                     f"last {thresholds.OUTLIER_WINDOW} losses (judged in the training process after "
@@ -128,17 +133,23 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "the checkpoint before the first spike.",
             deviations="No original: SageMaker Debugger watched for NaN/inf (ExplodingTensor) and a flat loss, "
                        "not a transient jump. The spike test runs in the training process on every step's loss "
-                       "(otelprof_loss_spikes_total), so a spike between two scrapes is never missed."))
+                       "(otelprof_loss_spikes_total), so a spike between two scrapes is never missed."),
+        no_for="each counted spike was already judged in the training process against the recent losses (ratio to "
+               "the median and sigma): one is the fault, and a `for` would let a transient jump expire unseen.",
+        panel=ids.REPORT_LOSS, section="training", kind=RISK,
+        knobs=("train_phase", "loss_spike_ratio", "loss_spike_sigma", "loss_spike_window"),
+        offline=OFFLINE_TRAINING, cases=("training_test.yaml",))
 
     nonfinite = Alert(
-        "NonFiniteValues", NAME,
-        f"{q.delta(sc.NONFINITE, c.nonfinite_window)} > 0",
-        "0s", "critical",
-        "The loss or the gradient norm became NaN or infinite.",
-        f"{AT_RANK}: {NUM} non-finite {{{{ $labels.scalar }}}} values recorded in {L_PHASE} steps over the "
-        f"last {c.nonfinite_window}.",
-        mc.DASHBOARD_TRAINING_REPORT, (*IDENTITY, PHASE, sc.prometheus_label(sc.LABEL_SCALAR), *c.target_labels),
-        Runbook(
+        short="NonFiniteValues", group=NAME,
+        expr=f"{q.delta(sc.NONFINITE, c.nonfinite_window)} > 0",
+        for_="0s", severity="critical",
+        summary="The loss or the gradient norm became NaN or infinite.",
+        description=f"{AT_RANK}: {NUM} non-finite {{{{ $labels.scalar }}}} values recorded in {L_PHASE} steps over the "
+                    f"last {c.nonfinite_window}.",
+        dashboard=mc.DASHBOARD_TRAINING_REPORT,
+        labels=(*IDENTITY, PHASE, sc.prometheus_label(sc.LABEL_SCALAR), *c.target_labels),
+        runbook=Runbook(
             meaning=f"record('loss', ...) or record('grad_norm', ...) received NaN or an infinity in the last "
                     f"{c.nonfinite_window}. Training rarely recovers: every further step wastes compute.",
             thresholds=params(("window", c.nonfinite_window)),
@@ -151,20 +162,25 @@ def alerts(c: MixinConfig) -> list[Alert]:
             deviations="The original (ExplodingTensor) inspected saved tensors; otelprof checks the recorded "
                        "loss and gradient norm of every step, counted in the process (so a NaN between "
                        "scrapes is never missed).",
-            original="ExplodingTensor"))
+            original="ExplodingTensor"),
+        no_for="one NaN or infinite loss or gradient norm is conclusive: the run's weights are likely already "
+               "corrupted.",
+        panel=ids.REPORT_NONFINITE, section="training", kind=RISK,
+        knobs=("nonfinite_window",),
+        offline=OFFLINE_TRAINING, cases=("training_test.yaml",))
 
     vw = c.vanishing_gradient_window
     norm_mean = (f"{q.delta(sc.GRAD_NORM_SUMMED, vw, matchers=train)}\n  / "
                  f"{q.delta(sc.GRAD_NORM_RECORDED, vw, matchers=train)}")
     vanishing = Alert(
-        "VanishingGradients", NAME,
-        f"(\n  {norm_mean}\n) < {number(c.vanishing_gradient_threshold)}",
-        "0s", "warning",
-        "Gradients vanished.",
-        f"{AT_RANK}: the mean gradient norm of the training steps of the last {vw} is {VAL}, below "
-        f"{c.vanishing_gradient_threshold:g}.",
-        mc.DASHBOARD_TRAINING_REPORT, (*IDENTITY, PHASE, *c.target_labels),
-        Runbook(
+        short="VanishingGradients", group=NAME,
+        expr=f"(\n  {norm_mean}\n) < {number(c.vanishing_gradient_threshold)}",
+        for_="0s", severity="warning",
+        summary="Gradients vanished.",
+        description=f"{AT_RANK}: the mean gradient norm of the training steps of the last {vw} is {VAL}, below "
+                    f"{c.vanishing_gradient_threshold:g}.",
+        dashboard=mc.DASHBOARD_TRAINING_REPORT, labels=(*IDENTITY, PHASE, *c.target_labels),
+        runbook=Runbook(
             meaning=f"The mean of the global gradient norms recorded in the training steps of the last {vw} was "
                     f"below {c.vanishing_gradient_threshold:g}: the parameters barely change.",
             thresholds=params(("window", vw), ("threshold", f"{c.vanishing_gradient_threshold:g}")),
@@ -178,17 +194,22 @@ def alerts(c: MixinConfig) -> list[Alert]:
                        "than any mean absolute value, so with the same threshold it fires later. The mean over "
                        "every step of the window comes from per-step sums and counts "
                        "(otelprof_grad_norm_summed_total, _recorded_total), not from scraped last values.",
-            original="VanishingGradient"))
+            original="VanishingGradient"),
+        no_for="one evaluation takes the largest gradient norm of the whole window while steps run: the window is "
+               "the `for`.",
+        panel=ids.REPORT_GRAD_NORM, section="training", kind=RISK,
+        knobs=("train_phase", "vanishing_gradient_threshold", "vanishing_gradient_window"),
+        offline=OFFLINE_TRAINING, cases=("training_test.yaml",))
 
     stalled_limit = int(seconds(c.stalled_training_threshold))
     stalled = Alert(
-        "TrainingStalled", NAME,
-        f"time() - max by ({by(*IDENTITY)}) ({q.sel(sc.STEP_LAST_TIMESTAMP)}) > {stalled_limit}",
-        "0s", "critical",
-        "No training step finished for a long time.",
-        f"{AT_RANK}: the last step ended {DUR} ago.",
-        mc.DASHBOARD_RANKS, IDENTITY,
-        Runbook(
+        short="TrainingStalled", group=NAME,
+        expr=f"time() - max by ({by(*IDENTITY)}) ({q.sel(sc.STEP_LAST_TIMESTAMP)}) > {stalled_limit}",
+        for_="0s", severity="critical",
+        summary="No training step finished for a long time.",
+        description=f"{AT_RANK}: the last step ended {DUR} ago.",
+        dashboard=mc.DASHBOARD_RANKS, labels=IDENTITY,
+        runbook=Runbook(
             meaning=f"The process is alive (its metrics are scraped) but no step of any phase has finished for "
                     f"more than {c.stalled_training_threshold}.",
             thresholds=params(("threshold", c.stalled_training_threshold)),
@@ -201,21 +222,25 @@ def alerts(c: MixinConfig) -> list[Alert]:
                  "is stuck inside a step: restart the job from its last checkpoint.",
             deviations="The original watched for new tensors being saved (default 1800 s); this watches the "
                        "end time of the last step of any phase.",
-            original="StalledTrainingRule"))
+            original="StalledTrainingRule"),
+        no_for="the condition is itself a duration (no step ended for that long); a `for` would only add to it.",
+        panel=ids.RANKS_LAST_STEP, section="steps", kind=RISK,
+        knobs=("stalled_training_threshold",),
+        offline=OFFLINE_TRAINING, cases=("training_test.yaml",))
 
     ow = c.overfit_window
     eval_mean = window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, ow, evl).mean
     train_mean = window_stats(q, sc.LOSS_SUMMED, sc.LOSS_SQUARED, sc.LOSS_RECORDED, ow, train).mean
     overfit = Alert(
-        "Overfitting", NAME,
-        f"(\n  {eval_mean}\n  - ignoring ({PHASE})\n  {train_mean}\n)\n/ ignoring ({PHASE})\n"
-        f"{train_mean} > {number(c.overfit_ratio_threshold)}\n"
-        f"and ignoring ({PHASE}) {train_mean} > 0",
-        c.overfit_for, "warning",
-        "The evaluation loss pulls away from the training loss.",
-        f"{AT_RANK}: mean evaluation loss over the last {ow} is {PCT} above the mean training loss.",
-        mc.DASHBOARD_TRAINING_REPORT, (*IDENTITY, *c.target_labels),
-        Runbook(
+        short="Overfitting", group=NAME,
+        expr=f"(\n  {eval_mean}\n  - ignoring ({PHASE})\n  {train_mean}\n)\n/ ignoring ({PHASE})\n"
+             f"{train_mean} > {number(c.overfit_ratio_threshold)}\n"
+             f"and ignoring ({PHASE}) {train_mean} > 0",
+        for_=c.overfit_for, severity="warning",
+        summary="The evaluation loss pulls away from the training loss.",
+        description=f"{AT_RANK}: mean evaluation loss over the last {ow} is {PCT} above the mean training loss.",
+        dashboard=mc.DASHBOARD_TRAINING_REPORT, labels=(*IDENTITY, *c.target_labels),
+        runbook=Runbook(
             meaning=f"(mean eval loss - mean train loss) / mean train loss over the steps of the last {ow} exceeds "
                     f"{c.overfit_ratio_threshold:g}. Only jobs that record a loss in an `{c.eval_phase}` phase "
                     f"are checked, at times when both phases ran steps within {ow} (evaluate at least that often, "
@@ -233,21 +258,11 @@ def alerts(c: MixinConfig) -> list[Alert]:
                        f"compares the per-step means of the two phases' losses over {ow} (from per-step sums and "
                        f"counts, never scraped last values) and waits {c.overfit_for} instead of a step-count "
                        "patience.",
-            original="Overfit"))
+            original="Overfit"),
+        panel=ids.REPORT_LOSS, section="training", kind=RISK,
+        knobs=("train_phase", "eval_phase", "overfit_ratio_threshold", "overfit_window", "overfit_for"),
+        offline=OFFLINE_TRAINING, cases=("training_test.yaml",))
     return [not_decreasing, spike, nonfinite, vanishing, stalled, overfit]
 
 
-NO_FOR: dict[str, str] = {
-    "LossSpike": "each counted spike was already judged in the training process against the recent "
-                 "losses (ratio to the median and sigma): one is the fault, and a `for` would let "
-                 "a transient jump expire unseen.",
-    "NonFiniteValues": "one NaN or infinite loss or gradient norm is conclusive: the run's weights are likely "
-                       "already corrupted.",
-    "VanishingGradients": "one evaluation takes the largest gradient norm of the whole window while steps run: "
-                          "the window is the `for`.",
-    "TrainingStalled": "the condition is itself a duration (no step ended for that long); a `for` would only "
-                       "add to it.",
-}
-"""Why an alert of this group without ``for`` needs none: one evaluation is conclusive."""
-
-GROUP = AlertGroup(NAME, alerts, NO_FOR)
+GROUP = AlertGroup(NAME, alerts)
