@@ -26,8 +26,8 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	# two workers for most of the suite; the load-sensitive end-to-end suites (marked serial) alone after it
-	OTELPROF_NO_SKIP=$${OTELPROF_NO_SKIP:-1} $(VENV)/bin/pytest -q -n 2 -m "not serial"
-	OTELPROF_NO_SKIP=$${OTELPROF_NO_SKIP:-1} $(VENV)/bin/pytest -q -m serial
+	TESTS_NO_SKIP=$${TESTS_NO_SKIP:-1} $(VENV)/bin/pytest -q -n 2 -m "not serial"
+	TESTS_NO_SKIP=$${TESTS_NO_SKIP:-1} $(VENV)/bin/pytest -q -m serial
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

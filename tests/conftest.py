@@ -25,8 +25,8 @@ OPTIONAL_MODULES = {
     "lightning": "lightning", "pytorch_lightning": "lightning", "transformers": "hf", "accelerate": "hf",
     "pynvml": "gpu",
 }
-# OTELPROF_NO_SKIP=1 (the Makefile's test target, which installs every extra): any skip fails the session.
-NO_SKIP = "OTELPROF_NO_SKIP"
+# TESTS_NO_SKIP=1 (the Makefile's test target, which installs every extra): any skip fails the session.
+NO_SKIP = "TESTS_NO_SKIP"
 
 
 class _ExtraModule(pytest.Module):

@@ -1,5 +1,5 @@
 """The suite collects with the `dev` extra alone: a test module that needs an optional extra is skipped,
-naming it (tests/conftest.py); and OTELPROF_NO_SKIP=1 (the Makefile's test target) fails a session in which
+naming it (tests/conftest.py); and TESTS_NO_SKIP=1 (the Makefile's test target) fails a session in which
 anything skipped."""
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ def _pytest(tmp_path: Path, blocked: set[str], *args: str, no_skip: bool = False
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(BLOCKER, encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k not in ("OTELPROF_NO_SKIP", "PYTEST_ADDOPTS", "CI")}
+    env = {k: v for k, v in os.environ.items() if k not in ("TESTS_NO_SKIP", "PYTEST_ADDOPTS", "CI")}
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
     env["BLOCK_IMPORTS"] = ",".join(sorted(blocked))
     if no_skip:
-        env["OTELPROF_NO_SKIP"] = "1"
+        env["TESTS_NO_SKIP"] = "1"
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -74,7 +74,7 @@ def test_no_skip_fails_a_session_in_which_a_test_skipped(tmp_path: Path) -> None
     assert allowed.returncode == 0, allowed.stdout
     refused = _pytest(tmp_path, set(), *args, no_skip=True)
     assert refused.returncode == 1, refused.stdout
-    assert "OTELPROF_NO_SKIP=1: nothing may skip" in refused.stdout
+    assert "TESTS_NO_SKIP=1: nothing may skip" in refused.stdout
     assert "test_skips.py::test_skips: Skipped: no such device" in refused.stdout
 
 
