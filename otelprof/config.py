@@ -167,7 +167,7 @@ class Config:
 
 
 def rule_timeout(argument: str | None, env: Mapping[str, str] | None = None) -> float:
-    """``otelprof check``'s time limit on each custom rule: ``--rule-timeout`` > ``OTELPROF_RULE_TIMEOUT_SECONDS`` >
+    """``otelprof check``'s time limit on each check rule: ``--rule-timeout`` > ``OTELPROF_RULE_TIMEOUT_SECONDS`` >
     10 s; a value it cannot use is a :class:`ConfigError`."""
     env = os.environ if env is None else env
     variable = env.get(ev.OTELPROF_RULE_TIMEOUT_SECONDS)

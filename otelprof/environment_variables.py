@@ -289,7 +289,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "seconds to wait for that boundary before ending the process from otelprof's thread (the recording "
            "finished first, as on SIGTERM), with the same status. 0: wait for ever. From 0 to 86400."),
     EnvVar(OTELPROF_RULE_TIMEOUT_SECONDS, "rule_timeout", "10",
-           "`otelprof check --rules` only: seconds each custom rule may run in all (its every step of every rank), "
+           "`otelprof check --rules` only: seconds each check rule may run in all (its every step of every rank), "
            "and the rules file may take to load; past it the rule is killed and reported as timed out (exit status "
            "2, the other checks' verdicts still printed). `--rule-timeout` wins over it. From 0.1 to 86400."),
     EnvVar(OTELPROF_QUIET, "quiet", "false",

@@ -49,6 +49,10 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/performance.md", "python benchmarks/torch_integration.py"): "benchmarks of 3 to 15 minutes each",
     ("docs/alerts.md", "otelprof webhook --host 0.0.0.0"): "a server that runs until stopped, for control "
                                                            "endpoints in a cluster; tests/test_webhook.py runs it",
+    ("docs/development.md", "lw = c.long_step_window"): "a fragment of step_alerts.py's alerts(c): "
+        "tests/test_alert_declarations.py adds such a declaration and runs everything generated from it",
+    ("docs/development.md", "def long_steps(ctx: CheckContext"): "a fragment of step_checks.py, beside the "
+        "declaration above",
     ("docs/storage.md", "pip install 'otelprof[storage]'"): "needs an S3 bucket; tests/test_object_storage.py "
                                                             "runs these commands against a local S3 server",
 }
@@ -61,9 +65,10 @@ LINES_NOT_RUN: dict[tuple[str, str], str] = {
 }
 # (document, the block's first line): the file name the document gives the block, which later blocks use.
 FILES: dict[tuple[str, str], str] = {
-    ("docs/tensors.md", "from otelprof.analysis.custom_rules import Rule"): "my_rules.py",
+    ("docs/tensors.md", "from otelprof.analysis.check_rules import Rule"): "my_rules.py",
     ("docs/tensors.md", "rules:"): "my_rules.yaml",
     ("docs/alerts.md", "selector: 'namespace=\"ml\"'"): "mixin.yaml",
+    ("docs/mixin-settings.md", "input_bound_threshold: 0.4"): "mixin.yaml",
 }
 # Commands a FILES entry is checked with: it is what the document says it is.
 FILE_CHECKS: dict[str, str] = {"mixin.yaml": "otelprof mixin --config mixin.yaml -o mixin-from-config/"}

@@ -388,7 +388,7 @@ def test_the_documented_custom_rule_fires_in_check(tmp_path: Path) -> None:
     ("x = (", "SyntaxError"),
     ("x = 1\n", "defines no rule"),
     ("def rule_boom(trial, step):\n    return 1 / 0\n", "rule rule_boom failed at step 0 of rank 0: ZeroDivisionError"),
-    ("from otelprof.analysis.custom_rules import Rule\nclass R(Rule):\n    severity = 'loud'\n", "severity 'loud'"),
+    ("from otelprof.analysis.check_rules import Rule\nclass R(Rule):\n    severity = 'loud'\n", "severity 'loud'"),
 ])
 def test_a_bad_rules_file_is_a_one_line_error_with_exit_2(tmp_path: Path, content: str, message: str) -> None:
     run, _ = run_job(tmp_path, "healthy", steps=6)

@@ -1,7 +1,7 @@
-"""One row of the checks' table: an alert check's (or a tensor rule's, or a custom rule's) verdict on a recording.
+"""One row of the checks' table: an alert check's (or a tensor rule's, or a check rule's) verdict on a recording.
 
 Its own module so that every analysis that makes rows (:mod:`~otelprof.analysis.rules`,
-:mod:`~otelprof.analysis.tensors`, :mod:`~otelprof.analysis.custom_rules`, :mod:`~otelprof.analysis.prometheus`)
+:mod:`~otelprof.analysis.tensors`, :mod:`~otelprof.analysis.check_rules`, :mod:`~otelprof.analysis.prometheus`)
 imports it without importing the others."""
 
 from __future__ import annotations

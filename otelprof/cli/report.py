@@ -222,10 +222,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if summary.error:
         return _err("check", f"the checks could not run: {summary.error}")
     timed_out: list[str] = []  # a rule past the time limit: the verdicts are printed, then its line, exit 2
-    for rules_file in args.rules or ():  # custom rules over saved tensors (docs/tensors.md)
+    for rules_file in args.rules or ():  # check rules in Python over saved tensors (docs/tensors.md)
         from dataclasses import replace
 
-        from otelprof.analysis.custom_rules import Captured, RuleError, RuleTimeout, evaluate
+        from otelprof.analysis.check_rules import Captured, RuleError, RuleTimeout, evaluate
 
         printed = Captured()  # what the rules print never reaches stdout (--json stays parseable)
         try:
@@ -422,9 +422,9 @@ RUN_DIR is a run directory (rank-*/ inside), one rank's directory, or a director
     check.add_argument("--json", action="store_true",
                        help='print {"diagnosis": ..., "checks": [...]} as JSON')
     check.add_argument("--rules", action="append", metavar="FILE.py",
-                       help="also run the custom tensor rules of FILE.py (docs/tensors.md); repeatable")
+                       help="also run the check rules in Python of FILE.py (docs/tensors.md); repeatable")
     check.add_argument("--rule-timeout", default=None, metavar="SECONDS",
-                       help="seconds each custom rule may run (and its file take to load) before it is killed and "
+                       help="seconds each check rule may run (and its file take to load) before it is killed and "
                             "reported as timed out, exit status 2 (default: OTELPROF_RULE_TIMEOUT_SECONDS or 10)")
     check.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     check.add_argument("--progress", action="store_true", help=PROGRESS_HELP)

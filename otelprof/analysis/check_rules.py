@@ -1,4 +1,5 @@
-"""Custom rules over saved tensors: ``otelprof check RUN --rules my_rules.py``.
+"""Check rules in Python over saved tensors: ``otelprof check RUN --rules my_rules.py`` (not the mixin's custom
+live rules, which are PromQL).
 
 A rules file defines subclasses of :class:`Rule` and/or functions named ``rule_*``; each is invoked once
 per saved step of each rank with the rank's :class:`otelprof.recording.tensors.Trial` and the step, and
@@ -86,7 +87,7 @@ def _describe(exc: BaseException) -> str:
 
 
 class Rule:
-    """Base class of a custom rule: override :meth:`invoke_at_step`; set ``severity`` and ``todo``; the
+    """Base class of a check rule: override :meth:`invoke_at_step`; set ``severity`` and ``todo``; the
     class docstring's first line is its description."""
 
     severity: ClassVar[str] = "warning"
@@ -129,7 +130,7 @@ def _load(path: str | Path) -> list[tuple[str, str, str, str, Callable[[Trial, i
         except BaseException as exc:  # e.g. a constructor raising SystemExit
             raise RuleError(f"{file}: rule {name} could not be set up: {_describe(exc)}") from None
     if not rules:
-        raise RuleError(f"{file} defines no rule (a subclass of otelprof.analysis.custom_rules.Rule or a function "
+        raise RuleError(f"{file} defines no rule (a subclass of otelprof.analysis.check_rules.Rule or a function "
                         "named rule_*)")
     for name, severity, *_ in rules:
         if severity not in SEVERITIES:

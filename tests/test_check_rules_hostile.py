@@ -46,11 +46,11 @@ HOSTILE = [
     ("sys-exit-at-load", "import sys\nprint('bye')\nsys.exit(0)\ndef rule_x(trial, step):\n    return None\n",
      ["SystemExit"]),
     ("exit-in-rule", "def rule_quit(trial, step):\n    raise SystemExit(0)\n", ["rule rule_quit", "SystemExit"]),
-    ("exit-in-class-rule", "from otelprof.analysis.custom_rules import Rule\nclass Quit(Rule):\n"
+    ("exit-in-class-rule", "from otelprof.analysis.check_rules import Rule\nclass Quit(Rule):\n"
      "    def invoke_at_step(self, trial, step):\n        raise SystemExit(0)\n", ["rule Quit", "SystemExit"]),
     ("exit-in-generator", "def rule_gen(trial, step):\n    yield 'x'\n    raise SystemExit(0)\n",
      ["rule rule_gen", "SystemExit"]),
-    ("exit-in-constructor", "from otelprof.analysis.custom_rules import Rule\nclass Ctor(Rule):\n"
+    ("exit-in-constructor", "from otelprof.analysis.check_rules import Rule\nclass Ctor(Rule):\n"
      "    def __init__(self):\n        raise SystemExit(0)\n", ["rule Ctor", "SystemExit"]),
     ("base-exception-at-load", BOOM + "raise Boom('at\\nload')\n", ["Boom"]),
     ("base-exception-in-rule", BOOM + "def rule_boom(trial, step):\n    print('noise')\n    raise Boom('a\\nb')\n",
@@ -136,7 +136,7 @@ HANGING = [
     ("daemonizes-then-sleeps", MARK + "import time\ndef rule_daemon(trial, step):\n    mark()\n"
      "    if os.fork() == 0:\n        os.setsid()\n        if os.fork() == 0:\n            mark()\n"
      "            time.sleep(3600)\n        os._exit(0)\n    time.sleep(3600)\n", "rule rule_daemon"),
-    ("class-rule-loops", MARK + "from otelprof.analysis.custom_rules import Rule\nclass Spin(Rule):\n"
+    ("class-rule-loops", MARK + "from otelprof.analysis.check_rules import Rule\nclass Spin(Rule):\n"
      "    def invoke_at_step(self, trial, step):\n        mark()\n        while True:\n            pass\n",
      "rule Spin"),
     ("generator-loops", MARK + "def rule_gen(trial, step):\n    mark()\n    yield 'x'\n    while True:\n"
@@ -272,19 +272,19 @@ def test_where_the_platform_cannot_fork_the_rules_process_reads_the_tensors_agai
     verdicts, what the rules printed, and the rule past the limit left out."""
     import multiprocessing
 
-    from otelprof.analysis import custom_rules
+    from otelprof.analysis import check_rules
     from otelprof.analysis.report import load
 
-    monkeypatch.setattr(custom_rules, "_context", lambda: multiprocessing.get_context(start))
+    monkeypatch.setattr(check_rules, "_context", lambda: multiprocessing.get_context(start))
     rules = tmp_path / "rules.py"
     rules.write_text("import time\ndef rule_first(trial, step):\n    print('MARK')\n    return step == 0\n"
                      "def rule_nap(trial, step):\n    time.sleep(3600)\n"
                      "def rule_names(trial, step):\n"
                      "    return sorted(trial.tensor_names(collection='gradients'))[:1]\n",
                      encoding="utf-8")
-    sink = custom_rules.Captured()
-    with pytest.raises(custom_rules.RuleTimeout, match="rule rule_nap timed out") as timed_out:
-        custom_rules.evaluate(load(str(sick), None, None), rules, sink, 1.0)
+    sink = check_rules.Captured()
+    with pytest.raises(check_rules.RuleTimeout, match="rule rule_nap timed out") as timed_out:
+        check_rules.evaluate(load(str(sick), None, None), rules, sink, 1.0)
     rows = {row.alert: row for row in timed_out.value.rows}
     assert list(rows) == ["rule_first", "rule_names"]
     assert rows["rule_first"].subjects == ("rank 0 step",) and rows["rule_first"].firing_evaluations == 1
