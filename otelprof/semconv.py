@@ -181,6 +181,9 @@ REGION_BACKWARD = "backward"
 REGION_OPTIMIZER = "optimizer"
 REGION_COLLECTIVE = "collective"
 """Time a gradient all-reduce was in flight (DDP communication hook)."""
+REGION_COMPILE = "compile"
+"""torch.compile compiling (Dynamo tracing, the backend, a backward compiled at its first run, a CUDA graph
+recorded): a step with one is never judged as an outlier."""
 # ``exporter`` label values of ``otelprof.exporter.dropped`` besides the exporters' own names.
 DROPPED_QUEUE = "queue"
 """Records the hot path could not queue (the recorder's queue was full)."""
