@@ -283,8 +283,8 @@ STEPS = MetricSpec(
 STEP_OUTLIERS = MetricSpec(
     "otelprof.step.outliers", Kind.COUNTER, "{step}",
     "Steps slower than mean + OTELPROF_OUTLIER_SIGMA x stddev of the recent steps of their phase (and materially "
-    "slower than their median, and per token or sample where recorded; steps a profiling window slowed are not "
-    "judged).", (LABEL_PHASE,))
+    "slower than their median, and per token or sample where recorded; steps a profiling window slowed and steps "
+    "during which torch.compile compiled are not judged).", (LABEL_PHASE,))
 STEP_OUTLIER_EXCESS = MetricSpec(
     "otelprof.step.outliers.excess", Kind.COUNTER, "s",
     "Time outlier steps took beyond the median of their phase's recent steps: what the outliers cost.",
