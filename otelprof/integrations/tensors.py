@@ -413,10 +413,12 @@ class TensorCollector:
         """The selected weights and gradients as they are before the step (and the weights to follow)."""
         with torch.no_grad():
             for name, p in parameters:
-                if p.layout not in REDUCED_LAYOUTS:
-                    self.dropped += 1
-                    continue
                 kind = "biases" if name.rsplit(".", 1)[-1].startswith("bias") else "weights"
+                if p.layout not in REDUCED_LAYOUTS:  # the weight, its gradient and its update: none is reduced
+                    self.dropped += (bool(self._selected(kind, name))
+                                     + bool(p.grad is not None and self._selected("gradients", f"gradients/{name}"))
+                                     + bool(self._selected("optimizer", f"update/{name}")))
+                    continue
                 wanted = self._selected(kind, name)
                 if wanted:
                     self._add(_Saved(name, kind, wanted, None, p.shape, reduce(p, None, self.bins), ()), p)
@@ -728,3 +730,6 @@ def stop() -> None:
     """Write what is pending and remove the collector's hooks."""
     while _collector:
         _collector.pop().close()
+    if not _inside_optimizer_step():  # what a collector closed inside a step left
+        _drop_stale("pre")
+        _drop_stale("post")
