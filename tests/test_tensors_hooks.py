@@ -47,16 +47,19 @@ def test_collections_turned_off_inside_a_step_hook_leave_training_alone(tmp_path
         if len(steps) == 3:
             tensors.stop()
 
-    handle = (optim_module.register_optimizer_step_post_hook(turn_off) if where == "global"
-              else optimizer.register_step_post_hook(turn_off))
+    later: list[int] = []
+    handles = [optim_module.register_optimizer_step_post_hook(turn_off) if where == "global"
+               else optimizer.register_step_post_hook(turn_off),
+               optim_module.register_optimizer_step_post_hook(lambda *args: later.append(1))]  # iterated after
     try:
         for _ in range(6):
             optimizer.zero_grad()
             model(torch.randn(3, 4)).sum().backward()
-            optimizer.step()  # raised RuntimeError at the third step
+            optimizer.step()  # raised "OrderedDict mutated during iteration" at the third step
     finally:
-        handle.remove()
-    assert steps == list(range(6)) and collector.closed and not collector.failed
+        for handle in handles:
+            handle.remove()
+    assert steps == list(range(6)) and len(later) == 6 and collector.closed and not collector.failed
     assert sum(_hooks()) <= sum(before) + 1  # one no-op hook left at most, until a call outside any step
     tensors.stop()  # outside any step: what was left goes
     assert _hooks() == before
