@@ -104,3 +104,26 @@ def test_a_csr_parameter_and_gradient_are_dropped_and_counted(tmp_path: Path) ->
     assert names == {"head.weight", "gradients/head.weight", "gradients/head.bias", "update/head.weight",
                      "update/head.bias"}
     assert sorted(r["n"] for r in records if r.get("name") == "head.weight") == [0, 1, 2]
+
+
+def test_a_compiled_layer_is_named_as_the_layer(tmp_path: Path) -> None:
+    """torch.compile(Linear) as the model: its tensors are named as the bare layer's (``weight``, ``linear/output``
+    as the hook's name), not ``_orig_mod.weight``; its output, which compiled code computes without hooks, is
+    counted as dropped at each saved step."""
+    torch._dynamo.reset()
+    otelprof.init(record_dir=str(tmp_path), system_metrics=False, profile_every=0,
+                  collections="weights@1,outputs@1")
+    layer = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    compiled = torch.compile(layer, backend="eager")
+    otorch.instrument(model=compiled, optimizer=optimizer)
+    collector = tensors._collector[0]
+    for _ in range(2):
+        optimizer.zero_grad()
+        compiled(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+    assert collector._activation_names[0] == ("outputs", "linear/output") and collector.dropped == 2
+    otorch.uninstrument()
+    torch._dynamo.reset()
+    records = [json.loads(line) for path in tmp_path.rglob("tensors.jsonl") for line in path.read_text().splitlines()]
+    assert sorted((r["name"], r["n"]) for r in records if r.get("k") == "t") == [("weight", 0), ("weight", 1)]

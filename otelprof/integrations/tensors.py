@@ -341,8 +341,8 @@ class TensorCollector:
             for module_name, module in model.named_modules():
                 if next(module.children(), None) is not None:
                     continue  # layers only
-                name = prefix + _plain_name(module_name or type(getattr(model, _COMPILED_PREFIX, model)).__name__
-                                            .lower())
+                name = prefix + (_plain_name(module_name)
+                                 or type(getattr(model, _COMPILED_PREFIX, model)).__name__.lower())
                 if self._stable:
                     if id(module) in self._hooked or not any(
                             c.selects("outputs", f"{name}/output") or c.selects("inputs", f"{name}/input")

@@ -4,9 +4,12 @@ and torch's warning about global module hooks kept off the job's stderr.
 * Dynamo runs ``torch._dynamo.callback``'s start and end callbacks around each compilation (a frame, a backward
   compiled lazily at its first run, a CUDA graph recorded): the time between them becomes a ``compile`` region
   (:data:`otelprof.semconv.REGION_COMPILE`) of the step that compiled, and that step is never judged as an outlier.
-* Before the first compilation starts, the listeners of :func:`on_first_compile` run (once): the instrumented
-  forward and the tensor collections' hooks switch to forms the compiler traces as nothing and that are never
-  added or removed again (Dynamo guards on a module's hooks: a change recompiles).
+* Before the first compilation starts, the listeners of :func:`on_first_compile` run (once): the tensor
+  collections' activation hooks go on for good, never added or removed again (Dynamo guards on a module's
+  hooks: a change recompiles). Every module hook otelprof installs is traced as nothing
+  (:func:`skipped_while_compiling`), and the instrumented forward is a Python function that torch.compile can
+  inspect and trace (the original forward while compiling).
+* ``torch._dynamo.reset()`` clears the callbacks; the next ``instrument()`` registers them again.
 * While any global module hook of otelprof's is installed, calling a ``torch.compile``'d module makes torch warn
   (once per call site) that global hooks fire for the ``OptimizedModule`` too; that exact warning is filtered
   while otelprof's hooks are in place (:func:`quiet_global_hooks`), no other.
