@@ -1,7 +1,7 @@
 """Per-step time of a torch.compile'd model, bare and instrumented, side by side in one run.
 
-    python benchmarks/compiled_model.py            # ~2 minutes on a CPU
-    python benchmarks/compiled_model.py --quick    # ~30 s
+    python benchmarks/compiled_model.py            # ~40 s on a CPU (compiling included)
+    python benchmarks/compiled_model.py --quick    # ~15 s
     python benchmarks/compiled_model.py --device cuda   # the same on a GPU
 
 One model (an MLP, batch 64, compiled with inductor's default mode), one otelprof session (recording on, no
