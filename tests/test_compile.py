@@ -214,3 +214,45 @@ def test_compile_time_is_a_region_not_an_outlier_step(tmp_path: Path) -> None:
     numbers = list(rank.step_columns.number)
     assert costs[numbers.index(30)] == 0.0 and costs[numbers.index(40)] > 0
     assert live >= 1  # step 40 (live and offline judge alike)
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_otelprof_run_hooks_add_no_graph_break_or_recompile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            fullgraph: bool) -> None:
+    """``otelprof run``'s global module and optimizer hooks and the tensor collections' model discovery (a global
+    module hook too), installed before the model is compiled: the same compilations as bare, no warning about
+    global hooks, every step recorded, the weights of the discovered (compiled) model saved."""
+    from torch._dynamo.utils import counters
+
+    bare = _bare_run("whole", fullgraph, None, tmp_path / "bare", monkeypatch)
+    torch._dynamo.reset()
+    counters.clear()
+    ids, started = _compiles()
+    monkeypatch.setenv("OTELPROF_COLLECTIONS", "weights@2")
+    monkeypatch.setenv("OTELPROF_PROFILE_FLOPS", "false")
+    otelprof.init(record_dir=str(tmp_path / "run"), system_metrics=False, profile_every=0, profile_warmup=0)
+    otorch.auto_instrument()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    compiled = torch.compile(model, fullgraph=fullgraph)
+    x, y = torch.randn(16, 8), torch.randint(0, 2, (16,))
+    with warnings.catch_warnings(record=True) as shown:  # the filters as they are (otelprof's in), shown afresh
+        for _ in range(STEPS):
+            loss = torch.nn.functional.cross_entropy(compiled(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    otorch.uninstrument()
+    otelprof.shutdown()
+    from torch._dynamo.callback import callback_handler
+
+    if started in callback_handler.start_callbacks:
+        callback_handler.remove_start_callback(started)
+    assert sum(counters["graph_break"].values()) == 0 and sorted(ids) == bare["compiles"]
+    assert not [w for w in shown if "global hooks" in str(w.message)]
+    steps = [s for s in _lines(tmp_path / "run", "steps.jsonl") if s.get("k") == "s"]
+    assert [s["n"] for s in steps] == list(range(STEPS))
+    assert sc.REGION_COMPILE in {a[0] for a in steps[0]["a"]}
+    tensors = [t for t in _lines(tmp_path / "run", "tensors.jsonl") if t.get("k") == "t"]
+    assert sorted(t["n"] for t in tensors if t["name"] == "0.weight") == SAVED

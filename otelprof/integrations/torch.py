@@ -91,11 +91,21 @@ class TorchInstrumentation(_LoaderHooks, _ModelHooks, _OptimizerHooks):
         # updates its parameters itself has none, and its steps end at its model's next forward.
         _patch_optimizer_class(self.auto)
         self._on_remove("optimizer", _unpatch_optimizer_class)
-        # traced as nothing by torch.compile (module calls inside a compiled graph are no top-level calls)
-        handles = [nn_module.register_module_forward_pre_hook(torch_compile.skipped_while_compiling(pre)),
-                   nn_module.register_module_forward_hook(torch_compile.skipped_while_compiling(post)),
+        handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post),
                    optim_module.register_optimizer_step_pre_hook(self._optimizer_pre_hook),
                    optim_module.register_optimizer_step_post_hook(self._optimizer_post_hook)]
+        module_hooks = ((nn_module._global_forward_pre_hooks, handles[0].id, pre),
+                        (nn_module._global_forward_hooks, handles[1].id, post))
+
+        def before_compile() -> None:
+            # from the first compilation on (before Dynamo traces anything) the module hooks are traced as nothing
+            # (calls inside a compiled graph are no top-level calls); until then they pay no check per module call.
+            # The entries are replaced in place: the number of global hooks, which Dynamo guards on, stays.
+            for hooks, key, hook in module_hooks:
+                if key in hooks:
+                    hooks[key] = torch_compile.skipped_while_compiling(hook)
+
+        torch_compile.on_first_compile(before_compile)
         for handle in handles[:2]:
             self._on_remove("forward", handle.remove)
         for handle in handles[2:]:
