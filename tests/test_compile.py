@@ -216,15 +216,53 @@ def test_compile_time_is_a_region_not_an_outlier_step(tmp_path: Path) -> None:
     assert live >= 1  # step 40 (live and offline judge alike)
 
 
+class Net(torch.nn.Module):
+    """A model of the user's own class: torch.compile runs its module hooks eagerly and compiles the frames they
+    call (a torch.nn container's are traced inline instead)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(8, 16)
+        self.last = torch.nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(torch.relu(self.first(x)))
+
+
+def _user_bare(fullgraph: bool) -> list[str]:
+    key = ("user", fullgraph, None)
+    if key not in _bare:
+        torch._dynamo.reset()
+        ids, started = _compiles()
+        torch.manual_seed(0)
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        compiled = torch.compile(model, fullgraph=fullgraph)
+        x, y = torch.randn(16, 8), torch.randint(0, 2, (16,))
+        for _ in range(STEPS):
+            loss = torch.nn.functional.cross_entropy(compiled(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        from torch._dynamo.callback import callback_handler
+
+        callback_handler.remove_start_callback(started)
+        _bare[key] = {"compiles": sorted(ids)}
+    return list(_bare[key]["compiles"])
+
+
+@pytest.mark.parametrize("kind", ["sequential", "user"])
 @pytest.mark.parametrize("fullgraph", [False, True])
 def test_otelprof_run_hooks_add_no_graph_break_or_recompile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            fullgraph: bool) -> None:
+                                                            fullgraph: bool, kind: str) -> None:
     """``otelprof run``'s global module and optimizer hooks and the tensor collections' model discovery (a global
-    module hook too), installed before the model is compiled: the same compilations as bare, no warning about
-    global hooks, every step recorded, the weights of the discovered (compiled) model saved."""
+    module hook too), installed before the model is compiled: the same compilations as bare (a hook that Dynamo
+    compiled on its own would be an extra frame, and would then do nothing), no warning about global hooks, every
+    step recorded with its forward, the weights of the discovered (compiled) model saved."""
     from torch._dynamo.utils import counters
 
-    bare = _bare_run("whole", fullgraph, None, tmp_path / "bare", monkeypatch)
+    bare = (_bare_run("whole", fullgraph, None, tmp_path / "bare", monkeypatch)["compiles"] if kind == "sequential"
+            else _user_bare(fullgraph))
     torch._dynamo.reset()
     counters.clear()
     ids, started = _compiles()
@@ -233,7 +271,8 @@ def test_otelprof_run_hooks_add_no_graph_break_or_recompile(tmp_path: Path, monk
     otelprof.init(record_dir=str(tmp_path / "run"), system_metrics=False, profile_every=0, profile_warmup=0)
     otorch.auto_instrument()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    model: torch.nn.Module = (torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+                              if kind == "sequential" else Net())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     compiled = torch.compile(model, fullgraph=fullgraph)
     x, y = torch.randn(16, 8), torch.randint(0, 2, (16,))
@@ -249,10 +288,12 @@ def test_otelprof_run_hooks_add_no_graph_break_or_recompile(tmp_path: Path, monk
 
     if started in callback_handler.start_callbacks:
         callback_handler.remove_start_callback(started)
-    assert sum(counters["graph_break"].values()) == 0 and sorted(ids) == bare["compiles"]
+    assert sum(counters["graph_break"].values()) == 0 and sorted(ids) == bare
     assert not [w for w in shown if "global hooks" in str(w.message)]
     steps = [s for s in _lines(tmp_path / "run", "steps.jsonl") if s.get("k") == "s"]
     assert [s["n"] for s in steps] == list(range(STEPS))
+    assert all(sc.REGION_FORWARD in {a[0] for a in s["a"]} for s in steps)
     assert sc.REGION_COMPILE in {a[0] for a in steps[0]["a"]}
     tensors = [t for t in _lines(tmp_path / "run", "tensors.jsonl") if t.get("k") == "t"]
-    assert sorted(t["n"] for t in tensors if t["name"] == "0.weight") == SAVED
+    weight = "0.weight" if kind == "sequential" else "first.weight"
+    assert sorted(t["n"] for t in tensors if t["name"] == weight) == SAVED

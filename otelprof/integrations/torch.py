@@ -91,6 +91,8 @@ class TorchInstrumentation(_LoaderHooks, _ModelHooks, _OptimizerHooks):
         # updates its parameters itself has none, and its steps end at its model's next forward.
         _patch_optimizer_class(self.auto)
         self._on_remove("optimizer", _unpatch_optimizer_class)
+        for hook in (pre, post):  # called from eager code under a compiled module: run as written, never compiled
+            torch_compile.run_eagerly(hook)
         handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post),
                    optim_module.register_optimizer_step_pre_hook(self._optimizer_pre_hook),
                    optim_module.register_optimizer_step_post_hook(self._optimizer_post_hook)]

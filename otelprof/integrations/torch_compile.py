@@ -59,7 +59,28 @@ def skipped_while_compiling(hook: Callable[..., Any]) -> Callable[..., Any]:
             return None
         return hook(*args)
 
+    run_eagerly(hook_outside_compile)
     return hook_outside_compile
+
+
+def run_eagerly(function: Callable[..., Any]) -> None:
+    """Dynamo never compiles a frame of ``function`` (or one it calls) on its own: called from eager code under a
+    compiled module (the hooks of the user module torch.compile wraps run outside its graph, with Dynamo
+    catching the frames they call), it runs as written; inlined into a frame Dynamo traces, it is traced as usual
+    (our hooks: as nothing). Compiled on its own, a hook would become what Dynamo traced (nothing) and never run
+    again."""
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return
+    try:
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        # this frame and every frame it calls (otelprof's own code) run eagerly; again at each call: cheap, and a
+        # torch._dynamo.reset() may have cleared it
+        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    except Exception:  # a torch without it: such hooks run as Dynamo compiles them
+        return
 
 
 def has_compiled() -> bool:

@@ -258,6 +258,7 @@ class ProfileWindows:
 
             self._compiling = torch.compiler.is_compiling
             torch_compile.quiet_global_hooks()  # torch's warning at compiled modules' calls: not the job's
+            torch_compile.run_eagerly(self._checkpoint)  # never compiled on its own (then it would do nothing)
             self._hook = register_module_forward_pre_hook(self._checkpoint)
 
     def _remove_hook(self, *, closing: bool = False) -> None:
