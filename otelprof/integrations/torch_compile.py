@@ -73,12 +73,14 @@ def run_eagerly(function: Callable[..., Any]) -> None:
     if code is None:
         return
     try:
-        from torch._dynamo.eval_frame import set_code_exec_strategy
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
+        from torch._dynamo import eval_frame
+        from torch._dynamo import types as dynamo_types
 
         # this frame and every frame it calls (otelprof's own code) run eagerly; again at each call: cheap, and a
         # torch._dynamo.reset() may have cleared it
-        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+        skip = getattr(dynamo_types, "FrameAction").SKIP  # noqa: B009  (not re-exported in the stubs)
+        strategy = getattr(dynamo_types, "FrameExecStrategy")(skip, skip)  # noqa: B009
+        getattr(eval_frame, "set_code_exec_strategy")(code, strategy)  # noqa: B009
     except Exception:  # a torch without it: such hooks run as Dynamo compiles them
         return
 
