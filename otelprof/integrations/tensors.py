@@ -17,8 +17,10 @@ At a step that some collection saves (:mod:`otelprof.collections`):
 A hook that raises turns the collections off with one warning; training goes on.
 
 Hooks are never added or removed inside torch's iteration of them: an optimizer's step hooks that have to go
-(the collections turned off from inside ``optimizer.step()``, a hook of the user's included) are removed at the
-next of otelprof's own optimizer hooks that runs outside that iteration (:meth:`TensorCollector._remove_later`).
+(the collections turned off from inside ``optimizer.step()``, from a hook of the user's for instance) are removed
+where torch does not iterate them: a pre hook at the next post hook of a collector, a post hook at the next pre
+hook, both at once outside any ``optimizer.step()`` (:func:`_remove_later`); module hooks may go at any time
+(torch calls a copy of them).
 Under torch.compile (a compiled model, or from the first compilation on) the activation hooks are put on every
 selected layer once and stay until the collections close (Dynamo guards on a module's hooks: a hook added or
 removed at a saved step would recompile); the compiler traces them as nothing, so the activations of compiled
@@ -208,13 +210,11 @@ class TensorCollector:
         """torch.compile is used: the activation hooks are on every selected layer for good (never added or
         removed per saved step)."""
         self._hooked: set[int] = set()
+        """ids of the layers holding a stable activation hook."""
         self._activation_names: list[tuple[str, str]] = []
         """(kind, name) of the activations the stable hooks can reduce."""
-        """ids of the layers holding a stable activation hook."""
         self._done: set[str] = set()
         """Activations reduced at the step being saved (the first forward's only)."""
-        self._stale: list[tuple[str, Any]] = []
-        """Handles to remove where torch does not iterate them: ``pre`` / ``post`` (optimizer step hooks)."""
         self._previous: dict[str, torch.Tensor] = {}
         self._pending: tuple[int, list[_Saved], torch.Tensor, Any] | None = None
         self._labels: torch.Tensor | None = None
