@@ -181,6 +181,9 @@ REGION_BACKWARD = "backward"
 REGION_OPTIMIZER = "optimizer"
 REGION_COLLECTIVE = "collective"
 """Time a gradient all-reduce was in flight (DDP communication hook)."""
+REGION_COMPILE = "compile"
+"""torch.compile compiling (Dynamo tracing, the backend, a backward compiled at its first run, a CUDA graph
+recorded): a step with one is never judged as an outlier."""
 # ``exporter`` label values of ``otelprof.exporter.dropped`` besides the exporters' own names.
 DROPPED_QUEUE = "queue"
 """Records the hot path could not queue (the recorder's queue was full)."""
@@ -285,8 +288,8 @@ STEPS = MetricSpec(
 STEP_OUTLIERS = MetricSpec(
     "otelprof.step.outliers", Kind.COUNTER, "{step}",
     "Steps slower than mean + OTELPROF_OUTLIER_SIGMA x stddev of the recent steps of their phase (and materially "
-    "slower than their median, and per token or sample where recorded; steps a profiling window slowed are not "
-    "judged).", (LABEL_PHASE,))
+    "slower than their median, and per token or sample where recorded; steps a profiling window slowed and steps "
+    "during which torch.compile compiled are not judged).", (LABEL_PHASE,))
 STEP_OUTLIER_EXCESS = MetricSpec(
     "otelprof.step.outliers.excess", Kind.COUNTER, "s",
     "Time outlier steps took beyond the median of their phase's recent steps: what the outliers cost.",

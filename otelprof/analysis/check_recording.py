@@ -14,7 +14,7 @@ from otelprof import semconv as sc
 from otelprof.analysis.check_tables import RankData, SampleTable, StepTable
 from otelprof.analysis.rank_figures import NodeColumns, prepare_figures
 from otelprof.analysis.run import gpu_min
-from otelprof.analysis.steps import profiled_windows
+from otelprof.analysis.steps import compiled_steps, profiled_windows
 from otelprof.analysis.system import gpu_memory_ratios
 from otelprof.mixin.config import MixinConfig
 from otelprof.recording.columns import SampleColumns, group_indexes
@@ -129,18 +129,21 @@ def _build_step_table(rank: RankRecording, outlier: OutlierSettings) -> StepTabl
 def outlier_costs(rank: RankRecording, outlier: OutlierSettings) -> dict[int, list[float]]:
     """Per phase code, each step's cost as the recorder's outlier judge finds it (:class:`StepJudge`, fed the
     same steps in the same order, per token or sample where recorded; 0.0: no outlier). Steps of a profiling
-    window and the few after it are not judged, as in the recorder."""
+    window and the few after it are not judged, nor steps during which torch.compile compiled, as in the recorder."""
     columns = rank.step_columns
     units: dict[int, float] = {}
     for name in (sc.SCALAR_SAMPLES, sc.SCALAR_TOKENS):  # tokens win over samples (written last)
         at, values = columns.scalar(name)
         units.update((i, v) for i, v in zip(at, values) if v > 0 and math.isfinite(v))
     slowed = profiled_windows(rank)
+    compiled = compiled_steps(columns)
     number, duration = columns.number, columns.duration_ns
     costs: dict[int, list[float]] = {}
     for code, steps in group_indexes(columns.phase).items():
         windows = slowed.get(columns.phase_names[code])
         judged = [i for i in steps if not in_windows(number[i], windows)] if windows else steps
+        if compiled is not None:
+            judged = [i for i in judged if not compiled[i]]
         judge = StepJudge(outlier.sigma, outlier.min_steps, outlier.min_ratio, outlier.min_excess)
         found = judge.observe_all([duration[i] / 1e9 for i in judged], list(map(units.get, judged)))
         if len(judged) < len(steps):  # 0.0 for the steps otelprof slowed

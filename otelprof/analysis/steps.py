@@ -110,13 +110,25 @@ def profiled_windows(rank: RankRecording) -> dict[str, list[tuple[int, int]]]:
 
 
 def slowed_steps(rank: RankRecording) -> list[bool]:
-    """Per step (file order): did otelprof slow it (in a profiling window, or one of the steps after)."""
+    """Per step (file order): did otelprof slow it (in a profiling window, or one of the steps after), or did
+    torch.compile compile during it (a ``compile`` region)."""
     c = rank.step_columns
     windows = profiled_windows(rank)
+    compiled = compiled_steps(c)
     if not windows:
-        return [False] * len(c.phase)
+        return compiled if compiled is not None else [False] * len(c.phase)
     by_code = [windows.get(name) for name in c.phase_names]
-    return [w is not None and in_windows(n, w) for p, n in zip(c.phase, c.number) for w in (by_code[p],)]
+    slowed = [w is not None and in_windows(n, w) for p, n in zip(c.phase, c.number) for w in (by_code[p],)]
+    return slowed if compiled is None else [a or b for a, b in zip(slowed, compiled)]
+
+
+def compiled_steps(c: StepColumns) -> list[bool] | None:
+    """Per step: holds a ``compile`` region (None: no step does)."""
+    if sc.REGION_COMPILE not in c.ann_names:
+        return None
+    code = c.ann_names.index(sc.REGION_COMPILE)
+    names, index = c.ann_name, c.ann_index
+    return [code in names[index[i]:index[i + 1]] for i in range(len(c))]
 
 
 def outlier_flags(view: RunView, index: int) -> list[bool]:

@@ -15,6 +15,17 @@ At a step that some collection saves (:mod:`otelprof.collections`):
   and added to the tensor metrics (:mod:`otelprof.integrations.tensor_metrics`).
 
 A hook that raises turns the collections off with one warning; training goes on.
+
+Hooks are never added or removed inside torch's iteration of them: an optimizer's step hooks that have to go
+(the collections turned off from inside ``optimizer.step()``, from a hook of the user's for instance) are removed
+where torch does not iterate them: a pre hook at the next post hook of a collector, a post hook at the next pre
+hook, both at once outside any ``optimizer.step()`` (:func:`_remove_later`); module hooks may go at any time
+(torch calls a copy of them).
+Under torch.compile (a compiled model, or from the first compilation on) the activation hooks are put on every
+selected layer once and stay until the collections close (Dynamo guards on a module's hooks: a hook added or
+removed at a saved step would recompile); the compiler traces them as nothing, so the activations of compiled
+layers are not seen (counted as dropped at each saved step), those of the layers that run eagerly are.
+Tensors of a sparse layout other than COO (CSR, CSC, BSR, BSC) are skipped and counted as dropped.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import torch
 
 from otelprof._log import warn_once
 from otelprof.collections import Collection
+from otelprof.integrations import torch_compile
 from otelprof.integrations.tensor_metrics import TensorMetrics
 from otelprof.recording import tensors as schema
 from otelprof.tensor_checks import Saved
@@ -62,6 +74,48 @@ def _encode(record: Any) -> str:
 MAX_TENSORS_PER_STEP = 4096
 """Tensors reduced at one saved step at most (the rest are counted as dropped)."""
 MAX_CLASSES = 100_000
+REDUCED_LAYOUTS = (torch.strided, torch.sparse_coo)
+"""Layouts whose tensors are reduced; the other sparse ones (CSR, CSC, BSR, BSC) are skipped and counted as dropped."""
+_COMPILED_PREFIX = "_orig_mod"
+"""The attribute under which a torch.compile'd module (``OptimizedModule``) holds the module it compiles."""
+
+
+def _step_wrapper_code() -> Any:
+    """The code of torch's ``optimizer.step()`` wrapper, which iterates the step hooks (None: unknown)."""
+    try:
+        return torch.optim.Optimizer.profile_hook_step(lambda: None).__code__  # type: ignore[arg-type]
+    except Exception:
+        return None
+
+
+_STEP_WRAPPER = _step_wrapper_code()
+
+
+def _inside_optimizer_step() -> bool:
+    """True when called (at any depth) from inside an ``optimizer.step()``, where torch iterates the step hooks;
+    True also when that cannot be told."""
+    import sys
+
+    if _STEP_WRAPPER is None:
+        return True
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _STEP_WRAPPER:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _plain_name(name: str) -> str:
+    """A module or parameter name without the ``_orig_mod`` parts torch.compile's wrappers add."""
+    if _COMPILED_PREFIX not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part != _COMPILED_PREFIX)
+
+
+def _under_compile(model: torch.nn.Module) -> bool:
+    """``model`` is, or holds, a torch.compile'd module."""
+    return any(name.rsplit(".", 1)[-1] == _COMPILED_PREFIX for name, _ in model.named_modules())
 
 
 def reduce(tensor: torch.Tensor, saturation: str | None = None, bins: int = 0,
@@ -152,6 +206,15 @@ class TensorCollector:
         self._active: list[Collection] = []
         self._saved: list[_Saved] = []
         self._forward_handles: list[Any] = []
+        self._stable = False
+        """torch.compile is used: the activation hooks are on every selected layer for good (never added or
+        removed per saved step)."""
+        self._hooked: set[int] = set()
+        """ids of the layers holding a stable activation hook."""
+        self._activation_names: list[tuple[str, str]] = []
+        """(kind, name) of the activations the stable hooks can reduce."""
+        self._done: set[str] = set()
+        """Activations reduced at the step being saved (the first forward's only)."""
         self._previous: dict[str, torch.Tensor] = {}
         self._pending: tuple[int, list[_Saved], torch.Tensor, Any] | None = None
         self._labels: torch.Tensor | None = None
@@ -159,6 +222,8 @@ class TensorCollector:
         self._lock = threading.Lock()
         self._handles: list[Any] = []
         self._discovering: Any = None
+        self._discovered = False
+        """The first step of the primary optimizer ended: no more models are discovered."""
         self._stepping = False
         """Inside the first optimizer's ``step()`` (where a closure optimizer, L-BFGS, calls the model)."""
         self.dropped = 0
@@ -186,12 +251,33 @@ class TensorCollector:
         optimizer step as a model (``otelprof run``)."""
         from torch.optim import optimizer as optim_module
 
-        self._handles = [optim_module.register_optimizer_step_pre_hook(self._guard(self._pre_step)),
-                         optim_module.register_optimizer_step_post_hook(self._guard(self._post_step))]
+        pre, post = self._guard(self._pre_step), self._guard(self._post_step)
+
+        def pre_hook(*args: Any) -> None:
+            if _stale["post"]:  # torch iterates the pre hooks now: the post hooks may go
+                _drop_stale("post")
+            pre(*args)
+
+        def post_hook(*args: Any) -> None:
+            if _stale["pre"]:
+                _drop_stale("pre")
+            post(*args)
+
+        self._handles = [optim_module.register_optimizer_step_pre_hook(pre_hook),
+                         optim_module.register_optimizer_step_post_hook(post_hook)]
         if discover:
             self.discover()
+        torch_compile.on_first_compile(self._before_compile)
         self._arm()
         atexit.register(self.close)
+
+    def _before_compile(self) -> None:
+        """The first compilation starts (before Dynamo traces anything): activation hooks for good, on every
+        layer any collection selects, so that no saved step changes a module's hooks again."""
+        if self.closed or self._stable:
+            return
+        self._stable = True
+        self._hook_forwards(self.models)
 
     def discover(self) -> None:
         """Take each top-level module with parameters called before the first optimizer step ends as a model
@@ -199,22 +285,30 @@ class TensorCollector:
         from torch.nn.modules import module as nn_module
 
         if self._discovering is None and self._primary is None and not self.closed:
-            self._discovering = nn_module.register_module_forward_pre_hook(self._guard(self._discover))
+            torch_compile.quiet_global_hooks()
+            self._discovering = nn_module.register_module_forward_pre_hook(
+                torch_compile.skipped_while_compiling(self._guard(self._discover)))
 
     def add_model(self, model: torch.nn.Module) -> None:
         if model in self._known or not isinstance(model, torch.nn.Module):
             return
-        prefix = "" if not self.models else f"{type(model).__name__.lower()}{len(self.models)}."
+        plain = getattr(model, _COMPILED_PREFIX, model)  # torch.compile(model): named as the model
+        prefix = "" if not self.models else f"{type(plain).__name__.lower()}{len(self.models)}."
         self.models.append((prefix, model))
         for module in model.modules():
             self._known.add(module)
-        if self._active:
+        if not self._stable and (_under_compile(model) or torch_compile.has_compiled()):
+            self._stable = True  # hooked for good before its first compilation
+            self._hook_forwards(self.models)
+        elif self._active or self._stable:
             self._hook_forwards([(prefix, model)])
             if self._stepping:  # found by a closure inside step(): its weights are still those before the step
-                self._save_parameters([(prefix + name, p) for name, p in model.named_parameters()])
+                self._save_parameters([(prefix + _plain_name(name), p) for name, p in model.named_parameters()])
 
     def _discover(self, module: Any, args: Any) -> None:
-        if module not in self._known and next(module.parameters(recurse=True), None) is not None:
+        # a module hook adding module hooks: safe, torch calls a copy of a module's hooks
+        if not self._discovered and module not in self._known and next(module.parameters(recurse=True), None) \
+                is not None:
             self.add_model(module)
 
     def _guard(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -233,41 +327,55 @@ class TensorCollector:
     def _arm(self) -> None:
         """Decide whether ``self.step`` saves; if so hook the forwards that it needs."""
         self._active = [c for c in self.collections if c.saves(self.step, self.every)]
-        if self._active:
+        self._done.clear()
+        if self._active and not self._stable:
             self._hook_forwards(self.models)
 
     def _selected(self, kind: str, name: str) -> list[str]:
         return [c.name for c in self._active if c.selects(kind, name)]
 
     def _hook_forwards(self, models: Sequence[tuple[str, torch.nn.Module]]) -> None:
+        """Activation hooks on the layers of ``models`` the saving collections select (stable: any collection,
+        each layer once)."""
         for prefix, model in models:
             for module_name, module in model.named_modules():
                 if next(module.children(), None) is not None:
                     continue  # layers only
-                name = prefix + (module_name or type(module).__name__.lower())
-                outputs = self._selected("outputs", f"{name}/output")
-                inputs = self._selected("inputs", f"{name}/input")
-                if outputs or inputs:
-                    hook = self._forward_hook(name, module, outputs, inputs)
-                    self._forward_handles.append(module.register_forward_hook(self._guard(hook)))
+                name = prefix + (_plain_name(module_name)
+                                 or type(getattr(model, _COMPILED_PREFIX, model)).__name__.lower())
+                if self._stable:
+                    if id(module) in self._hooked or not any(
+                            c.selects("outputs", f"{name}/output") or c.selects("inputs", f"{name}/input")
+                            for c in self.collections):
+                        continue
+                    self._hooked.add(id(module))
+                    self._activation_names += [("outputs", f"{name}/output"), ("inputs", f"{name}/input")]
+                elif not (self._selected("outputs", f"{name}/output") or self._selected("inputs", f"{name}/input")):
+                    continue
+                hook = torch_compile.skipped_while_compiling(self._guard(self._forward_hook(name, module)))
+                self._forward_handles.append(module.register_forward_hook(hook))
 
-    def _forward_hook(self, name: str, module: Any, outputs: list[str],
-                      inputs: list[str]) -> Callable[[Any, Any, Any], None]:
+    def _forward_hook(self, name: str, module: Any) -> Callable[[Any, Any, Any], None]:
         kind_name = type(module).__name__
         saturation = _saturation(module)
-        done: set[str] = set()
+        wanted_names = (("outputs", f"{name}/output"), ("inputs", f"{name}/input"))
 
         def hook(mod: Any, args: Any, output: Any) -> None:
-            if not mod.training or not torch.is_grad_enabled():
-                return  # evaluation forwards between train steps (eval mode, or a prediction without gradients)
-            for kind, wanted, value, suffix in (("outputs", outputs, output, "output"),
-                                                ("inputs", inputs, args, "input")):
-                tensor = _first_tensor(value)
-                if not wanted or kind in done or tensor is None or tensor.numel() == 0:
+            if not self._active or not mod.training or not torch.is_grad_enabled():
+                return  # not a saved step; evaluation forwards between train steps (eval mode, no gradients)
+            for kind, full_name in wanted_names:
+                if full_name in self._done:
+                    continue  # the first forward of the step (gradient accumulation: one micro-batch)
+                wanted = self._selected(kind, full_name)
+                tensor = _first_tensor(output if kind == "outputs" else args)
+                if not wanted or tensor is None or tensor.numel() == 0:
                     continue
-                done.add(kind)  # the first forward of the step (gradient accumulation: one micro-batch)
+                self._done.add(full_name)
+                if tensor.layout not in REDUCED_LAYOUTS:
+                    self.dropped += 1
+                    continue
                 extra = ("saturated",) if kind == "outputs" and saturation else ()
-                self._add(_Saved(f"{name}/{suffix}", kind, wanted, kind_name, tensor.shape,
+                self._add(_Saved(full_name, kind, wanted, kind_name, tensor.shape,
                                  reduce(tensor, saturation if kind == "outputs" else None, self.bins), extra), tensor)
         return hook
 
@@ -289,7 +397,8 @@ class TensorCollector:
         self._saved.append(saved)
 
     def _parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
-        return [(prefix + name, p) for prefix, model in self.models for name, p in model.named_parameters()]
+        return [(prefix + _plain_name(name), p) for prefix, model in self.models
+                for name, p in model.named_parameters()]
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._primary is None:
@@ -305,13 +414,20 @@ class TensorCollector:
         with torch.no_grad():
             for name, p in parameters:
                 kind = "biases" if name.rsplit(".", 1)[-1].startswith("bias") else "weights"
+                if p.layout not in REDUCED_LAYOUTS:  # the weight, its gradient and its update: none is reduced
+                    self.dropped += (bool(self._selected(kind, name))
+                                     + bool(p.grad is not None and self._selected("gradients", f"gradients/{name}"))
+                                     + bool(self._selected("optimizer", f"update/{name}")))
+                    continue
                 wanted = self._selected(kind, name)
                 if wanted:
                     self._add(_Saved(name, kind, wanted, None, p.shape, reduce(p, None, self.bins), ()), p)
                 grad = p.grad
                 if grad is not None:
                     wanted = self._selected("gradients", f"gradients/{name}")
-                    if wanted:
+                    if wanted and grad.layout not in REDUCED_LAYOUTS:
+                        self.dropped += 1
+                    elif wanted:
                         self._add(_Saved(f"gradients/{name}", "gradients", wanted, None, grad.shape,
                                          reduce(grad, None, self.bins), ()), grad)
                 if self._selected("optimizer", f"update/{name}"):
@@ -321,9 +437,11 @@ class TensorCollector:
         if optimizer is not self._primary:
             return
         self._stepping = False
-        if self._discovering is not None:  # the first step is over: the models are the ones called until now
-            self._discovering.remove()
+        self._discovered = True
+        if self._discovering is not None and not self._stable:  # the first step is over: the models are the ones
+            self._discovering.remove()  # called until now (under torch.compile it stays, a no-op: see _discover)
             self._discovering = None
+            torch_compile.unquiet_global_hooks()
         if self._active:
             with torch.no_grad():
                 for name, p in self._parameters():
@@ -337,9 +455,13 @@ class TensorCollector:
                     self._add(_Saved(f"update/{name}", "optimizer", self._selected("optimizer", f"update/{name}"),
                                      None, p.shape, value, ("ratio",)), update)
             self._previous.clear()
-            for handle in self._forward_handles:
-                handle.remove()
-            self._forward_handles.clear()
+            if self._stable:  # activations of compiled layers (their hooks ran as nothing) or not called
+                self.dropped += sum(1 for kind, full_name in self._activation_names
+                                    if full_name not in self._done and self._selected(kind, full_name))
+            else:
+                for handle in self._forward_handles:
+                    handle.remove()
+                self._forward_handles.clear()
             self._finish_step()
         elif self._pending is not None and self._copied():
             self._resolve()  # the saved step's values, one step later: live metrics do not wait for the next save
@@ -508,11 +630,14 @@ class TensorCollector:
         """Write what is pending and remove every hook (idempotent)."""
         if self.closed:
             return
-        self.closed = True
-        for handle in [*self._handles, *self._forward_handles]:
+        self.closed = True  # every hook is a no-op from here
+        for handle in self._forward_handles:  # module hooks: torch calls a copy of them, removing is safe
             handle.remove()
         if self._discovering is not None:
             self._discovering.remove()
+            torch_compile.unquiet_global_hooks()
+        if self._handles:
+            _remove_later(*self._handles)
         self._handles, self._forward_handles, self._discovering = [], [], None
         try:
             self._resolve()
@@ -524,6 +649,27 @@ class TensorCollector:
                     self._file.close()
                 self._file = None
 
+
+_stale: dict[str, list[Any]] = {"pre": [], "post": []}
+"""Optimizer step-hook handles of closed collectors, removed where torch does not iterate them: a pre hook's by
+the next post hook of a collector (or outside any ``optimizer.step()``), a post hook's by the next pre hook."""
+
+
+def _remove_later(pre: Any, post: Any) -> None:
+    """Remove a closed collector's optimizer hooks now when no ``optimizer.step()`` is under way, else where it is
+    safe (the hooks are no-ops meanwhile): never inside torch's iteration of them."""
+    _stale["pre"].append(pre)
+    _stale["post"].append(post)
+    if not _inside_optimizer_step():
+        _drop_stale("pre")
+        _drop_stale("post")
+
+
+def _drop_stale(kind: str) -> None:
+    handles, _stale[kind] = _stale[kind], []
+    for handle in handles:
+        with contextlib.suppress(Exception):
+            handle.remove()
 
 
 _collector: list[TensorCollector] = []
@@ -541,6 +687,9 @@ def collect(spec: Any = None, model: Any = None, discover: bool = False) -> Tens
     if session is None:
         return None
     if not _collector:
+        if not _inside_optimizer_step():  # hooks of an earlier collector that went from inside a step
+            _drop_stale("pre")
+            _drop_stale("post")
         config = session.config
         try:
             collections = as_collections(config.collections if spec is None else spec)
@@ -581,3 +730,6 @@ def stop() -> None:
     """Write what is pending and remove the collector's hooks."""
     while _collector:
         _collector.pop().close()
+    if not _inside_optimizer_step():  # what a collector closed inside a step left
+        _drop_stale("pre")
+        _drop_stale("post")

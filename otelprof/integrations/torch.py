@@ -45,12 +45,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import sys
-import warnings
 from typing import Any
 
-from otelprof import _warnings
 from otelprof._log import warn_once
-from otelprof.integrations import torch_backward, torch_profiler
+from otelprof.integrations import torch_backward, torch_compile, torch_profiler
 from otelprof.integrations.torch_backward import _patch_backward, _unpatch_backward
 from otelprof.integrations.torch_dataloader import _LoaderHooks, _patch_dataloader_class, _unpatch_dataloader_class
 from otelprof.integrations.torch_ddp import _patch_ddp_class, _unpatch_ddp_class
@@ -93,9 +91,23 @@ class TorchInstrumentation(_LoaderHooks, _ModelHooks, _OptimizerHooks):
         # updates its parameters itself has none, and its steps end at its model's next forward.
         _patch_optimizer_class(self.auto)
         self._on_remove("optimizer", _unpatch_optimizer_class)
+        for hook in (pre, post):  # called from eager code under a compiled module: run as written, never compiled
+            torch_compile.run_eagerly(hook)
         handles = [nn_module.register_module_forward_pre_hook(pre), nn_module.register_module_forward_hook(post),
                    optim_module.register_optimizer_step_pre_hook(self._optimizer_pre_hook),
                    optim_module.register_optimizer_step_post_hook(self._optimizer_post_hook)]
+        module_hooks = ((nn_module._global_forward_pre_hooks, handles[0].id, pre),
+                        (nn_module._global_forward_hooks, handles[1].id, post))
+
+        def before_compile() -> None:
+            # from the first compilation on (before Dynamo traces anything) the module hooks are traced as nothing
+            # (calls inside a compiled graph are no top-level calls); until then they pay no check per module call.
+            # The entries are replaced in place: the number of global hooks, which Dynamo guards on, stays.
+            for hooks, key, hook in module_hooks:
+                if key in hooks:
+                    hooks[key] = torch_compile.skipped_while_compiling(hook)
+
+        torch_compile.on_first_compile(before_compile)
         for handle in handles[:2]:
             self._on_remove("forward", handle.remove)
         for handle in handles[2:]:
@@ -107,9 +119,8 @@ class TorchInstrumentation(_LoaderHooks, _ModelHooks, _OptimizerHooks):
         self._on_remove("collective", _unpatch_ddp_class)
         # torch warns at each call of a torch.compile'd module while global hooks exist that they fire for it too:
         # that is expected here (only top-level calls count), and the training job's stderr stays quiet.
-        with _warnings.untouched():  # the warnings the job was already shown stay shown
-            warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
-        self._on_remove("forward", _forget_compile_hooks_warning)
+        torch_compile.quiet_global_hooks()
+        self._on_remove("forward", torch_compile.unquiet_global_hooks)
 
     def hand_over(self, framework: str) -> None:
         """A trainer's callback is in charge of steps from now on (``otelprof run`` attached it, see
@@ -165,15 +176,6 @@ class TorchInstrumentation(_LoaderHooks, _ModelHooks, _OptimizerHooks):
         return self.windows.arm(hot.next_step_number(), steps, trigger="capture")
 
 
-_COMPILE_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
-
-
-def _forget_compile_hooks_warning() -> None:
-    for entry in [f for f in warnings.filters if f[0] == "ignore" and getattr(f[1], "pattern", None)
-                  == _COMPILE_HOOKS_WARNING]:
-        warnings.filters.remove(entry)  # type: ignore[attr-defined]
-
-
 def instrument(
     model: Any = None,
     optimizer: Any = None,
@@ -197,6 +199,7 @@ def instrument(
             _active.append(inst)
             _patch_backward(inst.native)
             _end_steps_at_exit()
+            torch_compile.install()  # compile time as a region; hooks out of the compiler's way
             session = _session()
             if session is not None and hasattr(session, "capture_handler"):
                 session.capture_handler = inst._capture
@@ -283,6 +286,7 @@ def uninstrument() -> None:
     from otelprof.integrations import tensors
 
     tensors.stop()
+    torch_compile.uninstall()
 
 
 def profile_window(start_step: int, num_steps: int, *, chrome_trace: bool = False, top: int = 15) -> dict[str, Any]:

@@ -3,12 +3,14 @@ where that cannot be done); an evaluation forward's loss goes into its eval step
 
 from __future__ import annotations
 
+import functools
 from time import perf_counter_ns
 from typing import Any
 
 import torch
 
 from otelprof._log import warn_once
+from otelprof.integrations import torch_compile
 from otelprof.integrations.torch_ddp import _CollectiveHooks
 from otelprof.integrations.torch_hooks import _Undecided
 from otelprof.integrations.torch_scalars import _add_eval_loss, _output_loss
@@ -82,9 +84,10 @@ class _ModelHooks(_CollectiveHooks):
                       type(model).__name__)
             return
         if not self._wrap_forward(model):
-            pre = model.register_forward_pre_hook(self._forward_pre_hook)
+            # hooks of a model that torch.compile traces later (compiled after instrument()) are traced as nothing
+            pre = model.register_forward_pre_hook(torch_compile.skipped_while_compiling(self._forward_pre_hook))
             try:
-                post = model.register_forward_hook(self._forward_post_hook)
+                post = model.register_forward_hook(torch_compile.skipped_while_compiling(self._forward_post_hook))
             except Exception:
                 pre.remove()
                 raise
@@ -154,7 +157,19 @@ class _ModelHooks(_CollectiveHooks):
                     post(this, args, output)
 
         timed = forward if self.native is None else _native.Forward(self.native, original, forward)
-        subclass = _instrumented_subclass(cls, {"forward": timed})
+        is_compiling = torch.compiler.is_compiling
+
+        @functools.wraps(original)  # its signature and name
+        def traceable(this: Any, *args: Any, **kwargs: Any) -> Any:
+            # What torch.compile sees of the instrumented model (compiled after instrument()): the original
+            # forward alone, as the compiler traces this as a constant True (compiled code runs no timing; the C
+            # object, which torch.compile(model) itself inspects, has no Python source at all)
+            if is_compiling():
+                return original(this, *args, **kwargs)
+            return timed(this, *args, **kwargs) if kwargs else timed(this, *args)
+
+        traceable.timed = timed  # type: ignore[attr-defined]
+        subclass = _instrumented_subclass(cls, {"forward": traceable})
         try:
             _set_class(model, subclass)
         except (TypeError, AttributeError):

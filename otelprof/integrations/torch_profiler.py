@@ -251,27 +251,30 @@ class ProfileWindows:
     # ------------------------------------------------------------------ the heap watch
     def _install_hook(self) -> None:
         """On the training thread: module calls become checkpoints of the heap watch."""
-        from otelprof.integrations import flops
+        from otelprof.integrations import torch_compile
 
         self._thread = threading.get_ident()
         self._watching = True
         # after a compile a new global hook would change a Dynamo guard (and compiled module calls run no hooks)
-        if self._hook is None and not flops.compiled():
+        if self._hook is None and not torch_compile.has_compiled():
             import torch
             from torch.nn.modules.module import register_module_forward_pre_hook
 
             self._compiling = torch.compiler.is_compiling
+            torch_compile.quiet_global_hooks()  # torch's warning at compiled modules' calls: not the job's
+            torch_compile.run_eagerly(self._checkpoint)  # never compiled on its own (then it would do nothing)
             self._hook = register_module_forward_pre_hook(self._checkpoint)
 
     def _remove_hook(self, *, closing: bool = False) -> None:
         """The window's checkpoints end; the hook itself goes now unless torch.compile compiled a frame meanwhile
         (then when the session closes: ``closing``)."""
-        from otelprof.integrations import flops
+        from otelprof.integrations import torch_compile
 
         self._watching = False
-        if self._hook is not None and (closing or not flops.compiled()):
+        if self._hook is not None and (closing or not torch_compile.has_compiled()):
             self._hook.remove()  # safe inside a hook: Module calls iterate over a copy
             self._hook = None
+            torch_compile.unquiet_global_hooks()
 
     def _checkpoint(self, module: Any, args: Any) -> None:
         """Global forward pre-hook: the step's own heap growth before a window; in a window, past the event

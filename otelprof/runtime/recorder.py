@@ -78,6 +78,7 @@ MAX_WINDOW_STEPS = 256
 """Spans of steps inside windows remembered for the operator spans of their window."""
 _DATALOADER = sc.REGION_DATALOADER
 _COLLECTIVE = sc.REGION_COLLECTIVE
+_COMPILE = sc.REGION_COMPILE
 DRAIN_CHUNK = 16
 """Records processed between two hand-overs of the GIL (about 0.3 ms of work) when processing at full speed."""
 BACKGROUND_PAUSE = 50e-6
@@ -378,7 +379,7 @@ class Recorder:
         if self.lifecycle.get("first_step_start") is None:
             self._first_step(start_unix)
         wait_ns = 0
-        collective = False
+        collective = compiled = False
         if annotations:
             keys = self._annotation_keys
             observe = self.annotation_duration.observe
@@ -396,6 +397,8 @@ class Recorder:
                     wait_ns += a_end - a_start
                 elif name == _COLLECTIVE:
                     collective = True
+                elif name == _COMPILE:
+                    compiled = True
             if wait_ns:
                 self.dataloader_wait.observe(wait_ns / 1e9, labels)
                 self.dataloader_wait_ratio.observe(min(wait_ns / max(step_ns, 1), 1.0), labels)
@@ -408,7 +411,8 @@ class Recorder:
             self._step_scalars(phase, values, labels)
         outlier = False
         slowed = self._slowed.get(phase)
-        if not slowed or not in_windows(number, slowed):  # a step otelprof slowed is never judged
+        # a step otelprof slowed is never judged, nor one during which torch.compile compiled
+        if not compiled and (not slowed or not in_windows(number, slowed)):
             judge = self._outliers.get(phase)
             if judge is None:
                 c = self.config
