@@ -23,12 +23,12 @@ import otelprof.dashboards
 from otelprof.dashboards import ids, queries
 from otelprof.dashboards.generate import dashboards, render_all
 from otelprof.mixin.alert_text import pct
-from otelprof.mixin.config import MixinConfig, seconds, validate, with_overrides
+from otelprof.mixin.config import MixinConfig, seconds, with_overrides
 from otelprof.mixin.promql import Q
+from otelprof.mixin.settings_doc import perturbed
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = MixinConfig()
-STRING_CANDIDATES = ("777s", 'perturbed="x"', "perturbed_label", "dcgm")
 """A changed string setting: the first of these its field accepts (a duration, a selector, a label name or value,
 the other GPU source)."""
 
@@ -51,27 +51,8 @@ per-step loss mean) are not here: the rules are renamed, the panels are not."""
 
 
 def _perturbed(name: str) -> Any:
-    """A valid value of field ``name`` other than its default."""
-    value = getattr(DEFAULT, name)
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, int):
-        return value + 7
-    if isinstance(value, float):
-        return 0.37 if value <= 1 else round(value * 1.5 + 0.07, 6)
-    if name == "actions":
-        return value[:-1]
-    if isinstance(value, tuple):
-        return tuple(f"perturbed_{v}" for v in value) or ("Perturbed",)
-    for candidate in STRING_CANDIDATES:
-        if candidate == value:
-            continue
-        try:
-            validate(dataclasses.replace(DEFAULT, **{name: candidate}))
-        except ValueError:
-            continue
-        return candidate
-    raise AssertionError(f"no valid changed value for {name}")
+    """A valid value of field ``name`` other than its default (the settings table's own)."""
+    return perturbed(name)
 
 
 def _panels(config: MixinConfig) -> dict[tuple[str, int], dict[str, Any]]:

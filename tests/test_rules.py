@@ -15,7 +15,7 @@ from otelprof.mixin import MixinConfig, render_all, telemetry_alerts, yamlout
 from otelprof.mixin.alerts import alerts
 from otelprof.mixin.config import with_overrides
 from otelprof.mixin.generate import PROMETHEUS_DIR, prometheus_rule
-from otelprof.mixin.promql import catalog_series_names
+from otelprof.mixin.promql import catalog_series_names, metric_names
 from otelprof.mixin.recording_rules import aggregates
 from otelprof.mixin.rule_groups import EVALUATED, rule_groups
 from otelprof.mixin.rules import recording_names, recording_rules
@@ -78,27 +78,6 @@ def test_every_alert_has_a_firing_and_a_silent_case() -> None:
     names = {a.name for a in alerts(MixinConfig())}
     assert names - firing == set(), "alerts without a firing case"
     assert names - silent == set(), "alerts without a non-firing case"
-
-
-_KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset",
-             "bool", "time", "inf", "nan", "sum", "min", "max", "avg", "group", "count", "stddev", "stdvar", "topk",
-             "bottomk", "quantile", "count_values"}
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names a PromQL expression selects (functions, keywords, labels and durations removed)."""
-    text = re.sub(r'"[^"]*"', '""', expr)
-    text = re.sub(r"\{[^}]*\}", "", text)
-    text = re.sub(r"\[[^\]]*\]", "", text)
-    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1", text)
-    text = re.sub(r"\boffset\s+\w+", "", text)
-    names = set()
-    for match in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\()?", text):
-        name, call = match.group(1), match.group(2)
-        if call or name.lower() in _KEYWORDS:
-            continue
-        names.add(name)
-    return names
 
 
 def test_rules_only_reference_catalog_metrics() -> None:
