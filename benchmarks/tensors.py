@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 from otelprof import semconv as sc
-from otelprof.collections import DEFAULT_SAVE_INTERVAL, parse_collections
 from otelprof.config import Config
 from otelprof.integrations.tensor_metrics import TensorMetrics
 from otelprof.integrations.tensors import TensorCollector
 from otelprof.runtime.metrics import MetricRegistry
+from otelprof.tensor_collections import DEFAULT_SAVE_INTERVAL, parse_collections
 
 BLOCK = 2 * DEFAULT_SAVE_INTERVAL
 COLLECTIONS = "gradients,weights,biases,outputs,optimizer"

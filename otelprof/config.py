@@ -343,7 +343,7 @@ def _parse_regex(text: str) -> str:
 
 
 def _parse_collections(text: str) -> str:
-    from otelprof.collections import parse_collections
+    from otelprof.tensor_collections import parse_collections
 
     parse_collections(text)  # ValueError names the bad item
     return text.strip()

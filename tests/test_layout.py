@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "otelprof"
 MAX_LINES = 800
 
-BASE = {"otelprof._arguments", "otelprof._log", "otelprof._version", "otelprof._warnings", "otelprof.collections",
-        "otelprof.config", "otelprof.dcgm_series", "otelprof.environment_variables", "otelprof.semconv",
-        "otelprof.semconv_attributes", "otelprof.tensor_checks", "otelprof.thresholds"}
+BASE = {"otelprof._arguments", "otelprof._log", "otelprof._version", "otelprof._warnings",
+        "otelprof.tensor_collections", "otelprof.config", "otelprof.dcgm_series", "otelprof.environment_variables",
+        "otelprof.semconv", "otelprof.semconv_attributes", "otelprof.tensor_checks", "otelprof.thresholds"}
 """The catalog, the configuration and the checks' thresholds: they import nothing of otelprof but each other."""
 FACADES = {"otelprof", "otelprof.torch"}
 """The public API: the runtime and the integrations behind ``otelprof`` and ``otelprof.torch``."""

@@ -20,10 +20,10 @@ import pytest
 import torch
 from torch import nn
 
-from otelprof.collections import Collection, parse_collections
 from otelprof.config import Config, ConfigError
 from otelprof.integrations.tensors import TensorCollector
 from otelprof.recording.tensors import read_trial
+from otelprof.tensor_collections import Collection, parse_collections
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = Path(__file__).with_name("tensor_job.py")

@@ -1,7 +1,7 @@
 """Tensor collections in PyTorch: weights, gradients, activations ... reduced to statistics at saved steps.
 
 Steps are counted in ``optimizer.step()`` calls (0-based; the first optimizer that steps counts them).
-At a step that some collection saves (:mod:`otelprof.collections`):
+At a step that some collection saves (:mod:`otelprof.tensor_collections`):
 
 * before its forward, forward hooks go on the leaf modules whose ``/output`` or ``/input`` is selected;
   they reduce the tensor of the step's first training forward (in train mode, with gradients: not a
@@ -44,11 +44,11 @@ from typing import IO, Any
 import torch
 
 from otelprof._log import warn_once
-from otelprof.collections import Collection
 from otelprof.integrations import torch_compile
 from otelprof.integrations.tensor_metrics import TensorMetrics
 from otelprof.recording import tensors as schema
 from otelprof.tensor_checks import Saved
+from otelprof.tensor_collections import Collection
 
 _encode_strict = json.JSONEncoder(separators=(",", ":"), check_circular=False, allow_nan=False).encode
 
@@ -677,11 +677,11 @@ _collector: list[TensorCollector] = []
 
 
 def collect(spec: Any = None, model: Any = None, discover: bool = False) -> TensorCollector | None:
-    """Start saving collections (``spec`` as :func:`otelprof.collections.as_collections` takes it; None: the
+    """Start saving collections (``spec`` as :func:`otelprof.tensor_collections.as_collections` takes it; None: the
     config's ``OTELPROF_COLLECTIONS``) and add ``model``. Called by ``instrument(collections=...)`` and, under
     ``otelprof run``, with ``discover=True``. The first call's collections hold for the process."""
-    from otelprof.collections import as_collections
     from otelprof.runtime.session import get_session
+    from otelprof.tensor_collections import as_collections
 
     session = get_session()
     if session is None:

@@ -190,7 +190,7 @@ def instrument(
 
     ``grad_norm=True`` also records the global gradient norm before each ``optimizer.step()``
     (one norm per parameter tensor: measured in ``benchmarks/``). ``collections`` (names, regex forms or
-    :class:`otelprof.collections.Collection`; default ``OTELPROF_COLLECTIONS``) saves tensor statistics of
+    :class:`otelprof.tensor_collections.Collection`; default ``OTELPROF_COLLECTIONS``) saves tensor statistics of
     ``model`` (docs/tensors.md). Call ``otelprof.init()`` first."""
     with _lock:
         inst: TorchInstrumentation | None = _active[-1] if _active else None
