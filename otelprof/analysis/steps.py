@@ -202,12 +202,12 @@ def step_figures(rank: RankRecording, phases: Iterable[str], sigma: float, floor
         code = c.phase_names.index(phase)
         mine = c.phase_steps()[phase]
         limit = outlier_threshold(_kept(durations, slowed, mine), sigma, floor)
-        numbers = list(map(c.number.__getitem__, mine))
-        numbers = [n for n, d, i in zip(numbers, durations, mine) if d > limit and not slowed[i]]
+        flags = [d > limit and not slowed[i] for d, i in zip(durations, mine)]  # a step otelprof or compiling
+        numbers = [n for n, flagged in zip(map(c.number.__getitem__, mine), flags) if flagged]  # slowed: none
         kept = [d for d in durations if d <= limit]
         distribution = Distribution.of(durations)
         median = distribution.p50  # durations are numbers: the median of them all
-        excess = math.fsum(d - median for d in durations if d > limit)
+        excess = math.fsum(d - median for d, flagged in zip(durations, flags) if flagged)
         busy = math.fsum(durations)
         phase_samples = finite(samples_by_phase.get(code, ()))
         phase_tokens = finite(tokens_by_phase.get(code, ()))
@@ -215,7 +215,7 @@ def step_figures(rank: RankRecording, phases: Iterable[str], sigma: float, floor
         return (distribution, limit, len(numbers), tuple(numbers[:MAX_LISTED_OUTLIERS]),
                 Histogram.of(kept, bins), quantile(sorted(phase_samples), 0.5) if phase_samples else None,
                 per_second, math.fsum(phase_tokens) / busy if phase_tokens and busy > 0 else None, excess,
-                _grown_regions(c, phase, [d > limit for d in durations]))
+                _grown_regions(c, phase, flags))
 
     totals = phase_totals(c)
     return {phase: per_rank(c, ("steps", phase, sigma, floor, bins), partial(compute, phase))
