@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,8 @@ from otelprof.cli import spawned_ranks
 from otelprof.recording.reader import read_recording
 from tests.servers import free_port
 from tests.test_launch import _bootstrap, otelprof_lines, otelprof_run
+
+pytestmark = pytest.mark.serial  # gloo rendezvous on fixed ports, timing-sensitive: alone, after the parallel part
 
 SAMPLES, BATCH, ACCUMULATE, WORLD = 96, 4, 2, 2
 STEPS = SAMPLES // WORLD // BATCH // ACCUMULATE
@@ -121,16 +125,22 @@ def _run(tmp_path: Path, script: str, *args: str, env: dict[str, str] | None = N
     """``otelprof run -- python script args`` with its own temporary directory; the run and stderr."""
     path = tmp_path / "train.py"
     path.write_text(script)
-    (tmp_path / "tmp").mkdir()
-    result = otelprof_run(tmp_path, sys.executable, str(path), *args,
-                          env={"OTELPROF_RUN_ID": "", "TMPDIR": str(tmp_path / "tmp"), **(env or {})})
+    # short: the forkserver's socket lives there, and a Unix socket's path is at most 107 bytes (a test worker's
+    # own temporary directory is deeper)
+    temporary = Path(tempfile.mkdtemp(prefix="ranks-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    try:
+        result = otelprof_run(tmp_path, sys.executable, str(path), *args,
+                              env={"OTELPROF_RUN_ID": "", "TMPDIR": str(temporary), **(env or {})})
+        left = list(temporary.glob("otelprof-*"))
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
     [run] = list((tmp_path / "runs").iterdir())
     assert otelprof_lines(result.stderr) == [
         f"otelprof: recording run {run.name} to runs/{run.name}",
         f"otelprof: run {run.name} recorded; report: otelprof report runs/{run.name}"]
     assert [line for line in result.stderr.splitlines() if "otelprof" in line.lower() or "Traceback" in line] == \
         otelprof_lines(result.stderr)
-    assert list((tmp_path / "tmp").glob("otelprof-*")) == []  # the handover left nothing behind
+    assert left == []  # the handover left nothing behind
     return run, result.stderr
 
 

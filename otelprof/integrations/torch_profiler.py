@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -544,15 +545,15 @@ def _quiet_stderr() -> Iterator[None]:
             with contextlib.suppress(OSError):
                 held.seek(0)
                 kept = b"".join(line for line in held.read(_MAX_HELD).splitlines(keepends=True)
-                                if not line.startswith(_KINETO_LINES) and _UNKNOWN_FREE not in line)
+                                if not _KINETO_LINE.match(line))
                 while kept:
                     kept = kept[os.write(saved, kept):]
 
 
-_KINETO_LINES = (b"USDT:", b"STAGE:")
-"""How the lines Kineto prints on fd 2 when a profiler starts or stops begin."""
-_UNKNOWN_FREE = b"Memory block of unknown size was allocated before the profiling started"
-"""The allocator's line the window's own first free prints (see UNKNOWN_FREE_WARNING)."""
+_KINETO_LINE = re.compile(rb"(USDT|STAGE):|ERROR: External init callback|\[[WEI]\d{4} \d\d:\d\d:\d\d")
+"""The lines the profiler prints on fd 2 as it starts or stops: Kineto's (``USDT: ... profiler_start``, ``ERROR:
+External init callback must run in same thread ...``) and PyTorch's own log lines (``[W1208 00:53:04.76
+CPUAllocator.cpp:245] Memory block of unknown size ...``, see UNKNOWN_FREE_WARNING)."""
 _MAX_HELD = 1 << 20
 """Bytes of other threads' stderr written back after a profiler start or stop (more in those milliseconds: cut)."""
 
