@@ -99,8 +99,11 @@ def test_rules_only_reference_catalog_metrics() -> None:
 
 def test_metric_name_extraction() -> None:
     expr = ('histogram_quantile(0.95, (a_bucket{le="0.5"} - (a_bucket offset 250s or a_bucket * 0))) > 0.7\n'
-            'and on (job_name, rank) (time() - b{x="y"}) > 500 unless on (job_name) max by (job_name) (c[5m])')
-    assert metric_names(expr) == {"a_bucket", "b", "c"}
+            'and on (job_name, rank) (time() - b{x="y"}) > 500 unless on (job_name) max by (job_name) '
+            '(max_over_time(c[5m])) or {__name__="d", e="f"} or vector(1) or max_over_time(g[10m:1m] offset 5m)')
+    assert metric_names(expr) == {"a_bucket", "b", "c", "d", "g"}
+    with pytest.raises(ValueError):
+        metric_names("rate(x[5m] > 0")
 
 
 def test_alert_conventions() -> None:

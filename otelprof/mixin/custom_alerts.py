@@ -91,7 +91,11 @@ def load(path: str) -> list[dict[str, str]]:
             seconds(for_)
         except ValueError as exc:
             raise ValueError(f"{where} ({name}): {exc}") from None
-        strange = metric_names(rule["expr"]) - allowed
+        try:
+            strange = metric_names(rule["expr"]) - allowed
+        except ValueError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+            raise ValueError(f"{where} ({name}): invalid PromQL: {first}") from None
         if strange:
             raise ValueError(f"{where} ({name}): not in otelprof's catalog: {', '.join(sorted(strange))}")
         out.append({**{k: str(v) for k, v in rule.items()}, "alert": name, "for": for_})

@@ -8,8 +8,6 @@ appears at 1), and histogram buckets keep exact per-sample distributions.
 
 from __future__ import annotations
 
-import re
-
 from otelprof import semconv as sc
 from otelprof.semconv import Kind, MetricSpec
 
@@ -111,18 +109,29 @@ def number(value: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
-_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool",
-          "time", "inf", "nan", "sum", "min", "max", "avg", "group", "count", "stddev", "stdvar", "topk", "bottomk",
-          "quantile", "count_values", "e"}
+_CHILDREN = ("lhs", "rhs", "expr", "param", "args", "vector_selector")
+"""The attributes of promql-parser's nodes that hold sub-expressions."""
 
 
 def metric_names(expr: str) -> set[str]:
-    """Metric names a PromQL expression selects (functions, keywords, labels, durations and numbers left out)."""
-    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)
-    text = re.sub(r"\{[^}]*\}", "", text)
-    text = re.sub(r"\[[^\]]*\]", "", text)
-    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1", text)
-    text = re.sub(r"\boffset\s+\w+", "", text)
-    text = re.sub(r"\b\d[\d.]*(?:e[+-]?\d+)?\b", "", text)
-    return {m.group(1) for m in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\()?", text)
-            if not m.group(2) and m.group(1).lower() not in _WORDS}
+    """Metric names a PromQL expression selects, read from promql-parser's syntax tree (``ValueError`` when it
+    is no PromQL)."""
+    import promql_parser
+
+    found: set[str] = set()
+    stack = [promql_parser.parse(expr)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, promql_parser.VectorSelector):
+            if node.name:
+                found.add(node.name)
+            found.update(m.value for m in node.matchers.matchers
+                         if m.name == "__name__" and m.op == promql_parser.MatchOp.Equal)
+            continue
+        for attr in _CHILDREN:
+            child = getattr(node, attr, None)
+            if isinstance(child, list):
+                stack.extend(child)
+            elif child is not None and type(child).__module__ == promql_parser.__name__:
+                stack.append(child)
+    return found
